@@ -1,0 +1,41 @@
+"""The ``llmrubric`` command: each sub-command group registers itself from its own module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from llmrubric.errors import InputError
+
+GROUPS = {
+    "data": "llmrubric.datasets.cli",
+    "extract": "llmrubric.extract.cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmrubric", description=__doc__)
+    sub = parser.add_subparsers(dest="group", required=True)
+    for name, module in GROUPS.items():
+        try:
+            importlib.import_module(module).register(sub)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The backend interface: tasks in, results out, one at a time as they are computed."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+
+from llmrubric.errors import InputError
+from llmrubric.extract.tasks import Result, Task
+
+
+class Backend(ABC):
+    """Scores tasks: for each, the probability of each label as the model's answer."""
+
+    @property
+    @abstractmethod
+    def model_id(self) -> str:
+        """Names the model and every setting that changes its numbers (part of the cache key)."""
+
+    @abstractmethod
+    def score(self, tasks: Sequence[Task]) -> Iterator[Result]:
+        """Yield one :class:`Result` per task, in any order, as soon as each is known."""
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+def check_labels(question_id: str, labels: Sequence[str], token_ids: Sequence[Sequence[int]]) -> None:
+    """Labels must tokenise to distinct sequences, none a prefix of another.
+
+    A label whose tokens begin another's would count the other's mass as its own.
+    """
+    for i, a in enumerate(token_ids):
+        if not a:
+            raise InputError(f"question {question_id!r}: label {labels[i]!r} tokenises to nothing")
+        for j, b in enumerate(token_ids):
+            if i != j and len(a) <= len(b) and tuple(b[: len(a)]) == tuple(a):
+                what = "the same tokens as" if len(a) == len(b) else "a token prefix of"
+                raise InputError(
+                    f"question {question_id!r}: option labels collide after tokenisation: {labels[i]!r} {list(a)} is "
+                    f"{what} {labels[j]!r} {list(b)}; use labels that differ in their tokens"
+                )

@@ -1,0 +1,330 @@
+"""Local transformers models (causal or seq2seq), on GPU in bf16 or on CPU.
+
+A label's probability is that of its whole token sequence as a continuation of the prompt:
+``p(label) = prod_j p(t_j | prompt, t_<j)``, computed from the model's logits in float32.
+Mass outside the labels is kept (the probabilities are not renormalised).
+
+Causal models reuse the key/value cache of the prompt prefix shared by all tasks of one
+group (a text asked several questions): the prefix is run once and its ``DynamicCache`` is
+repeated across the batch of question suffixes. Seq2seq encoders are bidirectional, so the
+whole prompt is encoded per task; the decoder scores the labels.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from llmrubric.errors import InputError
+from llmrubric.extract.backends.base import Backend, check_labels
+from llmrubric.extract.tasks import Result, Task
+
+log = logging.getLogger(__name__)
+MARKER = " [...] "
+
+
+@dataclass
+class _Prepared:
+    task: Task
+    ids: list[int]  # prompt token ids
+    labels: list[list[int]]  # token ids of each label
+    warning: str = ""
+
+
+@dataclass
+class _Row:
+    """One sequence to run: ``tokens`` after the shared prefix; scores read at ``start``..."""
+
+    item: int  # index into the prepared list
+    tokens: list[int]
+    start: int  # position in ``tokens`` whose logits predict the first label token
+    label: int | None  # None: read every single-token label at ``start``
+
+
+def shared_prefix(ids: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common token prefix, leaving every sequence at least one token."""
+    first = ids[0]
+    n = min(len(i) for i in ids) - 1
+    for other in ids[1:]:
+        k = 0
+        while k < n and other[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
+class TransformersBackend(Backend):
+    """Score tasks with a local ``transformers`` model.
+
+    Args:
+        model, tokenizer: loaded objects, or ``path`` to load both with ``from_pretrained``.
+        device: ``cpu``/``cuda``; dtype: ``bfloat16``/``float32``/``auto`` (bf16 on GPU).
+        batch_size: sequences per forward pass (rows are sorted by length into buckets).
+        prefix_reuse: run a group's shared prompt prefix once and reuse its KV cache.
+        max_length: context size (default: the model's ``max_position_embeddings``).
+        overflow: ``truncate`` (cut the text from the middle, with a recorded warning) or
+            ``refuse`` (the task fails with the reason).
+        label_prefix: put before each label (``" "`` after ``Answer:``); default ``" "`` for
+            causal models and ``""`` for seq2seq.
+        chat_template: wrap the prompt as a user message with the tokenizer's chat template.
+    """
+
+    def __init__(
+        self,
+        model=None,
+        tokenizer=None,
+        *,
+        path: str | None = None,
+        device: str | None = None,
+        dtype: str = "auto",
+        batch_size: int = 16,
+        prefix_reuse: bool = True,
+        max_length: int | None = None,
+        overflow: str = "truncate",
+        label_prefix: str | None = None,
+        chat_template: bool = False,
+        model_id: str | None = None,
+    ):
+        import transformers
+
+        if overflow not in ("truncate", "refuse"):
+            raise InputError(f"overflow must be 'truncate' or 'refuse', not {overflow!r}")
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dtype == "auto":
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        torch_dtype = getattr(torch, dtype)
+        if model is None:
+            if path is None:
+                raise InputError("the transformers backend needs a model path (--model)")
+            config = transformers.AutoConfig.from_pretrained(path)
+            auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
+            model = auto.from_pretrained(path, dtype=torch_dtype)
+            tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(path)
+        if tokenizer is None:
+            raise InputError("the transformers backend needs a tokenizer")
+        self.model = model.to(device=device, dtype=torch_dtype).eval()
+        self.tokenizer = tokenizer
+        self.device = device
+        self.seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+        self.batch_size = int(batch_size)
+        self.prefix_reuse = bool(prefix_reuse) and not self.seq2seq
+        self.max_length = int(max_length or getattr(model.config, "max_position_embeddings", 0) or getattr(model.config, "n_positions", 0) or 512)
+        self.overflow = overflow
+        self.label_prefix = label_prefix if label_prefix is not None else ("" if self.seq2seq else " ")
+        self.chat_template = chat_template
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        name = model_id or path or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self._model_id = f"{name}|{dtype}|max{self.max_length}|{overflow}|lp={self.label_prefix!r}|chat={chat_template}"
+        self.stats = {"prefill_tokens": 0, "prompt_tokens": 0, "forward_passes": 0}
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    # -- tokenisation -------------------------------------------------------------------
+
+    def _prompt_text(self, prompt: str) -> str:
+        if not self.chat_template:
+            return prompt
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+
+    def _encode(self, text: str, special: bool = True) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    def _label_ids(self, prompt_text: str, ids: list[int], label: str) -> list[int]:
+        if self.seq2seq:
+            return self._encode(self.label_prefix + label, special=False)
+        full = self._encode(prompt_text + self.label_prefix + label)
+        if full[: len(ids)] == ids and len(full) > len(ids):
+            return full[len(ids):]
+        return self._encode(self.label_prefix + label, special=False)
+
+    def _prepare(self, task: Task) -> _Prepared:
+        text = self._prompt_text(task.prompt)
+        ids = self._encode(text)
+        labels = [self._label_ids(text, ids, label) for label in task.labels]
+        check_labels(task.question_id, task.labels, labels)
+        return _Prepared(task, ids, labels)
+
+    def _needed(self, p: _Prepared) -> int:
+        longest = max(len(label) for label in p.labels)
+        return len(p.ids) + (longest - 1 if not self.seq2seq else 0)
+
+    def _fit_group(self, tasks: list[Task]) -> tuple[list[_Prepared], list[Result]]:
+        """Tokenise a group's tasks; truncate their shared text from the middle if too long."""
+        prepared = [self._prepare(t) for t in tasks]
+        excess = max(self._needed(p) for p in prepared) - self.max_length
+        if excess <= 0:
+            return prepared, []
+        text = tasks[0].text
+        reason = f"prompt needs {excess + self.max_length} tokens, more than the context of {self.max_length}"
+        if self.overflow == "refuse" or not text or any(t.text != text or text not in t.prompt for t in tasks):
+            return [], [Result(t, None, "failed", reason) for t in tasks]
+        text_ids = self._encode(text, special=False)
+        cut = 0
+        for _ in range(4):
+            cut = min(len(text_ids), cut + excess + len(self._encode(MARKER, special=False)) + 2)
+            keep = len(text_ids) - cut
+            if keep < 2:
+                return [], [Result(t, None, "failed", reason + " even with the text removed") for t in tasks]
+            short = self.tokenizer.decode(text_ids[: keep // 2]) + MARKER + self.tokenizer.decode(text_ids[len(text_ids) - (keep - keep // 2):])
+            prepared = [self._prepare(replace(t, prompt=t.prompt.replace(text, short, 1))) for t in tasks]
+            excess = max(self._needed(p) for p in prepared) - self.max_length
+            if excess <= 0:
+                warning = f"truncated {cut} of {len(text_ids)} text tokens from the middle to fit the context of {self.max_length}"
+                log.warning("text %s: %s", tasks[0].text_id, warning)
+                for p, t in zip(prepared, tasks):
+                    p.task, p.warning = t, warning
+                return prepared, []
+        return [], [Result(t, None, "failed", reason + " (truncation did not converge)") for t in tasks]
+
+    def prefill_plan(self, tasks: Sequence[Task]) -> dict:
+        """Token counts without running the model: ``naive`` (every prompt in full) and
+        ``shared`` (each group's shared prefix once plus every suffix), after truncation."""
+        groups: dict[str, list[Task]] = defaultdict(list)
+        for t in tasks:
+            groups[t.group].append(t)
+        naive = shared = prompts = refused = 0
+        for group in groups.values():
+            prepared, failed = self._fit_group(group)
+            refused += len(failed)
+            ids = [p.ids for p in prepared]
+            prompts += len(ids)
+            naive += sum(len(i) for i in ids)
+            prefix = shared_prefix(ids) if self.prefix_reuse and len(ids) > 1 else 0
+            shared += prefix + sum(len(i) - prefix for i in ids)
+        return {"prompts": prompts, "refused": refused, "naive_prefill_tokens": naive, "shared_prefill_tokens": shared}
+
+    # -- scoring ------------------------------------------------------------------------
+
+    def score(self, tasks: Sequence[Task]) -> Iterator[Result]:
+        groups: dict[str, list[Task]] = defaultdict(list)
+        for t in tasks:
+            groups[t.group].append(t)
+        pending: list[_Prepared] = []
+        for group in groups.values():
+            prepared, failed = self._fit_group(group)
+            yield from failed
+            if self.prefix_reuse and len(prepared) > 1:
+                yield from self._score_causal(prepared, reuse=True)
+            elif prepared:
+                pending.extend(prepared)
+                if len(pending) >= self.batch_size:
+                    yield from self._score_pending(pending)
+                    pending = []
+        if pending:
+            yield from self._score_pending(pending)
+
+    def _score_pending(self, prepared: list[_Prepared]) -> Iterator[Result]:
+        return self._score_seq2seq(prepared) if self.seq2seq else self._score_causal(prepared, reuse=False)
+
+    @staticmethod
+    def _rows(prepared: list[_Prepared], prefix: int) -> list[_Row]:
+        rows = []
+        for i, p in enumerate(prepared):
+            suffix = p.ids[prefix:]
+            if all(len(label) == 1 for label in p.labels):
+                rows.append(_Row(i, suffix, len(suffix) - 1, None))
+            else:
+                rows.extend(_Row(i, suffix + label[:-1], len(suffix) - 1, k) for k, label in enumerate(p.labels))
+        return sorted(rows, key=lambda r: len(r.tokens))
+
+    def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-pad: (B, L) ids and (B, L) mask."""
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[b, : len(s)] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    @torch.inference_mode()
+    def _score_causal(self, prepared: list[_Prepared], reuse: bool) -> Iterator[Result]:
+        prefix_len, cache = 0, None
+        if reuse:
+            first = prepared[0].ids
+            prefix_len = shared_prefix([p.ids for p in prepared])
+            if prefix_len > 0:
+                out = self.model(input_ids=torch.tensor([first[:prefix_len]], device=self.device), use_cache=True)
+                cache = out.past_key_values
+                self.stats["prefill_tokens"] += prefix_len
+                self.stats["forward_passes"] += 1
+        logprobs: dict[int, dict[int | None, torch.Tensor]] = defaultdict(dict)
+        rows = self._rows(prepared, prefix_len)
+        for start in range(0, len(rows), self.batch_size):
+            batch = rows[start : start + self.batch_size]
+            ids, mask = self._pad([r.tokens for r in batch])
+            kwargs = {}
+            if cache is not None:
+                expanded = copy.deepcopy(cache)
+                expanded.batch_repeat_interleave(len(batch))
+                kwargs["past_key_values"] = expanded
+                mask = torch.cat([torch.ones((len(batch), prefix_len), dtype=mask.dtype, device=mask.device), mask], dim=1)
+            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=cache is not None, **kwargs).logits
+            self.stats["prefill_tokens"] += sum(len(r.tokens) for r in batch)
+            self.stats["forward_passes"] += 1
+            lp = torch.log_softmax(logits.float(), dim=-1)  # (B, L, V)
+            for b, r in enumerate(batch):
+                logprobs[r.item][r.label] = lp[b, r.start :]
+        yield from self._collect(prepared, logprobs, prefix_len)
+
+    def _collect(self, prepared, logprobs, prefix_len: int) -> Iterator[Result]:
+        for i, p in enumerate(prepared):
+            probs = {}
+            for k, (option, label) in enumerate(zip(p.task.options, p.labels)):
+                lp = logprobs[i].get(None) if None in logprobs[i] else logprobs[i][k]
+                total = sum(float(lp[j, tok]) for j, tok in enumerate(label))
+                probs[option] = float(torch.tensor(total).exp())
+            computed = len(p.ids) - prefix_len + (prefix_len if i == 0 else 0)
+            self.stats["prompt_tokens"] += len(p.ids)
+            yield Result(p.task, probs, "ok", "", len(p.ids), computed, p.warning)
+
+    @torch.inference_mode()
+    def _score_seq2seq(self, prepared: list[_Prepared]) -> Iterator[Result]:
+        start_id = self.model.config.decoder_start_token_id
+        if start_id is None:
+            start_id = self.pad_id
+        logprobs: dict[int, dict[int | None, torch.Tensor]] = defaultdict(dict)
+        order = sorted(range(len(prepared)), key=lambda i: len(prepared[i].ids))
+        encoder = self.model.get_encoder()
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            ids, mask = self._pad([prepared[i].ids for i in chunk])
+            hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L, H)
+            self.stats["prefill_tokens"] += int(mask.sum())
+            rows = [
+                (b, i, None, [start_id]) if all(len(x) == 1 for x in prepared[i].labels) else None
+                for b, i in enumerate(chunk)
+            ]
+            flat = []
+            for b, i in enumerate(chunk):
+                if rows[b] is not None:
+                    flat.append(rows[b])
+                else:
+                    flat.extend((b, i, k, [start_id] + label[:-1]) for k, label in enumerate(prepared[i].labels))
+            dec_ids, dec_mask = self._pad([f[3] for f in flat])
+            pick = torch.tensor([f[0] for f in flat], device=self.device)
+            logits = self.model(
+                encoder_outputs=(hidden[pick],), attention_mask=mask[pick], decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask
+            ).logits
+            self.stats["forward_passes"] += 1
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            for row, (_, i, k, _) in enumerate(flat):
+                logprobs[i][k] = lp[row]
+        yield from self._collect(prepared, logprobs, 0)
+
+
+def generate(backend: TransformersBackend, prompt: str, max_new_tokens: int = 256) -> str:
+    """Greedy generation with the backend's model (test-bank generation)."""
+    text = backend._prompt_text(prompt)
+    ids = torch.tensor([backend._encode(text)], device=backend.device)
+    with torch.inference_mode():
+        out = backend.model.generate(input_ids=ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=backend.pad_id)
+    new = out[0] if backend.seq2seq else out[0, ids.shape[1]:]
+    return backend.tokenizer.decode(new, skip_special_tokens=True)

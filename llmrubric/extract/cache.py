@@ -1,0 +1,69 @@
+"""On-disk result store (SQLite): one row per result, committed as it arrives.
+
+Keyed by (model id, template hash, prompt hash, question id). Results with status ``ok`` or
+``incomplete`` are final; ``failed`` ones are kept for the report and retried on the next run.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+from llmrubric.extract.tasks import Result, Task
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    model_id TEXT NOT NULL, template_hash TEXT NOT NULL, key TEXT NOT NULL, question_id TEXT NOT NULL,
+    text_id TEXT NOT NULL, status TEXT NOT NULL, probs TEXT, reason TEXT, warning TEXT,
+    prompt_tokens INTEGER, computed_tokens INTEGER, created REAL,
+    PRIMARY KEY (model_id, template_hash, key, question_id)
+)
+"""
+FINAL = ("ok", "incomplete")
+
+
+class ResultCache:
+    """``get(model_id, task)`` → stored Result or None; ``put(model_id, result)`` commits one row."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = str(path) if path else ":memory:"
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute(SCHEMA)
+        self.db.commit()
+
+    def get(self, model_id: str, task: Task) -> Result | None:
+        row = self.db.execute(
+            "SELECT status, probs, reason, warning, prompt_tokens, computed_tokens FROM results "
+            "WHERE model_id=? AND template_hash=? AND key=? AND question_id=?",
+            (model_id, task.template_hash, task.key, task.question_id),
+        ).fetchone()
+        if row is None:
+            return None
+        status, probs, reason, warning, prompt_tokens, computed_tokens = row
+        return Result(task, json.loads(probs) if probs else None, status, reason or "", prompt_tokens or 0, computed_tokens or 0, warning or "")
+
+    def put(self, model_id: str, result: Result) -> None:
+        t = result.task
+        self.db.execute(
+            "INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                model_id, t.template_hash, t.key, t.question_id, t.text_id, result.status,
+                json.dumps(result.probs) if result.probs is not None else None,
+                result.reason, result.warning, result.prompt_tokens, result.computed_tokens, time.time(),
+            ),
+        )
+        self.db.commit()
+
+    def count(self, status: str | None = None) -> int:
+        if status is None:
+            return self.db.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        return self.db.execute("SELECT COUNT(*) FROM results WHERE status=?", (status,)).fetchone()[0]
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,201 @@
+"""``llmrubric extract``: texts (+ rubric or test bank) → features table, cached and resumable.
+
+Also ``llmrubric extract-texts`` (LLM-Rubric real dialogues → texts table) and
+``llmrubric extract-bank`` (generate a test bank to edit by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from llmrubric.errors import InputError
+from llmrubric.schemas import read_table, write_json, write_table
+
+log = logging.getLogger(__name__)
+BACKEND_KEYS = {
+    "transformers": ("device", "dtype", "batch_size", "prefix_reuse", "max_length", "overflow", "label_prefix", "chat_template"),
+    "openai": ("base_url", "endpoint", "api_key_env", "azure_api_version", "top_logprobs", "concurrency", "max_retries", "timeout", "backoff"),
+}
+DEFAULTS = {"backend": "transformers", "family": "likert", "template": None, "rubric": None, "model": None}
+
+
+def load_config(path: str | Path) -> dict:
+    """A YAML file of ``conf/extract/``; a ``defaults`` list pulls in sibling files first."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("extract config not found", file=str(path))
+    data = yaml.safe_load(path.read_text()) or {}
+    merged: dict = {}
+    for name in data.pop("defaults", []) or []:
+        if name != "_self_":
+            merged.update(load_config(path.parent / f"{name}.yaml"))
+    merged.update(data)
+    return merged
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("extract", help="LLM answer distributions → features table", description=__doc__)
+    p.add_argument("texts", help="texts table (text_id, text, …): .jsonl/.csv/.tsv/.parquet")
+    p.add_argument("--out", required=True, help="features table to write (.parquet/.csv/.tsv/.jsonl)")
+    p.add_argument("--config", help="a conf/extract/*.yaml file; flags override it")
+    p.add_argument("--rubric")
+    p.add_argument("--family", choices=["likert", "self_rating", "nugget_support", "answer_quality"])
+    p.add_argument("--bank", help="test bank JSONL (item families)")
+    p.add_argument("--bank-errors", choices=["raise", "skip"], default="raise", help="a malformed bank line: error, or skip and record")
+    p.add_argument("--template", help="template name under conf/prompts/ (default: the family's)")
+    p.add_argument("--backend", choices=["transformers", "openai"])
+    p.add_argument("--model")
+    p.add_argument("--source", help="source name in the features table (default: model name + template)")
+    p.add_argument("--cache", help="SQLite result store (default: <out>.cache.sqlite)")
+    p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
+    p.add_argument("--no-progress", action="store_true")
+    for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
+        flag = "--" + key.replace("_", "-")
+        if key in ("prefix_reuse", "chat_template"):
+            p.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            p.add_argument(flag, dest=key, default=None, type=_number)
+    p.set_defaults(run=run)
+
+    t = subparsers.add_parser("extract-texts", help="LLM-Rubric real_data.json → texts table")
+    t.add_argument("dialogues")
+    t.add_argument("--out", required=True)
+    t.set_defaults(run=run_texts)
+
+    b = subparsers.add_parser("extract-bank", help="generate a test bank (questions or nuggets) to edit")
+    b.add_argument("queries", help="table with query_id, query (and passages: passage text rows with query_id for nuggets)")
+    b.add_argument("--kind", choices=["question", "nugget"], default="question")
+    b.add_argument("--passages", help="texts table (text_id, query_id, text) for nuggetization")
+    b.add_argument("--n", type=int, default=10)
+    b.add_argument("--config")
+    b.add_argument("--backend", choices=["transformers", "openai"])
+    b.add_argument("--model")
+    b.add_argument("--out", required=True)
+    b.set_defaults(run=run_bank)
+
+
+def _number(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return None if text.lower() in ("null", "none") else text
+
+
+def _settings(args) -> dict:
+    settings = dict(DEFAULTS)
+    if getattr(args, "config", None):
+        settings.update(load_config(args.config))
+    for key, value in vars(args).items():
+        if value is not None and key not in ("run", "group", "config"):
+            settings[key] = value
+    if settings.get("model") in (None, "???"):
+        raise InputError("no model given (--model or model: in the config)")
+    return settings
+
+
+def make_backend_from(settings: dict):
+    from llmrubric.extract.backends import make_backend
+
+    name = settings["backend"]
+    kwargs = {k: settings[k] for k in BACKEND_KEYS[name] if settings.get(k) is not None}
+    if name == "transformers":
+        return make_backend(name, path=settings["model"], **kwargs)
+    return make_backend(name, model=settings["model"], **kwargs)
+
+
+def run(args) -> int:
+    from llmrubric.extract.cache import ResultCache
+    from llmrubric.extract.families import FAMILIES, item_tasks, likert_tasks
+    from llmrubric.extract.prompts import PromptTemplate
+    from llmrubric.extract.runner import extract
+    from llmrubric.extract.summaries import summarise
+    from llmrubric.extract.testbank import read_bank
+    from llmrubric.rubric import Rubric
+
+    settings = _settings(args)
+    out = Path(settings["out"])
+    texts = read_table(settings["texts"], "texts")
+    family = settings["family"]
+    rubric, skipped, bank_warnings, importance = None, [], [], None
+    if family == "likert":
+        if not settings.get("rubric"):
+            raise InputError("the likert family needs --rubric")
+        rubric = Rubric.load(settings["rubric"])
+        template = PromptTemplate(settings.get("template") or "llm_rubric")
+        tasks, skipped = likert_tasks(texts, rubric, template)
+    else:
+        if not settings.get("bank"):
+            raise InputError(f"the {family} family needs --bank")
+        bank, bank_warnings = read_bank(settings["bank"], on_error=settings.get("bank_errors", "raise"))
+        importance = {i.item_id: i.importance for i in bank}
+        template = PromptTemplate(settings.get("template") or FAMILIES[family].template)
+        tasks = item_tasks(family, texts, bank, template)
+    if not tasks:
+        raise InputError("nothing to ask: no (text, question) pair applies", file=str(settings["texts"]))
+    backend = make_backend_from(settings)
+    source = settings.get("source") or f"{Path(str(settings['model'])).name}/{template.name}"
+    cache = ResultCache(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
+    try:
+        result = extract(tasks, backend, cache, source, skipped, rubric, progress=not settings.get("no_progress"))
+    finally:
+        cache.close()
+        backend.close()
+    features = result.features
+    if settings.get("summaries") and family != "likert":
+        features = pd.concat([features, summarise(features, family, importance)], ignore_index=True)
+    failures_path = out.with_name(out.stem + ".failures" + out.suffix)
+    summary = {**result.summary, "bank_warnings": len(bank_warnings), "features": str(out), "failures": str(failures_path)}
+    write_table(result.failures, failures_path)
+    write_json(summary, out.with_name(out.stem + ".summary.json"))
+    if features.empty:
+        raise InputError(f"no features were obtained (all prompts failed); see {failures_path}", file=str(out))
+    write_table(features, out)
+    print(json.dumps(summary))
+    return 0
+
+
+def run_texts(args) -> int:
+    from llmrubric.extract.adapters import llm_rubric_real_texts
+
+    texts = llm_rubric_real_texts(args.dialogues)
+    write_table(texts, args.out)
+    print(f"{len(texts)} texts → {args.out}")
+    return 0
+
+
+def run_bank(args) -> int:
+    from llmrubric.extract.testbank import generate_questions, nuggetize, write_bank
+
+    settings = _settings(args)
+    backend = make_backend_from(settings)
+    if settings["backend"] == "transformers":
+        from llmrubric.extract.backends.transformers_backend import generate
+
+        gen = lambda prompt: generate(backend, prompt)
+    else:
+        gen = backend.generate
+    queries = pd.read_json(args.queries, lines=True) if str(args.queries).endswith(".jsonl") else read_table(args.queries, "texts")
+    for column in ("query_id", "query"):
+        if column not in queries.columns:
+            raise InputError(f"the queries table needs a {column!r} column", file=str(args.queries), column=column)
+    passages = read_table(args.passages, "texts") if args.passages else None
+    items = []
+    for row in queries.itertuples():
+        if args.kind == "question":
+            items += generate_questions(gen, str(row.query_id), str(row.query), args.n)
+        else:
+            if passages is None:
+                raise InputError("nuggetization needs --passages")
+            texts = passages[passages.query_id.astype(str) == str(row.query_id)].text.astype(str).tolist()
+            items += nuggetize(gen, str(row.query_id), str(row.query), texts)
+    write_bank(items, args.out)
+    print(f"{len(items)} items → {args.out}")
+    return 0

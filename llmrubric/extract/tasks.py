@@ -1,0 +1,45 @@
+"""What the extractor asks and what it gets back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt whose next-token distribution over ``labels`` is wanted.
+
+    ``group`` names the texts whose prompts share a prefix (one text, or one passage for
+    test-bank items); ``options`` are the option keys written to the features table and
+    ``labels`` the strings the model is asked to produce, in the same order.
+    ``text`` is the long variable that appears verbatim in the prompt (a too-long prompt
+    is truncated inside it); ``key`` hashes the prompt and labels (the cache key).
+    """
+
+    text_id: str
+    question_id: str
+    prompt: str
+    options: tuple[str, ...]
+    labels: tuple[str, ...]
+    group: str
+    template_hash: str
+    key: str = ""
+    text: str = field(default="", compare=False, repr=False)
+
+
+@dataclass
+class Result:
+    """The answer to one task.
+
+    ``probs`` maps option key → probability, or → None where the mass is unknown (an
+    option absent from an API's top logprobs). ``status`` is ``ok``, ``incomplete``
+    (some mass unknown) or ``failed`` (``probs`` is None and ``reason`` says why).
+    """
+
+    task: Task
+    probs: dict[str, float | None] | None
+    status: str = "ok"
+    reason: str = ""
+    prompt_tokens: int = 0
+    computed_tokens: int = 0
+    warning: str = ""

@@ -81,6 +81,7 @@ class Calibrator:
             data, val = data.take(np.flatnonzero(~is_val)), data.take(np.flatnonzero(is_val))
         torch.manual_seed(self.seed)
         self.net_ = self._net()
+        self.net_.standardize_inputs(data.x)
         main = self.rubric.ids.index(self.rubric.main.id)
         self.summary_ = train_network(self.net_, data, val, main, self.trainer, self.seed)
         return self

@@ -9,6 +9,7 @@ from torch import nn
 class CalibrationNet(nn.Module):
     """``z1 = σ((W1 + W1[a])[1; x])``, ``z2 = σ((W2 + W2[a])[1; z1])``, one softmax head per question.
 
+    Inputs are standardised with training statistics (buffers saved with the weights).
     Judge-specific deltas start at zero; judge index -1 (unseen judge) uses the shared
     weights alone. Heads are a padded tensor ``V`` of shape (questions, max options, 1 + h2);
     padded option rows get logit -inf.
@@ -43,9 +44,17 @@ class CalibrationNet(nn.Module):
         self.delta1 = nn.Parameter(torch.zeros(*shape, h1, in_dim + 1))
         self.delta2 = nn.Parameter(torch.zeros(*shape, h2, h1 + 1))
         self.delta_heads = nn.Parameter(torch.zeros(*shape, n_q * max_opt, h2 + 1))
+        self.register_buffer("input_mean", torch.zeros(in_dim))
+        self.register_buffer("input_scale", torch.ones(in_dim))
         mask = torch.arange(max_opt)[None, :] < torch.tensor(option_counts)[:, None]
         self.register_buffer("option_mask", mask, persistent=False)
         self.n_q, self.max_opt = n_q, max_opt
+
+    def standardize_inputs(self, x: torch.Tensor) -> None:
+        """Set the input standardisation from training features x: (N, in_dim); constant columns keep scale 1."""
+        std = x.std(dim=0)
+        self.input_mean.copy_(x.mean(dim=0))
+        self.input_scale.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
 
     def shared_parameters(self) -> list[nn.Parameter]:
         return [*self.layer1.parameters(), *self.layer2.parameters(), *self.heads.parameters()]
@@ -63,7 +72,7 @@ class CalibrationNet(nn.Module):
 
     def forward(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
         """x: (B, in_dim), judge: (B,) long → logits (B, questions, max options), -inf where padded."""
-        x = self.dropout(x)
+        x = self.dropout((x - self.input_mean) / self.input_scale)
         z1 = torch.sigmoid(self._layer(self.layer1, self.delta1, x, judge))
         z2 = torch.sigmoid(self._layer(self.layer2, self.delta2, z1, judge))
         logits = self._layer(self.heads, self.delta_heads, z2, judge).view(-1, self.n_q, self.max_opt)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from llmrubric.data import Encoded
 from llmrubric.model import CalibrationNet
@@ -113,9 +113,10 @@ class RestoreBest(pl.Callback):
 
 
 def _loader(data: Encoded, batch_size: int, shuffle: bool, seed: int) -> DataLoader:
+    """Whole batches indexed at once (no per-sample collation); shuffled permutations if ``shuffle``."""
     dataset = TensorDataset(data.x, data.judge, data.y)
-    generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator)
+    order = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)) if shuffle else SequentialSampler(dataset)
+    return DataLoader(dataset, sampler=BatchSampler(order, batch_size, drop_last=False), batch_size=None)
 
 
 def train_network(
@@ -124,8 +125,18 @@ def train_network(
     """Pretrain on all questions, then finetune on the main one, each with early stopping.
 
     Mini-batches are shuffled permutations of the training pairs. Without ``val``, each
-    phase runs its full number of epochs. Returns a summary of both phases.
+    phase runs its full number of epochs. Runs on one CPU thread: the network is tiny and
+    more threads only add contention. Returns a summary of both phases.
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_phases(net, train, val, main_index, config, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_phases(net: CalibrationNet, train: Encoded, val: Encoded | None, main_index: int, config: TrainConfig, seed: int) -> dict:
     module = CalibrationModule(net, main_index, config)
     summary = {}
     for phase, epochs in (("pretrain", config.pretrain_epochs), ("finetune", config.finetune_epochs)):

@@ -95,7 +95,7 @@ class FeatureLayout:
                     f"(features have {sorted('/'.join(k) for k in seen.index)})",
                     file=source_of(features), column="question_id",
                 )
-            if not seen[key] <= set(block.options):
+            if seen[key] != set(block.options):
                 raise InputError(
                     f"feature layout mismatch: block {block.name} has options {sorted(seen[key])}, the model expects {list(block.options)}",
                     file=source_of(features), column="option",

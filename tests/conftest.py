@@ -1,0 +1,44 @@
+"""Shared fixtures: the real rubric, the embedded simulated data and the shared LLM-Rubric release."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import pytest
+
+from llmrubric.rubric import Rubric
+from llmrubric.schemas import load_tables
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "llm-rubric"
+FAST = {"pretrain_epochs": 15, "finetune_epochs": 15, "patience": 5, "lr": 0.01}
+
+warnings.filterwarnings("ignore", ".*LeafSpec.*")
+logging.getLogger("llmrubric").setLevel(logging.INFO)
+
+
+@pytest.fixture(scope="session")
+def rubric() -> Rubric:
+    return Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
+
+
+@pytest.fixture(scope="session")
+def simulated(rubric):
+    d = ROOT / "data" / "simulated"
+    return load_tables(d / "annotations.csv", d / "features.csv", rubric, d / "texts.csv")
+
+
+@pytest.fixture(scope="session")
+def shared_root() -> Path:
+    if not (SHARED / "SHA256SUMS").is_file():
+        pytest.skip(f"shared LLM-Rubric data not found at {SHARED}")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def llm_rubric_data(shared_root, rubric):
+    from llmrubric.datasets import llm_rubric
+
+    return llm_rubric.load(shared_root, "synthetic", rubric), llm_rubric.load(shared_root, "real", rubric)

@@ -1,0 +1,55 @@
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from llmrubric.baselines import METHODS, make_method
+from llmrubric.errors import InputError
+from llmrubric.metrics import evaluate, nll, point_metrics
+
+
+def test_point_metrics_against_hand_computation():
+    y, yhat = np.array([1, 2, 3, 4]), np.array([1.5, 2.0, 2.5, 4.5])
+    m = point_metrics(y, yhat)
+    assert m["rmse"] == pytest.approx(np.sqrt((0.25 + 0 + 0.25 + 0.25) / 4))
+    assert m["pearson"] == pytest.approx(np.corrcoef(y, yhat)[0, 1])
+    assert m["spearman"] == pytest.approx(1.0) and m["kendall"] == pytest.approx(1.0)
+    assert np.isnan(point_metrics(y, np.ones(4))["pearson"])
+    assert nll(np.array([[0.5, 0.5], [0.25, 0.75]]), np.array([0, 1])) == pytest.approx(-(np.log(0.5) + np.log(0.75)) / 2)
+
+
+def test_llm_baselines_match_the_reference_values_on_real(llm_rubric_data, rubric):
+    synthetic, real = llm_rubric_data
+    expected = {"expected_llm": (0.919, 0.177, 0.087, 0.066), "argmax_llm": (1.202, 0.140, 0.087, 0.081)}
+    for name, values in expected.items():
+        m = evaluate(make_method(name, rubric).fit(synthetic).predict(real), real.annotations, rubric.main)
+        assert m["n"] == 223
+        assert tuple(round(m[k], 3) for k in ("rmse", "pearson", "spearman", "kendall")) == values
+
+
+def test_ridge_and_constant_on_real(llm_rubric_data, rubric):
+    synthetic, real = llm_rubric_data
+    ridge = evaluate(make_method("ridge_judge", rubric).fit(synthetic).predict(real), real.annotations, rubric.main)
+    assert ridge["pearson"] == pytest.approx(0.264, abs=0.002)
+    const = make_method("constant", rubric).fit(synthetic)
+    q0 = synthetic.annotations[synthetic.annotations.question_id == "Q0"].answer.astype(float)
+    assert const.predict(real)["mean"].iloc[0] == pytest.approx(q0.mean(), abs=1e-3)
+
+
+def test_every_method_predicts_the_main_question(simulated, rubric):
+    for name in METHODS:
+        method = make_method(name, rubric, seed=1, trainer={"pretrain_epochs": 2, "finetune_epochs": 2})
+        pred = method.fit(simulated).predict(simulated)
+        q0 = pred[pred.question_id == "Q0"]
+        assert len(q0) == 900 and np.isfinite(q0["mean"]).all()
+        assert np.allclose(q0[["p_1", "p_2", "p_3", "p_4"]].sum(axis=1), 1)
+    with pytest.raises(InputError, match="unknown method"):
+        make_method("oracle", rubric)
+
+
+def test_evaluate_rejects_missing_or_non_finite_predictions(simulated, rubric):
+    pred = make_method("expected_llm", rubric).predict(simulated)
+    with pytest.raises(InputError, match="have no prediction"):
+        evaluate(pred.iloc[1:], simulated.annotations, rubric.main)
+    with pytest.raises(InputError, match="non-finite"):
+        evaluate(pred.assign(mean=np.nan), simulated.annotations, rubric.main)

@@ -1,0 +1,85 @@
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import FAST
+from llmrubric.calibrator import Calibrator
+from llmrubric.errors import InputError
+from llmrubric.schemas import Tables
+from llmrubric.splits import holdout_texts
+
+
+@pytest.fixture(scope="module")
+def split(simulated):
+    train_texts, test_texts = holdout_texts(simulated.text_ids, 0.3, seed=0)
+    return simulated.subset(train_texts), simulated.subset(test_texts)
+
+
+@pytest.fixture(scope="module")
+def fitted(rubric, split):
+    return Calibrator(rubric, trainer=FAST, seed=3).fit(split[0])
+
+
+def test_predictions_are_distributions_with_mean_and_variance(fitted, split, rubric):
+    pred = fitted.predict(split[1])
+    assert set(pred.question_id) == set(rubric.ids)
+    q0 = pred[pred.question_id == "Q0"]
+    p = q0[["p_1", "p_2", "p_3", "p_4"]].to_numpy()
+    assert np.allclose(p.sum(1), 1) and (p >= 0).all()
+    assert np.allclose(q0["mean"], p @ [1, 2, 3, 4])
+    assert np.allclose(q0["var"], p @ np.square([1, 2, 3, 4]) - q0["mean"] ** 2)
+    q8 = pred[pred.question_id == "Q8"]
+    assert q8["p_4"].isna().all() and np.allclose(q8[["p_1", "p_2", "p_3"]].sum(axis=1), 1)
+
+
+def test_same_seed_same_predictions(rubric, split, fitted):
+    again = Calibrator(rubric, trainer=FAST, seed=3).fit(split[0])
+    pd.testing.assert_frame_equal(again.predict(split[1]), fitted.predict(split[1]))
+    other = Calibrator(rubric, trainer=FAST, seed=4).fit(split[0])
+    assert not np.allclose(other.predict(split[1])["mean"], fitted.predict(split[1])["mean"])
+
+
+def test_checkpoint_round_trip_is_exact_and_pickle_free(fitted, split, tmp_path):
+    path = fitted.save(tmp_path / "model.safetensors")
+    assert path.read_bytes()[:8] != b"\x80\x04\x95"
+    loaded = Calibrator.load(path)
+    pd.testing.assert_frame_equal(loaded.predict(split[1]), fitted.predict(split[1]))
+    assert loaded.layout_ == fitted.layout_ and loaded.judges_ == fitted.judges_
+
+
+def test_unseen_judge_gets_shared_weights_and_a_warning(fitted, split, caplog):
+    test = split[1]
+    pairs = pd.DataFrame({"text_id": [test.text_ids[0]] * 2, "judge_id": ["J01", "NEWJUDGE"]})
+    with caplog.at_level(logging.WARNING):
+        data = fitted.encode(test, pairs)
+    assert "NEWJUDGE" in caplog.text
+    assert data.judge.tolist() == [fitted.judges_.judges.index("J01"), -1]
+    net = fitted.net_
+    probs = fitted.predict(test, pairs, ["Q0"])
+    saved = [d.detach().clone() for d in net.delta_parameters()]
+    for d in net.delta_parameters():
+        d.data.zero_()
+    zeroed = fitted.predict(test, pairs, ["Q0"])
+    for d, s in zip(net.delta_parameters(), saved):
+        d.data.copy_(s)
+    assert np.allclose(probs.iloc[1, 4:], zeroed.iloc[1, 4:]) and not np.allclose(probs.iloc[0, 4:], zeroed.iloc[0, 4:])
+
+
+def test_layout_mismatch_at_prediction_is_an_error(fitted, split):
+    feats = split[1].features
+    wrong = feats[~((feats.question_id == "Q3") & (feats.option == "4"))].copy()
+    wrong.attrs["source"] = "features.csv"
+    with pytest.raises(InputError, match="layout mismatch.*Q3"):
+        fitted.predict(Tables(split[1].annotations, wrong))
+    renamed = feats.assign(source="other-llm")
+    renamed.attrs["source"] = "features.csv"
+    with pytest.raises(InputError, match="absent from the features") as info:
+        fitted.predict(Tables(split[1].annotations, renamed))
+    assert info.value.file == "features.csv"
+
+
+def test_restricted_inputs(rubric, split):
+    q0_only = Calibrator(rubric, trainer=FAST, feature_questions=["Q0"]).fit(split[0])
+    assert [b.question_id for b in q0_only.layout_.blocks] == ["Q0"] and q0_only.layout_.dim == 5

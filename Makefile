@@ -3,22 +3,22 @@ PY := $(VENV)/bin/python
 
 .PHONY: setup demo test bench clean
 
-$(PY): pyproject.toml
+$(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
-	touch $(PY)
+	touch $@
 
-setup: $(PY)
+setup: $(VENV)/.installed
 
-demo: $(PY)
+demo: setup
 	$(PY) train.py experiment=demo
 	$(PY) evaluate.py experiment=demo
 
-test: $(PY)
-	$(PY) -m pytest -n 2 tests
+test: setup
+	$(PY) -m pytest -n 2 -p no:cacheprovider tests
 
-bench: $(PY)
+bench: setup
 	$(PY) benchmarks/table1.py
 
 clean:

@@ -133,7 +133,7 @@ class JudgeMap:
         unseen = sorted(judge_ids[idx.isna()].unique())
         if unseen:
             log.warning("judges never seen in training, predicted with the shared weights only: %s", ", ".join(map(str, unseen)))
-        return idx.fillna(-1).astype(np.int64).to_numpy()
+        return np.array(idx.fillna(-1).astype(np.int64), dtype=np.int64)
 
 
 @dataclass

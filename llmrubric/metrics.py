@@ -64,9 +64,14 @@ def evaluate(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Que
         for rows in merged.groupby("judge_id").indices.values()
         if len(rows) >= MIN_JUDGE_PAIRS
     ]
-    out["per_judge"] = {m: float(np.nanmean([j[m] for j in per_judge])) if per_judge else math.nan for m in ("rmse", "pearson", "spearman", "kendall")}
+    out["per_judge"] = {m: _nanmean([j[m] for j in per_judge]) for m in ("rmse", "pearson", "spearman", "kendall")}
     out["per_judge"]["judges"] = len(per_judge)
     return out
+
+
+def _nanmean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return float(np.mean(finite)) if finite else math.nan
 
 
 def markdown_table(rows: dict[str, dict], metrics=METRICS) -> str:

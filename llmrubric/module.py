@@ -20,6 +20,7 @@ for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_f
     logging.getLogger(name).setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
 warnings.filterwarnings("ignore", ".*GPU available but not used.*")
+warnings.filterwarnings("ignore", ".*LeafSpec.*is deprecated.*")
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import warnings
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "llm-rubric"
 FAST = {"pretrain_epochs": 15, "finetune_epochs": 15, "patience": 5, "lr": 0.01}
 
-warnings.filterwarnings("ignore", ".*LeafSpec.*")
 logging.getLogger("llmrubric").setLevel(logging.INFO)
 
 

@@ -1,0 +1,123 @@
+"""LLM-Rubric Table 1 on the shared release: synthetic 5-fold CV and synthetic → real.
+
+    .venv/bin/python benchmarks/table1.py [--seeds 10] [--data ../shared/data/llm-rubric]
+
+Every method of ``llmrubric.baselines.METHODS`` is run with the same folds (split by
+dialogue, fold seed 0); learned and random methods over ``--seeds`` seeds. Metrics are
+pooled over (dialogue, judge) pairs of Q0. Prints the table and writes
+``benchmarks/results/table1.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from llmrubric.baselines import DETERMINISTIC, METHODS, make_method  # noqa: E402
+from llmrubric.datasets import llm_rubric  # noqa: E402
+from llmrubric.metrics import METRICS, evaluate, markdown_table  # noqa: E402
+from llmrubric.rubric import Rubric  # noqa: E402
+from llmrubric.schemas import write_json  # noqa: E402
+from llmrubric.splits import text_folds  # noqa: E402
+
+PAPER = {
+    "synthetic_cv": {"random": (1.499, 0.002), "argmax_llm": (0.984, 0.153), "expected_llm": (0.856, 0.182), "calibrated_q0": (0.801, 0.198), "llm_rubric": (0.396, 0.401)},
+    "real": {"random": (1.427, 0.011), "argmax_llm": (1.186, 0.106), "expected_llm": (0.901, 0.143), "calibrated_q0": (0.784, 0.211), "llm_rubric": (0.422, 0.350)},
+}
+
+
+@lru_cache(maxsize=1)
+def data(root: str):
+    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
+    return rubric, llm_rubric.load(root, "synthetic", rubric), llm_rubric.load(root, "real", rubric)
+
+
+def run_one(root: str, name: str, seed: int) -> dict:
+    """Both protocols for one method and seed: {protocol: metrics}."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    rubric, synthetic, real = data(root)
+    folds = text_folds(synthetic.text_ids, 5, seed=0)
+    parts = []
+    for k in range(5):
+        train = synthetic.subset(folds.text_id[folds.fold != k])
+        test = synthetic.subset(folds.text_id[folds.fold == k])
+        parts.append(make_method(name, rubric, seed).fit(train).predict(test))
+    cv = evaluate(pd.concat(parts, ignore_index=True), synthetic.annotations, rubric.main)
+    start = time.perf_counter()
+    method = make_method(name, rubric, seed).fit(synthetic)
+    fit_seconds = time.perf_counter() - start
+    out = {"synthetic_cv": cv, "real": evaluate(method.predict(real), real.annotations, rubric.main)}
+    out["fit_seconds"] = fit_seconds
+    return out
+
+
+def summarise(runs: dict[int, dict], protocol: str) -> dict:
+    seeds = sorted(runs)
+    entry = {"seeds": seeds}
+    for m in METRICS:
+        values = [runs[s][protocol][m] for s in seeds]
+        entry[m] = float(np.mean(values))
+        entry[f"{m}_sd"] = float(np.std(values))
+        entry[f"{m}_per_seed"] = values
+    entry["per_judge"] = {k: float(np.mean([runs[s][protocol]["per_judge"][k] for s in seeds])) for k in ("rmse", "pearson")}
+    return entry
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric")))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "table1.json"))
+    args = parser.parse_args()
+    start = time.perf_counter()
+    jobs = [(name, seed) for name in METHODS for seed in ([0] if name in DETERMINISTIC else range(args.seeds))]
+    with ProcessPoolExecutor(args.workers) as pool:
+        futures = {job: pool.submit(run_one, args.data, *job) for job in jobs}
+        results = {}
+        for i, (job, future) in enumerate(futures.items(), 1):
+            results[job] = future.result()
+            print(f"[{i}/{len(jobs)}] {job[0]} seed {job[1]}: real pearson {results[job]['real']['pearson']:.3f}", flush=True)
+    report = {}
+    for protocol in ("synthetic_cv", "real"):
+        report[protocol] = {name: summarise({s: results[(n, s)] for n, s in results if n == name}, protocol) for name in METHODS}
+    learned = [results[j]["fit_seconds"] for j in results if j[0] == "llm_rubric"]
+    digest = hashlib.sha256()
+    for path in sorted(Path(args.data).rglob("*.tsv")):
+        digest.update(path.read_bytes())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    report["meta"] = {
+        "commit": commit,
+        "seconds": time.perf_counter() - start,
+        "data_sha256": digest.hexdigest(),
+        "fit_seconds_llm_rubric_synthetic": {"mean": float(np.mean(learned)), "max": float(np.max(learned))},
+        "paper": PAPER,
+    }
+    write_json(report, args.out)
+    for protocol in ("synthetic_cv", "real"):
+        rows = {}
+        for name in METHODS:
+            e = report[protocol][name]
+            rows[name] = {m: (e[m], e[f"{m}_sd"]) if len(e["seeds"]) > 1 else e[m] for m in METRICS}
+        print(f"\n{protocol} (pooled over pairs; mean ± sd over seeds)\n{markdown_table(rows)}")
+    print(f"\nwritten to {args.out} in {report['meta']['seconds']:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -40,3 +40,19 @@ def llm_rubric_data(shared_root, rubric):
     from llmrubric.datasets import llm_rubric
 
     return llm_rubric.load(shared_root, "synthetic", rubric), llm_rubric.load(shared_root, "real", rubric)
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """A tiny BPE tokenizer built locally (no download)."""
+    from extract_fixtures import make_tokenizer
+
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def llama(tok):
+    """A tiny Llama-style causal LM built from a config."""
+    from extract_fixtures import make_llama
+
+    return make_llama(tok, max_positions=2048)

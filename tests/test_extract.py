@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from extract_fixtures import make_llama, make_t5, make_tokenizer, save_model, write_texts
+from extract_fixtures import make_t5, save_model, write_texts
 from llmrubric.errors import InputError
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
@@ -24,16 +24,6 @@ from llmrubric.schemas import validate_features
 
 ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def llama(tok):
-    return make_llama(tok, max_positions=2048)
 
 
 @pytest.fixture(scope="module")

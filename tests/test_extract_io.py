@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from extract_fixtures import make_llama, make_tokenizer, save_model, write_texts
+from extract_fixtures import save_model, write_texts
 from extract_server import FakeOpenAI
 from llmrubric.errors import InputError
 from llmrubric.extract.backends.openai_backend import OpenAIBackend, map_top_logprobs
@@ -35,16 +35,6 @@ from llmrubric.schemas import read_table, validate_features
 ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 REAL = ROOT.parent / "shared" / "data" / "llm-rubric" / "real" / "real_data.json"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def llama(tok):
-    return make_llama(tok, max_positions=2048)
 
 
 @pytest.fixture(scope="module")

@@ -157,16 +157,21 @@ class Encoded:
         return Encoded(self.x[rows], self.judge[rows], self.y[rows], self.pairs.iloc[rows.numpy()].reset_index(drop=True))
 
 
+def with_round(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with a ``round`` column (default "1"), so pairs are keyed by (text, judge, round)."""
+    return df if "round" in df.columns else df.assign(round="1")
+
+
 def pairs_of(annotations: pd.DataFrame) -> pd.DataFrame:
     """The annotated (text, judge, round) pairs, with system ids where known."""
-    ann = annotations if "round" in annotations.columns else annotations.assign(round="1")
+    ann = with_round(annotations)
     cols = PAIR + (["system_id"] if "system_id" in ann.columns else [])
     return ann[cols].drop_duplicates(PAIR).sort_values(PAIR, kind="stable").reset_index(drop=True)
 
 
 def encode(tables: Tables, rubric: Rubric, layout: FeatureLayout, judges: JudgeMap, pairs: pd.DataFrame | None = None) -> Encoded:
     """Encode annotations (or explicit ``pairs`` to predict) as tensors."""
-    ann = tables.annotations if "round" in tables.annotations.columns else tables.annotations.assign(round="1")
+    ann = with_round(tables.annotations)
     pairs = pairs_of(ann) if pairs is None else pairs.assign(round=pairs.get("round", "1")).reset_index(drop=True)
     text_ids = sorted(pairs.text_id.unique())
     missing = set(text_ids) - set(tables.features.text_id)

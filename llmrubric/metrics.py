@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from llmrubric.data import PAIR
+from llmrubric.data import PAIR, with_round
 from llmrubric.errors import InputError
 from llmrubric.predictions import probabilities
 from llmrubric.rubric import Question
@@ -39,10 +39,8 @@ def nll(probs: np.ndarray, answer_index: np.ndarray) -> float:
 
 def align(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Question) -> pd.DataFrame:
     """Predictions of ``question`` joined to the observed answers by (text, judge, round)."""
-    ann = annotations[annotations.question_id == question.id]
-    ann = ann if "round" in ann.columns else ann.assign(round="1")
-    pred = predictions[predictions.question_id == question.id]
-    pred = pred if "round" in pred.columns else pred.assign(round="1")
+    ann = with_round(annotations[annotations.question_id == question.id])
+    pred = with_round(predictions[predictions.question_id == question.id])
     merged = pred.drop(columns=["system_id"], errors="ignore").merge(ann[PAIR + ["answer"]], on=PAIR, how="inner", validate="one_to_one")
     if len(merged) != len(ann):
         raise InputError(f"{len(ann) - len(merged)} annotated pairs of {question.id} have no prediction")

@@ -34,8 +34,7 @@ def main(cfg: DictConfig) -> float:
         start = time.perf_counter()
         model = Calibrator(rubric, dict(cfg.model), dict(cfg.trainer), cfg.seed).fit(split.train)
         path = model.save(run_dir / f"{split.name}.safetensors")
-        finetune = model.summary_.get("finetune") or model.summary_.get("pretrain", {})
-        scores.append(finetune.get("val_nll") or np.nan)
+        scores.append(model.val_nll_)
         log.info(
             "%s: %d annotations, %d judges → %s (%.1fs, val NLL %s)",
             split.name, len(split.train.annotations), len(model.judges_.judges), path, time.perf_counter() - start,

@@ -24,10 +24,11 @@ from llmrubric.predictions import predictions_frame
 from llmrubric.rubric import Rubric
 from llmrubric.schemas import Tables, atomic_path
 from llmrubric.splits import holdout_texts
+from llmrubric.stacked import train_stacked
 
 log = logging.getLogger(__name__)
-FORMAT = "llmrubric-calibrator/1"
-MODEL_KEYS = ("h1", "h2", "personalize", "input_dropout")
+FORMAT = "llmrubric-calibrator/2"
+MODEL_KEYS = ("h1", "h2", "personalize", "inputs", "input_dropout", "ensemble")
 
 
 class Calibrator:
@@ -35,11 +36,17 @@ class Calibrator:
 
     Args:
         rubric: questions and answer scales; its main question is finetuned.
-        model: network settings (``h1, h2, personalize, input_dropout``).
+        model: network settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`)
+            and ``ensemble``: the number of networks (seeds ``seed, seed + 1, …``, each with its
+            own early-stopping split) whose average distribution is the prediction.
         trainer: :class:`TrainConfig` fields.
         seed: seeds initialisation, the early-stopping split and the batch order.
         feature_questions: use only the feature blocks of these questions (e.g. ``[Q0]``).
         drop_questions: leave out the feature blocks of these questions (ablations).
+        pair_features: optional per-(text, judge) input columns appended to x, an object with
+            ``fit(tables)``, ``dim`` and ``transform(tables, pairs) -> (pairs, dim)`` (the
+            oracle studies' :class:`llmrubric.oracles.JudgeAnswers`); such a model is not saved.
+        llm_features: False keeps only the ``pair_features`` as input (the oracle without LLM probabilities).
     """
 
     name = "llm_rubric"
@@ -52,20 +59,56 @@ class Calibrator:
         seed: int = 0,
         feature_questions: list[str] | None = None,
         drop_questions: list[str] | None = None,
+        pair_features=None,
+        llm_features: bool = True,
     ):
         self.rubric = rubric
-        self.model = {"h1": 25, "h2": 25, "personalize": True, "input_dropout": 0.0, **(model or {})}
+        self.model = {"h1": 25, "h2": 25, "personalize": "deltas", "inputs": "probabilities", "input_dropout": 0.0, "ensemble": 1, **(model or {})}
         unknown = sorted(set(self.model) - set(MODEL_KEYS))
         if unknown:
             raise InputError(f"unknown model setting(s) {unknown}; known: {list(MODEL_KEYS)}")
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
         self.seed = seed
         self.feature_questions, self.drop_questions = feature_questions, drop_questions
+        if not llm_features and pair_features is None:
+            raise InputError("llm_features=False needs pair_features as the input")
+        self.pair_features, self.llm_features = pair_features, llm_features
 
     def _net(self) -> CalibrationNet:
+        extra = self.pair_features.dim if self.pair_features is not None else 0
         return CalibrationNet(
-            self.layout_.dim, len(self.judges_.judges), [len(q.options) for q in self.rubric.questions], **self.model
+            self.layout_.values if self.llm_features else [],
+            len(self.judges_.judges),
+            [len(q.options) for q in self.rubric.questions],
+            extra_dim=extra,
+            **{k: v for k, v in self.model.items() if k != "ensemble"},
         )
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + i for i in range(int(self.model["ensemble"]))]
+
+    @property
+    def net_(self) -> CalibrationNet:
+        """The network of a single-member calibrator."""
+        if len(self.nets_) != 1:
+            raise AttributeError(f"an ensemble of {len(self.nets_)} networks has no single net_; use nets_")
+        return self.nets_[0]
+
+    @property
+    def val_nll_(self) -> float:
+        """Best held-out NLL of the last phase, averaged over members (nan without a validation split)."""
+        values = [(s.get("finetune") or s.get("pretrain") or {}).get("val_nll") for s in self.summaries_]
+        values = [v for v in values if v is not None]
+        return float(np.mean(values)) if values else float("nan")
+
+    def _split(self, data: Encoded, seed: int) -> tuple[Encoded, Encoded | None]:
+        """Training rows and the early-stopping rows (``val_fraction`` of the texts, drawn with ``seed``)."""
+        if self.trainer.val_fraction <= 0:
+            return data, None
+        _, val_texts = holdout_texts(data.pairs.text_id, self.trainer.val_fraction, seed)
+        is_val = data.pairs.text_id.isin(val_texts).to_numpy()
+        return data.take(np.flatnonzero(~is_val)), data.take(np.flatnonzero(is_val))
 
     def fit(self, tables: Tables) -> Calibrator:
         """Train on ``tables``; a fraction of its texts is held out for early stopping."""
@@ -73,26 +116,36 @@ class Calibrator:
         if self.feature_questions is not None or self.drop_questions:
             layout = layout.restrict(self.feature_questions, self.drop_questions)
         self.layout_, self.judges_ = layout, JudgeMap.from_annotations(tables.annotations)
-        data = encode(tables, self.rubric, layout, self.judges_)
-        val = None
-        if self.trainer.val_fraction > 0:
-            _, val_texts = holdout_texts(data.pairs.text_id, self.trainer.val_fraction, self.seed)
-            is_val = data.pairs.text_id.isin(val_texts).to_numpy()
-            data, val = data.take(np.flatnonzero(~is_val)), data.take(np.flatnonzero(is_val))
-        torch.manual_seed(self.seed)
-        self.net_ = self._net()
-        self.net_.standardize_inputs(data.x)
+        if self.pair_features is not None:
+            self.pair_features.fit(tables)
+        data = self.encode(tables)
+        trains, vals, nets = [], [], []
+        for seed in self.seeds:
+            train, val = self._split(data, seed)
+            torch.manual_seed(seed)
+            net = self._net()
+            net.standardize_inputs(train.x, train.judge)
+            trains.append(train), vals.append(val), nets.append(net)
         main = self.rubric.ids.index(self.rubric.main.id)
-        self.summary_ = train_network(self.net_, data, val, main, self.trainer, self.seed)
+        if self.trainer.engine == "stacked":
+            summaries = train_stacked(nets, trains, vals, main, self.trainer, self.seeds)
+        else:
+            summaries = [train_network(n, t, v, main, self.trainer, s) for n, t, v, s in zip(nets, trains, vals, self.seeds)]
+        self.nets_, self.summaries_ = nets, summaries
         return self
 
     def encode(self, tables: Tables, pairs: pd.DataFrame | None = None) -> Encoded:
-        return encode(tables, self.rubric, self.layout_, self.judges_, pairs)
+        data = encode(tables, self.rubric, self.layout_, self.judges_, pairs)
+        if self.pair_features is None:
+            return data
+        extra = torch.from_numpy(np.asarray(self.pair_features.transform(tables, data.pairs), dtype=np.float32))
+        x = torch.cat([data.x, extra], dim=1) if self.llm_features else extra
+        return Encoded(x, data.judge, data.y, data.pairs)
 
     def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> tuple[Encoded, np.ndarray]:
         """Encoded pairs and their probabilities (pairs, questions, max options)."""
         data = self.encode(tables, pairs)
-        return data, predict_proba(self.net_, data).numpy()
+        return data, torch.stack([predict_proba(net, data) for net in self.nets_]).mean(dim=0).numpy()
 
     def predict(self, tables: Tables, pairs: pd.DataFrame | None = None, questions: list[str] | None = None) -> pd.DataFrame:
         """Predictions table for the annotated pairs of ``tables`` (or ``pairs``), all questions by default."""
@@ -103,6 +156,8 @@ class Calibrator:
 
     def save(self, path: str | Path) -> Path:
         """Write one safetensors file with weights and everything needed to predict."""
+        if self.pair_features is not None:
+            raise InputError("a calibrator with pair features (an oracle study model) cannot be saved", file=str(path))
         meta = {
             "format": FORMAT,
             "rubric": self.rubric.to_dict(),
@@ -112,9 +167,9 @@ class Calibrator:
             "model": self.model,
             "trainer": vars(self.trainer),
             "seed": self.seed,
-            "summary": self.summary_,
+            "summaries": self.summaries_,
         }
-        tensors = {k: v.detach().contiguous() for k, v in self.net_.state_dict().items()}
+        tensors = {f"{m}.{k}": v.detach().contiguous() for m, net in enumerate(self.nets_) for k, v in net.state_dict().items()}
         with atomic_path(path) as tmp:
             save_file(tensors, str(tmp), metadata={"llmrubric": json.dumps(meta)})
         return Path(path)
@@ -136,8 +191,10 @@ class Calibrator:
         self = cls(rubric, meta["model"], meta["trainer"], meta["seed"])
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.judges_ = JudgeMap(tuple(meta["judges"]))
-        self.summary_ = meta.get("summary", {})
-        self.net_ = self._net()
-        self.net_.load_state_dict(tensors)
-        self.net_.eval()
+        self.summaries_ = meta.get("summaries", [])
+        self.nets_ = []
+        for m in range(len(self.seeds)):
+            net = self._net()
+            net.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == str(m)})
+            self.nets_.append(net.eval())
         return self

@@ -29,6 +29,14 @@ class Block:
     def name(self) -> str:
         return f"{self.source}/{self.question_id}"
 
+    @property
+    def values(self) -> list[float]:
+        """Numeric value of each option: the option itself when numeric, else its position."""
+        try:
+            return [float(o) for o in self.options]
+        except ValueError:
+            return [float(i) for i in range(len(self.options))]
+
 
 @dataclass(frozen=True)
 class FeatureLayout:
@@ -39,6 +47,11 @@ class FeatureLayout:
     @property
     def dim(self) -> int:
         return sum(len(b.options) for b in self.blocks) + len(self.blocks)
+
+    @property
+    def values(self) -> list[list[float]]:
+        """Option values of each block, in layout order (the network's ``block_values``)."""
+        return [b.values for b in self.blocks]
 
     @classmethod
     def from_features(cls, features: pd.DataFrame, rubric: Rubric) -> FeatureLayout:

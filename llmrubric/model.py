@@ -5,42 +5,75 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+PERSONALIZATION = ("deltas", "input", "none")
+INPUTS = ("probabilities", "expected", "both")
+
+
+def personalization_mode(value: bool | str) -> str:
+    """``True`` → ``"deltas"`` (the paper's), ``False`` → ``"none"``; strings must be one of :data:`PERSONALIZATION`."""
+    if isinstance(value, bool):
+        return "deltas" if value else "none"
+    if value not in PERSONALIZATION:
+        raise ValueError(f"personalize must be one of {PERSONALIZATION} or a bool, not {value!r}")
+    return value
+
 
 class CalibrationNet(nn.Module):
     """``z1 = σ((W1 + W1[a])[1; x])``, ``z2 = σ((W2 + W2[a])[1; z1])``, one softmax head per question.
 
-    Inputs are standardised with training statistics (buffers saved with the weights).
-    Judge-specific deltas start at zero; judge index -1 (unseen judge) uses the shared
-    weights alone. Heads are a padded tensor ``V`` of shape (questions, max options, 1 + h2);
-    padded option rows get logit -inf.
+    The raw input is ``[probabilities of each block..., presence flag of each block, extra]``; the
+    network turns it into its features: the probabilities, each block's expected answer
+    (normalised over the block's options; 0 for an absent block), or both, then the flags
+    and any extra per-pair inputs.
+    Features are standardised with training statistics (buffers saved with the weights).
+
+    Personalization: ``"deltas"`` adds judge-specific deltas to every layer (eq. 3–5; they
+    start at zero, an unseen judge, index -1, uses the shared weights alone); ``"input"``
+    appends the judge's one-hot indicator to the features, i.e. a judge-specific bias of the
+    first layer (all zeros for an unseen judge); ``"none"`` ignores the judge. Heads are
+    a padded tensor of shape (questions, max options); padded option rows get logit -inf.
 
     Args:
-        in_dim: length of the feature vector x (blocks and presence flags).
-        n_judges: number of known judges (rows of the deltas).
+        block_values: numeric value of each option of each feature block, in layout order.
+        n_judges: number of known judges.
         option_counts: number of answer options of each question, in rubric order.
         h1, h2: hidden sizes.
-        personalize: False drops the judge-specific deltas (the "no personalization" variant).
-        input_dropout: dropout probability on x during training.
+        personalize: one of :data:`PERSONALIZATION` (or a bool, see :func:`personalization_mode`).
+        inputs: one of :data:`INPUTS`.
+        input_dropout: dropout probability on the standardised features during training.
+        extra_dim: number of further per-pair inputs after the flags, used as they are.
     """
 
     def __init__(
         self,
-        in_dim: int,
+        block_values: list[list[float]],
         n_judges: int,
         option_counts: list[int],
         h1: int = 25,
         h2: int = 25,
-        personalize: bool = True,
+        personalize: bool | str = "deltas",
+        inputs: str = "probabilities",
         input_dropout: float = 0.0,
+        extra_dim: int = 0,
     ):
         super().__init__()
+        if inputs not in INPUTS:
+            raise ValueError(f"inputs must be one of {INPUTS}, not {inputs!r}")
+        self.personalize, self.inputs, self.n_judges = personalization_mode(personalize), inputs, n_judges
+        n_probs, n_blocks = sum(map(len, block_values)), len(block_values)
+        block_of = torch.repeat_interleave(torch.arange(n_blocks), torch.tensor([len(v) for v in block_values], dtype=torch.long))
+        membership = (block_of[:, None] == torch.arange(n_blocks)[None, :]).float()
+        self.register_buffer("block_membership", membership, persistent=False)
+        self.register_buffer("option_values", torch.tensor([v for vs in block_values for v in vs], dtype=torch.float32), persistent=False)
+        self.n_probs, self.n_blocks = n_probs, n_blocks
+        in_dim = (n_probs if inputs != "expected" else 0) + (n_blocks if inputs != "probabilities" else 0) + n_blocks + extra_dim
+        in_dim += n_judges if self.personalize == "input" else 0
         n_q, max_opt = len(option_counts), max(option_counts)
-        self.personalize = personalize
         self.layer1 = nn.Linear(in_dim, h1)
         self.layer2 = nn.Linear(h1, h2)
         self.heads = nn.Linear(h2, n_q * max_opt)
         self.dropout = nn.Dropout(input_dropout)
-        shape = (n_judges if personalize else 0,)
+        shape = (n_judges if self.personalize == "deltas" else 0,)
         self.delta1 = nn.Parameter(torch.zeros(*shape, h1, in_dim + 1))
         self.delta2 = nn.Parameter(torch.zeros(*shape, h2, h1 + 1))
         self.delta_heads = nn.Parameter(torch.zeros(*shape, n_q * max_opt, h2 + 1))
@@ -50,10 +83,28 @@ class CalibrationNet(nn.Module):
         self.register_buffer("option_mask", mask, persistent=False)
         self.n_q, self.max_opt = n_q, max_opt
 
-    def standardize_inputs(self, x: torch.Tensor) -> None:
-        """Set the input standardisation from training features x: (N, in_dim); constant columns keep scale 1."""
-        std = x.std(dim=0)
-        self.input_mean.copy_(x.mean(dim=0))
+    @property
+    def has_deltas(self) -> bool:
+        return self.personalize == "deltas"
+
+    def features(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
+        """Raw input x: (B, probs + flags + extra), judge: (B,) → unstandardised features (B, in_dim)."""
+        probs, rest = x[:, : self.n_probs], x[:, self.n_probs :]
+        parts = [probs] if self.inputs != "expected" else []
+        if self.inputs != "probabilities":
+            mass = probs @ self.block_membership
+            weighted = probs @ (self.block_membership * self.option_values[:, None])
+            parts.append(torch.where(mass > 0, weighted / mass.clamp(min=1e-12), torch.zeros_like(mass)))
+        parts.append(rest)
+        if self.personalize == "input":
+            parts.append((judge[:, None] == torch.arange(self.n_judges, device=judge.device)[None, :]).to(x.dtype))
+        return torch.cat(parts, dim=1)
+
+    def standardize_inputs(self, x: torch.Tensor, judge: torch.Tensor) -> None:
+        """Set the feature standardisation from training inputs; constant features keep scale 1."""
+        f = self.features(x, judge)
+        std = f.std(dim=0)
+        self.input_mean.copy_(f.mean(dim=0))
         self.input_scale.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
 
     def shared_parameters(self) -> list[nn.Parameter]:
@@ -62,21 +113,40 @@ class CalibrationNet(nn.Module):
     def delta_parameters(self) -> list[nn.Parameter]:
         return [self.delta1, self.delta2, self.delta_heads]
 
-    def _layer(self, linear: nn.Linear, delta: torch.Tensor, inp: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
-        out = linear(inp)
-        if self.personalize and delta.shape[0]:
-            known = judge >= 0
-            d = delta[judge.clamp(min=0)] * known[:, None, None]
-            out = out + torch.einsum("bhi,bi->bh", d[:, :, 1:], inp) + d[:, :, 0]
-        return out
-
     def forward(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
-        """x: (B, in_dim), judge: (B,) long → logits (B, questions, max options), -inf where padded."""
-        x = self.dropout((x - self.input_mean) / self.input_scale)
-        z1 = torch.sigmoid(self._layer(self.layer1, self.delta1, x, judge))
-        z2 = torch.sigmoid(self._layer(self.layer2, self.delta2, z1, judge))
-        logits = self._layer(self.heads, self.delta_heads, z2, judge).view(-1, self.n_q, self.max_opt)
+        """x: (B, probs + flags + extra), judge: (B,) long → logits (B, questions, max options), -inf where padded."""
+        params = {k: v[None] for k, v in self.named_parameters()}
+        return self.stacked_forward(params, self.input_mean[None], self.input_scale[None], x[None], judge[None])[0]
+
+    def stacked_forward(
+        self, params: dict[str, torch.Tensor], mean: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, judge: torch.Tensor
+    ) -> torch.Tensor:
+        """M networks of this architecture at once: ``params`` are this net's named parameters with a
+        leading model dimension, mean/scale (M, in_dim), x (M, B, raw), judge (M, B) → logits (M, B, Q, O)."""
+        n_models, batch = judge.shape
+        f = self.features(x.reshape(n_models * batch, -1), judge.reshape(-1)).view(n_models, batch, -1)
+        f = nn.functional.dropout((f - mean[:, None]) / scale[:, None], self.dropout.p, self.training)
+        z1 = torch.sigmoid(self._layer(params, "layer1", "delta1", f, judge))
+        z2 = torch.sigmoid(self._layer(params, "layer2", "delta2", z1, judge))
+        logits = self._layer(params, "heads", "delta_heads", z2, judge).view(n_models, batch, self.n_q, self.max_opt)
         return logits.masked_fill(~self.option_mask, float("-inf"))
+
+    def _layer(self, params: dict, linear: str, delta: str, inp: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
+        """(M, B, in) → (M, B, out): the shared affine map plus the judge's delta where known.
+
+        The deltas are applied as one batched matmul of the (judge one-hot ⊗ [1; input])
+        outer product with the stacked deltas, which is much cheaper to differentiate than
+        gathering one delta matrix per row.
+        """
+        out = torch.einsum("mbi,moi->mbo", inp, params[f"{linear}.weight"]) + params[f"{linear}.bias"][:, None]
+        if self.has_deltas:
+            n_models, batch, n_in = inp.shape
+            inp1 = torch.cat([torch.ones_like(inp[..., :1]), inp], dim=-1)
+            onehot = (judge[..., None] == torch.arange(self.n_judges)).to(inp.dtype)
+            outer = (onehot[..., :, None] * inp1[..., None, :]).reshape(n_models, batch, -1)
+            weights = params[delta].transpose(2, 3).reshape(n_models, -1, out.shape[-1])
+            out = out + torch.bmm(outer, weights)
+        return out
 
     def delta_penalty(self) -> torch.Tensor:
         """Sum of squared judge deltas (for their separate L2)."""

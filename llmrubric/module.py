@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from llmrubric.data import Encoded
 from llmrubric.model import CalibrationNet
@@ -35,6 +35,11 @@ class TrainConfig:
     finetune_epochs: int = 200
     patience: int = 20
     val_fraction: float = 0.2
+    engine: str = "stacked"
+
+    def __post_init__(self):
+        if self.engine not in ("stacked", "lightning"):
+            raise ValueError(f"trainer engine must be 'stacked' or 'lightning', not {self.engine!r}")
 
     @classmethod
     def from_dict(cls, data: dict | None) -> TrainConfig:
@@ -80,7 +85,7 @@ class CalibrationModule(pl.LightningModule):
         x, judge, y = batch
         total, count = masked_nll(self.net(x, judge), y, self.question_mask())
         loss = total / count.clamp(min=1)
-        if self.config.delta_l2 and self.net.personalize:
+        if self.config.delta_l2 and self.net.has_deltas:
             loss = loss + self.config.delta_l2 * self.net.delta_penalty()
         return loss
 
@@ -91,7 +96,7 @@ class CalibrationModule(pl.LightningModule):
 
     def configure_optimizers(self):
         groups = [{"params": self.net.shared_parameters(), "weight_decay": self.config.weight_decay}]
-        if self.net.personalize:
+        if self.net.has_deltas:
             groups.append({"params": self.net.delta_parameters(), "weight_decay": 0.0})
         return torch.optim.Adam(groups, lr=self.config.lr)
 
@@ -113,11 +118,25 @@ class RestoreBest(pl.Callback):
             module.net.load_state_dict(self.state)
 
 
+class PermutationBatches(torch.utils.data.Sampler):
+    """Batches of indices: one fresh permutation of ``n`` per epoch from ``generator`` (or in order)."""
+
+    def __init__(self, n: int, batch_size: int, generator: torch.Generator | None):
+        self.n, self.batch_size, self.generator = n, batch_size, generator
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=self.generator) if self.generator is not None else torch.arange(self.n)
+        return iter(order.split(self.batch_size))
+
+    def __len__(self) -> int:
+        return math.ceil(self.n / self.batch_size)
+
+
 def _loader(data: Encoded, batch_size: int, shuffle: bool, seed: int) -> DataLoader:
     """Whole batches indexed at once (no per-sample collation); shuffled permutations if ``shuffle``."""
-    dataset = TensorDataset(data.x, data.judge, data.y)
-    order = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)) if shuffle else SequentialSampler(dataset)
-    return DataLoader(dataset, sampler=BatchSampler(order, batch_size, drop_last=False), batch_size=None)
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    sampler = PermutationBatches(len(data), batch_size, generator)
+    return DataLoader(TensorDataset(data.x, data.judge, data.y), sampler=sampler, batch_size=None)
 
 
 def train_network(

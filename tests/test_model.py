@@ -8,11 +8,11 @@ from llmrubric.module import masked_nll
 @pytest.fixture
 def net():
     torch.manual_seed(0)
-    return CalibrationNet(in_dim=6, n_judges=3, option_counts=[4, 3], h1=5, h2=4)
+    return CalibrationNet([[1, 2, 3], [0, 1]], n_judges=3, option_counts=[4, 3], h1=5, h2=4)
 
 
 def test_shapes_and_padding(net):
-    logits = net(torch.rand(7, 6), torch.tensor([0, 1, 2, -1, 0, 1, 2]))
+    logits = net(torch.rand(7, 7), torch.tensor([0, 1, 2, -1, 0, 1, 2]))
     assert logits.shape == (7, 2, 4)
     assert torch.isinf(logits[:, 1, 3]).all() and torch.isfinite(logits[:, :, :3]).all()
     probs = torch.softmax(logits, -1)
@@ -20,7 +20,7 @@ def test_shapes_and_padding(net):
 
 
 def test_deltas_start_at_zero_so_judges_agree_and_unseen_uses_shared(net):
-    x = torch.rand(1, 6).repeat(4, 1)
+    x = torch.rand(1, 7).repeat(4, 1)
     out = net(x, torch.tensor([0, 1, 2, -1]))
     assert torch.allclose(out[0], out[3]) and torch.allclose(out[1], out[3])
     with torch.no_grad():
@@ -30,13 +30,13 @@ def test_deltas_start_at_zero_so_judges_agree_and_unseen_uses_shared(net):
 
 
 def test_without_personalization_there_are_no_deltas():
-    net = CalibrationNet(6, 3, [4], personalize=False)
+    net = CalibrationNet([[1, 2, 3], [0, 1]], 3, [4], personalize=False)
     assert sum(p.numel() for p in net.delta_parameters()) == 0
-    assert net(torch.rand(2, 6), torch.tensor([0, 1])).shape == (2, 1, 4)
+    assert net(torch.rand(2, 7), torch.tensor([0, 1])).shape == (2, 1, 4)
 
 
 def test_masked_nll_counts_observed_cells_only(net):
-    logits = net(torch.rand(3, 6), torch.tensor([0, 1, 2]))
+    logits = net(torch.rand(3, 7), torch.tensor([0, 1, 2]))
     y = torch.tensor([[2, -1], [-1, 1], [0, 2]])
     total, count = masked_nll(logits, y, torch.tensor([True, True]))
     logp = torch.log_softmax(logits, -1)
@@ -44,3 +44,26 @@ def test_masked_nll_counts_observed_cells_only(net):
     assert count == 4 and torch.allclose(total, expected)
     total, count = masked_nll(logits, y, torch.tensor([True, False]))
     assert count == 2 and torch.allclose(total, -(logp[0, 0, 2] + logp[2, 0, 0]))
+
+
+def test_expected_inputs_are_block_means_and_absent_blocks_are_zero():
+    net = CalibrationNet([[1, 2, 3], [0, 1]], 2, [4], inputs="expected", personalize="input")
+    x = torch.tensor([[0.2, 0.2, 0.4, 0.0, 0.0, 1.0, 0.0]])
+    f = net.features(x, torch.tensor([1]))
+    assert torch.allclose(f, torch.tensor([[(0.2 + 0.4 + 1.2) / 0.8, 0.0, 1.0, 0.0, 0.0, 1.0]]))
+    assert net.features(x, torch.tensor([-1]))[0, -2:].abs().sum() == 0
+
+
+def test_judge_input_personalizes_through_the_first_layer():
+    torch.manual_seed(0)
+    net = CalibrationNet([[1, 2, 3], [0, 1]], 3, [4], personalize="input")
+    assert net.layer1.in_features == 5 + 2 + 3 and sum(p.numel() for p in net.delta_parameters()) == 0
+    out = net(torch.rand(1, 7).repeat(3, 1), torch.tensor([0, 1, -1]))
+    assert not torch.allclose(out[0], out[1])
+
+
+def test_unknown_settings_are_rejected():
+    with pytest.raises(ValueError, match="personalize"):
+        CalibrationNet([[1, 2]], 1, [2], personalize="sometimes")
+    with pytest.raises(ValueError, match="inputs"):
+        CalibrationNet([[1, 2]], 1, [2], inputs="logits")

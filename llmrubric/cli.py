@@ -12,6 +12,8 @@ from llmrubric.errors import InputError
 GROUPS = {
     "data": "llmrubric.datasets.cli",
     "extract": "llmrubric.extract.cli",
+    "score": "llmrubric.score_cli",
+    "ir": "llmrubric.ir.cli",
 }
 
 

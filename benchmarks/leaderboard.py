@@ -1,0 +1,219 @@
+"""System leaderboards on the LLM-Rubric release (paper Tables 4–5), calibrated vs raw LLM.
+
+    .venv/bin/python benchmarks/leaderboard.py [--seeds 5] [--bootstrap 1000] [--data ../shared/data/llm-rubric]
+
+- real: train on all synthetic dialogues, score the real DS1–DS3 dialogues;
+- synthetic: 5-fold CV by dialogue (``text_folds``, fold seed 0), each fold's dialogues
+  scored by the model trained on the other folds (DS1–DS5).
+
+The calibrated score of a dialogue is the judge-free mean over the trusted judges (all
+judges of the checkpoint, conf/scoring/default.yaml); the raw score is the expected LLM
+answer (``ExpectedLLM``). Intervals: bootstrap over dialogues and judges with answers drawn
+from the predicted distributions. Each is rank-correlated (Spearman, Kendall τ-b) with the
+human leaderboard (mean human Q0 per system). Seed 0 gives the tables; the correlations are
+also reported for every seed. Finally 1 million (dialogue, judge) pairs are scored in a
+fresh process (features replicated from the real ones; predictions of every question
+streamed to Parquet) for time and peak RSS. Writes ``benchmarks/results/leaderboard.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from llmrubric import leaderboard as lb  # noqa: E402
+from llmrubric.baselines import ExpectedLLM  # noqa: E402
+from llmrubric.calibrator import Calibrator  # noqa: E402
+from llmrubric.datasets import llm_rubric  # noqa: E402
+from llmrubric.rubric import Rubric  # noqa: E402
+from llmrubric.schemas import Tables, write_json  # noqa: E402
+from llmrubric.scoring import score_texts  # noqa: E402
+from llmrubric.splits import text_folds  # noqa: E402
+
+SETTINGS = yaml.safe_load((ROOT / "conf" / "scoring" / "default.yaml").read_text())
+PAPER_HUMAN = {  # paper Tables 4–5, mean human Q0 per system
+    "synthetic": {"DS1": 2.3, "DS2": 3.1, "DS3": 3.0, "DS4": 3.0, "DS5": 2.9},
+    "real": {"DS1": 2.668, "DS2": 2.915, "DS3": 2.697},
+}
+
+
+@lru_cache(maxsize=1)
+def data(root: str):
+    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
+    synthetic, real = llm_rubric.load(root, "synthetic", rubric), llm_rubric.load(root, "real", rubric)
+    synthetic.texts["query_id"] = synthetic.texts.text_id.str.split("_").str[1]  # V<system>_<topic>: pair systems by topic
+    return rubric, synthetic, real
+
+
+def calibrated_predictions(root: str, seed: int) -> dict:
+    """Q0 predictions of every checkpoint judge: real (train on synthetic) and synthetic (5-fold CV)."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    rubric, synthetic, real = data(root)
+    q = [rubric.main.id]
+    model = Calibrator(rubric, seed=seed).fit(synthetic)
+    out = {"real": score_texts(model, real.features, real.texts, questions=q, keep_predictions=True).predictions}
+    folds = text_folds(synthetic.text_ids, 5, seed=0)
+    parts = []
+    for k in range(5):
+        held = folds.text_id[folds.fold == k]
+        fold_model = Calibrator(rubric, seed=seed).fit(synthetic.subset(folds.text_id[folds.fold != k]))
+        test = synthetic.subset(held)
+        parts.append(score_texts(fold_model, test.features, test.texts, questions=q, keep_predictions=True).predictions)
+    out["synthetic"] = pd.concat(parts, ignore_index=True)
+    return out
+
+
+def raw_predictions(tables: Tables, rubric: Rubric) -> pd.DataFrame:
+    """The LLM's normalised Q0 distribution per text, as one pseudo-judge ``llm``."""
+    pairs = tables.texts[["text_id", "system_id"]].assign(judge_id="llm")[["text_id", "judge_id", "system_id"]]
+    return ExpectedLLM(rubric).predict(tables, pairs)
+
+
+def human_board(tables: Tables, rubric: Rubric, n_boot: int, seed: int) -> pd.DataFrame:
+    """Mean human Q0 per system with a bootstrap interval over dialogues (all their annotations)."""
+    ann = tables.annotations[tables.annotations.question_id == rubric.main.id]
+    values = ann.answer.map(dict(zip(rubric.main.keys, rubric.main.values))).astype(float)
+    per_text = values.groupby(ann.text_id).agg(["sum", "count"]).join(tables.texts.set_index("text_id").system_id)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for system, part in per_text.groupby("system_id"):
+        s, c = part["sum"].to_numpy(), part["count"].to_numpy()
+        idx = rng.integers(0, len(part), (n_boot, len(part)))
+        low, high = np.quantile(s[idx].sum(1) / c[idx].sum(1), [0.025, 0.975])
+        rows.append({"system": system, "score": s.sum() / c.sum(), "low": low, "high": high, "texts": len(part), "annotations": int(c.sum())})
+    return pd.DataFrame(rows)
+
+
+def system_means(predictions: pd.DataFrame, rubric: Rubric, tables: Tables) -> pd.Series:
+    systems, _ = lb.system_data(predictions, rubric.main, tables.texts)
+    return pd.Series({d.system: float(np.nanmean(d.text_scores())) for d in systems})
+
+
+def board_records(board: pd.DataFrame) -> list[dict]:
+    return [{k: r[k] for k in ("system", "score", "low", "high", "texts")} for r in board.to_dict("records")]
+
+
+def score_million(checkpoint: str, features: str, out: str, judges: int) -> dict:
+    """In a fresh process: read + validate the features, score every (text, judge) pair."""
+    from llmrubric.schemas import read_table, validate_features
+
+    logging.disable(logging.WARNING)
+    start = time.perf_counter()
+    model = Calibrator.load(checkpoint)
+    feats = validate_features(read_table(features, "features"), model.rubric)
+    read_seconds = time.perf_counter() - start
+    result = score_texts(model, feats, chunk_texts=SETTINGS["chunk_texts"], predictions_out=out)
+    return {
+        "pairs": result.summary["pairs"],
+        "judges": judges,
+        "questions": len(result.summary["questions"]),
+        "seconds": result.summary["seconds"],
+        "read_validate_seconds": read_seconds,
+        "fast_path": result.summary["fast_path"],
+        "predictions_rows": result.summary["pairs"] * len(result.summary["questions"]),
+        "predictions_mb": os.path.getsize(out) / 2**20,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--bootstrap", type=int, default=SETTINGS["leaderboard"]["bootstrap"])
+    parser.add_argument("--pairs", type=int, default=1_000_000, help="(text, judge) pairs for the scoring speed test")
+    parser.add_argument("--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric")))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "leaderboard.json"))
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    start = time.perf_counter()
+    rubric, synthetic, real = data(args.data)
+    with ProcessPoolExecutor(args.workers) as pool:
+        runs = dict(zip(range(args.seeds), pool.map(calibrated_predictions, [args.data] * args.seeds, range(args.seeds))))
+    boot = {"n_boot": args.bootstrap, "seed": SETTINGS["leaderboard"]["seed"], "sample_answers": SETTINGS["leaderboard"]["sample_answers"]}
+    report: dict = {}
+    for split, tables in (("synthetic", synthetic), ("real", real)):
+        human = human_board(tables, rubric, args.bootstrap, boot["seed"])
+        human_scores = human.set_index("system").score
+        entry = {"human": board_records(human), "paper_human": PAPER_HUMAN[split]}
+        raw = lb.build(raw_predictions(tables, rubric), rubric.main, tables.texts, **boot)
+        cal = lb.build(runs[0][split], rubric.main, tables.texts, **boot)
+        for name, res in (("calibrated", cal), ("raw_llm", raw)):
+            scores = res.board.set_index("system").score
+            entry[name] = {
+                "leaderboard": board_records(res.board),
+                "vs_human": lb.rank_correlation(scores, human_scores, name_a=name, name_b="human"),
+                "comparisons": res.comparisons.to_dict("records"),
+            }
+        per_seed = [lb.rank_correlation(system_means(runs[s][split], rubric, tables), human_scores) for s in range(args.seeds)]
+        entry["calibrated"]["vs_human_per_seed"] = {m: [r[m] for r in per_seed] for m in ("spearman", "kendall")}
+        entry["calibrated"]["vs_human_mean_over_seeds"] = {m: float(np.nanmean([r[m] for r in per_seed])) for m in ("spearman", "kendall")}
+        entry["kendall"] = {"calibrated": entry["calibrated"]["vs_human"]["kendall"], "raw_llm": entry["raw_llm"]["vs_human"]["kendall"]}
+        entry["spearman"] = {"calibrated": entry["calibrated"]["vs_human"]["spearman"], "raw_llm": entry["raw_llm"]["vs_human"]["spearman"]}
+        report[split] = entry
+        lb.write(cal, ROOT / "outputs" / "leaderboard" / split, plot=True)
+    report["scoring"] = scoring_speed(rubric, synthetic, real, args.pairs)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    report["meta"] = {"commit": commit, "seconds": time.perf_counter() - start, "seeds": args.seeds, "bootstrap": args.bootstrap,
+                      "trusted_judges": "all checkpoint judges", "question": rubric.main.id}
+    write_json(report, args.out)
+    print_report(report)
+    print(f"\nwritten to {args.out} in {report['meta']['seconds']:.0f}s (plots in outputs/leaderboard/)")
+
+
+def scoring_speed(rubric: Rubric, synthetic: Tables, real: Tables, n_pairs: int) -> dict:
+    """Score ``n_pairs`` (text, judge) pairs of replicated real features in a fresh process."""
+    model = Calibrator(rubric, seed=0).fit(synthetic)
+    judges = len(model.judges_.judges)
+    reps = -(-n_pairs // (judges * real.features.text_id.nunique()))
+    f = real.features
+    big = pd.concat([f.assign(text_id=f.text_id + f"#{i}") for i in range(reps)], ignore_index=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint, features = model.save(Path(tmp) / "model.safetensors"), Path(tmp) / "features.parquet"
+        big.to_parquet(features, index=False)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(score_million, str(checkpoint), str(features), str(Path(tmp) / "predictions.parquet"), judges).result()
+
+
+def print_report(report: dict) -> None:
+    for split in ("real", "synthetic"):
+        e = report[split]
+        human = {r["system"]: r for r in e["human"]}
+        cal = {r["system"]: r for r in e["calibrated"]["leaderboard"]}
+        raw = {r["system"]: r for r in e["raw_llm"]["leaderboard"]}
+        print(f"\n{split}: Q0 per system (95% bootstrap intervals)")
+        print("| system | human | paper human | calibrated | raw expected LLM |\n|---|---|---|---|---|")
+        for s in sorted(human):
+            fmt = lambda r: f"{r['score']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+            print(f"| {s} | {fmt(human[s])} | {e['paper_human'][s]} | {fmt(cal[s])} | {fmt(raw[s])} |")
+        for name in ("calibrated", "raw_llm"):
+            c = e[name]["vs_human"]
+            print(f"{name} vs human: Spearman {c['spearman']:.3f}, Kendall {c['kendall']:.3f}")
+        print(f"calibrated over seeds: Kendall {e['calibrated']['vs_human_per_seed']['kendall']}")
+    s = report["scoring"]
+    print(f"\nscoring: {s['pairs']} pairs × {s['questions']} questions in {s['seconds']:.1f}s "
+          f"(+{s['read_validate_seconds']:.1f}s read/validate), peak RSS {s['peak_rss_mb']:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

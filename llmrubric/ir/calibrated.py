@@ -1,0 +1,55 @@
+"""Judge-calibrated IR scores: test-bank summaries as calibration features.
+
+The per-item self-rating or nugget-support distributions of a passage (or answer) are
+summarised into fixed blocks (``llmrubric.extract.summaries``: mean distribution, max-grade
+distribution, expected coverage at each threshold, vital/all support rates); these are the
+input x of the calibration network and human relevance (or quality) labels per assessor
+are its targets (``conf/rubric/relevance.yaml``). The judge-free expected label of every
+passage then replaces the uncalibrated max-grade label in qrels and leaderboards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from llmrubric.calibrator import Calibrator
+from llmrubric.extract.summaries import summarise
+from llmrubric.rubric import Rubric
+from llmrubric.schemas import Tables, validate_annotations, validate_features
+from llmrubric.scoring import score_texts
+
+
+def summary_features(features: pd.DataFrame, family: str, importance: dict[str, str] | None = None) -> pd.DataFrame:
+    """Validated summary blocks (one fixed set per text) of the ``family`` item blocks."""
+    summary = summarise(features, family, importance)
+    summary.attrs["source"] = features.attrs.get("source", "<summaries>")
+    return validate_features(summary)
+
+
+def ir_tables(features: pd.DataFrame, family: str, judgments: pd.DataFrame, rubric: Rubric, importance: dict[str, str] | None = None) -> Tables:
+    """Calibration tables: summaries of ``features`` as x, ``judgments`` (``text_id, judge_id,
+    question_id, answer``) as targets; texts without summaries are dropped from the judgments."""
+    feats = summary_features(features, family, importance)
+    ann = validate_annotations(judgments, rubric)
+    kept = ann[ann.text_id.isin(set(feats.text_id))]
+    kept.attrs["source"] = ann.attrs.get("source")
+    return Tables(kept, feats)
+
+
+def calibrated_labels(calibrator: Calibrator, features: pd.DataFrame, family: str, texts: pd.DataFrame,
+                      importance: dict[str, str] | None = None, judges: list[str] | None = None) -> pd.DataFrame:
+    """``query_id, doc_id, grade, relevance``: the judge-free expected label of each passage
+    (``grade``) and its rounding half up (``relevance``), ready for ``write_qrels``."""
+    feats = summary_features(features, family, importance)
+    scored = score_texts(calibrator, feats, texts[["text_id"]], judges=judges, questions=[calibrator.rubric.main.id]).scores
+    scored = scored[scored.status != "no_features"]
+    info = texts.drop_duplicates("text_id").set_index("text_id")
+    doc = info["doc_id"] if "doc_id" in info.columns else pd.Series(info.index, index=info.index)
+    out = pd.DataFrame({
+        "query_id": info.query_id.reindex(scored.text_id).astype(str).to_numpy(),
+        "doc_id": doc.reindex(scored.text_id).astype(str).to_numpy(),
+        "grade": scored["mean"].to_numpy(),
+    })
+    out["relevance"] = np.floor(out.grade.to_numpy() + 0.5).astype(int)
+    return out

@@ -1,0 +1,120 @@
+"""Scoring new texts: judge-free aggregates, masks, chunking, streaming, bad input."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import FAST
+from llmrubric.calibrator import Calibrator
+from llmrubric.cli import main
+from llmrubric.errors import InputError
+from llmrubric.schemas import Tables
+from llmrubric.scoring import score_texts
+from llmrubric.splits import holdout_texts
+
+
+@pytest.fixture(scope="module")
+def split(simulated):
+    train, test = holdout_texts(simulated.text_ids, 0.1, seed=1)
+    return simulated.subset(train), simulated.subset(test)
+
+
+@pytest.fixture(scope="module")
+def model(rubric, split):
+    return Calibrator(rubric, trainer=FAST, seed=0).fit(split[0])
+
+
+def _reference(model, test, judges, questions=None):
+    pairs = pd.DataFrame({"text_id": np.repeat(test.text_ids, len(judges)), "judge_id": np.tile(judges, len(test.text_ids))})
+    empty = pd.DataFrame(columns=["text_id", "judge_id", "question_id", "answer"])
+    return model.predict(Tables(empty, test.features), pairs, questions)
+
+
+def test_judge_free_scores_match_the_public_predictions(model, split):
+    test = split[1]
+    judges = ["J01", "J03", "J07"]
+    result = score_texts(model, test.features, test.texts, judges=judges, quantile=0.5, keep_predictions=True)
+    ref = _reference(model, test, judges)
+    means = ref.pivot_table(index=["question_id", "text_id"], columns="judge_id", values="mean")
+    scores = result.scores.set_index(["question_id", "text_id"]).loc[means.index]
+    assert np.allclose(scores["mean"], means.mean(axis=1), atol=1e-5)
+    assert np.allclose(scores["max"], means.max(axis=1), atol=1e-5)
+    assert np.allclose(scores["quantile"], means.median(axis=1), atol=1e-5)
+    assert (result.scores.system_id == result.scores.text_id.map(test.texts.set_index("text_id").system_id)).all()
+    assert result.summary["fast_path"] and result.summary["pairs"] == len(test.text_ids) * 3
+    p = result.predictions.merge(ref, on=["text_id", "judge_id", "question_id"], suffixes=("", "_ref"))
+    assert len(p) == len(ref) and np.allclose(p["p_1"], p["p_1_ref"], atol=1e-5)
+
+
+def test_missing_blocks_are_masked_and_flagged_and_featureless_texts_are_not_scored(model, split):
+    test = split[1]
+    masked_text, dropped_text = test.text_ids[0], test.text_ids[1]
+    feats = test.features[~((test.features.text_id == masked_text) & test.features.question_id.isin(["Q3", "Q4"]))]
+    feats = feats[feats.text_id != dropped_text]
+    feats.attrs["source"] = "features.csv"
+    result = score_texts(model, feats, test.texts, judges=["J02"], chunk_texts=1)
+    q0 = result.scores[result.scores.question_id == "Q0"].set_index("text_id")
+    assert q0.at[masked_text, "status"] == "masked"
+    assert q0.at[masked_text, "missing_blocks"] == "simulated-llm/Q3;simulated-llm/Q4"
+    assert q0.at[dropped_text, "status"] == "no_features" and np.isnan(q0.at[dropped_text, "mean"])
+    assert (q0.drop([masked_text, dropped_text]).status == "ok").all()
+    kept = test.subset([t for t in test.text_ids if t != dropped_text])
+    ref = _reference(model, Tables(kept.annotations, feats), ["J02"], ["Q0"]).set_index("text_id")
+    assert q0.at[masked_text, "mean"] == pytest.approx(ref.at[masked_text, "mean"], abs=1e-5)
+    full = score_texts(model, test.features, test.texts, judges=["J02"]).scores.set_index(["question_id", "text_id"])
+    assert abs(full.at[("Q0", masked_text), "mean"] - q0.at[masked_text, "mean"]) > 1e-4
+
+
+def test_chunks_and_streamed_predictions_agree(model, split, tmp_path):
+    test = split[1]
+    one = score_texts(model, test.features, test.texts, chunk_texts=4, predictions_out=tmp_path / "pred.parquet")
+    whole = score_texts(model, test.features, test.texts, chunk_texts=10_000)
+    pd.testing.assert_frame_equal(one.scores, whole.scores)
+    pred = pd.read_parquet(tmp_path / "pred.parquet")
+    assert len(pred) == len(test.text_ids) * len(model.judges_.judges) * len(model.rubric.ids)
+    assert not pred.duplicated(["text_id", "judge_id", "question_id"]).any()
+
+
+def test_a_fast_path_that_disagrees_falls_back_to_the_public_predictions(model, split, monkeypatch):
+    import llmrubric.scoring as scoring
+
+    test = split[1]
+    good = score_texts(model, test.features, test.texts, judges=["J04", "J05"], questions=["Q0"])
+    wrong = lambda calibrator, judges: (lambda x: np.full((len(x), len(judges), len(calibrator.rubric.ids), 4), 0.25))
+    monkeypatch.setattr(scoring, "_judge_predictor", wrong)
+    fallback = score_texts(model, test.features, test.texts, judges=["J04", "J05"], questions=["Q0"], chunk_texts=3)
+    assert not fallback.summary["fast_path"] and good.summary["fast_path"]
+    assert np.allclose(fallback.scores["mean"], good.scores["mean"], atol=1e-5)
+
+
+def test_bad_input_is_an_error_and_writes_nothing(model, split, tmp_path):
+    test = split[1]
+    with pytest.raises(InputError, match="not in the checkpoint"):
+        score_texts(model, test.features, judges=["J01", "nobody"])
+    with pytest.raises(InputError, match="quantile"):
+        score_texts(model, test.features, quantile=1.5)
+    with pytest.raises(InputError, match="Q99"):
+        score_texts(model, test.features, questions=["Q99"])
+    bad = test.features.assign(source="other-llm")
+    bad.attrs["source"] = "new.csv"
+    with pytest.raises(InputError, match="absent from the features") as info:
+        score_texts(model, bad, predictions_out=tmp_path / "pred.csv")
+    assert info.value.file == "new.csv" and not (tmp_path / "pred.csv").exists()
+    with pytest.raises(InputError, match="table format"):
+        score_texts(model, test.features, predictions_out=tmp_path / "pred.xls")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_score_command(model, split, tmp_path):
+    test = split[1]
+    checkpoint = model.save(tmp_path / "model.safetensors")
+    test.features.to_csv(tmp_path / "features.csv", index=False)
+    test.texts.to_csv(tmp_path / "texts.csv", index=False)
+    code = main(["score", str(checkpoint), str(tmp_path / "features.csv"), "--texts", str(tmp_path / "texts.csv"), "--out", str(tmp_path / "scores.csv"),
+                 "--predictions", str(tmp_path / "pred.csv"), "--trusted-judges", "J01", "J02", "--questions", "Q0", "--no-progress"])
+    assert code == 0
+    scores = pd.read_csv(tmp_path / "scores.csv")
+    assert len(scores) == len(test.text_ids) and set(scores.columns) >= {"mean", "max", "quantile", "status"}
+    assert len(pd.read_csv(tmp_path / "pred.csv")) == 2 * len(test.text_ids)
+    assert main(["score", str(checkpoint), str(tmp_path / "features.csv"), "--out", str(tmp_path / "x.csv"), "--trusted-judges", "ghost"]) == 2
+    assert not (tmp_path / "x.csv").exists()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,6 +48,17 @@ def data(root: str):
     return rubric, llm_rubric.load(root, "synthetic", rubric), llm_rubric.load(root, "real", rubric)
 
 
+@lru_cache(maxsize=1)
+def settings() -> tuple[dict, dict]:
+    """The network and trainer settings of conf/ (the defaults ``train.py`` uses)."""
+    return tuple(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / "default.yaml")) for group in ("model", "trainer"))
+
+
+def make(name: str, rubric, seed: int):
+    model, trainer = settings()
+    return make_method(name, rubric, seed, model, trainer)
+
+
 def run_one(root: str, name: str, seed: int) -> dict:
     """Both protocols for one method and seed: {protocol: metrics}."""
     warnings.filterwarnings("ignore")
@@ -57,10 +69,10 @@ def run_one(root: str, name: str, seed: int) -> dict:
     for k in range(5):
         train = synthetic.subset(folds.text_id[folds.fold != k])
         test = synthetic.subset(folds.text_id[folds.fold == k])
-        parts.append(make_method(name, rubric, seed).fit(train).predict(test))
+        parts.append(make(name, rubric, seed).fit(train).predict(test))
     cv = evaluate(pd.concat(parts, ignore_index=True), synthetic.annotations, rubric.main)
     start = time.perf_counter()
-    method = make_method(name, rubric, seed).fit(synthetic)
+    method = make(name, rubric, seed).fit(synthetic)
     fit_seconds = time.perf_counter() - start
     out = {"synthetic_cv": cv, "real": evaluate(method.predict(real), real.annotations, rubric.main)}
     out["fit_seconds"] = fit_seconds

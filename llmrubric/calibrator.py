@@ -112,10 +112,14 @@ class Calibrator:
 
     def fit(self, tables: Tables) -> Calibrator:
         """Train on ``tables``; a fraction of its texts is held out for early stopping."""
+        return fit_together([self], [tables])[0]
+
+    def _members(self, tables: Tables, judges: JudgeMap | None = None) -> tuple[list[CalibrationNet], list[Encoded], list[Encoded | None]]:
+        """Set layout and judge map (``judges`` or those of ``tables``); untrained members with their data."""
         layout = FeatureLayout.from_features(tables.features, self.rubric)
         if self.feature_questions is not None or self.drop_questions:
             layout = layout.restrict(self.feature_questions, self.drop_questions)
-        self.layout_, self.judges_ = layout, JudgeMap.from_annotations(tables.annotations)
+        self.layout_, self.judges_ = layout, judges or JudgeMap.from_annotations(tables.annotations)
         if self.pair_features is not None:
             self.pair_features.fit(tables)
         data = self.encode(tables)
@@ -126,13 +130,7 @@ class Calibrator:
             net = self._net()
             net.standardize_inputs(train.x, train.judge)
             trains.append(train), vals.append(val), nets.append(net)
-        main = self.rubric.ids.index(self.rubric.main.id)
-        if self.trainer.engine == "stacked":
-            summaries = train_stacked(nets, trains, vals, main, self.trainer, self.seeds)
-        else:
-            summaries = [train_network(n, t, v, main, self.trainer, s) for n, t, v, s in zip(nets, trains, vals, self.seeds)]
-        self.nets_, self.summaries_ = nets, summaries
-        return self
+        return nets, trains, vals
 
     def encode(self, tables: Tables, pairs: pd.DataFrame | None = None) -> Encoded:
         data = encode(tables, self.rubric, self.layout_, self.judges_, pairs)
@@ -198,3 +196,32 @@ class Calibrator:
             net.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == str(m)})
             self.nets_.append(net.eval())
         return self
+
+
+def fit_together(calibrators: list[Calibrator], tables: list[Tables], judges: JudgeMap | None = None, on_epoch=None) -> list[Calibrator]:
+    """Fit each calibrator on its tables; with the stacked engine all their members train as one program.
+
+    The calibrators must share network and trainer settings (e.g. the fold models of one
+    configuration). ``judges`` fixes one judge map for all (needed to stack models whose
+    training sets see different judges); ``on_epoch(phase, epoch, val_nll)`` is called
+    after every epoch of the stacked program (see :func:`train_stacked`).
+    """
+    first = calibrators[0]
+    if any(c.model != first.model or vars(c.trainer) != vars(first.trainer) for c in calibrators):
+        raise ValueError("fit_together needs calibrators with the same model and trainer settings")
+    prepared = [c._members(t, judges) for c, t in zip(calibrators, tables)]
+    main = first.rubric.ids.index(first.rubric.main.id)
+    nets = [n for p in prepared for n in p[0]]
+    trains = [d for p in prepared for d in p[1]]
+    vals = [d for p in prepared for d in p[2]]
+    seeds = [s for c in calibrators for s in c.seeds]
+    if first.trainer.engine == "stacked":
+        summaries = train_stacked(nets, trains, vals, main, first.trainer, seeds, on_epoch=on_epoch)
+    else:
+        summaries = [train_network(n, t, v, main, first.trainer, s) for n, t, v, s in zip(nets, trains, vals, seeds)]
+    offset = 0
+    for c in calibrators:
+        k = len(c.seeds)
+        c.nets_, c.summaries_ = nets[offset : offset + k], summaries[offset : offset + k]
+        offset += k
+    return calibrators

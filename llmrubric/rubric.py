@@ -155,6 +155,11 @@ class Rubric:
                 if isinstance(o, dict):
                     if "value" not in o:
                         raise InputError(f"{where} ({q['id']}): option {o} has no 'value'")
+                    if "label" in o and not isinstance(o["label"], (str, int, float)) or isinstance(o.get("label"), bool) or len(o) > 2:
+                        raise InputError(
+                            f"{where} ({q['id']}): option {o} is not {{value, label}} with a text label; "
+                            "quote labels that contain commas or start with yes/no"
+                        )
                     options.append(Option(o["value"], str(o.get("label", o["value"]))))
                 else:
                     options.append(Option(o, str(o)))

@@ -89,6 +89,7 @@ def train_stacked(
     config: TrainConfig,
     seeds: list[int],
     progress=None,
+    on_epoch=None,
 ) -> list[dict]:
     """Train ``nets`` in place, model m on ``trains[m]`` with early stopping on ``vals[m]``.
 
@@ -96,12 +97,14 @@ def train_stacked(
     finetune on the main one; shuffled permutations seeded per model; Adam with weight decay
     on the shared weights and ``delta_l2`` on the deltas; best weights restored). Returns one
     summary per model, with the per-epoch ``history`` of train loss and validation NLL.
-    ``progress`` (a tqdm bar, optional) is advanced once per epoch.
+    ``progress`` (a tqdm bar, optional) is advanced once per epoch; ``on_epoch(phase, epoch,
+    val_nll)``, with val_nll (M,) (nan where a model has no validation set or has stopped),
+    is called after every epoch and may raise to abort (e.g. ``optuna.TrialPruned``).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(nets, trains, vals, main_index, config, seeds, progress)
+        return _train(nets, trains, vals, main_index, config, seeds, progress, on_epoch)
     finally:
         torch.set_num_threads(threads)
 
@@ -113,7 +116,7 @@ def _stacked_nll(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> t
     return -(picked * observed).sum(dim=(1, 2)) / observed.sum(dim=(1, 2)).clamp(min=1)
 
 
-def _train(nets, trains, vals, main_index, config, seeds, progress) -> list[dict]:
+def _train(nets, trains, vals, main_index, config, seeds, progress, on_epoch) -> list[dict]:
     base = nets[0]
     params = _FlatParams(nets)
     flat = params.flat
@@ -184,6 +187,8 @@ def _train(nets, trains, vals, main_index, config, seeds, progress) -> list[dict
                     history[m].append({"epoch": epoch, "train/loss": float(losses[m] / steps[m]), "val/nll": float(val_nll[m])})
             if progress is not None:
                 progress.update(1)
+            if on_epoch is not None:
+                on_epoch(phase, epoch, torch.where(epochs_run == epoch + 1, val_nll, math.nan))
             if not running.any():
                 break
         with torch.no_grad():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,14 @@ SHARED = ROOT.parent / "shared" / "data" / "llm-rubric"
 FAST = {"pretrain_epochs": 15, "finetune_epochs": 15, "patience": 5, "lr": 0.01}
 
 logging.getLogger("llmrubric").setLevel(logging.INFO)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_store(tmp_path_factory):
+    """Runs of the test session (and their subprocesses) log to a temporary MLflow store, never the project's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlruns.db'}")
+        yield os.environ["MLFLOW_TRACKING_URI"]
 
 
 @pytest.fixture(scope="session")

@@ -31,3 +31,10 @@ def test_with_main_and_round_trip(rubric):
 def test_question_without_options_is_an_error():
     with pytest.raises(InputError, match="no options"):
         Rubric.from_dict({"questions": [{"id": "Q0", "options": []}]}, "bad.yaml")
+
+
+def test_unquoted_label_with_a_comma_is_an_error(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("questions:\n  - id: Q0\n    options:\n      - {value: 1, label: No, never}\n      - {value: 2, label: Yes}\n")
+    with pytest.raises(InputError, match="quote labels"):
+        Rubric.load(path)

@@ -96,10 +96,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric")))
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), help="e.g. llm_rubric llm_rubric_single (ensemble of 1)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "table1.json"))
     args = parser.parse_args()
     start = time.perf_counter()
-    jobs = [(name, seed) for name in METHODS for seed in ([0] if name in DETERMINISTIC else range(args.seeds))]
+    jobs = [(name, seed) for name in args.methods for seed in ([0] if name in DETERMINISTIC else range(args.seeds))]
     with ProcessPoolExecutor(args.workers) as pool:
         futures = {job: pool.submit(run_one, args.data, *job) for job in jobs}
         results = {}
@@ -108,7 +109,7 @@ def main() -> None:
             print(f"[{i}/{len(jobs)}] {job[0]} seed {job[1]}: real pearson {results[job]['real']['pearson']:.3f}", flush=True)
     report = {}
     for protocol in ("synthetic_cv", "real"):
-        report[protocol] = {name: summarise({s: results[(n, s)] for n, s in results if n == name}, protocol) for name in METHODS}
+        report[protocol] = {name: summarise({s: results[(n, s)] for n, s in results if n == name}, protocol) for name in args.methods}
     learned = [results[j]["fit_seconds"] for j in results if j[0] == "llm_rubric"]
     digest = hashlib.sha256()
     for path in sorted(Path(args.data).rglob("*.tsv")):
@@ -118,13 +119,13 @@ def main() -> None:
         "commit": commit,
         "seconds": time.perf_counter() - start,
         "data_sha256": digest.hexdigest(),
-        "fit_seconds_llm_rubric_synthetic": {"mean": float(np.mean(learned)), "max": float(np.max(learned))},
+        "fit_seconds_llm_rubric_synthetic": {"mean": float(np.mean(learned)), "max": float(np.max(learned))} if learned else None,
         "paper": PAPER,
     }
     write_json(report, args.out)
     for protocol in ("synthetic_cv", "real"):
         rows = {}
-        for name in METHODS:
+        for name in args.methods:
             e = report[protocol][name]
             rows[name] = {m: (e[m], e[f"{m}_sd"]) if len(e["seeds"]) > 1 else e[m] for m in METRICS}
         print(f"\n{protocol} (pooled over pairs; mean ± sd over seeds)\n{markdown_table(rows)}")

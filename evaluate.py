@@ -1,14 +1,19 @@
 """Evaluate trained checkpoints on held-out texts; print and write the metric table.
 
     python evaluate.py experiment=llm_rubric_real
+    python evaluate.py experiment=llm_rubric_real report=full   # + the evaluation report
 
 Writes to ``run_dir``: the predictions table (every question, every (text, judge) pair),
 ``metrics.json`` and ``metrics.md`` (main question: the model and the configured baselines).
+With ``report=fast|full`` it also writes the report folder (``report.dir``, see
+:mod:`llmrubric.report`), which trains its own models, so checkpoints are then optional.
+Each finished evaluation is logged as an MLflow run (:mod:`llmrubric.tracking`; ``logger=none``: off).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import hydra
@@ -20,14 +25,33 @@ from llmrubric.calibrator import Calibrator
 from llmrubric.errors import InputError
 from llmrubric.experiment import prepare
 from llmrubric.metrics import evaluate, markdown_table
+from llmrubric.report import check_report_config, experiment_splits, report_from_config
 from llmrubric.schemas import write_json, write_table, write_text
+from llmrubric.tracking import Tracker, metric_keys
 
 log = logging.getLogger("evaluate")
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> dict:
-    rubric, splits = prepare(cfg, create_folds=False)
+def main(cfg: DictConfig) -> dict | None:
+    started = time.time()
+    run_dir = Path(cfg.run_dir)
+    report = bool(cfg.report.enabled)
+    rubric, splits = experiment_splits(cfg) if report else prepare(cfg, create_folds=False)
+    if report:
+        check_report_config(cfg, rubric)
+    metrics = None
+    if not report or all((run_dir / f"{s.name}.safetensors").is_file() for s in splits):
+        metrics = evaluate_checkpoints(cfg, rubric, splits)
+    else:
+        log.info("no checkpoints in %s: only the report's own models are evaluated", run_dir)
+    if report:
+        print(f"report written to {report_from_config(cfg, rubric, splits)}/")
+    track(cfg, metrics, started)
+    return metrics
+
+
+def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     run_dir = Path(cfg.run_dir)
     predictions = {"llm_rubric": []}
     for split in splits:
@@ -48,6 +72,22 @@ def main(cfg: DictConfig) -> dict:
     write_text(f"# {header}\n\n{table}\n", run_dir / "metrics.md")
     print(f"\n{header}\n{table}\n\nwritten to {run_dir}/")
     return metrics
+
+
+def track(cfg: DictConfig, metrics: dict | None, started: float) -> None:
+    """Log the finished evaluation to MLflow (``logger=none``: off): config, ``test/<metric>``
+    (baselines: ``test/<metric>/<method>``), predictions and metric tables, the report folder."""
+    run_dir = Path(cfg.run_dir)
+    with Tracker.from_config(cfg).run("evaluate", nested=True, tags={"job": "evaluate"}, start_time=started) as run:
+        run.log_config(cfg)
+        if metrics is not None:
+            for name, values in metrics.items():
+                run.log_metrics(metric_keys(values, "test", None if name == "llm_rubric" else name))
+            for file in (f"predictions.{cfg.predictions_format}", "metrics.json", "metrics.md"):
+                run.log_artifact(run_dir / file)
+        report = cfg.get("report")
+        if report is not None and report.get("enabled") and Path(report.dir).is_dir():
+            run.log_artifacts(report.dir, "report")
 
 
 if __name__ == "__main__":

@@ -176,7 +176,6 @@ class ReportBuilder:
         self.reference = reference or {}
         self.question = rubric.main
         self.annotations = pd.concat([s.test.annotations for s in splits], ignore_index=True)
-        self.notes: list[str] = []
         self._check_questions()
 
     def _feature_questions(self) -> list[str]:

@@ -15,6 +15,7 @@ linear and quadratic forms of the swap indicators.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -327,13 +328,23 @@ def bootstrap_intervals(
     return out
 
 
+MAX_UNDEFINED_RESAMPLES = 0.1
+
+
 def _interval(data, fn, vectorized, n_resamples, seed, confidence) -> tuple[float, float]:
-    with np.errstate(invalid="ignore", divide="ignore"):
+    """Percentile interval of a paired bootstrap; resamples where the metric is undefined (a
+    constant resample has no correlation) are left out while they are under 10 %, else NaN."""
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         res = stats.bootstrap(
             data, fn, paired=True, vectorized=vectorized, n_resamples=n_resamples, method="percentile",
             confidence_level=confidence, rng=np.random.default_rng(seed),
         )
-    low, high = res.confidence_interval
+    dist = np.asarray(res.bootstrap_distribution, float)
+    if np.mean(~np.isfinite(dist)) > MAX_UNDEFINED_RESAMPLES:
+        return math.nan, math.nan
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.nanpercentile(dist[np.isfinite(dist)], [tail, 100 - tail])
     return float(low), float(high)
 
 

@@ -103,6 +103,14 @@ def test_bootstrap_intervals_bracket_the_estimate_and_shrink_with_data():
         assert ci["nll"] == pytest.approx((np.log(4), np.log(4)))
         widths.append(ci["pearson"][1] - ci["pearson"][0])
     assert widths[1] < widths[0] / 2
+    y, a, _ = data(200)
+    rare = np.full(200, 4.0)
+    rare[:3] = 3.0
+    ci = bootstrap_intervals(y, rare, None, None, n_resamples=300, seed=0)
+    assert np.isfinite(ci["pearson"]).all() and ci["pearson"][0] <= significance.point_metrics(y, rare)["pearson"] <= ci["pearson"][1]
+    once = np.full(200, 4.0)
+    once[0] = 3.0
+    assert np.isnan(bootstrap_intervals(y, once, None, None, n_resamples=300, seed=0)["pearson"]).all()
 
 
 def predictions(pairs, means, keys=("1", "2", "3", "4")):

@@ -125,6 +125,8 @@ def _train(nets, trains, vals, main_index, config, seeds, progress, on_epoch) ->
     penalize = bool(config.delta_l2) and base.has_deltas
     decay = torch.where(params.is_delta, 0.0, config.weight_decay)
     n_models = len(nets)
+    x, judge, y = _stack_rows(trains, [torch.arange(len(d)) for d in trains])
+    pad = x.shape[1] - 1
     for net in nets:
         net.train()
     base.train()
@@ -138,8 +140,6 @@ def _train(nets, trains, vals, main_index, config, seeds, progress, on_epoch) ->
         rows = [_phase_rows(d, mask) for d in trains]
         if any(len(r) == 0 for r in rows):
             raise ValueError(f"no training annotations for the {phase} phase")
-        x, judge, y = _stack_rows(trains, [torch.arange(len(d)) for d in trains])
-        pad = x.shape[1] - 1
         has_val = torch.tensor([v is not None and len(v) > 0 for v in vals])
         val_rows = [_phase_rows(v, mask) if h else torch.zeros(0, dtype=torch.long) for v, h in zip(vals, has_val)]
         vx, vjudge, vy = _stack_rows([v if h else trains[0] for v, h in zip(vals, has_val)], val_rows)

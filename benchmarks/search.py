@@ -1,7 +1,7 @@
 """Search benchmark on the LLM-Rubric release: fold-vectorised speed-up, reference vs selected
 configuration under the same 5-fold CV, and synthetic → real with the selection.
 
-    .venv/bin/python benchmarks/search.py [--trials 20] [--seeds 3]   # --trials 0: speed and reference only
+    .venv/bin/python benchmarks/search.py [--trials 100] [--nested-trials 0] [--seeds 5] [--skip-speed]
 
 Writes ``benchmarks/results/search.json``.
 """
@@ -9,15 +9,20 @@ Writes ``benchmarks/results/search.json``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import torch
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +48,19 @@ def reference_setting(root: Path) -> Setting:
     return Setting(model, trainer)
 
 
+def commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def data_sha256(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.tsv")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def speedup(rubric, tables, setting: Setting, folds) -> dict:
-    """The same 5 fold models: one Lightning fit after another vs one stacked program."""
+    """The same fold models: one Lightning fit after another vs one stacked program."""
     out = {}
     for engine in ("lightning", "stacked"):
         start = time.perf_counter()
@@ -53,17 +69,65 @@ def speedup(rubric, tables, setting: Setting, folds) -> dict:
     cols = [c for c in out["stacked"]["predictions"].columns if c.startswith("p_")]
     diff = float(np.nanmax(np.abs(out["stacked"]["predictions"][cols].to_numpy() - out["lightning"]["predictions"][cols].to_numpy())))
     return {
+        "networks": len(folds.fold.unique()) * int(setting.model.get("ensemble", 1)),
         "lightning_seconds": out["lightning"]["seconds"], "stacked_seconds": out["stacked"]["seconds"],
         "vectorized_speedup": out["lightning"]["seconds"] / out["stacked"]["seconds"],
         "max_abs_probability_difference": diff, "nll": {e: out[e]["nll"] for e in out},
     }
 
 
+def search_config(trials: int, batch: int, seed: int = 0):
+    search = OmegaConf.load(ROOT / "conf" / "search" / "optuna.yaml")
+    search.storage, search.n_trials, search.progress, search.batch, search.seed = None, trials, True, batch, seed
+    return search
+
+
+def default_setting() -> Setting:
+    return Setting(*(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / g / "default.yaml")) for g in ("model", "trainer")))
+
+
+def outer_fold(args: tuple) -> dict:
+    """One outer fold of the nested search: select on its training texts, refit, score its test texts."""
+    data, k, trials, batch = args
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
+    synthetic = llm_rubric.load(Path(data), "synthetic", rubric)
+    folds = text_folds(synthetic.text_ids, 5, seed=0)
+    train, test = synthetic.subset(folds.text_id[folds.fold != k]), synthetic.subset(folds.text_id[folds.fold == k])
+    start = time.perf_counter()
+    selected, study = run_search(rubric, train, default_setting(), search_config(trials, batch), f"outer-{k}", seed=0)
+    model = Calibrator(rubric, selected.model, selected.trainer, seed=0).fit(train)
+    return {
+        "fold": k, "seconds": time.perf_counter() - start, "trials": len(study.trials), "inner_nll": study.best_value,
+        "selected": {"model": selected.model, "trainer": selected.trainer},
+        "predictions": model.predict(test, questions=[rubric.main.id]).to_dict("list"),
+    }
+
+
+def nested(data: str, rubric, synthetic, trials: int, batch: int, workers: int) -> dict:
+    """5 outer × 5 inner folds, ``trials`` per outer fold; outer folds run in ``workers`` processes."""
+    start = time.perf_counter()
+    with ProcessPoolExecutor(workers) as pool:
+        folds = list(pool.map(outer_fold, [(data, k, trials, batch) for k in range(5)]))
+    predictions = pd.concat([pd.DataFrame(f.pop("predictions")) for f in folds], ignore_index=True)
+    metrics = evaluate(predictions, synthetic.annotations, rubric.main, per_judge=False)
+    return {
+        "wall_seconds": time.perf_counter() - start, "workers": workers, "trials_per_outer_fold": trials,
+        "outer_cv": {m: metrics[m] for m in METRICS}, "folds": folds,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric")))
-    parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=100, help="trials of the search on all synthetic data (0: none)")
+    parser.add_argument("--nested-trials", type=int, default=0, help="trials per outer fold of the nested search (0: none)")
+    parser.add_argument("--batch", type=int, default=10, help="trials trained as one stacked program")
+    parser.add_argument("--workers", type=int, default=2, help="processes for the outer folds of the nested search")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "search.json"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -73,28 +137,31 @@ def main() -> None:
     synthetic, real = llm_rubric.load(root, "synthetic", rubric), llm_rubric.load(root, "real", rubric)
     folds = text_folds(synthetic.text_ids, 5, seed=0)
     reference = reference_setting(root)
-    report = {"speed": speedup(rubric, synthetic, reference, folds)}
-    print("fold-vectorised:", {k: v for k, v in report["speed"].items()}, flush=True)
+    report: dict = {"meta": {"commit": commit(), "data_sha256": data_sha256(root)}}
+    if not args.skip_speed:
+        report["speed"] = {"reference": speedup(rubric, synthetic, reference, folds), "default": speedup(rubric, synthetic, default_setting(), folds)}
+        report["vectorized_speedup"] = report["speed"]["default"]["vectorized_speedup"]
+        print("fold-vectorised:", json.dumps(report["speed"], indent=1), flush=True)
     report["reference_inner_nll"] = cross_validate(rubric, synthetic, reference, folds, seed=0)[0]["nll"]
-    if args.trials == 0:
-        write_json(report, args.out)
-        print(f"no search (--trials 0); written to {args.out}")
-        return
-    base = Setting(*(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / g / "default.yaml")) for g in ("model", "trainer")))
-    search = OmegaConf.load(ROOT / "conf" / "search" / "optuna.yaml")
-    search.storage, search.n_trials, search.progress = None, args.trials, True
-    start = time.perf_counter()
-    selected, study = run_search(rubric, synthetic, base, search, "benchmark", seed=0)
-    report.update(wall_seconds=time.perf_counter() - start, trials=len(study.trials), selected_inner_nll=study.best_value)
-    report["selected"] = {"model": selected.model, "trainer": selected.trainer}
-    print(f"search: {len(study.trials)} trials in {report['wall_seconds']:.0f}s, inner NLL {study.best_value:.4f} "
-          f"(reference {report['reference_inner_nll']:.4f})", flush=True)
-    runs = []
-    for seed in range(args.seeds):
-        model = Calibrator(rubric, selected.model, selected.trainer, seed).fit(synthetic)
-        runs.append(evaluate(model.predict(real, questions=[rubric.main.id]), real.annotations, rubric.main))
-    report["real"] = {m: {"mean": float(np.mean([r[m] for r in runs])), "sd": float(np.std([r[m] for r in runs]))} for m in METRICS}
-    print("synthetic → real:", {m: f"{v['mean']:.3f} ± {v['sd']:.3f}" for m, v in report["real"].items()})
+    print(f"reference configuration, 5-fold CV NLL {report['reference_inner_nll']:.4f}", flush=True)
+    if args.trials:
+        start = time.perf_counter()
+        selected, study = run_search(rubric, synthetic, default_setting(), search_config(args.trials, args.batch), "benchmark", seed=0)
+        states = pd.Series([t.state.name for t in study.trials]).value_counts().to_dict()
+        report.update(search_seconds=time.perf_counter() - start, trials=len(study.trials), trial_states=states, selected_inner_nll=study.best_value)
+        report["selected"] = {"model": selected.model, "trainer": selected.trainer}
+        print(f"search: {len(study.trials)} trials {states} in {report['search_seconds']:.0f}s, inner NLL {study.best_value:.4f} "
+              f"(reference {report['reference_inner_nll']:.4f}); selected {study.best_params}", flush=True)
+        runs = []
+        for seed in range(args.seeds):
+            model = Calibrator(rubric, selected.model, selected.trainer, seed).fit(synthetic)
+            runs.append(evaluate(model.predict(real, questions=[rubric.main.id]), real.annotations, rubric.main))
+        report["real"] = {m: {"mean": float(np.mean([r[m] for r in runs])), "sd": float(np.std([r[m] for r in runs])), "seeds": [r[m] for r in runs]} for m in METRICS}
+        print("synthetic → real:", {m: f"{v['mean']:.3f} ± {v['sd']:.3f}" for m, v in report["real"].items()}, flush=True)
+    if args.nested_trials:
+        report["nested"] = nested(args.data, rubric, synthetic, args.nested_trials, args.batch, args.workers)
+        report["wall_seconds"] = report["nested"]["wall_seconds"]
+        print("nested search:", {k: v for k, v in report["nested"].items() if k != "folds"}, flush=True)
     write_json(report, args.out)
     print(f"written to {args.out}")
 

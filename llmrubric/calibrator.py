@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from llmrubric.data import Encoded, FeatureLayout, JudgeMap, encode
-from llmrubric.errors import InputError
+from llmrubric.errors import InputError, TrainingDiverged
 from llmrubric.model import CalibrationNet
 from llmrubric.module import TrainConfig, predict_proba, train_network
 from llmrubric.predictions import predictions_frame
@@ -114,15 +114,17 @@ class Calibrator:
         """Train on ``tables``; a fraction of its texts is held out for early stopping."""
         return fit_together([self], [tables])[0]
 
-    def _members(self, tables: Tables, judges: JudgeMap | None = None) -> tuple[list[CalibrationNet], list[Encoded], list[Encoded | None]]:
-        """Set layout and judge map (``judges`` or those of ``tables``); untrained members with their data."""
+    def _members(self, tables: Tables, judges: JudgeMap | None = None, data: Encoded | None = None):
+        """Set layout and judge map (``judges`` or those of ``tables``); untrained members with their
+        training and early-stopping data, and the encoded ``tables`` (``data`` when given: ``tables``
+        already encoded with this layout and judge map)."""
         layout = FeatureLayout.from_features(tables.features, self.rubric)
         if self.feature_questions is not None or self.drop_questions:
             layout = layout.restrict(self.feature_questions, self.drop_questions)
         self.layout_, self.judges_ = layout, judges or JudgeMap.from_annotations(tables.annotations)
         if self.pair_features is not None:
             self.pair_features.fit(tables)
-        data = self.encode(tables)
+        data = data if data is not None else self.encode(tables)
         trains, vals, nets = [], [], []
         for seed in self.seeds:
             train, val = self._split(data, seed)
@@ -130,7 +132,7 @@ class Calibrator:
             net = self._net()
             net.standardize_inputs(train.x, train.judge)
             trains.append(train), vals.append(val), nets.append(net)
-        return nets, trains, vals
+        return nets, trains, vals, data
 
     def encode(self, tables: Tables, pairs: pd.DataFrame | None = None) -> Encoded:
         data = encode(tables, self.rubric, self.layout_, self.judges_, pairs)
@@ -143,11 +145,21 @@ class Calibrator:
     def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> tuple[Encoded, np.ndarray]:
         """Encoded pairs and their probabilities (pairs, questions, max options)."""
         data = self.encode(tables, pairs)
-        return data, torch.stack([predict_proba(net, data) for net in self.nets_]).mean(dim=0).numpy()
+        return data, self.proba_of(data)
 
-    def predict(self, tables: Tables, pairs: pd.DataFrame | None = None, questions: list[str] | None = None) -> pd.DataFrame:
-        """Predictions table for the annotated pairs of ``tables`` (or ``pairs``), all questions by default."""
-        data, probs = self.predict_proba(tables, pairs)
+    def proba_of(self, data: Encoded) -> np.ndarray:
+        """Probabilities (pairs, questions, max options) of encoded pairs: the members' average."""
+        return torch.stack([predict_proba(net, data) for net in self.nets_]).mean(dim=0).numpy()
+
+    def predict(
+        self, tables: Tables, pairs: pd.DataFrame | None = None, questions: list[str] | None = None, data: Encoded | None = None
+    ) -> pd.DataFrame:
+        """Predictions table for the annotated pairs of ``tables`` (or ``pairs``, or the already
+        encoded ``data``), all questions by default."""
+        if data is None:
+            data, probs = self.predict_proba(tables, pairs)
+        else:
+            probs = self.proba_of(data)
         ids = questions or self.rubric.ids
         index = [self.rubric.ids.index(q) for q in ids]
         return predictions_frame(data.pairs, [self.rubric[q] for q in ids], probs[:, index])
@@ -198,30 +210,66 @@ class Calibrator:
         return self
 
 
-def fit_together(calibrators: list[Calibrator], tables: list[Tables], judges: JudgeMap | None = None, on_epoch=None) -> list[Calibrator]:
-    """Fit each calibrator on its tables; with the stacked engine all their members train as one program.
+def fit_together(
+    calibrators: list[Calibrator],
+    tables: list[Tables],
+    judges: JudgeMap | None = None,
+    on_epoch=None,
+    tolerate_divergence: bool = False,
+) -> list[Calibrator]:
+    """Fit each calibrator on its tables; with the stacked engine all their members train as one
+    program per (inputs, personalization) kind.
 
-    The calibrators must share network and trainer settings (e.g. the fold models of one
-    configuration). ``judges`` fixes one judge map for all (needed to stack models whose
-    training sets see different judges); ``on_epoch(phase, epoch, val_nll)`` is called
-    after every epoch of the stacked program (see :func:`train_stacked`).
+    Calibrators may differ in hidden sizes, input dropout, ensemble size and trainer numbers
+    (e.g. the fold models of several search trials). ``judges`` fixes one judge map for all
+    (needed to stack models whose training sets see different judges). ``on_epoch(phase,
+    epoch, val_nll)``, with ``val_nll`` a dict {calibrator index: its members' early-stopping
+    NLL this epoch (nan where stopped)}, is called after every epoch of a stacked program and
+    may return calibrator indices to stop now (pruning). A calibrator whose training loss
+    turned non-finite raises :class:`TrainingDiverged`, or with ``tolerate_divergence`` gets
+    ``diverged_`` set to the reason. ``pruned_`` tells whether a calibrator was stopped.
     """
-    first = calibrators[0]
-    if any(c.model != first.model or vars(c.trainer) != vars(first.trainer) for c in calibrators):
-        raise ValueError("fit_together needs calibrators with the same model and trainer settings")
-    prepared = [c._members(t, judges) for c, t in zip(calibrators, tables)]
-    main = first.rubric.ids.index(first.rubric.main.id)
-    nets = [n for p in prepared for n in p[0]]
-    trains = [d for p in prepared for d in p[1]]
-    vals = [d for p in prepared for d in p[2]]
-    seeds = [s for c in calibrators for s in c.seeds]
-    if first.trainer.engine == "stacked":
-        summaries = train_stacked(nets, trains, vals, main, first.trainer, seeds, on_epoch=on_epoch)
-    else:
-        summaries = [train_network(n, t, v, main, first.trainer, s) for n, t, v, s in zip(nets, trains, vals, seeds)]
-    offset = 0
-    for c in calibrators:
-        k = len(c.seeds)
-        c.nets_, c.summaries_ = nets[offset : offset + k], summaries[offset : offset + k]
-        offset += k
+    engines = {c.trainer.engine for c in calibrators}
+    if len(engines) != 1:
+        raise ValueError(f"fit_together needs one trainer engine, got {sorted(engines)}")
+    cache: dict[tuple, Encoded] = {}
+    members = []
+    for i, (c, t) in enumerate(zip(calibrators, tables)):
+        key = (id(t), tuple(c.feature_questions or ()), c.feature_questions is None, tuple(c.drop_questions or ()))
+        shareable = c.pair_features is None and judges is not None
+        nets, trains, vals, data = c._members(t, judges, cache.get(key) if shareable else None)
+        if shareable:
+            cache[key] = data
+        members += [(i, n, tr, v, s) for n, tr, v, s in zip(nets, trains, vals, c.seeds)]
+    main = calibrators[0].rubric.ids.index(calibrators[0].rubric.main.id)
+    summaries: list[dict] = [{}] * len(members)
+    kinds: dict[tuple, list[int]] = {}
+    for m, (i, net, *_) in enumerate(members):
+        kinds.setdefault((net.inputs, net.personalize), []).append(m)
+    for group in kinds.values():
+        owner = torch.tensor([members[m][0] for m in group])
+        nets, trains, vals, seeds = ([members[m][k] for m in group] for k in (1, 2, 3, 4))
+        configs = [calibrators[members[m][0]].trainer for m in group]
+        if engines == {"stacked"}:
+
+            def member_epoch(phase, epoch, val_nll, owner=owner):
+                if on_epoch is None:
+                    return None
+                stop = on_epoch(phase, epoch, {int(i): val_nll[owner == i] for i in owner.unique()})
+                return torch.tensor([int(i) in set(stop or ()) for i in owner])
+
+            result = train_stacked(nets, trains, vals, main, configs, seeds, on_epoch=member_epoch)
+        else:
+            result = [train_network(n, t, v, main, c, s) for n, t, v, c, s in zip(nets, trains, vals, configs, seeds)]
+        for m, summary in zip(group, result):
+            summaries[m] = summary
+    for i, c in enumerate(calibrators):
+        mine = [m for m, member in enumerate(members) if member[0] == i]
+        c.nets_, c.summaries_ = [members[m][1] for m in mine], [summaries[m] for m in mine]
+        stops = [(phase, s["stopped"], s["epochs"]) for m in mine for phase, s in summaries[m].items() if "stopped" in s]
+        c.pruned_ = any(reason == "pruned" for _, reason, _ in stops)
+        diverged = [f"{phase} epoch {epochs}" for phase, reason, epochs in stops if reason == "diverged"]
+        c.diverged_ = f"non-finite training loss ({', '.join(diverged)}; lr {c.trainer.lr:g})" if diverged else None
+        if c.diverged_ and not tolerate_divergence:
+            raise TrainingDiverged(f"training diverged: {c.diverged_}; lower trainer.lr")
     return calibrators

@@ -81,7 +81,7 @@ class FeatureLayout:
         with other options than the layout's are an error (layout mismatch).
         """
         self.check(features)
-        index = {t: i for i, t in enumerate(text_ids)}
+        index = pd.Index(text_ids)
         x = np.zeros((len(text_ids), self.dim), dtype=np.float32)
         n_probs = self.dim - len(self.blocks)
         offset = 0
@@ -90,8 +90,8 @@ class FeatureLayout:
         for b, block in enumerate(self.blocks):
             part = groups.get((block.source, block.question_id))
             if part is not None:
-                rows = part.text_id.map(index).to_numpy()
-                cols = offset + part.option.map({o: i for i, o in enumerate(block.options)}).to_numpy()
+                rows = index.get_indexer(part.text_id)
+                cols = offset + pd.Index(block.options).get_indexer(part.option)
                 x[rows, cols] = part.prob.to_numpy(dtype=np.float32)
                 x[np.unique(rows), n_probs + b] = 1.0
             offset += len(block.options)
@@ -141,12 +141,11 @@ class JudgeMap:
 
     def indices(self, judge_ids: pd.Series) -> np.ndarray:
         """Index of each judge; -1 (shared weights only) for unseen judges, with a warning naming them."""
-        lookup = {j: i for i, j in enumerate(self.judges)}
-        idx = judge_ids.map(lookup)
-        unseen = sorted(judge_ids[idx.isna()].unique())
+        idx = pd.Index(self.judges).get_indexer(judge_ids).astype(np.int64)
+        unseen = sorted(pd.unique(np.asarray(judge_ids)[idx < 0]))
         if unseen:
             log.warning("judges never seen in training, predicted with the shared weights only: %s", ", ".join(map(str, unseen)))
-        return np.array(idx.fillna(-1).astype(np.int64), dtype=np.int64)
+        return idx
 
 
 @dataclass
@@ -191,13 +190,23 @@ def encode(tables: Tables, rubric: Rubric, layout: FeatureLayout, judges: JudgeM
     if missing:
         raise InputError(f"{len(missing)} texts have no features (first: {sorted(missing)[0]!r})", file=source_of(tables.features), column="text_id")
     x_text = layout.matrix(tables.features, text_ids)
-    row_of_text = pairs.text_id.map({t: i for i, t in enumerate(text_ids)}).to_numpy()
+    row_of_text = pd.Index(text_ids).get_indexer(pairs.text_id)
     y = np.full((len(pairs), len(rubric.questions)), -1, dtype=np.int64)
     pair_index = pd.MultiIndex.from_frame(pairs[PAIR])
     ann_rows = pair_index.get_indexer(pd.MultiIndex.from_frame(ann[PAIR]))
     found = ann_rows >= 0
-    q_index = ann.question_id.map({q: i for i, q in enumerate(rubric.ids)}).to_numpy()
-    option_index = np.array([rubric[q].keys.index(a) if q in rubric else -1 for q, a in zip(ann.question_id, ann.answer)])
+    q_index = pd.Index(rubric.ids).get_indexer(ann.question_id)
+    options = pd.MultiIndex.from_tuples([(q.id, key) for q in rubric.questions for key in q.keys])
+    option_number = np.array([i for q in rubric.questions for i in range(len(q.keys))], dtype=np.int64)
+    found_option = options.get_indexer(pd.MultiIndex.from_arrays([ann.question_id, ann.answer]))
+    option_index = np.where(found_option >= 0, option_number[found_option], -1)
+    unknown = found & (q_index >= 0) & (option_index < 0)
+    if unknown.any():
+        row = int(np.flatnonzero(unknown)[0])
+        raise InputError(
+            f"answer {ann.answer.iloc[row]!r} is not an option of question {ann.question_id.iloc[row]}",
+            file=source_of(tables.annotations), row=row, column="answer",
+        )
     keep = found & (q_index >= 0)
     y[ann_rows[keep], q_index[keep].astype(int)] = option_index[keep]
     return Encoded(

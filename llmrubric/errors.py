@@ -18,3 +18,7 @@ class InputError(ValueError):
             if part
         )
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class TrainingDiverged(RuntimeError):
+    """A network's training loss became non-finite (e.g. a learning rate that is too high)."""

@@ -49,14 +49,16 @@ def align(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Questi
     return merged
 
 
-def evaluate(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Question) -> dict:
-    """Pooled metrics over all annotated pairs, plus the mean of per-judge metrics."""
+def evaluate(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Question, per_judge: bool = True) -> dict:
+    """Pooled metrics over all annotated pairs, plus (``per_judge``) the mean of per-judge metrics."""
     merged = align(predictions, annotations, question)
-    y = merged.answer.map(lambda a: question.values[question.keys.index(a)]).to_numpy(float)
-    index = merged.answer.map(lambda a: question.keys.index(a)).to_numpy()
+    index = pd.Index(question.keys).get_indexer(merged.answer)
+    y = np.asarray(question.values, float)[index]
     out = point_metrics(y, merged["mean"].to_numpy())
     out["nll"] = nll(probabilities(merged, question), index)
     out["n"] = int(len(merged))
+    if not per_judge:
+        return out
     per_judge = [
         point_metrics(y[rows], merged["mean"].to_numpy()[rows])
         for rows in merged.groupby("judge_id").indices.values()

@@ -116,16 +116,29 @@ class CalibrationNet(nn.Module):
     def forward(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
         """x: (B, probs + flags + extra), judge: (B,) long → logits (B, questions, max options), -inf where padded."""
         params = {k: v[None] for k, v in self.named_parameters()}
-        return self.stacked_forward(params, self.input_mean[None], self.input_scale[None], x[None], judge[None])[0]
+        dropout = torch.tensor([self.dropout.p]) if self.training and self.dropout.p > 0 else None
+        return self.stacked_forward(params, self.input_mean[None], self.input_scale[None], x[None], judge[None], dropout)[0]
 
     def stacked_forward(
-        self, params: dict[str, torch.Tensor], mean: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, judge: torch.Tensor
+        self,
+        params: dict[str, torch.Tensor],
+        mean: torch.Tensor,
+        scale: torch.Tensor,
+        x: torch.Tensor,
+        judge: torch.Tensor,
+        dropout: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """M networks of this architecture at once: ``params`` are this net's named parameters with a
-        leading model dimension, mean/scale (M, in_dim), x (M, B, raw), judge (M, B) → logits (M, B, Q, O)."""
+        leading model dimension (hidden sizes may be larger, zero-padded), mean/scale (M, in_dim),
+        x (M, B, raw), judge (M, B) → logits (M, B, Q, O). ``dropout`` (M,): each model's input
+        dropout probability, applied when given (training), drawn from ``generator``."""
         n_models, batch = judge.shape
         f = self.features(x.reshape(n_models * batch, -1), judge.reshape(-1)).view(n_models, batch, -1)
-        f = nn.functional.dropout((f - mean[:, None]) / scale[:, None], self.dropout.p, self.training)
+        f = (f - mean[:, None]) / scale[:, None]
+        if dropout is not None:
+            keep = torch.rand(f.shape, generator=generator) >= dropout[:, None, None]
+            f = f * keep / (1 - dropout)[:, None, None]
         z1 = torch.sigmoid(self._layer(params, "layer1", "delta1", f, judge))
         z2 = torch.sigmoid(self._layer(params, "layer2", "delta2", z1, judge))
         logits = self._layer(params, "heads", "delta_heads", z2, judge).view(n_models, batch, self.n_q, self.max_opt)
@@ -134,18 +147,18 @@ class CalibrationNet(nn.Module):
     def _layer(self, params: dict, linear: str, delta: str, inp: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
         """(M, B, in) → (M, B, out): the shared affine map plus the judge's delta where known.
 
-        The deltas are applied as one batched matmul of the (judge one-hot ⊗ [1; input])
-        outer product with the stacked deltas, which is much cheaper to differentiate than
-        gathering one delta matrix per row.
+        The deltas of all judges are applied as one batched matmul, ``[1; input]`` times every
+        judge's delta, and each row then keeps its own judge's block (zero for an unseen judge).
         """
         out = torch.einsum("mbi,moi->mbo", inp, params[f"{linear}.weight"]) + params[f"{linear}.bias"][:, None]
         if self.has_deltas:
-            n_models, batch, n_in = inp.shape
+            n_models, batch, _ = inp.shape
+            n_out = out.shape[-1]
             inp1 = torch.cat([torch.ones_like(inp[..., :1]), inp], dim=-1)
-            onehot = (judge[..., None] == torch.arange(self.n_judges)).to(inp.dtype)
-            outer = (onehot[..., :, None] * inp1[..., None, :]).reshape(n_models, batch, -1)
-            weights = params[delta].transpose(2, 3).reshape(n_models, -1, out.shape[-1])
-            out = out + torch.bmm(outer, weights)
+            weights = params[delta].permute(0, 3, 1, 2).reshape(n_models, inp1.shape[-1], -1)
+            every = torch.bmm(inp1, weights).view(n_models, batch, self.n_judges, n_out)
+            pick = judge.clamp(min=0)[..., None, None].expand(n_models, batch, 1, n_out)
+            out = out + every.gather(2, pick).squeeze(2) * (judge >= 0)[..., None]
         return out
 
     def delta_penalty(self) -> torch.Tensor:

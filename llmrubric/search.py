@@ -1,10 +1,11 @@
 """Hyperparameter search: Optuna (TPE, pruning) over k-fold cross-validation split by text.
 
-A configuration's score is the mean held-out NLL of the main question over ``inner_folds``
+A configuration's score is the pooled held-out NLL of the main question over ``inner_folds``
 folds of the training texts (the paper's criterion); RMSE and correlations are recorded as
-trial attributes, not optimised. All fold models of a trial (times the ensemble members)
-train as one stacked program (:func:`llmrubric.calibrator.fit_together`), so a trial
-costs about one fit. Trials are pruned on the mean early-stopping NLL of the finetune phase.
+trial attributes, not optimised. Trials are asked in batches (TPE with the constant liar) and
+the fold models of a whole batch train as one stacked program
+(:func:`llmrubric.calibrator.fit_together`), so a batch costs about one fit. Trials are pruned
+(median rule) on the mean early-stopping NLL of their fold models.
 
 The study lives in ``storage`` (SQLite by default, any SQLAlchemy URL such as PostgreSQL
 for many machines): several workers started with the same storage and study name share
@@ -14,17 +15,23 @@ it, and a search interrupted and started again resumes where it stopped.
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pandas as pd
+import torch
 from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
 
 from llmrubric.calibrator import Calibrator, fit_together
 from llmrubric.data import JudgeMap
 from llmrubric.errors import InputError
-from llmrubric.metrics import evaluate
+from llmrubric.metrics import nll, point_metrics
 from llmrubric.rubric import Rubric
 from llmrubric.schemas import Tables, write_json, write_table
 from llmrubric.splits import text_folds
@@ -79,81 +86,222 @@ def cross_validate(
 
     Returns the metrics (``nll``, ``rmse``, correlations, ``fold_nll``) and the predictions.
     """
-    judges = JudgeMap.from_annotations(tables.annotations)
-    ks = sorted(folds.fold.unique())
-    trains = [tables.subset(folds.text_id[folds.fold != k]) for k in ks]
-    tests = [tables.subset(folds.text_id[folds.fold == k]) for k in ks]
-    models = [Calibrator(rubric, setting.model, setting.trainer, seed) for _ in ks]
-    fit_together(models, trains, judges, on_epoch=on_epoch)
-    parts = [m.predict(t, questions=[rubric.main.id]) for m, t in zip(models, tests)]
-    fold_nll = [evaluate(p, t.annotations, rubric.main)["nll"] for p, t in zip(parts, tests)]
-    predictions = pd.concat(parts, ignore_index=True)
-    metrics = evaluate(predictions, tables.annotations, rubric.main)
-    metrics.pop("per_judge", None)
-    return {**metrics, "fold_nll": fold_nll}, predictions
+    cv = _FoldData(rubric, tables, folds)
+    models = cv.calibrators(setting, seed)
+    fit_together(models, cv.trains, cv.judges, on_epoch=on_epoch)
+    return cv.score(models)
+
+
+class _FoldData:
+    """The k training/test splits of one set of folds, encoded once for every configuration."""
+
+    def __init__(self, rubric: Rubric, tables: Tables, folds: pd.DataFrame):
+        self.rubric, self.tables = rubric, tables
+        self.judges = JudgeMap.from_annotations(tables.annotations)
+        self.ks = sorted(folds.fold.unique())
+        self.trains = [tables.subset(folds.text_id[folds.fold != k]) for k in self.ks]
+        self.tests = [tables.subset(folds.text_id[folds.fold == k]) for k in self.ks]
+        self._encoded: list | None = None
+
+    def calibrators(self, setting: Setting, seed: int) -> list[Calibrator]:
+        return [Calibrator(self.rubric, setting.model, setting.trainer, seed) for _ in self.ks]
+
+    def score(self, models: list[Calibrator], frames: bool = True) -> tuple[dict, pd.DataFrame | None]:
+        """Pooled held-out metrics of fitted fold models on the main question (and each fold's NLL),
+        computed from the encoded test pairs; with ``frames``, also their predictions table."""
+        if self._encoded is None:
+            self._encoded = [m.encode(t) for m, t in zip(models, self.tests)]
+        main = self.rubric.main
+        q = self.rubric.ids.index(main.id)
+        values = np.asarray(main.values, float)
+        probs, answers = [], []
+        for model, data in zip(models, self._encoded):
+            observed = (data.y[:, q] >= 0).numpy()
+            probs.append(model.proba_of(data)[observed, q, : len(values)])
+            answers.append(data.y[observed, q].numpy())
+        fold_nll = [nll(p, a) for p, a in zip(probs, answers)]
+        p, a = np.concatenate(probs), np.concatenate(answers)
+        metrics = {**point_metrics(values[a], p @ values), "nll": nll(p, a), "n": len(a), "fold_nll": fold_nll}
+        if not frames:
+            return metrics, None
+        parts = [m.predict(t, questions=[main.id], data=d) for m, t, d in zip(models, self.tests, self._encoded)]
+        return metrics, pd.concat(parts, ignore_index=True)
 
 
 class Objective:
-    """Optuna objective: mean held-out NLL of a sampled configuration over the inner folds."""
+    """Scores a batch of trials: the inner-fold models of every trial train as one stacked program.
 
-    def __init__(self, rubric: Rubric, tables: Tables, base: Setting, space: dict, folds: pd.DataFrame, seed: int, tracker=None, parent=None):
-        self.rubric, self.tables, self.base, self.space, self.folds, self.seed = rubric, tables, base, space, folds, seed
+    A trial's value is the pooled held-out NLL of the main question over the inner folds; its
+    RMSE, correlations and per-fold NLL are trial attributes. Trials are pruned on the mean
+    early-stopping NLL of their fold models (both phases, after ``warmup`` epochs of each);
+    a trial whose training diverges is failed with the reason.
+    """
+
+    FINETUNE_STEP = 100_000  # finetune epochs are reported after the pretrain epochs
+
+    def __init__(self, rubric, tables, base: Setting, space: dict, folds, seed: int, ensemble: int = 1, warmup: int = 10, tracker=None, parent=None):
+        self.cv = _FoldData(rubric, tables, folds)
+        self.base, self.space, self.seed, self.ensemble, self.warmup = base, space, seed, ensemble, warmup
         self.tracker, self.parent = tracker, parent
 
-    def __call__(self, trial: optuna.Trial) -> float:
-        setting = suggest(trial, self.space, self.base)
+    def settings(self, trials: list[optuna.Trial]) -> list[Setting]:
+        settings = [suggest(t, self.space, self.base) for t in trials]
+        for setting in settings:
+            setting.model["ensemble"] = self.ensemble
+        return settings
+
+    def run(self, study: optuna.Study, trials: list[optuna.Trial]) -> None:
+        """Train, score and tell every trial of the batch."""
+        settings = self.settings(trials)
+        models = [self.cv.calibrators(s, self.seed) for s in settings]
+        owner = [t for t, fold_models in enumerate(models) for _ in fold_models]
+        pruned: dict[int, str] = {}
 
         def report(phase, epoch, val_nll):
-            live = val_nll[~val_nll.isnan()]
-            if phase != "finetune" or not len(live):
-                return
-            value = float(live.mean())
-            trial.report(value, epoch)
-            if trial.should_prune():
-                raise optuna.TrialPruned(f"pruned at finetune epoch {epoch} (early-stopping NLL {value:.4f})")
+            if epoch < self.warmup:
+                return None
+            stop = []
+            for t, trial in enumerate(trials):
+                values = torch.cat([v for i, v in val_nll.items() if owner[i] == t]) if any(owner[i] == t for i in val_nll) else torch.zeros(0)
+                live = values[~values.isnan()]
+                if t in pruned or not len(live):
+                    continue
+                value = float(live.mean())
+                trial.report(value, epoch + (self.FINETUNE_STEP if phase == "finetune" else 0))
+                if trial.should_prune():
+                    pruned[t] = f"pruned at {phase} epoch {epoch} (early-stopping NLL {value:.4f})"
+                    stop += [i for i, o in enumerate(owner) if o == t]
+            return stop
 
-        metrics, _ = cross_validate(self.rubric, self.tables, setting, self.folds, self.seed, on_epoch=report)
-        for key in ("rmse", "pearson", "spearman", "kendall"):
-            trial.set_user_attr(key, float(metrics[key]))
-        trial.set_user_attr("fold_nll", [float(v) for v in metrics["fold_nll"]])
-        if self.tracker is not None:
-            with self.tracker.run(f"trial-{trial.number}", nested=True, parent=self.parent, tags={"job": "trial"}) as run:
-                run.log_params(trial.params)
-                run.log_metrics({f"val/{k}": float(metrics[k]) for k in ("nll", "rmse", "pearson", "spearman", "kendall")})
-                for k, value in enumerate(metrics["fold_nll"]):
-                    run.log_metrics({"val/fold_nll": float(value)}, step=k)
-        return float(metrics["nll"])
+        flat = [m for fold_models in models for m in fold_models]
+        fit_together(flat, [t for _ in models for t in self.cv.trains], self.cv.judges, on_epoch=report, tolerate_divergence=True)
+        for t, (trial, fold_models) in enumerate(zip(trials, models)):
+            diverged = [m.diverged_ for m in fold_models if m.diverged_]
+            if t in pruned:
+                trial.set_user_attr("pruned", pruned[t])
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            elif diverged:
+                trial.set_user_attr("fail_reason", diverged[0])
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                metrics, _ = self.cv.score(fold_models, frames=False)
+                for key in ("rmse", "pearson", "spearman", "kendall"):
+                    trial.set_user_attr(key, float(metrics[key]))
+                trial.set_user_attr("fold_nll", [float(v) for v in metrics["fold_nll"]])
+                study.tell(trial, float(metrics["nll"]))
+                self._track(trial, metrics)
+
+    def _track(self, trial: optuna.Trial, metrics: dict) -> None:
+        if self.tracker is None:
+            return
+        with self.tracker.run(f"trial-{trial.number}", nested=True, parent=self.parent, tags={"job": "trial"}) as run:
+            run.log_params(trial.params)
+            run.log_metrics({f"val/{k}": float(metrics[k]) for k in ("nll", "rmse", "pearson", "spearman", "kendall")})
+            for k, value in enumerate(metrics["fold_nll"]):
+                run.log_metrics({"val/fold_nll": float(value)}, step=k)
 
 
 def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
-    """The study of ``search`` (sampler, pruner, storage), created or loaded to resume."""
+    """The study of ``search`` (sampler, pruner, storage), created or loaded to resume.
+
+    With a database storage, running trials send heartbeats; trials of a killed search stop
+    beating, and a search that resumes fails them and queues their configurations again."""
     search = OmegaConf.create(search) if isinstance(search, dict) else search
-    sampler = optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=search.startup_trials)
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=search.startup_trials, n_warmup_steps=search.pruner_warmup_epochs)
-    return optuna.create_study(
-        study_name=study_name, storage=search.storage, sampler=sampler, pruner=pruner, direction="minimize", load_if_exists=True
-    )
+    sampler = optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=search.startup_trials, constant_liar=True)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=search.startup_trials, n_warmup_steps=0)
+    storage = search.storage
+    if storage:
+        beat = int(search.get("heartbeat_seconds", 60))
+        storage = optuna.storages.RDBStorage(storage, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue)
+    return optuna.create_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner, direction="minimize", load_if_exists=True)
+
+
+def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """A trial of a killed search (failed without a reason): its configuration is queued to run again."""
+    study.enqueue_trial(trial.params, user_attrs={"requeued_from": trial.number})
+
+
+def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that count towards ``n_trials``: complete, pruned, or failed for a reason other than an interruption."""
+    return [
+        t for t in study.get_trials(deepcopy=False, states=FINISHED)
+        if not (t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("fail_reason", "interrupted") == "interrupted")
+    ]
 
 
 def run_search(
     rubric: Rubric, tables: Tables, base: Setting, search: DictConfig, study_name: str, seed: int, tracker=None, parent=None
 ) -> tuple[Setting, optuna.Study]:
     """Select a configuration by ``search.inner_folds``-fold CV on ``tables``; runs until the
-    study holds ``search.n_trials`` finished trials (so a resumed search does not start over).
-    With a :class:`llmrubric.tracking.Tracker`, each trial is an MLflow run nested under ``parent``."""
+    study holds ``search.n_trials`` finished trials (so a resumed search does not start over),
+    ``search.batch`` trials at a time as one stacked program; trials running in other workers
+    count, so several workers on one storage run ``n_trials`` in all. With a
+    :class:`llmrubric.tracking.Tracker`, each trial is an MLflow run nested under ``parent``."""
     study = create_study(search, study_name)
+    optuna.storages.fail_stale_trials(study)
     folds = text_folds(tables.text_ids, search.inner_folds, seed)
-    objective = Objective(rubric, tables, base, OmegaConf.to_container(search.space, resolve=True), folds, seed, tracker, parent)
-    done = len(study.get_trials(deepcopy=False, states=FINISHED))
-    remaining = max(0, int(search.n_trials) - done)
-    if remaining:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        stop = optuna.study.MaxTrialsCallback(int(search.n_trials), states=FINISHED)
-        study.optimize(objective, n_trials=remaining, callbacks=[stop], show_progress_bar=search.progress)
+    space = OmegaConf.to_container(search.space, resolve=True)
+    _check_space(space, base)
+    objective = Objective(
+        rubric, tables, base, space, folds, seed, int(search.get("ensemble", 1)), int(search.pruner_warmup_epochs), tracker, parent
+    )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    n_trials = int(search.n_trials)
+    with tqdm(total=n_trials, desc=f"search {study_name}", unit="trial", disable=not search.progress) as bar:
+        while True:
+            optuna.storages.fail_stale_trials(study)
+            done = len(finished_trials(study))
+            running = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+            bar.n = min(done, n_trials)
+            bar.refresh()
+            if done >= n_trials:
+                break
+            size = min(int(search.batch), n_trials - done - running)
+            if size <= 0:  # the rest is running in other workers (or in a killed one, until its heartbeat expires)
+                time.sleep(1.0)
+                continue
+            trials = [study.ask() for _ in range(size)]
+            with _heartbeats(study, trials):
+                objective.run(study, trials)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
         raise InputError(f"study {study_name!r} has no completed trial to select from")
     return setting_of(study.best_trial.params, base), study
+
+
+def _check_space(space: dict, base: Setting) -> None:
+    """Sample the space once without training: a bad key, type or bound fails before any training."""
+    probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    try:
+        suggest(probe.ask(), space, base)
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"search space: {e}") from e
+
+
+@contextmanager
+def _heartbeats(study: optuna.Study, trials: list[optuna.Trial]):
+    """Record a heartbeat for each running trial every heartbeat interval (database storages)."""
+    storage = study._storage
+    interval = storage.get_heartbeat_interval() if hasattr(storage, "record_heartbeat") else None
+    if not interval:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat():
+        while True:
+            for trial in trials:
+                storage.record_heartbeat(trial._trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:

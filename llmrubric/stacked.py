@@ -1,11 +1,15 @@
 """Fold-vectorised training: many calibration networks trained as one batched program.
 
-The k fold models of a cross-validation (and several seeds each) have the same
-architecture; their parameters are stacked with a leading model dimension and every step
-runs all of them at once (:meth:`CalibrationNet.stacked_forward`, batched einsums). Each model keeps its own training
-rows, batch order, Adam state, validation set and early stopping, so the result equals
-training each one alone with :func:`llmrubric.module.train_network` (tested) at about the
-cost of one fit.
+The fold models of a cross-validation, several seeds each, and even several search trials
+are trained together: their parameters are stacked with a leading model dimension and every
+step runs all of them at once (:meth:`CalibrationNet.stacked_forward`, batched einsums).
+Models may differ in hidden sizes (parameters are zero-padded to the largest, and the
+padding is kept at zero by masking its gradient), input dropout and every
+:class:`~llmrubric.module.TrainConfig` number (learning rate, weight decay, delta L2,
+batch size, epochs, patience). Each model keeps its own training rows, batch order, Adam
+state, validation set and early stopping, so the result equals training each one alone
+with :func:`llmrubric.module.train_network` (tested). Models that stop are dropped from the
+stacked tensors, so a program costs what its running models cost.
 """
 
 from __future__ import annotations
@@ -13,11 +17,51 @@ from __future__ import annotations
 import math
 
 import torch
+
 from llmrubric.data import Encoded
 from llmrubric.model import CalibrationNet
 from llmrubric.module import TrainConfig
 
 BETAS, EPS = (0.9, 0.999), 1e-8
+COMPACT_BELOW = 0.75  # drop stopped models from the stack once fewer than this share still run
+
+
+def train_stacked(
+    nets: list[CalibrationNet],
+    trains: list[Encoded],
+    vals: list[Encoded | None],
+    main_index: int,
+    config: TrainConfig | list[TrainConfig],
+    seeds: list[int],
+    progress=None,
+    on_epoch=None,
+) -> list[dict]:
+    """Train ``nets`` in place, model m on ``trains[m]`` with early stopping on ``vals[m]``.
+
+    Same procedure as :func:`llmrubric.module.train_network` (pretrain on all questions,
+    finetune on the main one; shuffled permutations seeded per model; Adam with weight decay
+    on the shared weights and ``delta_l2`` on the deltas; best weights restored). ``config``
+    is one :class:`TrainConfig` or one per model. Returns one summary per model and phase
+    with ``epochs``, ``best_epoch``, ``val_nll``, ``stopped`` (``early``, ``max_epochs``,
+    ``pruned`` or ``diverged``: a non-finite training loss; the model keeps its best
+    weights and skips the later phase) and the per-epoch ``history``.
+
+    ``progress`` (a tqdm bar, optional) is advanced once per epoch. ``on_epoch(phase, epoch,
+    val_nll)``, val_nll (M,) (nan where a model has no validation set or does not run), is
+    called after every epoch; it may return a (M,) bool tensor of models to stop now
+    (pruning) or raise to abort.
+    """
+    configs = config if isinstance(config, list) else [config] * len(nets)
+    if not (len(nets) == len(trains) == len(vals) == len(configs) == len(seeds)):
+        raise ValueError("train_stacked needs one training set, validation set, config and seed per network")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # Adam's decaying moments turn denormal, which is many times slower
+    try:
+        return _Program(nets, trains, vals, main_index, configs, seeds).run(progress, on_epoch)
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
 
 
 def _stack_rows(datas: list[Encoded], rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -35,80 +79,6 @@ def _phase_rows(data: Encoded, mask: torch.Tensor) -> torch.Tensor:
     return ((data.y >= 0) & mask).any(dim=1).nonzero().squeeze(1)
 
 
-class _Adam:
-    """torch.optim.Adam's update on the flat (M, P) parameters, applied only to the active models."""
-
-    def __init__(self, flat: torch.Tensor, lr: float, weight_decay: torch.Tensor):
-        self.lr, self.weight_decay = lr, weight_decay
-        self.m, self.v = torch.zeros_like(flat), torch.zeros_like(flat)
-        self.t = torch.zeros(flat.shape[0], 1)
-
-    @torch.no_grad()
-    def step(self, flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor) -> None:
-        """flat, grad: (M, P); active: (M,) bool."""
-        on = active[:, None]
-        self.t += on
-        b1, b2 = BETAS
-        t = self.t.clamp(min=1)
-        g = grad + self.weight_decay * flat
-        self.m = torch.where(on, self.m.lerp(g, 1 - b1), self.m)
-        self.v = torch.where(on, self.v * b2 + (1 - b2) * g * g, self.v)
-        denom = self.v.sqrt() / (1 - b2**t).sqrt() + EPS
-        flat.copy_(torch.where(on, flat - (self.lr / (1 - b1**t)) * self.m / denom, flat))
-
-
-class _FlatParams:
-    """The parameters of M networks as one (M, P) leaf tensor, with per-name views for the forward pass."""
-
-    def __init__(self, nets: list[CalibrationNet]):
-        named = list(nets[0].named_parameters())
-        self.shapes = [(k, p.shape, p.numel()) for k, p in named]
-        self.flat = torch.stack([torch.cat([p.detach().flatten() for p in n.parameters()]) for n in nets]).requires_grad_()
-        self.is_delta = torch.cat([torch.full((n,), k.startswith("delta")) for k, _, n in self.shapes])
-
-    def views(self) -> dict[str, torch.Tensor]:
-        out, offset = {}, 0
-        for k, shape, n in self.shapes:
-            out[k] = self.flat[:, offset : offset + n].view(self.flat.shape[0], *shape)
-            offset += n
-        return out
-
-    @torch.no_grad()
-    def write_to(self, nets: list[CalibrationNet]) -> None:
-        views = self.views()
-        for m, net in enumerate(nets):
-            for k, p in net.named_parameters():
-                p.copy_(views[k][m])
-
-
-def train_stacked(
-    nets: list[CalibrationNet],
-    trains: list[Encoded],
-    vals: list[Encoded | None],
-    main_index: int,
-    config: TrainConfig,
-    seeds: list[int],
-    progress=None,
-    on_epoch=None,
-) -> list[dict]:
-    """Train ``nets`` in place, model m on ``trains[m]`` with early stopping on ``vals[m]``.
-
-    Same procedure as :func:`llmrubric.module.train_network` (pretrain on all questions,
-    finetune on the main one; shuffled permutations seeded per model; Adam with weight decay
-    on the shared weights and ``delta_l2`` on the deltas; best weights restored). Returns one
-    summary per model, with the per-epoch ``history`` of train loss and validation NLL.
-    ``progress`` (a tqdm bar, optional) is advanced once per epoch; ``on_epoch(phase, epoch,
-    val_nll)``, with val_nll (M,) (nan where a model has no validation set or has stopped),
-    is called after every epoch and may raise to abort (e.g. ``optuna.TrialPruned``).
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _train(nets, trains, vals, main_index, config, seeds, progress, on_epoch)
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _stacked_nll(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-model mean NLL over observed cells: logits (M, B, Q, O), y (M, B, Q) → (M,)."""
     observed = (y >= 0) & mask
@@ -116,91 +86,229 @@ def _stacked_nll(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> t
     return -(picked * observed).sum(dim=(1, 2)) / observed.sum(dim=(1, 2)).clamp(min=1)
 
 
-def _train(nets, trains, vals, main_index, config, seeds, progress, on_epoch) -> list[dict]:
+def _check_compatible(nets: list[CalibrationNet]) -> None:
     base = nets[0]
-    params = _FlatParams(nets)
-    flat = params.flat
-    mean = torch.stack([n.input_mean for n in nets])
-    scale = torch.stack([n.input_scale for n in nets])
-    penalize = bool(config.delta_l2) and base.has_deltas
-    decay = torch.where(params.is_delta, 0.0, config.weight_decay)
-    n_models = len(nets)
-    x, judge, y = _stack_rows(trains, [torch.arange(len(d)) for d in trains])
-    pad = x.shape[1] - 1
-    for net in nets:
-        net.train()
-    base.train()
-    summaries: list[dict] = [{} for _ in nets]
-    for phase, epochs in (("pretrain", config.pretrain_epochs), ("finetune", config.finetune_epochs)):
-        if epochs <= 0:
-            continue
-        mask = torch.zeros(nets[0].n_q, dtype=torch.bool)
+    for net in nets[1:]:
+        same = (
+            net.personalize == base.personalize and net.inputs == base.inputs and net.n_judges == base.n_judges
+            and net.input_mean.shape == base.input_mean.shape and net.option_mask.shape == base.option_mask.shape
+            and torch.equal(net.option_values, base.option_values)
+        )
+        if not same:
+            raise ValueError("train_stacked needs networks with the same inputs, personalization, judges and questions")
+
+
+class _Layout:
+    """Where each named parameter of the padded architecture lives in a flat (M, P) row."""
+
+    def __init__(self, nets: list[CalibrationNet]):
+        names = [k for k, _ in nets[0].named_parameters()]
+        shapes = [torch.Size(torch.tensor([list(dict(n.named_parameters())[k].shape) for n in nets]).amax(dim=0).tolist()) for k in names]
+        self.entries, offset = [], 0
+        for k, shape in zip(names, shapes):
+            self.entries.append((k, shape, offset, shape.numel()))
+            offset += shape.numel()
+        self.size = offset
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {k: flat[:, o : o + n].view(flat.shape[0], *shape) for k, shape, o, n in self.entries}
+
+    @torch.no_grad()
+    def pack(self, nets: list[CalibrationNet]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Flat padded parameters (M, P), the mask of real entries, and the mask of delta entries."""
+        flat, real = torch.zeros(len(nets), self.size), torch.zeros(len(nets), self.size)
+        is_delta = torch.zeros(self.size, dtype=torch.bool)
+        for k, shape, o, n in self.entries:
+            is_delta[o : o + n] = k.startswith("delta")
+        for m, net in enumerate(nets):
+            views, masks = self.views(flat[m : m + 1]), self.views(real[m : m + 1])
+            for k, p in net.named_parameters():
+                region = (0, *(slice(0, s) for s in p.shape))
+                views[k][region] = p.detach()
+                masks[k][region] = 1.0
+        return flat, real, is_delta
+
+    @torch.no_grad()
+    def unpack(self, flat: torch.Tensor, nets: list[CalibrationNet]) -> None:
+        for m, net in enumerate(nets):
+            views = self.views(flat[m : m + 1])
+            for k, p in net.named_parameters():
+                p.copy_(views[k][(0, *(slice(0, s) for s in p.shape))])
+
+
+class _Program:
+    """State of the stacked models; per-model tensors are compacted together as models stop."""
+
+    def __init__(self, nets, trains, vals, main_index, configs, seeds):
+        _check_compatible(nets)
+        self.nets, self.trains, self.vals, self.main_index, self.configs, self.seeds = nets, trains, vals, main_index, configs, seeds
+        self.base = nets[0]
+        self.layout = _Layout(nets)
+        self.result, self.real, is_delta = self.layout.pack(nets)
+        self.per_model = {
+            "lr": torch.tensor([c.lr for c in configs], dtype=torch.float64),
+            "wd": torch.tensor([c.weight_decay for c in configs])[:, None],
+            "l2": torch.tensor([2 * c.delta_l2 if n.has_deltas else 0.0 for c, n in zip(configs, nets)])[:, None],
+            "batch": torch.tensor([c.batch_size for c in configs]),
+            "patience": torch.tensor([c.patience for c in configs]),
+            "dropout": torch.tensor([n.dropout.p for n in nets]),
+            "mean": torch.stack([n.input_mean for n in nets]),
+            "scale": torch.stack([n.input_scale for n in nets]),
+        }
+        self.is_delta = is_delta
+        self.summaries: list[dict] = [{} for _ in nets]
+        self.best: dict[int, tuple[float, int]] = {}
+        self.dropped = torch.zeros(len(nets), dtype=torch.bool)  # pruned or diverged: no further phases
+        self.noise = torch.Generator().manual_seed(seeds[0])
+
+    def run(self, progress, on_epoch) -> list[dict]:
+        for phase in ("pretrain", "finetune"):
+            epochs = torch.tensor([getattr(c, f"{phase}_epochs") for c in self.configs])
+            if (epochs > 0).any():
+                self._phase(phase, epochs, progress, on_epoch)
+        self.layout.unpack(self.result, self.nets)
+        for net in self.nets:
+            net.eval()
+        return self.summaries
+
+    def _phase(self, phase: str, epochs: torch.Tensor, progress, on_epoch) -> None:
+        mask = torch.zeros(self.base.n_q, dtype=torch.bool)
         mask[:] = phase == "pretrain"
-        mask[main_index] = True
-        rows = [_phase_rows(d, mask) for d in trains]
+        mask[self.main_index] = True
+        ids = ((epochs > 0) & ~self.dropped).nonzero().squeeze(1)
+        if not len(ids):
+            return
+        rows = [_phase_rows(self.trains[m], mask) for m in ids.tolist()]
         if any(len(r) == 0 for r in rows):
             raise ValueError(f"no training annotations for the {phase} phase")
-        has_val = torch.tensor([v is not None and len(v) > 0 for v in vals])
-        val_rows = [_phase_rows(v, mask) if h else torch.zeros(0, dtype=torch.long) for v, h in zip(vals, has_val)]
-        vx, vjudge, vy = _stack_rows([v if h else trains[0] for v, h in zip(vals, has_val)], val_rows)
-        generators = [torch.Generator().manual_seed(s + (phase == "finetune")) for s in seeds]
-        steps = torch.tensor([math.ceil(len(r) / config.batch_size) for r in rows])
-        adam = _Adam(flat, config.lr, decay)
-        best = torch.full((n_models,), math.inf)
-        best_epoch = torch.full((n_models,), -1)
-        wait = torch.zeros(n_models, dtype=torch.long)
-        running = torch.ones(n_models, dtype=torch.bool)
-        best_flat = flat.detach().clone()
-        history = [[] for _ in nets]
-        epochs_run = torch.zeros(n_models, dtype=torch.long)
-        for epoch in range(epochs):
-            order = torch.full((n_models, int(steps.max()) * config.batch_size), pad, dtype=torch.long)
-            for m, r in enumerate(rows):
-                order[m, : len(r)] = r[torch.randperm(len(r), generator=generators[m])]
-            losses = torch.zeros(n_models)
-            for s in range(int(steps.max())):
-                active = running & (s < steps)
-                idx = order[:, s * config.batch_size : (s + 1) * config.batch_size]
-                take = torch.arange(n_models)[:, None]
-                loss = _stacked_nll(base.stacked_forward(params.views(), mean, scale, x[take, idx], judge[take, idx]), y[take, idx], mask)
-                if penalize:
-                    loss = loss + config.delta_l2 * (flat**2 * params.is_delta).sum(dim=1)
-                (grad,) = torch.autograd.grad(loss.sum(), flat)
-                adam.step(flat, grad, active)
-                losses += torch.where(active, loss.detach(), 0.0)
-            epochs_run += running.long()
-            val_nll = torch.full((n_models,), math.nan)
-            if has_val.any():
-                with torch.no_grad():
-                    base.eval()
-                    val_nll = torch.where(has_val, _stacked_nll(base.stacked_forward(params.views(), mean, scale, vx, vjudge), vy, mask), math.nan)
-                    base.train()
-                improved = running & has_val & (val_nll < best)
-                best = torch.where(improved, val_nll, best)
-                best_epoch = torch.where(improved, epoch, best_epoch)
-                best_flat[improved] = flat.detach()[improved]
-                wait = torch.where(improved, 0, wait + (running & has_val).long())
-                stop = has_val & ((wait >= config.patience) | ~torch.isfinite(val_nll))
-                running = running & ~stop
-            for m in range(n_models):
-                if epochs_run[m] == epoch + 1:
-                    history[m].append({"epoch": epoch, "train/loss": float(losses[m] / steps[m]), "val/nll": float(val_nll[m])})
+        has_val = torch.tensor([self.vals[m] is not None and len(self.vals[m]) > 0 for m in ids.tolist()])
+        val_rows = [_phase_rows(self.vals[m], mask) if h else torch.zeros(0, dtype=torch.long) for m, h in zip(ids.tolist(), has_val)]
+        x, judge, y = _stack_rows([self.trains[m] for m in ids.tolist()], rows)
+        vx, vjudge, vy = _stack_rows([self.vals[m] if h else self.trains[m] for m, h in zip(ids.tolist(), has_val)], val_rows)
+        decay = torch.where(self.is_delta, self.per_model["l2"][ids], self.per_model["wd"][ids]) * self.real[ids]
+        s = {
+            "ids": ids, "flat": self.result[ids].clone(), "real": self.real[ids], "decay": decay,
+            "m": torch.zeros(len(ids), self.layout.size), "v": torch.zeros(len(ids), self.layout.size), "t": torch.zeros(len(ids)),
+            "best_flat": self.result[ids].clone(), "best": torch.full((len(ids),), math.inf),
+            "best_epoch": torch.full((len(ids),), -1), "wait": torch.zeros(len(ids), dtype=torch.long),
+            "running": torch.ones(len(ids), dtype=torch.bool), "has_val": has_val, "max_epochs": epochs[ids],
+            "n_rows": torch.tensor([len(r) for r in rows]), "x": x, "judge": judge, "y": y, "vx": vx, "vjudge": vjudge, "vy": vy,
+            **{k: v[ids] for k, v in self.per_model.items()},
+        }
+        s["steps"] = (s["n_rows"] + s["batch"] - 1) // s["batch"]
+        s["padded"], s["decayed"] = not bool(s["real"].all()), bool(decay.any())
+        generators = {int(m): torch.Generator().manual_seed(self.seeds[m] + (phase == "finetune")) for m in ids}
+        history = {int(m): [] for m in ids}
+        stopped = {}
+        for epoch in range(int(epochs.max())):
+            losses, finite = self._epoch(s, generators, mask)
+            for j in (~finite & s["running"]).nonzero().squeeze(1).tolist():
+                stopped[int(s["ids"][j])] = "diverged"
+            s["running"] &= finite
+            val_nll = self._validate(s, mask)
+            improved = s["running"] & s["has_val"] & (val_nll < s["best"])
+            s["best"] = torch.where(improved, val_nll, s["best"])
+            s["best_epoch"] = torch.where(improved, epoch, s["best_epoch"])
+            s["best_flat"][improved] = s["flat"][improved]
+            s["wait"] = torch.where(improved, 0, s["wait"] + (s["running"] & s["has_val"]).long())
+            for j, m in enumerate(s["ids"].tolist()):
+                if s["running"][j]:
+                    history[m].append({"epoch": epoch, "train/loss": float(losses[j] / s["steps"][j]), "val/nll": float(val_nll[j])})
+            reported = torch.full((len(self.nets),), math.nan)
+            reported[s["ids"]] = torch.where(s["running"], val_nll, math.nan)
+            early = s["has_val"] & ((s["wait"] >= s["patience"]) | ~torch.isfinite(val_nll))
+            for j in (s["running"] & early).nonzero().squeeze(1).tolist():
+                stopped[int(s["ids"][j])] = "early"
+            s["running"] &= ~early
+            s["running"] &= epoch + 1 < s["max_epochs"]
             if progress is not None:
                 progress.update(1)
             if on_epoch is not None:
-                on_epoch(phase, epoch, torch.where(epochs_run == epoch + 1, val_nll, math.nan))
-            if not running.any():
+                prune = on_epoch(phase, epoch, reported)
+                if prune is not None:
+                    cut = s["running"] & prune[s["ids"]]
+                    for j in cut.nonzero().squeeze(1).tolist():
+                        stopped[int(s["ids"][j])] = "pruned"
+                    s["running"] &= ~cut
+            if not s["running"].any():
                 break
-        with torch.no_grad():
-            flat.copy_(torch.where(has_val[:, None], best_flat, flat))
-        for m in range(n_models):
-            summaries[m][phase] = {
-                "epochs": int(epochs_run[m]),
-                "best_epoch": int(best_epoch[m]) if has_val[m] else epochs - 1,
-                "val_nll": float(best[m]) if has_val[m] else None,
+            if s["running"].float().mean() < COMPACT_BELOW:
+                self._retire(s, ~s["running"])
+                s = {k: (v[s["running"]] if isinstance(v, torch.Tensor) and v.dim() else v) for k, v in s.items()}
+        self._retire(s, torch.ones(len(s["ids"]), dtype=torch.bool))
+        for m, reason in stopped.items():
+            self.dropped[m] |= reason in ("pruned", "diverged")
+        for j, m in enumerate(ids.tolist()):
+            best, best_epoch = self.best[m]
+            self.summaries[m][phase] = {
+                "epochs": len(history[m]),
+                "best_epoch": best_epoch if has_val[j] else len(history[m]) - 1,
+                "val_nll": best if has_val[j] else None,
+                "stopped": stopped.get(m, "max_epochs"),
                 "history": history[m],
             }
-    params.write_to(nets)
-    for net in nets:
-        net.eval()
-    return summaries
+
+    def _retire(self, s: dict, which: torch.Tensor) -> None:
+        """Write the weights of the models in ``which`` (their best epoch's when validated) to the result."""
+        keep = torch.where(s["has_val"][:, None], s["best_flat"], s["flat"])
+        self.result[s["ids"][which]] = keep[which].detach()
+        for j in which.nonzero().squeeze(1).tolist():
+            self.best[int(s["ids"][j])] = (float(s["best"][j]), int(s["best_epoch"][j]))
+
+    def _forward(self, s: dict, x: torch.Tensor, judge: torch.Tensor, params: dict, train: bool) -> torch.Tensor:
+        dropout = s["dropout"] if train and bool((s["dropout"] > 0).any()) else None
+        return self.base.stacked_forward(params, s["mean"], s["scale"], x, judge, dropout, self.noise)
+
+    def _epoch(self, s: dict, generators: dict, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One epoch of shuffled mini-batches for every running model; per-model loss sums and finiteness."""
+        n_models, width = s["x"].shape[:2]
+        pad = width - 1
+        order = torch.full((n_models, width), pad, dtype=torch.long)
+        for j, m in enumerate(s["ids"].tolist()):
+            if s["running"][j]:
+                n = int(s["n_rows"][j])
+                order[j, :n] = torch.randperm(n, generator=generators[m])
+        losses, finite = torch.zeros(n_models), torch.ones(n_models, dtype=torch.bool)
+        take = torch.arange(n_models)[:, None]
+        for step in range(int(s["steps"][s["running"]].max())):
+            active = s["running"] & (step < s["steps"]) & finite
+            size = int(s["batch"][active].max())
+            columns = torch.arange(size)[None, :]
+            position = step * s["batch"][:, None] + columns
+            valid = active[:, None] & (columns < s["batch"][:, None]) & (position < s["n_rows"][:, None])
+            idx = torch.where(valid, order.gather(1, position.clamp(max=pad)), pad)
+            leaves = {k: v.detach().requires_grad_() for k, v in self.layout.views(s["flat"]).items()}
+            loss = _stacked_nll(self._forward(s, s["x"][take, idx], s["judge"][take, idx], leaves, True), s["y"][take, idx], mask)
+            grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True, materialize_grads=True)
+            grad = torch.cat([g.reshape(n_models, -1) for g in grads], dim=1)
+            ok = torch.isfinite(loss)
+            finite &= ok | ~active
+            self._adam(s, grad, active & ok)
+            losses += torch.where(active & ok, loss.detach(), 0.0)
+        return losses, finite
+
+    @torch.no_grad()
+    def _adam(self, s: dict, grad: torch.Tensor, on: torch.Tensor) -> None:
+        """torch.optim.Adam's update (L2 added to the gradient) on the models where ``on`` (M,) is true:
+        PyTorch's fused Adam kernel, once per learning rate."""
+        if s["padded"]:
+            grad.mul_(s["real"])
+        if s["decayed"]:
+            grad.addcmul_(s["flat"], s["decay"])
+        s["t"] += on
+        groups: dict[float, list[int]] = {}
+        for j, lr in zip(on.nonzero().squeeze(1).tolist(), s["lr"][on].tolist()):
+            groups.setdefault(lr, []).append(j)
+        for lr, group in groups.items():
+            torch._fused_adam_(
+                [s["flat"][j] for j in group], [grad[j] for j in group], [s["m"][j] for j in group], [s["v"][j] for j in group],
+                [], [s["t"][j] for j in group], lr=lr, beta1=BETAS[0], beta2=BETAS[1], weight_decay=0.0, eps=EPS,
+                amsgrad=False, maximize=False,
+            )
+
+    @torch.no_grad()
+    def _validate(self, s: dict, mask: torch.Tensor) -> torch.Tensor:
+        if not s["has_val"].any():
+            return torch.full((len(s["ids"]),), math.nan)
+        nll = _stacked_nll(self._forward(s, s["vx"], s["vjudge"], self.layout.views(s["flat"]), False), s["vy"], mask)
+        return torch.where(s["has_val"], nll, math.nan)

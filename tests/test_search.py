@@ -1,5 +1,6 @@
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from llmrubric.errors import InputError
-from llmrubric.search import Setting, run_search, suggest
+from llmrubric.search import Setting, finished_trials, run_search, suggest
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = Setting({"h1": 6, "h2": 6, "ensemble": 1}, {"pretrain_epochs": 3, "finetune_epochs": 4, "patience": 3, "lr": 0.01})
@@ -74,3 +75,73 @@ def test_two_workers_share_one_sqlite_study_without_duplicates_or_losses(tmp_pat
     assert all(t.state.is_finished() for t in study.trials)
     assert len({t.datetime_start for t in study.trials}) == len(numbers)
     assert all(json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)
+
+
+def test_a_diverging_trial_is_failed_with_its_reason_and_the_search_goes_on(tmp_path, rubric, simulated):
+    storage = f"sqlite:///{tmp_path / 'nan.db'}"
+    config = search_config(storage, 2)
+    config.space = {"trainer.lr": {"type": "categorical", "choices": [0.01, 1.0e300]}}
+    study = optuna.create_study(study_name="nan", storage=storage, direction="minimize")
+    study.enqueue_trial({"trainer.lr": 1.0e300})
+    study.enqueue_trial({"trainer.lr": 0.01})
+    setting, study = run_search(rubric, simulated, BASE, config, "nan", seed=0)
+    failed, complete = study.trials
+    assert failed.state == optuna.trial.TrialState.FAIL and "non-finite training loss" in failed.user_attrs["fail_reason"]
+    assert complete.state == optuna.trial.TrialState.COMPLETE and setting.trainer["lr"] == 0.01
+
+
+KILLED = """
+import sys
+sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+from test_search import BASE, search_config
+from llmrubric.rubric import Rubric
+from llmrubric.schemas import load_tables
+from llmrubric.search import run_search
+rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
+d = {root!r} + "/data/simulated/"
+tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
+config = search_config({storage!r}, 8)
+config.batch, config.heartbeat_seconds = 2, 1
+run_search(rubric, tables, BASE, config, "killed", seed=0)
+"""
+
+
+def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rubric, simulated):
+    storage = f"sqlite:///{tmp_path / 'killed.db'}"
+    optuna.create_study(study_name="killed", storage=storage, direction="minimize")
+    code = KILLED.format(root=str(ROOT), tests=str(ROOT / "tests"), storage=storage)
+    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and worker.poll() is None:
+        states = [t.state for t in optuna.load_study(study_name="killed", storage=storage).trials]
+        if states.count(optuna.trial.TrialState.COMPLETE) + states.count(optuna.trial.TrialState.PRUNED) >= 2 and optuna.trial.TrialState.RUNNING in states:
+            break
+        time.sleep(0.1)
+    worker.kill()
+    assert worker.wait() != 0, "the search ended before it could be killed"
+    before = {t.number: (t.params, t.value, t.state) for t in optuna.load_study(study_name="killed", storage=storage).trials if t.state.is_finished()}
+    interrupted = [t.number for t in optuna.load_study(study_name="killed", storage=storage).trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert interrupted
+    time.sleep(2.5)  # past the heartbeat grace period (2 × 1 s)
+    config = search_config(storage, 8)
+    config.batch, config.heartbeat_seconds = 2, 1
+    _, study = run_search(rubric, simulated, BASE, config, "killed", seed=0)
+    trials = {t.number: t for t in study.trials}
+    assert all((trials[n].params, trials[n].value, trials[n].state) == value for n, value in before.items())
+    assert all(trials[n].state == optuna.trial.TrialState.FAIL for n in interrupted)
+    requeued = [t for t in study.trials if "requeued_from" in t.user_attrs]
+    assert sorted(t.user_attrs["requeued_from"] for t in requeued) == interrupted
+    assert all(t.params == trials[t.user_attrs["requeued_from"]].params for t in requeued)
+    assert len(finished_trials(study)) == 8
+
+
+def test_cross_validation_scores_equal_the_metrics_of_its_predictions(rubric, simulated):
+    from llmrubric.metrics import evaluate
+    from llmrubric.search import cross_validate
+    from llmrubric.splits import text_folds
+
+    metrics, predictions = cross_validate(rubric, simulated, BASE, text_folds(simulated.text_ids, 3, seed=0), seed=0)
+    expected = evaluate(predictions, simulated.annotations, rubric.main, per_judge=False)
+    for key in ("nll", "rmse", "pearson", "spearman", "kendall", "n"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-5)
+    assert len(metrics["fold_nll"]) == 3 and min(metrics["fold_nll"]) <= metrics["nll"] <= max(metrics["fold_nll"])

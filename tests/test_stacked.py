@@ -59,3 +59,52 @@ def test_ensemble_engines_agree_and_members_differ(rubric, simulated):
     assert np.allclose(a[cols].fillna(0), b[cols].fillna(0), atol=1e-4)
     members = [fits["stacked"].nets_[m].layer1.weight for m in range(2)]
     assert not np.allclose(members[0].detach(), members[1].detach())
+
+
+def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own_fits(rubric, simulated):
+    """Hidden sizes, learning rate, batch size, epochs, patience, decay and delta L2 may differ per model (padded)."""
+    layout, judges, parts = _fold_data(rubric, simulated, k_folds=3)
+    main = rubric.ids.index(rubric.main.id)
+    sizes = [(8, 8), (12, 5), (4, 10)]
+    configs = [
+        TrainConfig(**TRAINER),
+        TrainConfig(**{**TRAINER, "lr": 0.003, "batch_size": 64, "pretrain_epochs": 0, "delta_l2": 0.0}),
+        TrainConfig(**{**TRAINER, "lr": 0.02, "batch_size": 17, "finetune_epochs": 7, "patience": 2, "weight_decay": 0.01}),
+    ]
+
+    def make(k, train):
+        torch.manual_seed(k)
+        net = CalibrationNet(layout.values, len(judges.judges), [len(q.options) for q in rubric.questions], *sizes[k])
+        net.standardize_inputs(train.x, train.judge)
+        return net
+
+    alone = [make(k, tr) for k, (tr, _) in enumerate(parts)]
+    alone_summaries = [train_network(n, tr, va, main, c, k) for k, (n, (tr, va), c) in enumerate(zip(alone, parts, configs))]
+    together = [make(k, tr) for k, (tr, _) in enumerate(parts)]
+    summaries = train_stacked(together, [tr for tr, _ in parts], [va for _, va in parts], main, configs, [0, 1, 2])
+    assert "pretrain" not in summaries[1] and "pretrain" not in alone_summaries[1]
+    for a, b, sa, sb, (_, val) in zip(alone, together, alone_summaries, summaries, parts):
+        assert b.layer1.weight.shape == a.layer1.weight.shape
+        assert np.allclose(predict_proba(a, val), predict_proba(b, val), atol=1e-4)
+        assert sa["finetune"]["best_epoch"] == sb["finetune"]["best_epoch"]
+        assert sa["finetune"]["val_nll"] == pytest.approx(sb["finetune"]["val_nll"], abs=1e-5)
+
+
+def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, simulated):
+    layout, judges, parts = _fold_data(rubric, simulated, k_folds=3)
+    main = rubric.ids.index(rubric.main.id)
+    nets = [_net(layout, judges, rubric, k, tr) for k, (tr, _) in enumerate(parts)]
+    configs = [TrainConfig(**{**TRAINER, "patience": 100}), TrainConfig(**{**TRAINER, "lr": 1e300}), TrainConfig(**{**TRAINER, "patience": 100})]
+    seen = []
+
+    def prune_first_after_three(phase, epoch, val_nll):
+        seen.append((phase, epoch, val_nll.clone()))
+        return torch.tensor([phase == "pretrain" and epoch >= 2, False, False])
+
+    summaries = train_stacked(nets, [tr for tr, _ in parts], [va for _, va in parts], main, configs, [0, 1, 2], on_epoch=prune_first_after_three)
+    assert summaries[0]["pretrain"]["stopped"] == "pruned" and summaries[0]["pretrain"]["epochs"] == 3
+    assert summaries[1]["pretrain"]["stopped"] == "diverged"
+    assert "finetune" not in summaries[0] and "finetune" not in summaries[1] and "finetune" in summaries[2]
+    assert summaries[2]["pretrain"]["stopped"] == "max_epochs" and summaries[2]["pretrain"]["epochs"] == TRAINER["pretrain_epochs"]
+    assert all(torch.isfinite(p).all() for net in nets for p in net.parameters())
+    assert torch.isnan(seen[-1][2][0]) and torch.isfinite(seen[-1][2][2])

@@ -276,3 +276,29 @@ def test_real_dialogue_adapter(tmp_path):
     broken.write_text(json.dumps([{"_id": "a", "messages": "[{'role': 'user', 'content': 'x'}"}]))
     with pytest.raises(InputError, match="row 1.*messages"):
         llm_rubric_real_texts(broken)
+
+
+@pytest.mark.skipif(not REAL.is_file(), reason="LLM-Rubric real dialogues not available")
+def test_cli_extract_texts_writes_the_real_dialogues(tmp_path):
+    from llmrubric.cli import main
+
+    out = tmp_path / "texts.csv"
+    assert main(["extract-texts", str(REAL), "--out", str(out)]) == 0
+    texts = read_table(out, "texts")
+    assert len(texts) == 223 and texts.text_id.is_unique and texts.text.str.contains("\nuser: ").all()
+    assert main(["extract-texts", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x.csv")]) != 0
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_cli_extract_bank_reports_unusable_model_output_and_bad_queries(model_dir, tmp_path, capsys):
+    from llmrubric.cli import main
+
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"query_id": "q1", "query": "how do I reset my password"}) + "\n")
+    out = tmp_path / "bank.jsonl"
+    argv = ["extract-bank", str(queries), "--backend", "transformers", "--model", str(model_dir), "--n", "2", "--out", str(out)]
+    assert main(argv) == 2, "an untrained model's output holds no list of questions"
+    assert "query q1" in capsys.readouterr().err and not out.exists()
+    queries.write_text(json.dumps({"query_id": "q1", "text": "no query column"}) + "\n")
+    assert main(argv) == 2
+    assert "'query' column" in capsys.readouterr().err and not out.exists()

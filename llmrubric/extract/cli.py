@@ -188,14 +188,17 @@ def run_bank(args) -> int:
             raise InputError(f"the queries table needs a {column!r} column", file=str(args.queries), column=column)
     passages = read_table(args.passages, "texts") if args.passages else None
     items = []
-    for row in queries.itertuples():
-        if args.kind == "question":
-            items += generate_questions(gen, str(row.query_id), str(row.query), args.n)
-        else:
-            if passages is None:
-                raise InputError("nuggetization needs --passages")
-            texts = passages[passages.query_id.astype(str) == str(row.query_id)].text.astype(str).tolist()
-            items += nuggetize(gen, str(row.query_id), str(row.query), texts)
+    if args.kind == "nugget" and passages is None:
+        raise InputError("nuggetization needs --passages")
+    for n, row in enumerate(queries.itertuples()):
+        try:
+            if args.kind == "question":
+                items += generate_questions(gen, str(row.query_id), str(row.query), args.n)
+            else:
+                texts = passages[passages.query_id.astype(str) == str(row.query_id)].text.astype(str).tolist()
+                items += nuggetize(gen, str(row.query_id), str(row.query), texts)
+        except ValueError as e:
+            raise InputError(f"query {row.query_id}: {e}; nothing written", file=str(args.queries), row=n + 1) from e
     write_bank(items, args.out)
     print(f"{len(items)} items → {args.out}")
     return 0

@@ -57,15 +57,18 @@ def suggest(trial: optuna.Trial, space: dict, base: Setting) -> Setting:
         target = {"model": model, "trainer": trainer}.get(group)
         if target is None or not name:
             raise InputError(f"search space key {key!r} must start with 'model.' or 'trainer.'")
-        kind = spec["type"]
-        if kind == "categorical":
-            value = trial.suggest_categorical(key, list(spec["choices"]))
-        elif kind == "int":
-            value = trial.suggest_int(key, spec["low"], spec["high"], step=spec.get("step", 1), log=spec.get("log", False))
-        elif kind == "float":
-            value = trial.suggest_float(key, spec["low"], spec["high"], log=spec.get("log", False))
-        else:
-            raise InputError(f"search space {key!r}: unknown type {kind!r} (categorical, int, float)")
+        kind = spec.get("type")
+        try:
+            if kind == "categorical":
+                value = trial.suggest_categorical(key, list(spec["choices"]))
+            elif kind == "int":
+                value = trial.suggest_int(key, spec["low"], spec["high"], step=spec.get("step", 1), log=spec.get("log", False))
+            elif kind == "float":
+                value = trial.suggest_float(key, spec["low"], spec["high"], log=spec.get("log", False))
+            else:
+                raise InputError(f"unknown type {kind!r} (categorical, int, float)")
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputError(f"search space {key!r}: {e}") from e
         target[name] = value
     return Setting(model, trainer)
 
@@ -237,11 +240,11 @@ def run_search(
     ``search.batch`` trials at a time as one stacked program; trials running in other workers
     count, so several workers on one storage run ``n_trials`` in all. With a
     :class:`llmrubric.tracking.Tracker`, each trial is an MLflow run nested under ``parent``."""
+    space = OmegaConf.to_container(search.space, resolve=True)
+    _check_space(space, base)
     study = create_study(search, study_name)
     optuna.storages.fail_stale_trials(study)
     folds = text_folds(tables.text_ids, search.inner_folds, seed)
-    space = OmegaConf.to_container(search.space, resolve=True)
-    _check_space(space, base)
     objective = Objective(
         rubric, tables, base, space, folds, seed, int(search.get("ensemble", 1)), int(search.pruner_warmup_epochs), tracker, parent
     )
@@ -271,11 +274,7 @@ def run_search(
 
 def _check_space(space: dict, base: Setting) -> None:
     """Sample the space once without training: a bad key, type or bound fails before any training."""
-    probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    try:
-        suggest(probe.ask(), space, base)
-    except (ValueError, KeyError, TypeError) as e:
-        raise InputError(f"search space: {e}") from e
+    suggest(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask(), space, base)
 
 
 @contextmanager

@@ -73,3 +73,44 @@ def test_synthetic_to_real_beats_the_expected_llm_baseline(llm_rubric_data, rubr
     model = evaluate(Calibrator(rubric, seed=0).fit(synthetic).predict(real), real.annotations, rubric.main)
     llm = evaluate(make_method("expected_llm", rubric).predict(real), real.annotations, rubric.main)
     assert model["rmse"] < llm["rmse"] and model["pearson"] > llm["pearson"], (model, llm)
+
+
+TINY_SEARCH = """
+defaults:
+  - optuna
+  - _self_
+n_trials: 3
+batch: 3
+inner_folds: 2
+startup_trials: 2
+progress: false
+space:
+  trainer.lr: {type: float, low: 0.003, high: 0.03, log: true}
+  trainer.pretrain_epochs: {type: int, low: 2, high: 4}
+  trainer.finetune_epochs: {type: int, low: 2, high: 4}
+"""
+
+
+def test_train_with_search_selects_refits_and_tracks_nested_trials(tmp_path, mlflow_store):
+    import mlflow
+
+    (tmp_path / "conf" / "search").mkdir(parents=True)
+    (tmp_path / "conf" / "search" / "tiny.yaml").write_text(TINY_SEARCH)
+    run_dir = tmp_path / "run"
+    common = ["experiment=demo", f"run_dir={run_dir}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model.ensemble=1"]
+    trained = run("train.py", *common, "search=tiny", "logger.experiment=search-e2e")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    selected = json.loads((run_dir / "search" / "fold0" / "selected.json").read_text())
+    trials = pd.read_csv(run_dir / "search" / "fold0" / "trials.csv")
+    assert len(trials) == 3 and selected["nll"] == pytest.approx(trials.value.min())
+    assert 0.003 <= selected["trainer"]["lr"] <= 0.03 and (run_dir / "fold0.safetensors").is_file()
+    client = mlflow.MlflowClient(mlflow_store)
+    experiment = client.get_experiment_by_name("search-e2e")
+    runs = client.search_runs([experiment.experiment_id])
+    train_run = next(r for r in runs if r.data.tags.get("job") == "train")
+    nested = [r for r in runs if r.data.tags.get("job") == "trial"]
+    assert len(nested) == 3 and all(r.data.tags["mlflow.parentRunId"] == train_run.info.run_id for r in nested)
+    (tmp_path / "conf" / "search" / "bad.yaml").write_text(TINY_SEARCH.replace("low: 0.003, high: 0.03", "low: 0.03, high: 0.003"))
+    bad = run("train.py", "experiment=demo", f"run_dir={tmp_path / 'bad'}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "search=bad")
+    assert bad.returncode != 0 and "search space" in bad.stderr and "trainer.lr" in bad.stderr
+    assert not (tmp_path / "bad" / "search").exists() and not list((tmp_path / "bad").glob("*.safetensors"))

@@ -302,3 +302,16 @@ def test_cli_extract_bank_reports_unusable_model_output_and_bad_queries(model_di
     queries.write_text(json.dumps({"query_id": "q1", "text": "no query column"}) + "\n")
     assert main(argv) == 2
     assert "'query' column" in capsys.readouterr().err and not out.exists()
+
+
+def test_extract_configs_are_composed_by_hydra_with_overrides(tmp_path):
+    from llmrubric.extract.cli import load_config
+
+    vllm = load_config(ROOT / "conf" / "extract" / "vllm.yaml", ["model=m", "concurrency=2"])
+    assert vllm["backend"] == "openai" and vllm["endpoint"] == "completions" and vllm["top_logprobs"] == 20
+    assert vllm["model"] == "m" and vllm["concurrency"] == 2
+    assert load_config(ROOT / "conf" / "extract" / "transformers.yaml")["prefix_reuse"] is True
+    with pytest.raises(InputError, match="transformers.yaml.*cannot compose"):
+        load_config(ROOT / "conf" / "extract" / "transformers.yaml", ["no_such_key=1"])
+    with pytest.raises(InputError, match="not found"):
+        load_config(tmp_path / "missing.yaml")

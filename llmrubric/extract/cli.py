@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from llmrubric.errors import InputError
 from llmrubric.schemas import read_table, write_json, write_table
@@ -25,25 +24,31 @@ BACKEND_KEYS = {
 DEFAULTS = {"backend": "transformers", "family": "likert", "template": None, "rubric": None, "model": None}
 
 
-def load_config(path: str | Path) -> dict:
-    """A YAML file of ``conf/extract/``; a ``defaults`` list pulls in sibling files first."""
-    path = Path(path)
+def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:
+    """A config of the ``conf/extract/`` group composed by Hydra (its ``defaults`` list pulls in
+    sibling files), with Hydra ``overrides`` such as ``batch_size=8``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = Path(path).resolve()
     if not path.is_file():
         raise InputError("extract config not found", file=str(path))
-    data = yaml.safe_load(path.read_text()) or {}
-    merged: dict = {}
-    for name in data.pop("defaults", []) or []:
-        if name != "_self_":
-            merged.update(load_config(path.parent / f"{name}.yaml"))
-    merged.update(data)
-    return merged
+    try:
+        with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
+            cfg = compose(config_name=path.stem, overrides=list(overrides or []))
+        return OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise InputError(f"cannot compose the extract config: {e}", file=str(path)) from e
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("extract", help="LLM answer distributions → features table", description=__doc__)
     p.add_argument("texts", help="texts table (text_id, text, …): .jsonl/.csv/.tsv/.parquet")
     p.add_argument("--out", required=True, help="features table to write (.parquet/.csv/.tsv/.jsonl)")
-    p.add_argument("--config", help="a conf/extract/*.yaml file; flags override it")
+    p.add_argument("--config", help="a conf/extract/*.yaml file (composed by Hydra); flags override it")
+    p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="Hydra override of the config (repeatable)")
     p.add_argument("--rubric")
     p.add_argument("--family", choices=["likert", "self_rating", "nugget_support", "answer_quality"])
     p.add_argument("--bank", help="test bank JSONL (item families)")
@@ -74,6 +79,7 @@ def register(subparsers) -> None:
     b.add_argument("--passages", help="texts table (text_id, query_id, text) for nuggetization")
     b.add_argument("--n", type=int, default=10)
     b.add_argument("--config")
+    b.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE")
     b.add_argument("--backend", choices=["transformers", "openai"])
     b.add_argument("--model")
     b.add_argument("--out", required=True)
@@ -92,9 +98,11 @@ def _number(text: str):
 def _settings(args) -> dict:
     settings = dict(DEFAULTS)
     if getattr(args, "config", None):
-        settings.update(load_config(args.config))
+        settings.update(load_config(args.config, getattr(args, "overrides", None)))
+    elif getattr(args, "overrides", None):
+        raise InputError("--set needs --config")
     for key, value in vars(args).items():
-        if value is not None and key not in ("run", "group", "config"):
+        if value is not None and key not in ("run", "group", "config", "overrides"):
             settings[key] = value
     if settings.get("model") in (None, "???"):
         raise InputError("no model given (--model or model: in the config)")

@@ -67,7 +67,11 @@ def test_two_workers_share_one_sqlite_study_without_duplicates_or_losses(tmp_pat
     optuna.create_study(study_name="shared", storage=storage, direction="minimize")
     code = WORKER.format(root=str(ROOT), tests=str(ROOT / "tests"), storage=storage)
     workers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs = [w.communicate(timeout=300) for w in workers]
+    try:
+        outputs = [w.communicate(timeout=300) for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
     assert all(w.returncode == 0 for w in workers), [err[-2000:] for _, err in outputs]
     study = optuna.load_study(study_name="shared", storage=storage)
     numbers = [t.number for t in study.trials]
@@ -119,6 +123,7 @@ def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rub
         time.sleep(0.1)
     worker.kill()
     assert worker.wait() != 0, "the search ended before it could be killed"
+    worker.stderr.close()
     before = {t.number: (t.params, t.value, t.state) for t in optuna.load_study(study_name="killed", storage=storage).trials if t.state.is_finished()}
     interrupted = [t.number for t in optuna.load_study(study_name="killed", storage=storage).trials if t.state == optuna.trial.TrialState.RUNNING]
     assert interrupted

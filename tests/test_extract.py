@@ -88,6 +88,7 @@ def test_prefix_reuse_equals_no_reuse_and_saves_prefill(llama, tok, rubric, tmp_
             assert a[key][option] == pytest.approx(b[key][option], rel=1e-4, abs=1e-9)
     assert reuse.stats["prefill_tokens"] < plain.stats["prefill_tokens"]
     assert plain.stats["prefill_tokens"] == plain.stats["prompt_tokens"]
+    assert reuse.stats["prefix_passes"] == 1 and plain.stats["prefix_passes"] == 0  # the 3 texts' prefixes in one padded batch
 
 
 @pytest.mark.parametrize("reuse", [False, True])

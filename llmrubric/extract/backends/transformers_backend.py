@@ -5,8 +5,9 @@ A label's probability is that of its whole token sequence as a continuation of t
 Mass outside the labels is kept (the probabilities are not renormalised).
 
 Causal models reuse the key/value cache of the prompt prefix shared by all tasks of one
-group (a text asked several questions): the prefix is run once and its ``DynamicCache`` is
-repeated across the batch of question suffixes. Seq2seq encoders are bidirectional, so the
+group (a text asked several questions): the prefixes of ``batch_size`` groups run once, as
+one padded batch, and the question suffixes of all those groups run in length-sorted batches
+on their group's cache rows. Seq2seq encoders are bidirectional, so the
 whole prompt is encoded per task; the decoder scores the labels.
 """
 
@@ -120,7 +121,7 @@ class TransformersBackend(Backend):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         name = model_id or path or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self._model_id = f"{name}|{dtype}|max{self.max_length}|{overflow}|lp={self.label_prefix!r}|chat={chat_template}"
-        self.stats = {"prefill_tokens": 0, "prompt_tokens": 0, "forward_passes": 0}
+        self.stats = {"prefill_tokens": 0, "prompt_tokens": 0, "forward_passes": 0, "prefix_passes": 0}
 
     @property
     def model_id(self) -> str:
@@ -207,16 +208,22 @@ class TransformersBackend(Backend):
         for t in tasks:
             groups[t.group].append(t)
         pending: list[_Prepared] = []
+        shared: list[list[_Prepared]] = []
         for group in groups.values():
             prepared, failed = self._fit_group(group)
             yield from failed
             if self.prefix_reuse and len(prepared) > 1:
-                yield from self._score_causal(prepared, reuse=True)
+                shared.append(prepared)
+                if len(shared) >= self.batch_size:
+                    yield from self._score_shared(shared)
+                    shared = []
             elif prepared:
                 pending.extend(prepared)
                 if len(pending) >= self.batch_size:
                     yield from self._score_pending(pending)
                     pending = []
+        if shared:
+            yield from self._score_shared(shared)
         if pending:
             yield from self._score_pending(pending)
 
@@ -255,6 +262,7 @@ class TransformersBackend(Backend):
                 cache = out.past_key_values
                 self.stats["prefill_tokens"] += prefix_len
                 self.stats["forward_passes"] += 1
+                self.stats["prefix_passes"] += 1
         logprobs: dict[int, dict[int | None, torch.Tensor]] = defaultdict(dict)
         rows = self._rows(prepared, prefix_len)
         for start in range(0, len(rows), self.batch_size):
@@ -273,6 +281,45 @@ class TransformersBackend(Backend):
             for b, r in enumerate(batch):
                 logprobs[r.item][r.label] = lp[b, r.start :]
         yield from self._collect(prepared, logprobs, prefix_len)
+
+    @torch.inference_mode()
+    def _score_shared(self, groups: list[list[_Prepared]]) -> Iterator[Result]:
+        """Several groups (texts) at once: their shared prefixes run as one right-padded batch, then
+        the question suffixes of all groups run in length-sorted batches on copies of their
+        group's cache rows, with positions continuing after each group's own prefix."""
+        lengths = [shared_prefix([p.ids for p in g]) for g in groups]
+        if min(lengths) == 0:
+            for g in groups:
+                yield from self._score_causal(g, reuse=True)
+            return
+        prefix_ids, prefix_mask = self._pad([g[0].ids[:n] for g, n in zip(groups, lengths)])
+        cache = self.model(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True).past_key_values
+        self.stats["prefill_tokens"] += sum(lengths)
+        self.stats["forward_passes"] += 1
+        self.stats["prefix_passes"] += 1
+        rows = sorted(
+            ((gi, row) for gi, (g, n) in enumerate(zip(groups, lengths)) for row in self._rows(g, n)), key=lambda r: len(r[1].tokens)
+        )
+        logprobs: list[dict[int, dict[int | None, torch.Tensor]]] = [defaultdict(dict) for _ in groups]
+        offsets = torch.tensor(lengths, device=self.device)
+        for start in range(0, len(rows), self.batch_size):
+            batch = rows[start : start + self.batch_size]
+            owner = torch.tensor([gi for gi, _ in batch], device=self.device)
+            ids, mask = self._pad([r.tokens for _, r in batch])
+            past = copy.deepcopy(cache)
+            past.batch_select_indices(owner)
+            positions = offsets[owner][:, None] + torch.arange(ids.shape[1], device=self.device)[None, :]
+            logits = self.model(
+                input_ids=ids, attention_mask=torch.cat([prefix_mask[owner], mask], dim=1), position_ids=positions,
+                past_key_values=past, use_cache=True,
+            ).logits
+            self.stats["prefill_tokens"] += sum(len(r.tokens) for _, r in batch)
+            self.stats["forward_passes"] += 1
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            for b, (gi, r) in enumerate(batch):
+                logprobs[gi][r.item][r.label] = lp[b, r.start :]
+        for g, n, lp in zip(groups, lengths, logprobs):
+            yield from self._collect(g, lp, n)
 
     def _collect(self, prepared, logprobs, prefix_len: int) -> Iterator[Result]:
         for i, p in enumerate(prepared):

@@ -218,7 +218,7 @@ def fit_together(
     tolerate_divergence: bool = False,
 ) -> list[Calibrator]:
     """Fit each calibrator on its tables; with the stacked engine all their members train as one
-    program per (inputs, personalization) kind.
+    program (two when some are personalized by judge deltas and others not).
 
     Calibrators may differ in hidden sizes, input dropout, ensemble size and trainer numbers
     (e.g. the fold models of several search trials). ``judges`` fixes one judge map for all
@@ -243,9 +243,9 @@ def fit_together(
         members += [(i, n, tr, v, s) for n, tr, v, s in zip(nets, trains, vals, c.seeds)]
     main = calibrators[0].rubric.ids.index(calibrators[0].rubric.main.id)
     summaries: list[dict] = [{}] * len(members)
-    kinds: dict[tuple, list[int]] = {}
+    kinds: dict[bool, list[int]] = {}
     for m, (i, net, *_) in enumerate(members):
-        kinds.setdefault((net.inputs, net.personalize), []).append(m)
+        kinds.setdefault(net.has_deltas, []).append(m)
     for group in kinds.values():
         owner = torch.tensor([members[m][0] for m in group])
         nets, trains, vals, seeds = ([members[m][k] for m in group] for k in (1, 2, 3, 4))

@@ -65,7 +65,7 @@ class CalibrationNet(nn.Module):
         membership = (block_of[:, None] == torch.arange(n_blocks)[None, :]).float()
         self.register_buffer("block_membership", membership, persistent=False)
         self.register_buffer("option_values", torch.tensor([v for vs in block_values for v in vs], dtype=torch.float32), persistent=False)
-        self.n_probs, self.n_blocks = n_probs, n_blocks
+        self.n_probs, self.n_blocks, self.extra_dim = n_probs, n_blocks, extra_dim
         in_dim = (n_probs if inputs != "expected" else 0) + (n_blocks if inputs != "probabilities" else 0) + n_blocks + extra_dim
         in_dim += n_judges if self.personalize == "input" else 0
         n_q, max_opt = len(option_counts), max(option_counts)
@@ -86,6 +86,26 @@ class CalibrationNet(nn.Module):
     @property
     def has_deltas(self) -> bool:
         return self.personalize == "deltas"
+
+    @property
+    def feature_columns(self) -> torch.Tensor:
+        """Where this network's features sit among the widest feature set of its kind: probabilities,
+        expected answers, flags and extra inputs, then (unless personalized by deltas) the judge
+        indicator. Networks with other ``inputs`` are trained together on that set."""
+        n_rest = self.n_blocks + self.extra_dim  # presence flags and extra inputs
+        parts = [torch.arange(self.n_probs)] if self.inputs != "expected" else []
+        if self.inputs != "probabilities":
+            parts.append(self.n_probs + torch.arange(self.n_blocks))
+        start = self.n_probs + self.n_blocks
+        parts.append(start + torch.arange(n_rest))
+        if self.personalize == "input":
+            parts.append(start + n_rest + torch.arange(self.n_judges))
+        return torch.cat(parts)
+
+    @property
+    def n_widest_features(self) -> int:
+        """Size of the widest feature set of this network's kind (see :attr:`feature_columns`)."""
+        return self.n_probs + 2 * self.n_blocks + self.extra_dim + (0 if self.has_deltas else self.n_judges)
 
     def features(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
         """Raw input x: (B, probs + flags + extra), judge: (B,) → unstandardised features (B, in_dim)."""

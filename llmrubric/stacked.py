@@ -4,7 +4,9 @@ The fold models of a cross-validation, several seeds each, and even several sear
 are trained together: their parameters are stacked with a leading model dimension and every
 step runs all of them at once (:meth:`CalibrationNet.stacked_forward`, batched einsums).
 Models may differ in hidden sizes (parameters are zero-padded to the largest, and the
-padding is kept at zero by masking its gradient), input dropout and every
+padding is kept at zero by masking its gradient), inputs (probabilities, expected answers or
+both; judge indicator or none: all run on the widest feature set, each model's first layer
+sees only its own columns), input dropout and every
 :class:`~llmrubric.module.TrainConfig` number (learning rate, weight decay, delta L2,
 batch size, epochs, patience). Each model keeps its own training rows, batch order, Adam
 state, validation set and early stopping, so the result equals training each one alone
@@ -14,6 +16,7 @@ stacked tensors, so a program costs what its running models cost.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -79,39 +82,62 @@ def _phase_rows(data: Encoded, mask: torch.Tensor) -> torch.Tensor:
     return ((data.y >= 0) & mask).any(dim=1).nonzero().squeeze(1)
 
 
-def _stacked_nll(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-model mean NLL over observed cells: logits (M, B, Q, O), y (M, B, Q) → (M,)."""
+def _stacked_nll(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, denom: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-model NLL over observed cells: logits (M, B, Q, O), y (M, B, Q) → (M,); the sum divided
+    by ``denom`` (M,) when given, else the mean."""
     observed = (y >= 0) & mask
     picked = torch.log_softmax(logits, dim=-1).gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return -(picked * observed).sum(dim=(1, 2)) / observed.sum(dim=(1, 2)).clamp(min=1)
+    total = -(picked * observed).sum(dim=(1, 2))
+    return total / (denom if denom is not None else observed.sum(dim=(1, 2)).clamp(min=1))
 
 
-def _check_compatible(nets: list[CalibrationNet]) -> None:
+def _template(nets: list[CalibrationNet]) -> CalibrationNet:
+    """A network computing the widest feature set of ``nets`` (inputs ``both``, and the judge
+    indicator unless they are personalized by deltas); its parameters are not used."""
     base = nets[0]
     for net in nets[1:]:
         same = (
-            net.personalize == base.personalize and net.inputs == base.inputs and net.n_judges == base.n_judges
-            and net.input_mean.shape == base.input_mean.shape and net.option_mask.shape == base.option_mask.shape
+            net.has_deltas == base.has_deltas and net.n_judges == base.n_judges and net.n_probs == base.n_probs
+            and net.n_blocks == base.n_blocks and net.option_mask.shape == base.option_mask.shape
             and torch.equal(net.option_values, base.option_values)
+            and net.extra_dim == base.extra_dim
         )
         if not same:
-            raise ValueError("train_stacked needs networks with the same inputs, personalization, judges and questions")
+            raise ValueError("train_stacked needs networks with the same feature blocks, judges, questions and kind of personalization")
+    template = copy.deepcopy(base)
+    template.inputs, template.personalize = "both", "deltas" if base.has_deltas else "input"
+    return template
 
 
 class _Layout:
-    """Where each named parameter of the padded architecture lives in a flat (M, P) row."""
+    """Where each named parameter of the padded architecture lives in a flat (M, P) row.
 
-    def __init__(self, nets: list[CalibrationNet]):
+    Hidden sizes are padded at the end; the input columns of ``layer1`` (and of ``delta1``,
+    after its bias column) are placed at each network's :attr:`CalibrationNet.feature_columns`."""
+
+    def __init__(self, nets: list[CalibrationNet], n_features: int):
         names = [k for k, _ in nets[0].named_parameters()]
-        shapes = [torch.Size(torch.tensor([list(dict(n.named_parameters())[k].shape) for n in nets]).amax(dim=0).tolist()) for k in names]
         self.entries, offset = [], 0
-        for k, shape in zip(names, shapes):
+        for k in names:
+            shape = torch.tensor([list(dict(n.named_parameters())[k].shape) for n in nets]).amax(dim=0)
+            if k in ("layer1.weight", "delta1"):
+                shape[-1] = n_features + (k == "delta1")
+            shape = torch.Size(shape.tolist())
             self.entries.append((k, shape, offset, shape.numel()))
             offset += shape.numel()
         self.size = offset
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         return {k: flat[:, o : o + n].view(flat.shape[0], *shape) for k, shape, o, n in self.entries}
+
+    @staticmethod
+    def _region(net: CalibrationNet, name: str, shape: torch.Size) -> tuple:
+        """Index of a network's parameter ``name`` (of ``shape``) inside its padded row view."""
+        if name == "layer1.weight":
+            return (0, slice(0, shape[0]), net.feature_columns)
+        if name == "delta1":
+            return (0, slice(0, shape[0]), slice(0, shape[1]), torch.cat([torch.zeros(1, dtype=torch.long), net.feature_columns + 1]))
+        return (0, *(slice(0, s) for s in shape))
 
     @torch.no_grad()
     def pack(self, nets: list[CalibrationNet]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -123,7 +149,7 @@ class _Layout:
         for m, net in enumerate(nets):
             views, masks = self.views(flat[m : m + 1]), self.views(real[m : m + 1])
             for k, p in net.named_parameters():
-                region = (0, *(slice(0, s) for s in p.shape))
+                region = self._region(net, k, p.shape)
                 views[k][region] = p.detach()
                 masks[k][region] = 1.0
         return flat, real, is_delta
@@ -133,18 +159,21 @@ class _Layout:
         for m, net in enumerate(nets):
             views = self.views(flat[m : m + 1])
             for k, p in net.named_parameters():
-                p.copy_(views[k][(0, *(slice(0, s) for s in p.shape))])
+                p.copy_(views[k][self._region(net, k, p.shape)])
 
 
 class _Program:
     """State of the stacked models; per-model tensors are compacted together as models stop."""
 
     def __init__(self, nets, trains, vals, main_index, configs, seeds):
-        _check_compatible(nets)
         self.nets, self.trains, self.vals, self.main_index, self.configs, self.seeds = nets, trains, vals, main_index, configs, seeds
-        self.base = nets[0]
-        self.layout = _Layout(nets)
+        self.base = _template(nets)
+        n_features = self.base.n_widest_features
+        self.layout = _Layout(nets, n_features)
         self.result, self.real, is_delta = self.layout.pack(nets)
+        mean, scale = torch.zeros(len(nets), n_features), torch.ones(len(nets), n_features)
+        for m, net in enumerate(nets):
+            mean[m, net.feature_columns], scale[m, net.feature_columns] = net.input_mean, net.input_scale
         self.per_model = {
             "lr": torch.tensor([c.lr for c in configs], dtype=torch.float64),
             "wd": torch.tensor([c.weight_decay for c in configs])[:, None],
@@ -152,8 +181,8 @@ class _Program:
             "batch": torch.tensor([c.batch_size for c in configs]),
             "patience": torch.tensor([c.patience for c in configs]),
             "dropout": torch.tensor([n.dropout.p for n in nets]),
-            "mean": torch.stack([n.input_mean for n in nets]),
-            "scale": torch.stack([n.input_scale for n in nets]),
+            "mean": mean,
+            "scale": scale,
         }
         self.is_delta = is_delta
         self.summaries: list[dict] = [{} for _ in nets]
@@ -259,8 +288,38 @@ class _Program:
         dropout = s["dropout"] if train and bool((s["dropout"] > 0).any()) else None
         return self.base.stacked_forward(params, s["mean"], s["scale"], x, judge, dropout, self.noise)
 
+    def _chunks(self, s: dict, order: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every model's mini-batches of this epoch cut into chunks of the smallest batch size C.
+
+        Returns idx (M, T, C) row indices (padding row where empty), ``last`` (M, T): the chunk
+        ends its batch, and ``denom`` (M, T): the observed cells of the chunk's batch, so that
+        summing the chunks' NLL sums / denom gives each batch's mean NLL.
+        """
+        n_models, width = order.shape
+        pad, size = width - 1, int(s["batch"].min())
+        b, n = s["batch"][:, None], s["n_rows"][:, None]
+        position = torch.arange(pad)[None, :].expand(n_models, pad)
+        valid = position < n
+        batch, within = position // b, position % b
+        per_batch = (b + size - 1) // size
+        chunk = batch * per_batch + within // size
+        batch_size = (n - batch * b).clamp(max=b)
+        last = (within // size) == (batch_size + size - 1) // size - 1
+        chunks = int(chunk[valid].max()) + 1
+        slot = torch.where(valid, chunk * size + within % size, chunks * size)
+        idx = torch.full((n_models, chunks * size + 1), pad, dtype=torch.long).scatter_(1, slot, order[:, :pad])
+        is_last = torch.zeros(n_models, chunks + 1, dtype=torch.bool).scatter_(1, torch.where(valid & last, chunk, chunks), True)
+        cells = ((s["y"] >= 0) & mask).sum(dim=2).gather(1, order[:, :pad])
+        batches = int(batch.max()) + 1
+        batch_cells = torch.zeros(n_models, batches + 1, dtype=torch.long).scatter_add_(1, torch.where(valid, batch, batches), cells)
+        denom = batch_cells.gather(1, (torch.arange(chunks)[None, :] // per_batch).clamp(max=batches))
+        return idx[:, : chunks * size].view(n_models, chunks, size), is_last[:, :chunks], denom.clamp(min=1).float()
+
     def _epoch(self, s: dict, generators: dict, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One epoch of shuffled mini-batches for every running model; per-model loss sums and finiteness."""
+        """One epoch of shuffled mini-batches for every running model; per-model loss sums and finiteness.
+
+        Models with larger batches accumulate the gradients of several chunks before their
+        Adam step, so every step computes the same number of rows for every model."""
         n_models, width = s["x"].shape[:2]
         pad = width - 1
         order = torch.full((n_models, width), pad, dtype=torch.long)
@@ -268,22 +327,27 @@ class _Program:
             if s["running"][j]:
                 n = int(s["n_rows"][j])
                 order[j, :n] = torch.randperm(n, generator=generators[m])
+        idx, last, denom = self._chunks(s, order, mask)
+        has_rows = (idx != pad).any(dim=2)
         losses, finite = torch.zeros(n_models), torch.ones(n_models, dtype=torch.bool)
         take = torch.arange(n_models)[:, None]
-        for step in range(int(s["steps"][s["running"]].max())):
-            active = s["running"] & (step < s["steps"]) & finite
-            size = int(s["batch"][active].max())
-            columns = torch.arange(size)[None, :]
-            position = step * s["batch"][:, None] + columns
-            valid = active[:, None] & (columns < s["batch"][:, None]) & (position < s["n_rows"][:, None])
-            idx = torch.where(valid, order.gather(1, position.clamp(max=pad)), pad)
+        accumulated = torch.zeros_like(s["flat"]) if bool((s["batch"] > idx.shape[2]).any()) else None
+        for step in range(idx.shape[1]):
+            active = s["running"] & has_rows[:, step] & finite
+            rows = torch.where(active[:, None], idx[:, step], pad)
             leaves = {k: v.detach().requires_grad_() for k, v in self.layout.views(s["flat"]).items()}
-            loss = _stacked_nll(self._forward(s, s["x"][take, idx], s["judge"][take, idx], leaves, True), s["y"][take, idx], mask)
+            logits = self._forward(s, s["x"][take, rows], s["judge"][take, rows], leaves, True)
+            loss = _stacked_nll(logits, s["y"][take, rows], mask, denom[:, step])
             grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True, materialize_grads=True)
             grad = torch.cat([g.reshape(n_models, -1) for g in grads], dim=1)
             ok = torch.isfinite(loss)
             finite &= ok | ~active
-            self._adam(s, grad, active & ok)
+            update = active & ok & last[:, step]
+            if accumulated is not None:
+                accumulated += torch.where((active & ok)[:, None], grad, 0.0)
+                grad = accumulated.clone()
+                accumulated[update] = 0.0
+            self._adam(s, grad, update)
             losses += torch.where(active & ok, loss.detach(), 0.0)
         return losses, finite
 

@@ -62,10 +62,11 @@ def test_ensemble_engines_agree_and_members_differ(rubric, simulated):
 
 
 def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own_fits(rubric, simulated):
-    """Hidden sizes, learning rate, batch size, epochs, patience, decay and delta L2 may differ per model (padded)."""
+    """Hidden sizes, inputs, learning rate, batch size, epochs, patience, decay and delta L2 may differ per model."""
     layout, judges, parts = _fold_data(rubric, simulated, k_folds=3)
     main = rubric.ids.index(rubric.main.id)
     sizes = [(8, 8), (12, 5), (4, 10)]
+    inputs = ["probabilities", "expected", "both"]
     configs = [
         TrainConfig(**TRAINER),
         TrainConfig(**{**TRAINER, "lr": 0.003, "batch_size": 64, "pretrain_epochs": 0, "delta_l2": 0.0}),
@@ -74,7 +75,7 @@ def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own
 
     def make(k, train):
         torch.manual_seed(k)
-        net = CalibrationNet(layout.values, len(judges.judges), [len(q.options) for q in rubric.questions], *sizes[k])
+        net = CalibrationNet(layout.values, len(judges.judges), [len(q.options) for q in rubric.questions], *sizes[k], inputs=inputs[k])
         net.standardize_inputs(train.x, train.judge)
         return net
 
@@ -108,3 +109,19 @@ def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, simul
     assert summaries[2]["pretrain"]["stopped"] == "max_epochs" and summaries[2]["pretrain"]["epochs"] == TRAINER["pretrain_epochs"]
     assert all(torch.isfinite(p).all() for net in nets for p in net.parameters())
     assert torch.isnan(seen[-1][2][0]) and torch.isfinite(seen[-1][2][2])
+
+
+def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, simulated):
+    from llmrubric.calibrator import fit_together
+
+    folds = text_folds(simulated.text_ids, 3, seed=0)
+    train, test = simulated.subset(folds.text_id[folds.fold != 0]), simulated.subset(folds.text_id[folds.fold == 0])
+    kinds = [("expected", "input"), ("probabilities", "none"), ("both", "input"), ("expected", "deltas")]
+    make = lambda: [Calibrator(rubric, {"inputs": i, "personalize": p, "h1": 6 + k, "ensemble": 1}, TRAINER, seed=k) for k, (i, p) in enumerate(kinds)]
+    judges = JudgeMap.from_annotations(simulated.annotations)
+    alone = [fit_together([c], [train], judges)[0] for c in make()]
+    together = fit_together(make(), [train] * len(kinds), judges)
+    for a, b in zip(alone, together):
+        pa, pb = a.predict(test), b.predict(test)
+        cols = [c for c in pa.columns if c.startswith("p_")]
+        assert np.allclose(pa[cols].fillna(0), pb[cols].fillna(0), atol=1e-4)

@@ -223,9 +223,9 @@ def fit_together(
     Calibrators may differ in hidden sizes, input dropout, ensemble size and trainer numbers
     (e.g. the fold models of several search trials). ``judges`` fixes one judge map for all
     (needed to stack models whose training sets see different judges). ``on_epoch(phase,
-    epoch, val_nll)``, with ``val_nll`` a dict {calibrator index: its members' early-stopping
-    NLL this epoch (nan where stopped)}, is called after every epoch of a stacked program and
-    may return calibrator indices to stop now (pruning). A calibrator whose training loss
+    epoch, main_nll)``, with ``main_nll`` a dict {calibrator index: its members' held-out NLL
+    of the main question this epoch (nan where stopped)}, is called after every epoch of a
+    stacked program and may return calibrator indices to stop now (pruning). A calibrator whose training loss
     turned non-finite raises :class:`TrainingDiverged`, or with ``tolerate_divergence`` gets
     ``diverged_`` set to the reason. ``pruned_`` tells whether a calibrator was stopped.
     """

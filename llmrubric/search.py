@@ -5,7 +5,8 @@ folds of the training texts (the paper's criterion); RMSE and correlations are r
 trial attributes, not optimised. Trials are asked in batches (TPE with the constant liar) and
 the fold models of a whole batch train as one stacked program
 (:func:`llmrubric.calibrator.fit_together`), so a batch costs about one fit. Trials are pruned
-(median rule) on the mean early-stopping NLL of their fold models.
+(asynchronous successive halving, so batch mates compete; or the median rule) on the mean
+held-out NLL of the main question of their fold models.
 
 The study lives in ``storage`` (SQLite by default, any SQLAlchemy URL such as PostgreSQL
 for many machines): several workers started with the same storage and study name share
@@ -15,6 +16,7 @@ it, and a search interrupted and started again resumes where it stopped.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from contextlib import contextmanager
@@ -135,12 +137,11 @@ class Objective:
     """Scores a batch of trials: the inner-fold models of every trial train as one stacked program.
 
     A trial's value is the pooled held-out NLL of the main question over the inner folds; its
-    RMSE, correlations and per-fold NLL are trial attributes. Trials are pruned on the mean
-    early-stopping NLL of their fold models (both phases, after ``warmup`` epochs of each);
-    a trial whose training diverges is failed with the reason.
+    RMSE, correlations and per-fold NLL are trial attributes. After every epoch a trial reports
+    the mean held-out NLL of the main question of its fold models (one step per epoch, across
+    both phases) and may be pruned from step ``warmup`` on; a trial whose training diverges is
+    failed with the reason.
     """
-
-    FINETUNE_STEP = 100_000  # finetune epochs are reported after the pretrain epochs
 
     def __init__(self, rubric, tables, base: Setting, space: dict, folds, seed: int, ensemble: int = 1, warmup: int = 10, tracker=None, parent=None):
         self.cv = _FoldData(rubric, tables, folds)
@@ -159,20 +160,22 @@ class Objective:
         models = [self.cv.calibrators(s, self.seed) for s in settings]
         owner = [t for t, fold_models in enumerate(models) for _ in fold_models]
         pruned: dict[int, str] = {}
+        steps, last = [0] * len(trials), [math.nan] * len(trials)
 
-        def report(phase, epoch, val_nll):
-            if epoch < self.warmup:
-                return None
-            stop = []
+        def report(phase, epoch, main_nll):
+            reported = []
             for t, trial in enumerate(trials):
-                values = torch.cat([v for i, v in val_nll.items() if owner[i] == t]) if any(owner[i] == t for i in val_nll) else torch.zeros(0)
-                live = values[~values.isnan()]
+                values = [v for i, v in main_nll.items() if owner[i] == t]
+                live = torch.cat(values)[~torch.cat(values).isnan()] if values else torch.zeros(0)
                 if t in pruned or not len(live):
                     continue
-                value = float(live.mean())
-                trial.report(value, epoch + (self.FINETUNE_STEP if phase == "finetune" else 0))
-                if trial.should_prune():
-                    pruned[t] = f"pruned at {phase} epoch {epoch} (early-stopping NLL {value:.4f})"
+                steps[t], last[t] = steps[t] + 1, float(live.mean())
+                trial.report(last[t], steps[t])
+                reported.append(t)
+            stop = []
+            for t in reported:  # after all reports, so batch mates compete at the same step
+                if steps[t] >= self.warmup and trials[t].should_prune():
+                    pruned[t] = f"pruned at {phase} epoch {epoch} (held-out NLL {last[t]:.4f})"
                     stop += [i for i, o in enumerate(owner) if o == t]
             return stop
 
@@ -211,7 +214,12 @@ def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
     beating, and a search that resumes fails them and queues their configurations again."""
     search = OmegaConf.create(search) if isinstance(search, dict) else search
     sampler = optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=search.startup_trials, constant_liar=True)
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=search.startup_trials, n_warmup_steps=0)
+    if search.get("pruner", "median") == "successive_halving":
+        pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=search.pruner_warmup_epochs, reduction_factor=search.reduction_factor)
+    elif search.get("pruner", "median") == "median":
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=search.startup_trials)
+    else:
+        raise InputError(f"search.pruner must be successive_halving or median, not {search.pruner!r}")
     storage = search.storage
     if storage:
         beat = int(search.get("heartbeat_seconds", 60))
@@ -220,8 +228,10 @@ def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
 
 
 def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-    """A trial of a killed search (failed without a reason): its configuration is queued to run again."""
-    study.enqueue_trial(trial.params, user_attrs={"requeued_from": trial.number})
+    """A trial of a killed search (failed without a reason): its configuration, if it was sampled
+    before the kill, is queued to run again."""
+    if trial.params:
+        study.enqueue_trial(trial.params, user_attrs={"requeued_from": trial.number})
 
 
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

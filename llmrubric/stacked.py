@@ -50,9 +50,9 @@ def train_stacked(
     weights and skips the later phase) and the per-epoch ``history``.
 
     ``progress`` (a tqdm bar, optional) is advanced once per epoch. ``on_epoch(phase, epoch,
-    val_nll)``, val_nll (M,) (nan where a model has no validation set or does not run), is
-    called after every epoch; it may return a (M,) bool tensor of models to stop now
-    (pruning) or raise to abort.
+    main_nll)``, main_nll (M,): the held-out NLL of the main question (comparable across
+    phases; nan where a model has no validation set or does not run), is called after every
+    epoch; it may return a (M,) bool tensor of models to stop now (pruning) or raise to abort.
     """
     configs = config if isinstance(config, list) else [config] * len(nets)
     if not (len(nets) == len(trains) == len(vals) == len(configs) == len(seeds)):
@@ -234,7 +234,7 @@ class _Program:
             for j in (~finite & s["running"]).nonzero().squeeze(1).tolist():
                 stopped[int(s["ids"][j])] = "diverged"
             s["running"] &= finite
-            val_nll = self._validate(s, mask)
+            val_nll, main_nll = self._validate(s, mask)
             improved = s["running"] & s["has_val"] & (val_nll < s["best"])
             s["best"] = torch.where(improved, val_nll, s["best"])
             s["best_epoch"] = torch.where(improved, epoch, s["best_epoch"])
@@ -244,7 +244,7 @@ class _Program:
                 if s["running"][j]:
                     history[m].append({"epoch": epoch, "train/loss": float(losses[j] / s["steps"][j]), "val/nll": float(val_nll[j])})
             reported = torch.full((len(self.nets),), math.nan)
-            reported[s["ids"]] = torch.where(s["running"], val_nll, math.nan)
+            reported[s["ids"]] = torch.where(s["running"], main_nll, math.nan)
             early = s["has_val"] & ((s["wait"] >= s["patience"]) | ~torch.isfinite(val_nll))
             for j in (s["running"] & early).nonzero().squeeze(1).tolist():
                 stopped[int(s["ids"][j])] = "early"
@@ -371,8 +371,12 @@ class _Program:
             )
 
     @torch.no_grad()
-    def _validate(self, s: dict, mask: torch.Tensor) -> torch.Tensor:
+    def _validate(self, s: dict, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held-out NLL of the phase's questions (early stopping) and of the main question (M,)."""
         if not s["has_val"].any():
-            return torch.full((len(s["ids"]),), math.nan)
-        nll = _stacked_nll(self._forward(s, s["vx"], s["vjudge"], self.layout.views(s["flat"]), False), s["vy"], mask)
-        return torch.where(s["has_val"], nll, math.nan)
+            return torch.full((len(s["ids"]),), math.nan), torch.full((len(s["ids"]),), math.nan)
+        logits = self._forward(s, s["vx"], s["vjudge"], self.layout.views(s["flat"]), False)
+        main = torch.zeros_like(mask)
+        main[self.main_index] = True
+        phase, main_nll = _stacked_nll(logits, s["vy"], mask), _stacked_nll(logits, s["vy"], main)
+        return torch.where(s["has_val"], phase, math.nan), torch.where(s["has_val"], main_nll, math.nan)

@@ -264,22 +264,27 @@ def run_search(
         while True:
             optuna.storages.fail_stale_trials(study)
             done = len(finished_trials(study))
-            running = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
             bar.n = min(done, n_trials)
             bar.refresh()
             if done >= n_trials:
                 break
-            size = min(int(search.batch), n_trials - done - running)
-            if size <= 0:  # the rest is running in other workers (or in a killed one, until its heartbeat expires)
+            trials = []
+            while len(trials) < int(search.batch) and _started(study) < n_trials:  # one ask at a time: workers overshoot by at most one each
+                trials.append(study.ask())
+            if not trials:  # the rest is running in other workers (or in a killed one, until its heartbeat expires)
                 time.sleep(1.0)
                 continue
-            trials = [study.ask() for _ in range(size)]
             with _heartbeats(study, trials):
                 objective.run(study, trials)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
         raise InputError(f"study {study_name!r} has no completed trial to select from")
     return setting_of(study.best_trial.params, base), study
+
+
+def _started(study: optuna.Study) -> int:
+    """Finished trials that count plus the running ones (of every worker)."""
+    return len(finished_trials(study)) + len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
 
 
 def _check_space(space: dict, base: Setting) -> None:

@@ -166,8 +166,11 @@ class Objective:
             reported = []
             for t, trial in enumerate(trials):
                 values = [v for i, v in main_nll.items() if owner[i] == t]
-                live = torch.cat(values)[~torch.cat(values).isnan()] if values else torch.zeros(0)
-                if t in pruned or not len(live):
+                if t in pruned or not values:
+                    continue
+                live = torch.cat(values)
+                live = live[~live.isnan()]
+                if not len(live):
                     continue
                 steps[t], last[t] = steps[t] + 1, float(live.mean())
                 trial.report(last[t], steps[t])

@@ -21,6 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,8 @@ import optuna
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
+from optuna.storages._rdb import models
+from optuna.storages._rdb.storage import _create_scoped_session
 from tqdm.auto import tqdm
 
 from llmrubric.calibrator import Calibrator, fit_together
@@ -226,8 +229,26 @@ def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
     storage = search.storage
     if storage:
         beat = int(search.get("heartbeat_seconds", 60))
-        storage = optuna.storages.RDBStorage(storage, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue)
+        storage = HeartbeatStorage(storage, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue)
     return optuna.create_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner, direction="minimize", load_if_exists=True)
+
+
+class HeartbeatStorage(optuna.storages.RDBStorage):
+    """RDB storage whose stale check also fails running trials that never sent a heartbeat and
+    started more than the grace period ago. A worker killed between asking a trial and its first
+    heartbeat leaves such a trial; Optuna's own check skips it, so a resumed search would wait
+    on it for ever."""
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        stale = super()._get_stale_trial_ids(study_id)
+        started_before = datetime.now() - timedelta(seconds=self.grace_period)
+        running = self.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        silent = [t._trial_id for t in running if t._trial_id not in stale and t.datetime_start < started_before]
+        if silent:
+            with _create_scoped_session(self.scoped_session) as session:
+                beating = {m.trial_id for m in session.query(models.TrialHeartbeatModel).filter(models.TrialHeartbeatModel.trial_id.in_(silent))}
+            stale += [i for i in silent if i not in beating]
+        return stale
 
 
 def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -274,6 +295,7 @@ def run_search(
             trials = []
             while len(trials) < int(search.batch) and _started(study) < n_trials:  # one ask at a time: workers overshoot by at most one each
                 trials.append(study.ask())
+                _beat(study, trials[-1])
             if not trials:  # the rest is running in other workers (or in a killed one, until its heartbeat expires)
                 time.sleep(1.0)
                 continue
@@ -293,6 +315,13 @@ def _started(study: optuna.Study) -> int:
 def _check_space(space: dict, base: Setting) -> None:
     """Sample the space once without training: a bad key, type or bound fails before any training."""
     suggest(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask(), space, base)
+
+
+def _beat(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Record a heartbeat for ``trial`` now (database storages with heartbeats)."""
+    storage = study._storage
+    if hasattr(storage, "record_heartbeat") and storage.get_heartbeat_interval():
+        storage.record_heartbeat(trial._trial_id)
 
 
 @contextmanager

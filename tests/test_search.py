@@ -150,3 +150,16 @@ def test_cross_validation_scores_equal_the_metrics_of_its_predictions(rubric, si
     for key in ("nll", "rmse", "pearson", "spearman", "kendall", "n"):
         assert metrics[key] == pytest.approx(expected[key], rel=1e-5)
     assert len(metrics["fold_nll"]) == 3 and min(metrics["fold_nll"]) <= metrics["nll"] <= max(metrics["fold_nll"])
+
+
+def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_a_resumed_search(tmp_path, rubric, simulated):
+    storage = f"sqlite:///{tmp_path / 'silent.db'}"
+    config = search_config(storage, 2)
+    config.batch, config.heartbeat_seconds = 2, 1
+    from llmrubric.search import create_study
+
+    silent = create_study(config, "silent").ask()  # asked, then its worker died before any heartbeat
+    time.sleep(2.5)  # past the grace period (2 × 1 s)
+    _, study = run_search(rubric, simulated, BASE, config, "silent", seed=0)
+    assert study.trials[silent.number].state == optuna.trial.TrialState.FAIL
+    assert len(finished_trials(study)) == 2

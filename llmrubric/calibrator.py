@@ -25,9 +25,10 @@ from llmrubric.rubric import Rubric
 from llmrubric.schemas import Tables, atomic_path
 from llmrubric.splits import holdout_texts
 from llmrubric.stacked import train_stacked
+from llmrubric.temperature import fit_temperature
 
 log = logging.getLogger(__name__)
-FORMAT = "llmrubric-calibrator/2"
+FORMAT = "llmrubric-calibrator/3"
 MODEL_KEYS = ("h1", "h2", "personalize", "inputs", "input_dropout", "ensemble")
 
 
@@ -228,6 +229,8 @@ def fit_together(
     stacked program and may return calibrator indices to stop now (pruning). A calibrator whose training loss
     turned non-finite raises :class:`TrainingDiverged`, or with ``tolerate_divergence`` gets
     ``diverged_`` set to the reason. ``pruned_`` tells whether a calibrator was stopped.
+    With ``trainer.temperature_scaling``, each member of a calibrator that finished then gets
+    its per-question temperatures from its early-stopping split (:mod:`llmrubric.temperature`).
     """
     engines = {c.trainer.engine for c in calibrators}
     if len(engines) != 1:
@@ -272,4 +275,8 @@ def fit_together(
         c.diverged_ = f"non-finite training loss ({', '.join(diverged)}; lr {c.trainer.lr:g})" if diverged else None
         if c.diverged_ and not tolerate_divergence:
             raise TrainingDiverged(f"training diverged: {c.diverged_}; lower trainer.lr")
+        if c.trainer.temperature_scaling and not (c.pruned_ or c.diverged_):
+            for m in mine:
+                if members[m][3] is not None and len(members[m][3]):
+                    summaries[m]["temperature"] = fit_temperature(members[m][1], members[m][3])
     return calibrators

@@ -26,6 +26,8 @@ class CalibrationNet(nn.Module):
     (normalised over the block's options; 0 for an absent block), or both, then the flags
     and any extra per-pair inputs.
     Features are standardised with training statistics (buffers saved with the weights).
+    Each question's logits are divided by its ``temperature`` (a buffer, 1 unless
+    :func:`llmrubric.temperature.fit_temperature` set it after training).
 
     Personalization: ``"deltas"`` adds judge-specific deltas to every layer (eq. 3–5; they
     start at zero, an unseen judge, index -1, uses the shared weights alone); ``"input"``
@@ -79,6 +81,7 @@ class CalibrationNet(nn.Module):
         self.delta_heads = nn.Parameter(torch.zeros(*shape, n_q * max_opt, h2 + 1))
         self.register_buffer("input_mean", torch.zeros(in_dim))
         self.register_buffer("input_scale", torch.ones(in_dim))
+        self.register_buffer("temperature", torch.ones(len(option_counts)))
         mask = torch.arange(max_opt)[None, :] < torch.tensor(option_counts)[:, None]
         self.register_buffer("option_mask", mask, persistent=False)
         self.n_q, self.max_opt = n_q, max_opt
@@ -134,10 +137,12 @@ class CalibrationNet(nn.Module):
         return [self.delta1, self.delta2, self.delta_heads]
 
     def forward(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
-        """x: (B, probs + flags + extra), judge: (B,) long → logits (B, questions, max options), -inf where padded."""
+        """x: (B, probs + flags + extra), judge: (B,) long → logits (B, questions, max options), -inf where
+        padded, divided by each question's temperature."""
         params = {k: v[None] for k, v in self.named_parameters()}
         dropout = torch.tensor([self.dropout.p]) if self.training and self.dropout.p > 0 else None
-        return self.stacked_forward(params, self.input_mean[None], self.input_scale[None], x[None], judge[None], dropout)[0]
+        logits = self.stacked_forward(params, self.input_mean[None], self.input_scale[None], x[None], judge[None], dropout)[0]
+        return logits / self.temperature[:, None]
 
     def stacked_forward(
         self,

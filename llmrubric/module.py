@@ -35,6 +35,7 @@ class TrainConfig:
     finetune_epochs: int = 200
     patience: int = 20
     val_fraction: float = 0.2
+    temperature_scaling: bool = True
     engine: str = "stacked"
 
     def __post_init__(self):

@@ -302,6 +302,8 @@ class Run:
         batch = []
         for member, summary in enumerate(summaries):
             for phase, result in summary.items():
+                if not isinstance(result, dict):  # e.g. the member's fitted temperatures
+                    continue
                 suffix = "/".join(filter(None, (split, phase, f"m{member}" if len(summaries) > 1 else None)))
                 for row in result.get("history") or []:
                     for key in ("train/loss", "val/nll"):

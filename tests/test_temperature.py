@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize_scalar
+
+from conftest import FAST
+from llmrubric.calibrator import Calibrator
+from llmrubric.temperature import fit_temperature
+
+
+@pytest.fixture(scope="module")
+def member(rubric, simulated):
+    """A fitted network (no temperature yet) with its early-stopping rows."""
+    cal = Calibrator(rubric, trainer={**FAST, "temperature_scaling": False}, seed=0).fit(simulated)
+    _, _, vals, _ = cal._members(simulated)
+    return cal, cal.nets_[0], vals[0]
+
+
+def val_nll(net, val, q):
+    with torch.no_grad():
+        logits = net(val.x, val.judge)[:, q]
+    keep = val.y[:, q] >= 0
+    return float(torch.nn.functional.cross_entropy(logits[keep], val.y[keep, q]))
+
+
+def test_the_fitted_temperature_minimises_held_out_nll_of_each_question(member, rubric):
+    _, net, val = member
+    assert torch.equal(net.temperature, torch.ones(len(rubric.ids)))
+    with torch.no_grad():
+        net.heads.weight.mul_(3.0)  # an over-confident network
+        net.heads.bias.mul_(3.0)
+    q = rubric.ids.index("Q0")
+    before = val_nll(net, val, q)
+    temps = fit_temperature(net, val)
+    keep = val.y[:, q] >= 0
+    with torch.no_grad():
+        net.temperature.fill_(1.0)
+        logits = net(val.x, val.judge)[keep, q]
+    best = minimize_scalar(lambda t: float(torch.nn.functional.cross_entropy(logits / t, val.y[keep, q])), bounds=(0.05, 20), method="bounded")
+    net.temperature.copy_(torch.tensor(temps))
+    assert temps[q] > 1.5 and temps[q] == pytest.approx(best.x, rel=0.01)
+    assert val_nll(net, val, q) == pytest.approx(best.fun, abs=1e-4) and val_nll(net, val, q) < before - 0.05
+    with torch.no_grad():
+        net.heads.weight.div_(3.0)
+        net.heads.bias.div_(3.0)
+
+
+def test_a_question_with_too_few_held_out_cells_keeps_temperature_one(member, rubric):
+    _, net, val = member
+    cells = (val.y >= 0).sum(dim=0)
+    temps = fit_temperature(net, val, min_cells=int(cells.min()) + 1)
+    few = int(cells.argmin())
+    assert temps[few] == 1.0 and any(t != 1.0 for t in temps)
+
+
+def test_calibrators_scale_by_default_and_the_checkpoint_keeps_the_temperatures(rubric, simulated, tmp_path):
+    scaled = Calibrator(rubric, trainer=FAST, seed=0).fit(simulated)
+    plain = Calibrator(rubric, trainer={**FAST, "temperature_scaling": False}, seed=0).fit(simulated)
+    temps = scaled.summaries_[0]["temperature"]
+    assert scaled.nets_[0].temperature.tolist() == temps and temps != [1.0] * len(temps)
+    assert plain.nets_[0].temperature.tolist() == [1.0] * len(temps) and "temperature" not in plain.summaries_[0]
+    q0 = rubric.ids.index("Q0")
+    logits = {name: c.nets_[0](c.encode(simulated).x, c.encode(simulated).judge)[:, q0].detach() for name, c in (("s", scaled), ("p", plain))}
+    assert torch.allclose(logits["s"] * temps[q0], logits["p"], atol=1e-5)  # same weights, only the scale differs
+    loaded = Calibrator.load(scaled.save(tmp_path / "scaled.safetensors"))
+    assert loaded.nets_[0].temperature.tolist() == temps
+    assert np.allclose(loaded.predict(simulated)["mean"], scaled.predict(simulated)["mean"])

@@ -11,7 +11,8 @@ sees only its own columns), input dropout and every
 batch size, epochs, patience). Each model keeps its own training rows, batch order, Adam
 state, validation set and early stopping, so the result equals training each one alone
 with :func:`llmrubric.module.train_network` (tested). Models that stop are dropped from the
-stacked tensors, so a program costs what its running models cost.
+stacked tensors (and the padding shrinks to the running models' own sizes), so a program
+costs what its running models cost.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class _Layout:
 
     def __init__(self, nets: list[CalibrationNet], n_features: int):
         names = [k for k, _ in nets[0].named_parameters()]
-        self.entries, offset = [], 0
+        self.n_features, self.entries, offset = n_features, [], 0
         for k in names:
             shape = torch.tensor([list(dict(n.named_parameters())[k].shape) for n in nets]).amax(dim=0)
             if k in ("layer1.weight", "delta1"):
@@ -129,6 +130,17 @@ class _Layout:
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         return {k: flat[:, o : o + n].view(flat.shape[0], *shape) for k, shape, o, n in self.entries}
+
+    def transfer(self, flat: torch.Tensor, dest: _Layout) -> torch.Tensor:
+        """Rows of ``flat`` (this layout) rewritten in layout ``dest``: each parameter's leading block
+        common to both shapes is copied, the rest is zero (padding either way)."""
+        out = flat.new_zeros(flat.shape[0], dest.size)
+        source, target = self.views(flat), dest.views(out)
+        shapes = {k: shape for k, shape, _, _ in self.entries}
+        for k, shape, _, _ in dest.entries:
+            common = (slice(None), *(slice(0, min(a, b)) for a, b in zip(shape, shapes[k])))
+            target[k][common] = source[k][common]
+        return out
 
     @staticmethod
     def _region(net: CalibrationNet, name: str, shape: torch.Size) -> tuple:
@@ -216,7 +228,7 @@ class _Program:
         vx, vjudge, vy = _stack_rows([self.vals[m] if h else self.trains[m] for m, h in zip(ids.tolist(), has_val)], val_rows)
         decay = torch.where(self.is_delta, self.per_model["l2"][ids], self.per_model["wd"][ids]) * self.real[ids]
         s = {
-            "ids": ids, "flat": self.result[ids].clone(), "real": self.real[ids], "decay": decay,
+            "layout": self.layout, "ids": ids, "flat": self.result[ids].clone(), "real": self.real[ids], "decay": decay,
             "m": torch.zeros(len(ids), self.layout.size), "v": torch.zeros(len(ids), self.layout.size), "t": torch.zeros(len(ids)),
             "best_flat": self.result[ids].clone(), "best": torch.full((len(ids),), math.inf),
             "best_epoch": torch.full((len(ids),), -1), "wait": torch.zeros(len(ids), dtype=torch.long),
@@ -245,6 +257,7 @@ class _Program:
                     history[m].append({"epoch": epoch, "train/loss": float(losses[j] / s["steps"][j]), "val/nll": float(val_nll[j])})
             reported = torch.full((len(self.nets),), math.nan)
             reported[s["ids"]] = torch.where(s["running"], main_nll, math.nan)
+            judged = s["running"].clone()  # a model that reports may be pruned, even if this epoch ends its phase
             early = s["has_val"] & ((s["wait"] >= s["patience"]) | ~torch.isfinite(val_nll))
             for j in (s["running"] & early).nonzero().squeeze(1).tolist():
                 stopped[int(s["ids"][j])] = "early"
@@ -255,7 +268,7 @@ class _Program:
             if on_epoch is not None:
                 prune = on_epoch(phase, epoch, reported)
                 if prune is not None:
-                    cut = s["running"] & prune[s["ids"]]
+                    cut = judged & prune[s["ids"]]
                     for j in cut.nonzero().squeeze(1).tolist():
                         stopped[int(s["ids"][j])] = "pruned"
                     s["running"] &= ~cut
@@ -263,7 +276,7 @@ class _Program:
                 break
             if s["running"].float().mean() < COMPACT_BELOW:
                 self._retire(s, ~s["running"])
-                s = {k: (v[s["running"]] if isinstance(v, torch.Tensor) and v.dim() else v) for k, v in s.items()}
+                s = self._narrow({k: (v[s["running"]] if isinstance(v, torch.Tensor) and v.dim() else v) for k, v in s.items()})
         self._retire(s, torch.ones(len(s["ids"]), dtype=torch.bool))
         for m, reason in stopped.items():
             self.dropped[m] |= reason in ("pruned", "diverged")
@@ -277,10 +290,20 @@ class _Program:
                 "history": history[m],
             }
 
+    def _narrow(self, s: dict) -> dict:
+        """Pad the running models only to their own largest hidden sizes."""
+        layout = _Layout([self.nets[m] for m in s["ids"].tolist()], self.layout.n_features)
+        if layout.size == s["layout"].size:
+            return s
+        for k in ("flat", "best_flat", "real", "decay", "m", "v"):
+            s[k] = s["layout"].transfer(s[k], layout)
+        s["layout"], s["padded"] = layout, not bool(s["real"].all())
+        return s
+
     def _retire(self, s: dict, which: torch.Tensor) -> None:
         """Write the weights of the models in ``which`` (their best epoch's when validated) to the result."""
         keep = torch.where(s["has_val"][:, None], s["best_flat"], s["flat"])
-        self.result[s["ids"][which]] = keep[which].detach()
+        self.result[s["ids"][which]] = s["layout"].transfer(keep[which].detach(), self.layout)
         for j in which.nonzero().squeeze(1).tolist():
             self.best[int(s["ids"][j])] = (float(s["best"][j]), int(s["best_epoch"][j]))
 
@@ -335,7 +358,7 @@ class _Program:
         for step in range(idx.shape[1]):
             active = s["running"] & has_rows[:, step] & finite
             rows = torch.where(active[:, None], idx[:, step], pad)
-            leaves = {k: v.detach().requires_grad_() for k, v in self.layout.views(s["flat"]).items()}
+            leaves = {k: v.detach().requires_grad_() for k, v in s["layout"].views(s["flat"]).items()}
             logits = self._forward(s, s["x"][take, rows], s["judge"][take, rows], leaves, True)
             loss = _stacked_nll(logits, s["y"][take, rows], mask, denom[:, step])
             grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True, materialize_grads=True)
@@ -375,7 +398,7 @@ class _Program:
         """Held-out NLL of the phase's questions (early stopping) and of the main question (M,)."""
         if not s["has_val"].any():
             return torch.full((len(s["ids"]),), math.nan), torch.full((len(s["ids"]),), math.nan)
-        logits = self._forward(s, s["vx"], s["vjudge"], self.layout.views(s["flat"]), False)
+        logits = self._forward(s, s["vx"], s["vjudge"], s["layout"].views(s["flat"]), False)
         main = torch.zeros_like(mask)
         main[self.main_index] = True
         phase, main_nll = _stacked_nll(logits, s["vy"], mask), _stacked_nll(logits, s["vy"], main)

@@ -94,18 +94,23 @@ def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own
 def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, simulated):
     layout, judges, parts = _fold_data(rubric, simulated, k_folds=3)
     main = rubric.ids.index(rubric.main.id)
+    parts = [*parts, parts[0]]
     nets = [_net(layout, judges, rubric, k, tr) for k, (tr, _) in enumerate(parts)]
-    configs = [TrainConfig(**{**TRAINER, "patience": 100}), TrainConfig(**{**TRAINER, "lr": 1e300}), TrainConfig(**{**TRAINER, "patience": 100})]
+    configs = [
+        TrainConfig(**{**TRAINER, "patience": 100}), TrainConfig(**{**TRAINER, "lr": 1e300}), TrainConfig(**{**TRAINER, "patience": 100}),
+        TrainConfig(**{**TRAINER, "patience": 100, "pretrain_epochs": 3}),  # pruned in the epoch that ends its pretraining
+    ]
     seen = []
 
-    def prune_first_after_three(phase, epoch, val_nll):
+    def prune_after_three(phase, epoch, val_nll):
         seen.append((phase, epoch, val_nll.clone()))
-        return torch.tensor([phase == "pretrain" and epoch >= 2, False, False])
+        return torch.tensor([phase == "pretrain" and epoch >= 2, False, False, phase == "pretrain" and epoch == 2])
 
-    summaries = train_stacked(nets, [tr for tr, _ in parts], [va for _, va in parts], main, configs, [0, 1, 2], on_epoch=prune_first_after_three)
+    summaries = train_stacked(nets, [tr for tr, _ in parts], [va for _, va in parts], main, configs, [0, 1, 2, 3], on_epoch=prune_after_three)
     assert summaries[0]["pretrain"]["stopped"] == "pruned" and summaries[0]["pretrain"]["epochs"] == 3
+    assert summaries[3]["pretrain"]["stopped"] == "pruned" and summaries[3]["pretrain"]["epochs"] == 3
     assert summaries[1]["pretrain"]["stopped"] == "diverged"
-    assert "finetune" not in summaries[0] and "finetune" not in summaries[1] and "finetune" in summaries[2]
+    assert "finetune" not in summaries[0] and "finetune" not in summaries[1] and "finetune" not in summaries[3] and "finetune" in summaries[2]
     assert summaries[2]["pretrain"]["stopped"] == "max_epochs" and summaries[2]["pretrain"]["epochs"] == TRAINER["pretrain_epochs"]
     assert all(torch.isfinite(p).all() for net in nets for p in net.parameters())
     assert torch.isnan(seen[-1][2][0]) and torch.isfinite(seen[-1][2][2])

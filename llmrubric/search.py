@@ -5,7 +5,7 @@ folds of the training texts (the paper's criterion); RMSE and correlations are r
 trial attributes, not optimised. Trials are asked in batches (TPE with the constant liar) and
 the fold models of a whole batch train as one stacked program
 (:func:`llmrubric.calibrator.fit_together`), so a batch costs about one fit. Trials are pruned
-(successive halving in which batch mates compete, :mod:`llmrubric.pruners`; or the median rule) on the mean
+(asynchronous successive halving or the median rule) on the mean
 held-out NLL of the main question of their fold models.
 
 The study lives in ``storage`` (SQLite by default, any SQLAlchemy URL such as PostgreSQL
@@ -37,7 +37,6 @@ from llmrubric.calibrator import Calibrator, fit_together
 from llmrubric.data import JudgeMap
 from llmrubric.errors import InputError
 from llmrubric.metrics import nll, point_metrics
-from llmrubric.pruners import SuccessiveHalving
 from llmrubric.rubric import Rubric
 from llmrubric.schemas import Tables, write_json, write_table
 from llmrubric.splits import text_folds
@@ -180,7 +179,7 @@ class Objective:
                 trial.report(last[t], steps[t])
                 reported.append(t)
             stop = []
-            for t in reported:  # after all reports, so batch mates compete at the same step
+            for t in reported:  # judged once the whole batch has reported this step
                 if steps[t] >= self.warmup and trials[t].should_prune():
                     pruned[t] = f"pruned at {phase} epoch {epoch} (held-out NLL {last[t]:.4f})"
                     stop += [i for i, o in enumerate(owner) if o == t]
@@ -222,7 +221,7 @@ def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
     search = OmegaConf.create(search) if isinstance(search, dict) else search
     sampler = optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=search.startup_trials, constant_liar=True)
     if search.get("pruner", "median") == "successive_halving":
-        pruner = SuccessiveHalving(search.pruner_warmup_epochs, search.reduction_factor)
+        pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=search.pruner_warmup_epochs, reduction_factor=search.reduction_factor)
     elif search.get("pruner", "median") == "median":
         pruner = optuna.pruners.MedianPruner(n_startup_trials=search.startup_trials)
     else:

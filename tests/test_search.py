@@ -164,17 +164,3 @@ def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_a_resumed_sear
     assert study.trials[silent.number].state == optuna.trial.TrialState.FAIL
     assert len(finished_trials(study)) == 2
 
-
-def test_successive_halving_judges_batch_mates_against_each_other():
-    from llmrubric.pruners import SuccessiveHalving
-
-    pruner = SuccessiveHalving(min_resource=10, reduction_factor=3)
-    assert [s for s in range(1, 300) if pruner.is_rung(s)] == [10, 30, 90, 270]
-    study = optuna.create_study(pruner=pruner)
-    trials = [study.ask() for _ in range(6)]
-    for trial, value in zip(trials, [0.5, 0.9, 0.1, 0.7, 0.3, 0.8]):
-        trial.report(value, 9)
-        trial.report(value, 10)
-    assert [t.should_prune() for t in trials] == [True, True, False, True, False, True]  # the best 6 // 3, whoever is judged first
-    trials[0].report(0.05, 11)
-    assert not trials[0].should_prune()  # not a rung step

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from llmrubric.errors import InputError
-from llmrubric.search import Setting, finished_trials, run_search, suggest
+from llmrubric.search import Setting, create_study, finished_trials, run_search, suggest
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = Setting({"h1": 6, "h2": 6, "ensemble": 1}, {"pretrain_epochs": 3, "finetune_epochs": 4, "patience": 3, "lr": 0.01})
@@ -156,11 +156,8 @@ def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_a_resumed_sear
     storage = f"sqlite:///{tmp_path / 'silent.db'}"
     config = search_config(storage, 2)
     config.batch, config.heartbeat_seconds = 2, 1
-    from llmrubric.search import create_study
-
     silent = create_study(config, "silent").ask()  # asked, then its worker died before any heartbeat
     time.sleep(2.5)  # past the grace period (2 × 1 s)
     _, study = run_search(rubric, simulated, BASE, config, "silent", seed=0)
     assert study.trials[silent.number].state == optuna.trial.TrialState.FAIL
     assert len(finished_trials(study)) == 2
-

@@ -317,18 +317,22 @@ def _check_space(space: dict, base: Setting) -> None:
     suggest(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask(), space, base)
 
 
+def _heartbeat_interval(study: optuna.Study) -> int | None:
+    """Seconds between heartbeats of the study's storage; None where it keeps none."""
+    storage = study._storage
+    return storage.get_heartbeat_interval() if hasattr(storage, "record_heartbeat") else None
+
+
 def _beat(study: optuna.Study, trial: optuna.Trial) -> None:
     """Record a heartbeat for ``trial`` now (database storages with heartbeats)."""
-    storage = study._storage
-    if hasattr(storage, "record_heartbeat") and storage.get_heartbeat_interval():
-        storage.record_heartbeat(trial._trial_id)
+    if _heartbeat_interval(study):
+        study._storage.record_heartbeat(trial._trial_id)
 
 
 @contextmanager
 def _heartbeats(study: optuna.Study, trials: list[optuna.Trial]):
     """Record a heartbeat for each running trial every heartbeat interval (database storages)."""
-    storage = study._storage
-    interval = storage.get_heartbeat_interval() if hasattr(storage, "record_heartbeat") else None
+    storage, interval = study._storage, _heartbeat_interval(study)
     if not interval:
         yield
         return

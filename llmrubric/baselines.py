@@ -162,7 +162,7 @@ def make_method(name: str, rubric: Rubric, seed: int = 0, model: dict | None = N
     if name == "llm_rubric_single":
         return Calibrator(rubric, {**model, "ensemble": 1}, trainer, seed)
     if name == "llm_rubric_paper":
-        return Calibrator(rubric, {**model, "personalize": "deltas", "inputs": "probabilities", "ensemble": 1}, trainer, seed)
+        return Calibrator(rubric, {**model, "personalize": "deltas", "inputs": "probabilities", "input_dropout": 0.0, "ensemble": 1}, trainer, seed)
     if name == "calibrated_q0":
         return Calibrator(rubric, model, trainer, seed, feature_questions=[rubric.main.id])
     raise InputError(f"unknown method {name!r}; known: {sorted(simple) + ['calibrated_q0', 'llm_rubric', 'llm_rubric_paper', 'llm_rubric_single', 'no_personalization']}")

@@ -25,10 +25,11 @@ from llmrubric.rubric import Rubric
 from llmrubric.schemas import Tables, atomic_path
 from llmrubric.splits import holdout_texts
 from llmrubric.stacked import train_stacked
+from llmrubric.ordinal import fit_ordinal_weight
 from llmrubric.temperature import fit_temperature
 
 log = logging.getLogger(__name__)
-FORMAT = "llmrubric-calibrator/3"
+FORMAT = "llmrubric-calibrator/4"
 MODEL_KEYS = ("h1", "h2", "personalize", "inputs", "input_dropout", "ensemble")
 
 
@@ -230,7 +231,8 @@ def fit_together(
     turned non-finite raises :class:`TrainingDiverged`, or with ``tolerate_divergence`` gets
     ``diverged_`` set to the reason. ``pruned_`` tells whether a calibrator was stopped.
     With ``trainer.temperature_scaling``, each member of a calibrator that finished then gets
-    its per-question temperatures from its early-stopping split (:mod:`llmrubric.temperature`).
+    its per-question temperatures from its early-stopping split (:mod:`llmrubric.temperature`),
+    and with ``trainer.ordinal_blend`` its per-question ordinal weights (:mod:`llmrubric.ordinal`).
     """
     engines = {c.trainer.engine for c in calibrators}
     if len(engines) != 1:
@@ -275,8 +277,14 @@ def fit_together(
         c.diverged_ = f"non-finite training loss ({', '.join(diverged)}; lr {c.trainer.lr:g})" if diverged else None
         if c.diverged_ and not tolerate_divergence:
             raise TrainingDiverged(f"training diverged: {c.diverged_}; lower trainer.lr")
-        if c.trainer.temperature_scaling and not (c.pruned_ or c.diverged_):
-            for m in mine:
-                if members[m][3] is not None and len(members[m][3]):
-                    summaries[m]["temperature"] = fit_temperature(members[m][1], members[m][3])
+        if c.pruned_ or c.diverged_:
+            continue
+        for m in mine:
+            net, val = members[m][1], members[m][3]
+            if val is None or not len(val):
+                continue
+            if c.trainer.temperature_scaling:
+                summaries[m]["temperature"] = fit_temperature(net, val)
+            if c.trainer.ordinal_blend:
+                summaries[m]["ordinal_weight"] = fit_ordinal_weight(net, val)
     return calibrators

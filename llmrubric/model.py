@@ -27,7 +27,9 @@ class CalibrationNet(nn.Module):
     and any extra per-pair inputs.
     Features are standardised with training statistics (buffers saved with the weights).
     Each question's logits are divided by its ``temperature`` (a buffer, 1 unless
-    :func:`llmrubric.temperature.fit_temperature` set it after training).
+    :func:`llmrubric.temperature.fit_temperature` set it after training); the probabilities
+    (:func:`llmrubric.module.predict_proba`) are then blended with their ordinal shape by each
+    question's ``ordinal_weight`` (0 unless :func:`llmrubric.ordinal.fit_ordinal_weight` set it).
 
     Personalization: ``"deltas"`` adds judge-specific deltas to every layer (eq. 3–5; they
     start at zero, an unseen judge, index -1, uses the shared weights alone); ``"input"``
@@ -82,6 +84,7 @@ class CalibrationNet(nn.Module):
         self.register_buffer("input_mean", torch.zeros(in_dim))
         self.register_buffer("input_scale", torch.ones(in_dim))
         self.register_buffer("temperature", torch.ones(len(option_counts)))
+        self.register_buffer("ordinal_weight", torch.zeros(len(option_counts)))
         mask = torch.arange(max_opt)[None, :] < torch.tensor(option_counts)[:, None]
         self.register_buffer("option_mask", mask, persistent=False)
         self.n_q, self.max_opt = n_q, max_opt

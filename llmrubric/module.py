@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from llmrubric.data import Encoded
 from llmrubric.model import CalibrationNet
+from llmrubric.ordinal import blend
 
 log = logging.getLogger(__name__)
 for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
@@ -36,6 +37,7 @@ class TrainConfig:
     patience: int = 20
     val_fraction: float = 0.2
     temperature_scaling: bool = True
+    ordinal_blend: bool = True
     engine: str = "stacked"
 
     def __post_init__(self):
@@ -199,8 +201,14 @@ def _train_phases(net: CalibrationNet, train: Encoded, val: Encoded | None, main
 
 
 @torch.no_grad()
+def net_proba(net: CalibrationNet, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
+    """The network's probabilities (B, questions, max options): its softmax, blended with the
+    ordinal shape by each question's ``ordinal_weight`` (:mod:`llmrubric.ordinal`)."""
+    return blend(torch.softmax(net(x, judge), dim=-1), net.ordinal_weight, net.option_mask)
+
+
 def predict_proba(net: CalibrationNet, data: Encoded, batch_size: int = 65536) -> torch.Tensor:
     """(pairs, questions, max options) predicted probabilities; padded options are 0."""
     net.eval()
-    out = [torch.softmax(net(data.x[i : i + batch_size], data.judge[i : i + batch_size]), dim=-1) for i in range(0, len(data), batch_size)]
+    out = [net_proba(net, data.x[i : i + batch_size], data.judge[i : i + batch_size]) for i in range(0, len(data), batch_size)]
     return torch.cat(out) if out else torch.zeros(0, net.n_q, net.max_opt)

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from llmrubric.calibrator import Calibrator
 from llmrubric.errors import InputError
+from llmrubric.module import net_proba
 from llmrubric.predictions import predictions_frame, probabilities
 from llmrubric.schemas import Tables, atomic_path, source_of
 
@@ -281,7 +282,7 @@ def _judge_predictor(calibrator: Calibrator, judges: list[str]):
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # small matrices: more threads only add contention
         try:
-            return np.stack([torch.softmax(m(xt, dummy), dim=-1).numpy() for m in nets], axis=1).astype(np.float64)
+            return np.stack([net_proba(m, xt, dummy).numpy() for m in nets], axis=1).astype(np.float64)
         finally:
             torch.set_num_threads(threads)
 

@@ -143,18 +143,24 @@ class Objective:
     RMSE, correlations and per-fold NLL are trial attributes. After every epoch a trial reports
     the mean held-out NLL of the main question of its fold models (one step per epoch, across
     both phases) and may be pruned from step ``warmup`` on; a trial whose training diverges is
-    failed with the reason.
+    failed with the reason. Trials train with ``ensemble`` networks per fold model and, when
+    given, early-stopping ``patience`` (search budgets; the selection keeps the base's).
     """
 
-    def __init__(self, rubric, tables, base: Setting, space: dict, folds, seed: int, ensemble: int = 1, warmup: int = 10, tracker=None, parent=None):
+    def __init__(
+        self, rubric, tables, base: Setting, space: dict, folds, seed: int, ensemble: int = 1, warmup: int = 10, tracker=None, parent=None,
+        patience: int | None = None,
+    ):
         self.cv = _FoldData(rubric, tables, folds)
         self.base, self.space, self.seed, self.ensemble, self.warmup = base, space, seed, ensemble, warmup
-        self.tracker, self.parent = tracker, parent
+        self.tracker, self.parent, self.patience = tracker, parent, patience
 
     def settings(self, trials: list[optuna.Trial]) -> list[Setting]:
         settings = [suggest(t, self.space, self.base) for t in trials]
         for setting in settings:
             setting.model["ensemble"] = self.ensemble
+            if self.patience is not None:
+                setting.trainer["patience"] = self.patience
         return settings
 
     def run(self, study: optuna.Study, trials: list[optuna.Trial]) -> None:
@@ -279,8 +285,10 @@ def run_search(
     study = create_study(search, study_name)
     optuna.storages.fail_stale_trials(study)
     folds = text_folds(tables.text_ids, search.inner_folds, seed)
+    patience = search.get("patience")
     objective = Objective(
-        rubric, tables, base, space, folds, seed, int(search.get("ensemble", 1)), int(search.pruner_warmup_epochs), tracker, parent
+        rubric, tables, base, space, folds, seed, int(search.get("ensemble", 1)), int(search.pruner_warmup_epochs), tracker, parent,
+        None if patience is None else int(patience),
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     n_trials = int(search.n_trials)

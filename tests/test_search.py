@@ -9,7 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from llmrubric.errors import InputError
-from llmrubric.search import Setting, create_study, finished_trials, run_search, suggest
+from llmrubric.search import Objective, Setting, create_study, finished_trials, run_search, setting_of, suggest
+from llmrubric.splits import text_folds
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = Setting({"h1": 6, "h2": 6, "ensemble": 1}, {"pretrain_epochs": 3, "finetune_epochs": 4, "patience": 3, "lr": 0.01})
@@ -44,6 +45,15 @@ def test_search_selects_by_inner_cv_nll_and_resumes(tmp_path, rubric, simulated)
     assert len(best.user_attrs["fold_nll"]) == 3 and -1 <= best.user_attrs["pearson"] <= 1
     _, again = run_search(rubric, simulated, BASE, search_config(storage, 4), "s", seed=0)
     assert len(again.trials) == 4 and [t.number for t in again.trials] == [0, 1, 2, 3]
+
+
+def test_trials_train_with_the_search_patience_and_the_selection_keeps_the_trainers(rubric, simulated):
+    space = search_config(None, 1).space
+    objective = Objective(rubric, simulated, BASE, dict(space), text_folds(simulated.text_ids, 3, 0), seed=0, patience=7)
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    [setting] = objective.settings([trial])
+    assert setting.trainer["patience"] == 7 and setting.model["ensemble"] == 1
+    assert setting_of(trial.params, BASE).trainer["patience"] == BASE.trainer["patience"] == 3
 
 
 WORKER = """

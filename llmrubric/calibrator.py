@@ -20,12 +20,12 @@ from llmrubric.data import Encoded, FeatureLayout, JudgeMap, encode
 from llmrubric.errors import InputError, TrainingDiverged
 from llmrubric.model import CalibrationNet
 from llmrubric.module import TrainConfig, predict_proba, train_network
+from llmrubric.ordinal import fit_ordinal_weight
 from llmrubric.predictions import predictions_frame
 from llmrubric.rubric import Rubric
 from llmrubric.schemas import Tables, atomic_path
 from llmrubric.splits import holdout_texts
 from llmrubric.stacked import train_stacked
-from llmrubric.ordinal import fit_ordinal_weight
 from llmrubric.temperature import fit_temperature
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ trained on synthetic dialogues and tested on real ones, answers one step away fr
 prediction are the costly misses). The ordinal shape of a forecast ``p`` is the normal with
 ``p``'s mean and variance over the option positions 0..K-1, discretised onto them (bins
 between midpoints, open at both ends), the form the ridge baseline predicts. Each network
-predicts ``(1 - w) p + w ordinal(p)``, which keeps the mean, with one weight ``w`` per
+predicts ``(1 - w) p + w ordinal(p)`` (the mean changes little), with one weight ``w`` per
 question fitted on the held-out cells of its early-stopping split (after temperature
 scaling), read off a grid over [0, 1]. A question with fewer than ``min_cells`` held-out
 cells keeps w = 0.

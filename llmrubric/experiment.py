@@ -1,6 +1,7 @@
 """From a composed Hydra config to data splits, shared by train.py, evaluate.py and benchmarks.
 
-Protocols: ``cv`` (k folds of the training texts), ``holdout`` (train on ``data.train``,
+Protocols: ``cv`` (k folds of the training texts), ``systems`` (leave one system out: each
+system's texts are one fold, so every model is tested on a system it never saw), ``holdout`` (train on ``data.train``,
 test on ``data.test``, or on a seeded ``test_fraction`` of the training texts when there
 is no test set). Folds are saved beside the checkpoints so that evaluation uses exactly
 the texts the models did not see.
@@ -19,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from llmrubric.errors import InputError
 from llmrubric.rubric import Rubric
 from llmrubric.schemas import Tables
-from llmrubric.splits import holdout_texts, load_folds, save_folds, text_folds
+from llmrubric.splits import holdout_texts, load_folds, save_folds, system_folds, text_folds
 
 log = logging.getLogger(__name__)
 FOLDS_FILE = "folds.csv"
@@ -49,12 +50,14 @@ def make_folds(cfg: DictConfig, train: Tables) -> pd.DataFrame | None:
     """Fold of each training text (None when an explicit test set is used)."""
     if cfg.protocol == "cv":
         return text_folds(train.text_ids, cfg.folds, cfg.seed)
+    if cfg.protocol == "systems":
+        return system_folds(train)
     if cfg.protocol == "holdout":
         if cfg.data.get("test"):
             return None
         kept, held = holdout_texts(train.text_ids, cfg.test_fraction, cfg.seed)
         return pd.DataFrame({"text_id": held + kept, "fold": [0] * len(held) + [1] * len(kept)})
-    raise InputError(f"unknown protocol {cfg.protocol!r} (use cv or holdout)")
+    raise InputError(f"unknown protocol {cfg.protocol!r} (use cv, systems or holdout)")
 
 
 def splits_from_folds(cfg: DictConfig, folds: pd.DataFrame | None, train: Tables, test: Tables | None) -> list[Split]:
@@ -62,7 +65,7 @@ def splits_from_folds(cfg: DictConfig, folds: pd.DataFrame | None, train: Tables
         if test is None:
             raise InputError("holdout without data.test needs a folds file")
         return [Split("model", train, test)]
-    evaluated = sorted(folds.fold.unique()) if cfg.protocol == "cv" else [0]
+    evaluated = sorted(folds.fold.unique()) if cfg.protocol in ("cv", "systems") else [0]
     out = []
     for k in evaluated:
         held = folds.text_id[folds.fold == k]

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from llmrubric.errors import InputError
-from llmrubric.schemas import read_table, write_table
+from llmrubric.schemas import read_table, source_of, write_table
 
 
 def text_folds(text_ids, k: int, seed: int) -> pd.DataFrame:
@@ -20,6 +20,23 @@ def text_folds(text_ids, k: int, seed: int) -> pd.DataFrame:
     folds = np.empty(len(texts), dtype=int)
     folds[order] = np.arange(len(texts)) % k
     return pd.DataFrame({"text_id": texts, "fold": folds})
+
+
+def system_folds(tables) -> pd.DataFrame:
+    """Leave-one-system-out folds: each system's texts form one fold (systems in sorted order).
+
+    The system of a text comes from the texts table or, without one, from the annotations."""
+    source = tables.texts if tables.texts is not None and "system_id" in tables.texts else tables.annotations
+    if "system_id" not in source or source.system_id.isna().all():
+        raise InputError("leave-one-system-out needs a system_id for every text", file=source_of(source), column="system_id")
+    systems = source.drop_duplicates("text_id").set_index("text_id").system_id.reindex(tables.text_ids)
+    if systems.isna().any():
+        missing = systems.index[systems.isna()]
+        raise InputError(f"{len(missing)} text(s) have no system_id (first: {missing[0]!r})", file=source_of(source), column="system_id")
+    names = sorted(systems.unique())
+    if len(names) < 2:
+        raise InputError(f"leave-one-system-out needs at least 2 systems, found {names}", file=source_of(source), column="system_id")
+    return pd.DataFrame({"text_id": systems.index, "fold": systems.map({n: k for k, n in enumerate(names)}).to_numpy(), "system_id": systems.to_numpy()})
 
 
 def holdout_texts(text_ids, fraction: float, seed: int) -> tuple[list[str], list[str]]:

@@ -1,7 +1,10 @@
 import pytest
+from omegaconf import OmegaConf
 
 from llmrubric.errors import InputError
-from llmrubric.splits import holdout_texts, text_folds
+from llmrubric.experiment import make_folds, splits_from_folds
+from llmrubric.schemas import Tables
+from llmrubric.splits import holdout_texts, system_folds, text_folds
 
 
 def test_folds_partition_texts_evenly_and_deterministically():
@@ -18,3 +21,31 @@ def test_holdout_is_disjoint():
     assert len(held) == 3 and not set(kept) & set(held) and len(kept) + len(held) == 10
     with pytest.raises(InputError):
         text_folds(["a"], 5, 0)
+
+
+def test_system_folds_leave_one_system_out(simulated):
+    folds = system_folds(simulated)
+    assert sorted(folds.text_id) == simulated.text_ids
+    systems = simulated.texts.set_index("text_id").system_id
+    assert folds.groupby("fold").system_id.nunique().eq(1).all()
+    assert (folds.set_index("text_id").system_id == systems.reindex(folds.text_id)).all()
+    assert folds.fold.nunique() == systems.nunique()
+
+
+def test_systems_protocol_tests_each_model_on_a_system_it_never_saw(simulated):
+    cfg = OmegaConf.create({"protocol": "systems", "seed": 0})
+    splits = splits_from_folds(cfg, make_folds(cfg, simulated), simulated, None)
+    system = simulated.texts.set_index("text_id").system_id
+    tested = [set(system[split.test.text_ids]) for split in splits]
+    assert all(len(s) == 1 for s in tested) and len(set.union(*tested)) == len(splits) == system.nunique()
+    for split, s in zip(splits, tested):
+        assert not set(system[split.train.text_ids]) & s
+
+
+def test_system_folds_name_the_missing_system_ids(simulated):
+    no_system = Tables(simulated.annotations.drop(columns="system_id"), simulated.features, simulated.texts.drop(columns="system_id"))
+    with pytest.raises(InputError, match="system_id"):
+        system_folds(no_system)
+    one = simulated.subset(simulated.texts.text_id[simulated.texts.system_id == simulated.texts.system_id.iloc[0]])
+    with pytest.raises(InputError, match="at least 2 systems"):
+        system_folds(one)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -188,6 +190,28 @@ class CalibrationNet(nn.Module):
             pick = judge.clamp(min=0)[..., None, None].expand(n_models, batch, 1, n_out)
             out = out + every.gather(2, pick).squeeze(2) * (judge >= 0)[..., None]
         return out
+
+    @torch.no_grad()
+    def for_judge(self, judge: int) -> CalibrationNet:
+        """A copy without personalization that predicts what this network predicts for judge
+        index ``judge`` (-1: an unseen judge): the judge's deltas are added to the shared weights,
+        or its standardised indicator, times its ``layer1`` columns, to the ``layer1`` bias."""
+        net = copy.deepcopy(self).eval()
+        if self.has_deltas and judge >= 0:
+            for linear, delta in ((net.layer1, self.delta1), (net.layer2, self.delta2), (net.heads, self.delta_heads)):
+                linear.weight += delta[judge, :, 1:]
+                linear.bias += delta[judge, :, 0]
+        if self.personalize == "input":
+            k = self.n_judges
+            indicator = (torch.arange(k) == judge).to(self.input_mean.dtype)
+            net.layer1.bias += self.layer1.weight[:, -k:] @ ((indicator - self.input_mean[-k:]) / self.input_scale[-k:])
+            net.layer1.weight = nn.Parameter(self.layer1.weight[:, :-k].clone())
+            net.layer1.in_features -= k
+            net.input_mean, net.input_scale = self.input_mean[:-k].clone(), self.input_scale[:-k].clone()
+        for name in ("delta1", "delta2", "delta_heads"):
+            setattr(net, name, nn.Parameter(getattr(self, name)[:0].clone()))
+        net.personalize = "none"
+        return net
 
     def delta_penalty(self) -> torch.Tensor:
         """Sum of squared judge deltas (for their separate L2)."""

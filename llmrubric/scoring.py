@@ -250,30 +250,14 @@ def probabilities_padded(pred: pd.DataFrame, question, width: int) -> np.ndarray
 
 
 def _judge_predictor(calibrator: Calibrator, judges: list[str]):
-    """A function x (texts, dim) → probabilities (texts, judges, questions, max options), or None.
+    """A function x (texts, dim) → probabilities (texts, judges, questions, max options).
 
-    The network adds judge deltas by gathering one weight matrix per (text, judge) pair,
-    which dominates the cost of scoring many pairs. For a fixed judge the deltas fold into
-    the shared weights, so each trusted judge gets one plain network copy. This relies on
-    the network's parameter layout; the result is checked against ``Calibrator.predict`` on
-    the first chunk (``_verify``) and the public path is used if they differ.
+    Personalization is per (text, judge) pair, which dominates the cost of scoring many pairs.
+    For a fixed judge it folds into the shared weights (:meth:`CalibrationNet.for_judge`), so
+    each trusted judge gets plain copies of the ensemble's networks that run on the texts alone.
     """
-    try:
-        net = calibrator.net_
-        nets = []
-        for judge in judges:
-            baked = copy.deepcopy(net).eval()
-            if net.personalize and net.delta1.shape[0]:
-                a = calibrator.judges_.judges.index(judge)
-                with torch.no_grad():
-                    for linear, delta in ((baked.layer1, net.delta1), (baked.layer2, net.delta2), (baked.heads, net.delta_heads)):
-                        linear.weight += delta[a, :, 1:]
-                        linear.bias += delta[a, :, 0]
-            baked.personalize = "none" if isinstance(net.personalize, str) else False
-            nets.append(baked)
-    except (AttributeError, IndexError, RuntimeError, TypeError) as e:
-        log.info("per-judge fast path unavailable (%s); using Calibrator.predict", e)
-        return None
+    index = [calibrator.judges_.judges.index(judge) for judge in judges]
+    members = [[net.for_judge(a) for a in index] for net in calibrator.nets_]
 
     @torch.no_grad()
     def predict(x: np.ndarray) -> np.ndarray:
@@ -282,7 +266,8 @@ def _judge_predictor(calibrator: Calibrator, judges: list[str]):
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # small matrices: more threads only add contention
         try:
-            return np.stack([net_proba(m, xt, dummy).numpy() for m in nets], axis=1).astype(np.float64)
+            per_judge = [torch.stack([net_proba(m, xt, dummy) for m in nets], dim=1) for nets in members]
+            return torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
         finally:
             torch.set_num_threads(threads)
 

@@ -67,3 +67,23 @@ def test_unknown_settings_are_rejected():
         CalibrationNet([[1, 2]], 1, [2], personalize="sometimes")
     with pytest.raises(ValueError, match="inputs"):
         CalibrationNet([[1, 2]], 1, [2], inputs="logits")
+
+
+@pytest.mark.parametrize("personalize", ["deltas", "input", "none"])
+def test_for_judge_predicts_what_the_network_predicts_for_that_judge(personalize):
+    torch.manual_seed(0)
+    net = CalibrationNet([[1, 2, 3], [0, 1]], 3, [4, 3], inputs="both", personalize=personalize, extra_dim=1)
+    x, judge = torch.rand(40, 8), torch.randint(0, 3, (40,))
+    net.standardize_inputs(x, judge)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p))
+        net.temperature.copy_(torch.tensor([1.5, 0.7]))
+    net.eval()
+    for a in (0, 2, -1):
+        plain = net.for_judge(a)
+        assert plain.personalize == "none" and sum(p.numel() for p in plain.delta_parameters()) == 0
+        expected = net(x, torch.full((40,), a))
+        assert torch.allclose(plain(x, torch.full((40,), -1)), expected, atol=1e-5)
+    if personalize != "none":
+        assert not torch.allclose(net.for_judge(0)(x, judge), net.for_judge(1)(x, judge))

@@ -46,6 +46,17 @@ def test_judge_free_scores_match_the_public_predictions(model, split):
     assert len(p) == len(ref) and np.allclose(p["p_1"], p["p_1_ref"], atol=1e-5)
 
 
+def test_an_ensemble_with_judge_input_personalization_scores_on_the_fast_path(rubric, split):
+    train, test = split
+    model = Calibrator(rubric, {"personalize": "input", "inputs": "expected", "input_dropout": 0.2, "ensemble": 2}, trainer=FAST, seed=0).fit(train)
+    judges = ["J02", "J05"]
+    result = score_texts(model, test.features, test.texts, judges=judges, keep_predictions=True)
+    ref = _reference(model, test, judges)
+    assert result.summary["fast_path"]
+    p = result.predictions.merge(ref, on=["text_id", "judge_id", "question_id"], suffixes=("", "_ref"))
+    assert len(p) == len(ref) and np.allclose(p[["p_1", "p_2", "mean"]], p[["p_1_ref", "p_2_ref", "mean_ref"]], atol=1e-5)
+
+
 def test_missing_blocks_are_masked_and_flagged_and_featureless_texts_are_not_scored(model, split):
     test = split[1]
     masked_text, dropped_text = test.text_ids[0], test.text_ids[1]

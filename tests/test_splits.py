@@ -49,3 +49,17 @@ def test_system_folds_name_the_missing_system_ids(simulated):
     one = simulated.subset(simulated.texts.text_id[simulated.texts.system_id == simulated.texts.system_id.iloc[0]])
     with pytest.raises(InputError, match="at least 2 systems"):
         system_folds(one)
+
+
+def test_the_leave_one_system_out_experiment_tests_each_synthetic_system_alone(llm_rubric_data):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    synthetic, _ = llm_rubric_data
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=llm_rubric_systems"])
+    splits = splits_from_folds(cfg, make_folds(cfg, synthetic), synthetic, None)
+    held = [sorted({t.split("_")[0] for t in split.test.text_ids}) for split in splits]
+    assert cfg.protocol == "systems" and held == [["V1"], ["V2"], ["V3"], ["V4"], ["V5"]]
+    assert sum(len(split.test.annotations) for split in splits) == len(synthetic.annotations)

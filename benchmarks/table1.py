@@ -5,8 +5,8 @@ the other four: a shift protocol that needs no real labels).
     .venv/bin/python benchmarks/table1.py [--seeds 10] [--data ../shared/data/llm-rubric]
 
 Every method of ``llmrubric.baselines.METHODS`` is run with the same folds (split by
-dialogue, fold seed 0, or by system); learned and random methods over ``--seeds`` seeds. Metrics are
-pooled over (dialogue, judge) pairs of Q0. Prints the table and writes
+dialogue, fold seed 0, or by system); learned and random methods over ``--seeds`` seeds.
+Metrics are pooled over (dialogue, judge) pairs of Q0. Prints the table and writes
 ``benchmarks/results/table1.json``.
 """
 

@@ -1,9 +1,9 @@
 """From a composed Hydra config to data splits, shared by train.py, evaluate.py and benchmarks.
 
 Protocols: ``cv`` (k folds of the training texts), ``systems`` (leave one system out: each
-system's texts are one fold, so every model is tested on a system it never saw), ``holdout`` (train on ``data.train``,
-test on ``data.test``, or on a seeded ``test_fraction`` of the training texts when there
-is no test set). Folds are saved beside the checkpoints so that evaluation uses exactly
+system's texts are one fold, so every model is tested on a system it never saw),
+``holdout`` (train on ``data.train``, test on ``data.test``, or on a seeded
+``test_fraction`` of the training texts when there is no test set). Folds are saved beside the checkpoints so that evaluation uses exactly
 the texts the models did not see.
 """
 

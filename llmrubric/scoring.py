@@ -12,7 +12,6 @@ features at all is not scored (status ``no_features``, scores NA).
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import time
 from dataclasses import dataclass, field

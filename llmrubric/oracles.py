@@ -69,7 +69,7 @@ class JudgeAnswers:
             k = len(question.keys)
             part = ann[ann.question_id == qid]
             onehot = np.zeros((len(part), k), dtype=np.float32)
-            onehot[np.arange(len(part)), part.answer.map({key: i for i, key in enumerate(question.keys)}).to_numpy()] = 1.0
+            onehot[np.arange(len(part)), part.answer.map({key: i for i, key in enumerate(question.keys)}).to_numpy(np.int64)] = 1.0
             cells = pd.DataFrame(onehot, columns=range(k)).assign(
                 text_id=part.text_id.astype(str).to_numpy(), judge_id=part.judge_id.astype(str).to_numpy(), round=part["round"].astype(str).to_numpy()
             )

@@ -19,6 +19,7 @@ from llmrubric.calibrator import Calibrator
 from llmrubric.errors import InputError
 from llmrubric.experiment import Split
 from llmrubric.oracles import JudgeAnswers, PersonalIsotonic
+from llmrubric.schemas import Tables
 from llmrubric.report import ReportSettings, check_report_config, write_report_folder
 from llmrubric.splits import holdout_texts
 from llmrubric.studies import Variant, ensemble, run_variants
@@ -53,6 +54,17 @@ def test_own_answers_are_the_judges_one_hot_answers(rubric, split):
             answer = ann.get((text, judge, q))
             expected = np.zeros(len(rubric[q].options)) if answer is None else np.eye(len(rubric[q].options))[rubric[q].keys.index(answer)]
             assert np.array_equal(block, expected), (text, judge, q)
+
+
+@pytest.mark.parametrize("others", [False, True])
+def test_a_question_nobody_answered_gives_a_zero_block(rubric, split, others):
+    test = split[1]
+    unanswered = Tables(test.annotations[test.annotations.question_id != "Q2"], test.features, test.texts)
+    features = JudgeAnswers(rubric, others=others)
+    pairs = unanswered.annotations[["text_id", "judge_id"]].drop_duplicates().head(20)
+    x = features.transform(unanswered, pairs)
+    q2 = [i for i, c in enumerate(features.columns()) if "/Q2/" in c]
+    assert x.shape == (20, features.dim) and not x[:, q2].any() and x.any()
 
 
 def test_other_judges_answers_exclude_the_target_judge(rubric, split):

@@ -19,8 +19,8 @@ from llmrubric.calibrator import Calibrator
 from llmrubric.errors import InputError
 from llmrubric.experiment import Split
 from llmrubric.oracles import JudgeAnswers, PersonalIsotonic
-from llmrubric.schemas import Tables
 from llmrubric.report import ReportSettings, check_report_config, write_report_folder
+from llmrubric.schemas import Tables
 from llmrubric.splits import holdout_texts
 from llmrubric.studies import Variant, ensemble, run_variants
 

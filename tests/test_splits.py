@@ -1,4 +1,7 @@
+from pathlib import Path
+
 import pytest
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from llmrubric.errors import InputError
@@ -52,10 +55,6 @@ def test_system_folds_name_the_missing_system_ids(simulated):
 
 
 def test_the_leave_one_system_out_experiment_tests_each_synthetic_system_alone(llm_rubric_data):
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
-
     synthetic, _ = llm_rubric_data
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=llm_rubric_systems"])

@@ -258,8 +258,8 @@ class HeartbeatStorage(optuna.storages.RDBStorage):
 
 
 def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-    """A trial of a killed search (failed without a reason): its configuration, if it was sampled
-    before the kill, is queued to run again."""
+    """A trial of a killed search (failed without a reason): the parameters it had sampled before
+    the kill are queued to run again; any the kill cut off are sampled afresh when it reruns."""
     if trial.params:
         study.enqueue_trial(trial.params, user_attrs={"requeued_from": trial.number})
 

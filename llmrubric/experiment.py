@@ -3,8 +3,8 @@
 Protocols: ``cv`` (k folds of the training texts), ``systems`` (leave one system out: each
 system's texts are one fold, so every model is tested on a system it never saw),
 ``holdout`` (train on ``data.train``, test on ``data.test``, or on a seeded
-``test_fraction`` of the training texts when there is no test set). Folds are saved beside the checkpoints so that evaluation uses exactly
-the texts the models did not see.
+``test_fraction`` of the training texts when there is no test set). Folds are saved beside
+the checkpoints so that evaluation uses exactly the texts the models did not see.
 """
 
 from __future__ import annotations

@@ -180,10 +180,11 @@ def score_texts(
                 absent = x[:, n_probs : n_probs + len(block_names)] == 0  # presence flags follow the probabilities
                 for row in np.flatnonzero(absent.any(axis=1)):
                     missing[text_ids[row]] = ";".join(block_names[absent[row]])
-                if predict is not None and not verified:
-                    predict, verified = _verify(calibrator, chunk_feats, pairs, x, q_index, predict), True
                 if predict is not None:
-                    probs = predict(x)[:, :, q_index]  # (texts, judges, questions, options)
+                    probs = predict(x)[:, :, q_index] if verified else _checked(calibrator, chunk_feats, pairs, x, q_index, predict)
+                    verified = True
+                    if probs is None:
+                        predict = None
                 if predict is None:
                     pred = calibrator.predict(Tables(_empty_annotations(), chunk_feats), pairs, questions)
                     probs = np.stack([probabilities_padded(pred[pred.question_id == q.id], q, probs_width(rubric_questions)) for q in rubric_questions], axis=1)
@@ -273,8 +274,9 @@ def _judge_predictor(calibrator: Calibrator, judges: list[str]):
     return predict
 
 
-def _verify(calibrator: Calibrator, features: pd.DataFrame, pairs: pd.DataFrame, x: np.ndarray, q_index: list[int], predict):
-    """``predict`` if it matches ``Calibrator.predict_proba`` on up to 64 pairs of ``pairs``, else None."""
+def _checked(calibrator: Calibrator, features: pd.DataFrame, pairs: pd.DataFrame, x: np.ndarray, q_index: list[int], predict):
+    """``predict``'s probabilities (texts, judges, questions, options) of the first chunk if they
+    match ``Calibrator.predict_proba`` on up to 64 pairs of ``pairs``, else None."""
     sample = pairs.iloc[: min(len(pairs), 64)]
     _, reference = calibrator.predict_proba(Tables(_empty_annotations(), features), sample)
     try:
@@ -284,6 +286,6 @@ def _verify(calibrator: Calibrator, features: pd.DataFrame, pairs: pd.DataFrame,
         return None
     fast = probs.reshape(len(pairs), *probs.shape[2:])[: len(sample)]
     if fast.shape[1:] == reference[:, q_index, : fast.shape[-1]].shape[1:] and np.allclose(fast, reference[:, q_index, : fast.shape[-1]], atol=1e-5):
-        return predict
+        return probs
     log.warning("per-judge fast path disagrees with Calibrator.predict; scoring with Calibrator.predict")
     return None

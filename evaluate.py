@@ -27,7 +27,7 @@ from llmrubric.baselines import expand_baselines, make_method
 from llmrubric.calibrator import Calibrator
 from llmrubric.errors import InputError
 from llmrubric.experiment import prepare
-from llmrubric.metrics import evaluate, markdown_table
+from llmrubric.metrics import evaluate, markdown_table, metric_names
 from llmrubric.report import check_report_config, experiment_splits, report_from_config
 from llmrubric.schemas import write_json, write_table, write_text
 from llmrubric.tracking import Tracker, metric_keys
@@ -72,7 +72,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     tables = {name: pd.concat(parts, ignore_index=True) for name, parts in predictions.items()}
     annotations = pd.concat([s.test.annotations for s in splits], ignore_index=True)
     metrics = {name: evaluate(table, annotations, rubric.main) for name, table in tables.items()}
-    table = markdown_table(metrics)
+    table = markdown_table(metrics, metric_names(rubric.main))
     header = f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
     write_table(tables["llm_rubric"], run_dir / f"predictions.{cfg.predictions_format}")
     notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())

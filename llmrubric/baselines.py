@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from scipy import stats
-from sklearn.linear_model import LogisticRegressionCV, RidgeCV
+from sklearn.linear_model import LogisticRegression, RidgeCV
+from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -126,7 +127,8 @@ class RidgeJudge(MainQuestionBaseline):
     (categories); a block missing for a text takes the training mean. For an ordered main
     question the distribution is a normal with the training residual spread, discretised
     onto the options (bins between midpoints, open at both ends); for a categorical one the
-    regression is an L2-penalised multinomial logistic regression on the same inputs.
+    regression is an L2-penalised multinomial logistic regression on the same inputs (penalty
+chosen by 5-fold CV log loss).
     """
 
     name = "ridge_judge"
@@ -178,7 +180,9 @@ class RidgeJudge(MainQuestionBaseline):
             self.model_ = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(x, y)
             self.sigma_ = float(np.std(y - self.model_.predict(x)))
         else:
-            self.model_ = make_pipeline(StandardScaler(), LogisticRegressionCV(Cs=np.logspace(-3, 3, 7), max_iter=1000)).fit(x, index)
+            pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+            grid = {"logisticregression__C": np.logspace(-3, 3, 7)}
+            self.model_ = GridSearchCV(pipeline, grid, scoring="neg_log_loss", cv=min(5, int(np.bincount(index).max()))).fit(x, index)
         return self
 
     def _predict(self, tables, pairs):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -79,12 +80,18 @@ class Calibrator:
     def _net(self) -> CalibrationNet:
         extra = self.pair_features.dim if self.pair_features is not None else 0
         return CalibrationNet(
-            self.layout_.values if self.llm_features else [],
+            self._block_values() if self.llm_features else [],
             len(self.judges_.judges),
             [len(q.options) for q in self.rubric.questions],
             extra_dim=extra,
             **{k: v for k, v in self.model.items() if k != "ensemble"},
         )
+
+    def _block_values(self) -> list[list[float]]:
+        """Option values of each feature block (:attr:`Block.values`); NaN for a block of a
+        categorical rubric question (one that is not ``ordered``)."""
+        categorical = lambda b: b.question_id in self.rubric and not self.rubric[b.question_id].ordered
+        return [[math.nan] * len(b.options) if categorical(b) else b.values for b in self.layout_.blocks]
 
     @property
     def seeds(self) -> list[int]:
@@ -286,5 +293,6 @@ def fit_together(
             if c.trainer.temperature_scaling:
                 summaries[m]["temperature"] = fit_temperature(net, val)
             if c.trainer.ordinal_blend:
-                summaries[m]["ordinal_weight"] = fit_ordinal_weight(net, val)
+                summaries[m]["ordinal_weight"] = fit_ordinal_weight(net, val, [q.ordered for q in c.rubric.questions])
     return calibrators
+

@@ -66,6 +66,8 @@ def system_data(
     System ids come from the predictions' ``system_id`` column or from ``texts``. A text
     without a system id is an error naming the row.
     """
+    if not question.ordered:
+        raise InputError(f"question {question.id!r} is categorical: a leaderboard needs ordered numeric options", column="question")
     pred = predictions[predictions.question_id == question.id]
     src = source_of(predictions)
     if pred.empty:

@@ -1,4 +1,9 @@
-"""Metrics on (text, judge) pairs of one question: RMSE, correlations, held-out NLL."""
+"""Metrics on (text, judge) pairs of one question.
+
+Ordered questions (numeric scales): RMSE, correlations and held-out NLL; categorical
+questions (yes/no, labels): accuracy and macro-F1 of the most probable option, NLL and the
+(multi-class) Brier score.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 from scipy import stats
+from sklearn.metrics import f1_score
 
 from llmrubric.data import PAIR, with_round
 from llmrubric.errors import InputError
@@ -14,6 +20,7 @@ from llmrubric.predictions import probabilities
 from llmrubric.rubric import Question
 
 METRICS = ("rmse", "pearson", "spearman", "kendall", "nll")
+CATEGORICAL_METRICS = ("accuracy", "macro_f1", "nll", "brier")
 MIN_JUDGE_PAIRS = 5
 
 
@@ -37,6 +44,23 @@ def nll(probs: np.ndarray, answer_index: np.ndarray) -> float:
         return float(-np.mean(np.log(p)))
 
 
+def metric_names(question: Question) -> tuple[str, ...]:
+    """The metrics of ``question``: :data:`METRICS` if ordered, else :data:`CATEGORICAL_METRICS`."""
+    return METRICS if question.ordered else CATEGORICAL_METRICS
+
+
+def categorical_metrics(probs: np.ndarray, answer_index: np.ndarray) -> dict:
+    """Accuracy and macro-F1 (over the options observed or predicted) of the most probable
+    option, and the Brier score: mean over pairs of sum over options of (p - observed)²."""
+    predicted = probs.argmax(axis=1)
+    onehot = np.eye(probs.shape[1])[answer_index]
+    return {
+        "accuracy": float(np.mean(predicted == answer_index)),
+        "macro_f1": float(f1_score(answer_index, predicted, average="macro", zero_division=0)),
+        "brier": float(np.mean(((probs - onehot) ** 2).sum(axis=1))),
+    }
+
+
 def align(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Question) -> pd.DataFrame:
     """Predictions of ``question`` joined to the observed answers by (text, judge, round)."""
     ann = with_round(annotations[annotations.question_id == question.id])
@@ -44,8 +68,11 @@ def align(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Questi
     merged = pred.drop(columns=["system_id"], errors="ignore").merge(ann[PAIR + ["answer"]], on=PAIR, how="inner", validate="one_to_one")
     if len(merged) != len(ann):
         raise InputError(f"{len(ann) - len(merged)} annotated pairs of {question.id} have no prediction")
-    if not np.isfinite(merged["mean"]).all():
-        raise InputError(f"non-finite predictions for {question.id}")
+    finite = np.isfinite(probabilities(merged, question)).all(axis=1)
+    if question.ordered:
+        finite &= np.isfinite(merged["mean"].to_numpy(dtype=float))
+    if not finite.all():
+        raise InputError(f"non-finite predictions for {question.id} ({int((~finite).sum())} pairs)")
     return merged
 
 
@@ -53,18 +80,21 @@ def evaluate(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Que
     """Pooled metrics over all annotated pairs, plus (``per_judge``) the mean of per-judge metrics."""
     merged = align(predictions, annotations, question)
     index = pd.Index(question.keys).get_indexer(merged.answer)
-    y = np.asarray(question.values, float)[index]
-    out = point_metrics(y, merged["mean"].to_numpy())
-    out["nll"] = nll(probabilities(merged, question), index)
+    probs = probabilities(merged, question)
+    if question.ordered:
+        y = np.asarray(question.values, float)[index]
+        yhat = merged["mean"].to_numpy()
+        point = lambda rows: point_metrics(y[rows], yhat[rows])
+    else:
+        point = lambda rows: {"accuracy": float(np.mean(probs[rows].argmax(axis=1) == index[rows]))}
+    out = point(slice(None)) if question.ordered else categorical_metrics(probs, index)
+    out["nll"] = nll(probs, index)
     out["n"] = int(len(merged))
     if not per_judge:
         return out
-    per_judge = [
-        point_metrics(y[rows], merged["mean"].to_numpy()[rows])
-        for rows in merged.groupby("judge_id").indices.values()
-        if len(rows) >= MIN_JUDGE_PAIRS
-    ]
-    out["per_judge"] = {m: _nanmean([j[m] for j in per_judge]) for m in ("rmse", "pearson", "spearman", "kendall")}
+    per_judge = [point(rows) for rows in merged.groupby("judge_id").indices.values() if len(rows) >= MIN_JUDGE_PAIRS]
+    names = ("rmse", "pearson", "spearman", "kendall") if question.ordered else ("accuracy",)
+    out["per_judge"] = {m: _nanmean([j[m] for j in per_judge]) for m in names}
     out["per_judge"]["judges"] = len(per_judge)
     return out
 

@@ -20,13 +20,35 @@ def personalization_mode(value: bool | str) -> str:
     return value
 
 
+def expected_projection(block_values: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probs, columns) weights and block membership of the expected-answer features: one column
+    per ordered block (its option values), one per option of a categorical block (NaN values:
+    an indicator of that option), so that a column is ``probs @ weights / probs @ membership``."""
+    weights, mass, offset = [], [], 0
+    n_probs = sum(map(len, block_values))
+    for values in block_values:
+        k = len(values)
+        rows = torch.arange(offset, offset + k)
+        columns = [torch.tensor(values, dtype=torch.float32)] if not any(v != v for v in values) else list(torch.eye(k))
+        for column in columns:
+            w, m = torch.zeros(n_probs), torch.zeros(n_probs)
+            w[rows], m[rows] = column, 1.0
+            weights.append(w)
+            mass.append(m)
+        offset += k
+    empty = torch.zeros(n_probs, 0)
+    return (torch.stack(weights, 1), torch.stack(mass, 1)) if weights else (empty, empty.clone())
+
+
 class CalibrationNet(nn.Module):
     """``z1 = σ((W1 + W1[a])[1; x])``, ``z2 = σ((W2 + W2[a])[1; z1])``, one softmax head per question.
 
     The raw input is ``[probabilities of each block..., presence flag of each block, extra]``; the
     network turns it into its features: the probabilities, each block's expected answer
-    (normalised over the block's options; 0 for an absent block), or both, then the flags
-    and any extra per-pair inputs.
+    (normalised over the block's options; 0 for an absent block; a block of one option, e.g. a
+    summary's ``covered`` fraction, gives its probability; a categorical block, whose option
+    values are NaN, gives its normalised distribution), or both, then the flags and any extra
+    per-pair inputs.
     Features are standardised with training statistics (buffers saved with the weights).
     Each question's logits are divided by its ``temperature`` (a buffer, 1 unless
     :func:`llmrubric.temperature.fit_temperature` set it after training); the probabilities
@@ -40,7 +62,8 @@ class CalibrationNet(nn.Module):
     a padded tensor of shape (questions, max options); padded option rows get logit -inf.
 
     Args:
-        block_values: numeric value of each option of each feature block, in layout order.
+        block_values: numeric value of each option of each feature block, in layout order; NaN
+            values mark a categorical block.
         n_judges: number of known judges.
         option_counts: number of answer options of each question, in rubric order.
         h1, h2: hidden sizes.
@@ -67,12 +90,12 @@ class CalibrationNet(nn.Module):
             raise ValueError(f"inputs must be one of {INPUTS}, not {inputs!r}")
         self.personalize, self.inputs, self.n_judges = personalization_mode(personalize), inputs, n_judges
         n_probs, n_blocks = sum(map(len, block_values)), len(block_values)
-        block_of = torch.repeat_interleave(torch.arange(n_blocks), torch.tensor([len(v) for v in block_values], dtype=torch.long))
-        membership = (block_of[:, None] == torch.arange(n_blocks)[None, :]).float()
-        self.register_buffer("block_membership", membership, persistent=False)
-        self.register_buffer("option_values", torch.tensor([v for vs in block_values for v in vs], dtype=torch.float32), persistent=False)
-        self.n_probs, self.n_blocks, self.extra_dim = n_probs, n_blocks, extra_dim
-        in_dim = (n_probs if inputs != "expected" else 0) + (n_blocks if inputs != "probabilities" else 0) + n_blocks + extra_dim
+        weights, mass = expected_projection(block_values)
+        self.register_buffer("expected_weights", weights, persistent=False)
+        self.register_buffer("expected_mass", mass, persistent=False)
+        self.register_buffer("single_option", mass.sum(dim=0) == 1, persistent=False)
+        self.n_probs, self.n_blocks, self.n_expected, self.extra_dim = n_probs, n_blocks, weights.shape[1], extra_dim
+        in_dim = (n_probs if inputs != "expected" else 0) + (self.n_expected if inputs != "probabilities" else 0) + n_blocks + extra_dim
         in_dim += n_judges if self.personalize == "input" else 0
         n_q, max_opt = len(option_counts), max(option_counts)
         self.layer1 = nn.Linear(in_dim, h1)
@@ -103,8 +126,8 @@ class CalibrationNet(nn.Module):
         n_rest = self.n_blocks + self.extra_dim  # presence flags and extra inputs
         parts = [torch.arange(self.n_probs)] if self.inputs != "expected" else []
         if self.inputs != "probabilities":
-            parts.append(self.n_probs + torch.arange(self.n_blocks))
-        start = self.n_probs + self.n_blocks
+            parts.append(self.n_probs + torch.arange(self.n_expected))
+        start = self.n_probs + self.n_expected
         parts.append(start + torch.arange(n_rest))
         if self.personalize == "input":
             parts.append(start + n_rest + torch.arange(self.n_judges))
@@ -113,16 +136,17 @@ class CalibrationNet(nn.Module):
     @property
     def n_widest_features(self) -> int:
         """Size of the widest feature set of this network's kind (see :attr:`feature_columns`)."""
-        return self.n_probs + 2 * self.n_blocks + self.extra_dim + (0 if self.has_deltas else self.n_judges)
+        return self.n_probs + self.n_expected + self.n_blocks + self.extra_dim + (0 if self.has_deltas else self.n_judges)
 
     def features(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
         """Raw input x: (B, probs + flags + extra), judge: (B,) → unstandardised features (B, in_dim)."""
         probs, rest = x[:, : self.n_probs], x[:, self.n_probs :]
         parts = [probs] if self.inputs != "expected" else []
         if self.inputs != "probabilities":
-            mass = probs @ self.block_membership
-            weighted = probs @ (self.block_membership * self.option_values[:, None])
-            parts.append(torch.where(mass > 0, weighted / mass.clamp(min=1e-12), torch.zeros_like(mass)))
+            mass = probs @ self.expected_mass
+            weighted = probs @ self.expected_weights
+            expected = torch.where(mass > 0, weighted / mass.clamp(min=1e-12), torch.zeros_like(mass))
+            parts.append(torch.where(self.single_option, mass, expected))
         parts.append(rest)
         if self.personalize == "input":
             parts.append((judge[:, None] == torch.arange(self.n_judges, device=judge.device)[None, :]).to(x.dtype))

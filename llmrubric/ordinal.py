@@ -9,7 +9,7 @@ between midpoints, open at both ends), the form the ridge baseline predicts. Eac
 predicts ``(1 - w) p + w ordinal(p)`` (the mean changes little), with one weight ``w`` per
 question fitted on the held-out cells of its early-stopping split (after temperature
 scaling), read off a grid over [0, 1]. A question with fewer than ``min_cells`` held-out
-cells keeps w = 0.
+cells, or a categorical one (options not ordered), keeps w = 0.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ def blend(probs: torch.Tensor, weight: torch.Tensor, option_mask: torch.Tensor) 
 
 
 @torch.no_grad()
-def fit_ordinal_weight(net: CalibrationNet, val: Encoded, min_cells: int = 20) -> list[float]:
-    """Set ``net.ordinal_weight`` from the held-out rows ``val``; returns the weights."""
+def fit_ordinal_weight(net: CalibrationNet, val: Encoded, ordered: list[bool] | None = None, min_cells: int = 20) -> list[float]:
+    """Set ``net.ordinal_weight`` from the held-out rows ``val`` (only questions ``ordered``, default
+    all); returns the weights."""
     net.eval()
     net.ordinal_weight.zero_()
     probs = torch.softmax(net(val.x, val.judge), dim=-1)  # (n, Q, O)
@@ -57,5 +58,7 @@ def fit_ordinal_weight(net: CalibrationNet, val: Encoded, min_cells: int = 20) -
     nll = -(mixed.clamp(min=1e-30).log() * observed).sum(dim=1)  # (G, Q)
     best = GRID[nll.argmin(dim=0)]
     usable = (observed.sum(dim=0) >= min_cells) & torch.isfinite(nll).all(dim=0)
+    if ordered is not None:
+        usable &= torch.tensor(ordered, dtype=torch.bool)
     net.ordinal_weight.copy_(torch.where(usable, best, torch.zeros(())))
     return net.ordinal_weight.tolist()

@@ -123,6 +123,8 @@ def score_texts(
     ``chunk_texts × |A|`` (text, judge) pairs. ``predictions_out`` receives the predictions
     table (``text_id, judge_id, system_id, round, question_id, p_<option>…, mean, var``),
     written atomically: a failure leaves no file; ``keep_predictions`` also returns it in memory.
+    ``questions`` defaults to the rubric's ordered questions: a categorical question has no
+    judge-free score (asking for one is an error; ``Calibrator.predict`` gives its distributions).
     """
     if not 0 <= quantile <= 1:
         raise InputError(f"quantile {quantile} is not in [0, 1]", column="quantile")
@@ -130,10 +132,14 @@ def score_texts(
         raise InputError(f"chunk_texts must be >= 1, got {chunk_texts}", column="chunk_texts")
     start = time.perf_counter()
     judges = trusted_judges(calibrator, judges)
-    questions = list(questions or calibrator.rubric.ids)
+    questions = list(questions or [q.id for q in calibrator.rubric.questions if q.ordered])
     unknown = [q for q in questions if q not in calibrator.rubric]
     if unknown:
         raise InputError(f"question(s) {unknown} are not in the checkpoint's rubric {calibrator.rubric.ids}", column="questions")
+    categorical = [q for q in questions if not calibrator.rubric[q].ordered]
+    if categorical or not questions:
+        raise InputError(f"judge-free scores need questions with ordered numeric options; categorical: "
+                         f"{categorical or [q.id for q in calibrator.rubric.questions]}", column="questions")
     rubric_questions = [calibrator.rubric[q] for q in questions]
     q_index = [calibrator.rubric.ids.index(q) for q in questions]
     layout = calibrator.layout_

@@ -100,7 +100,7 @@ def _template(nets: list[CalibrationNet]) -> CalibrationNet:
         same = (
             net.has_deltas == base.has_deltas and net.n_judges == base.n_judges and net.n_probs == base.n_probs
             and net.n_blocks == base.n_blocks and net.option_mask.shape == base.option_mask.shape
-            and torch.equal(net.option_values, base.option_values)
+            and torch.equal(net.expected_weights, base.expected_weights)
             and net.extra_dim == base.extra_dim
         )
         if not same:

@@ -1,7 +1,8 @@
 """``llmrubric extract``: texts (+ rubric or test bank) → features table, cached and resumable.
 
-Also ``llmrubric extract-texts`` (LLM-Rubric real dialogues → texts table) and
-``llmrubric extract-bank`` (generate a test bank to edit by hand).
+Also ``llmrubric extract-texts`` (LLM-Rubric real dialogues → texts table),
+``llmrubric extract-bank`` (generate a test bank to edit by hand) and
+``llmrubric extract-summaries`` (per-item features → a summary-only features table).
 """
 
 from __future__ import annotations
@@ -84,6 +85,15 @@ def register(subparsers) -> None:
     b.add_argument("--model")
     b.add_argument("--out", required=True)
     b.set_defaults(run=run_bank)
+
+    m = subparsers.add_parser("extract-summaries", help="per-item features of a test bank → summary-only features table",
+                              description="Fixed-size summary blocks (.mean, .max, .cov_ge<g>, …) of one item family, "
+                                          "the only blocks of the table written (llmrubric.extract.summaries).")
+    m.add_argument("features", help="features table with the family's per-item blocks (question_id <family>:<item_id>)")
+    m.add_argument("--family", required=True, choices=["self_rating", "nugget_support", "answer_quality"])
+    m.add_argument("--bank", help="test bank JSONL: nugget importance for .vital_support")
+    m.add_argument("--out", required=True, help="summary features table to write (.parquet/.csv/.tsv/.jsonl)")
+    m.set_defaults(run=run_summaries)
 
 
 def _number(text: str):
@@ -209,4 +219,20 @@ def run_bank(args) -> int:
             raise InputError(f"query {row.query_id}: {e}; nothing written", file=str(args.queries), row=n + 1) from e
     write_bank(items, args.out)
     print(f"{len(items)} items → {args.out}")
+    return 0
+
+
+def run_summaries(args) -> int:
+    from llmrubric.extract.summaries import summarise
+    from llmrubric.extract.testbank import read_bank
+    from llmrubric.schemas import validate_features
+
+    features = validate_features(read_table(args.features, "features"))
+    importance = {i.item_id: i.importance for i in read_bank(args.bank)[0]} if args.bank else None
+    summary = summarise(features, args.family, importance)
+    if summary.empty:
+        raise InputError(f"no {args.family} item blocks (question_id {args.family}:<item_id>) to summarise", file=str(args.features), column="question_id")
+    summary.attrs["source"] = str(args.out)
+    write_table(validate_features(summary), args.out)
+    print(f"{summary.text_id.nunique()} texts, {summary.groupby(['source', 'question_id']).ngroups} summary blocks → {args.out}")
     return 0

@@ -21,6 +21,7 @@ from sklearn.linear_model import LogisticRegression, RidgeCV
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
 
 from llmrubric.calibrator import Calibrator
 from llmrubric.data import Block, FeatureLayout, JudgeMap, pairs_of
@@ -182,7 +183,8 @@ chosen by 5-fold CV log loss).
         else:
             pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
             grid = {"logisticregression__C": np.logspace(-3, 3, 7)}
-            self.model_ = GridSearchCV(pipeline, grid, scoring="neg_log_loss", cv=min(5, int(np.bincount(index).max()))).fit(x, index)
+            with threadpool_limits(1):  # small problems: threads only contend
+                self.model_ = GridSearchCV(pipeline, grid, scoring="neg_log_loss", cv=5).fit(x, index)
         return self
 
     def _predict(self, tables, pairs):

@@ -222,10 +222,11 @@ class ReportBuilder:
     def _ablation_questions(self) -> list[str]:
         return list(self.settings.ablation_questions) if self.settings.ablation_questions is not None else self._feature_questions()
 
-    def _per_question(self) -> list[str]:
+    def _per_question(self, ordered: bool = True) -> list[str]:
+        """The answered questions of Table 3: the ordered ones (``ordered=False``: the categorical ones, left out)."""
         ids = self.settings.per_question if self.settings.per_question is not None else self.rubric.ids
         answered = set(self.annotations.question_id)
-        return [q for q in ids if q in answered]
+        return [q for q in ids if q in answered and self.rubric[q].ordered == ordered]
 
     def _fractions(self) -> list[float]:
         return sorted({float(f) for f in self.settings.lc_fractions})
@@ -413,7 +414,8 @@ class ReportBuilder:
     def per_question(self) -> Section:
         s = self.settings
         reference = dict(self.reference.get("table3") or {})
-        records, rows, notes = [], [], []
+        records, rows = [], []
+        notes = [f"{qid}: categorical, left out (RMSE and Pearson need ordered numeric options)" for qid in self._per_question(ordered=False)]
         for qid, (model, base) in per_question_variants(self.rubric, self._per_question()).items():
             q = self.rubric[qid]
             preds = {"model": self.prediction(model.name, qid), "base": self.prediction(base.name, qid)}
@@ -703,6 +705,11 @@ def experiment_splits(cfg: DictConfig) -> tuple[Rubric, list[Split]]:
 
 
 def check_questions(settings: ReportSettings, rubric: Rubric) -> None:
+    if not rubric.main.ordered:
+        raise InputError(
+            f"the report needs an ordered main question; {rubric.main.id} is categorical "
+            "(evaluate.py without report= scores it by accuracy, macro-F1, NLL and Brier)", column="main_question",
+        )
     for key, ids in (("ablation_questions", settings.ablation_questions), ("per_question", settings.per_question)):
         unknown = [q for q in (ids or []) if q not in rubric]
         if unknown:

@@ -95,16 +95,16 @@ def judge_distribution_figure(
     observed: dict[str, np.ndarray],
     predicted: dict[str, np.ndarray],
     counts: dict[str, int],
-    llm: np.ndarray,
+    llm: np.ndarray | None,
     labels: list[str],
     title: str,
 ) -> Figure:
     """Each judge's observed answer distribution (black) next to the model's average prediction (gray), like Figure 2.
 
-    A last panel shows the raw LLM's distribution over the same pairs (light gray).
+    A last panel shows the raw LLM's distribution over the same pairs (light gray), unless ``llm`` is None.
     """
     judges = list(observed)
-    panels = len(judges) + 1
+    panels = max(1, len(judges) + (llm is not None))
     cols = min(6, panels)
     rows = math.ceil(panels / cols)
     fig = Figure(figsize=(2.2 * cols, 1.9 * rows))
@@ -114,16 +114,16 @@ def judge_distribution_figure(
         ax.plot(x, observed[judge], "-o", color="black", lw=1.6, ms=3, label="judge")
         ax.plot(x, predicted[judge], "-o", color="0.55", lw=1.6, ms=3, label="LLM-Rubric")
         ax.set_title(f"judge {judge} (n={counts[judge]})", fontsize=8)
-    ax = axes[len(judges)]
-    ax.plot(x, llm, "-o", color="0.8", lw=1.6, ms=3, label="LLM")
-    ax.set_title("raw LLM", fontsize=8)
+    if llm is not None:
+        axes[len(judges)].plot(x, llm, "-o", color="0.8", lw=1.6, ms=3, label="LLM")
+        axes[len(judges)].set_title("raw LLM", fontsize=8)
     for ax in axes[:panels]:
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylim(0, 1)
         ax.tick_params(labelsize=7)
     for ax in axes[panels:]:
         ax.set_visible(False)
-    handles = [axes[0].lines[0], axes[0].lines[1], axes[len(judges)].lines[0]] if judges else [axes[0].lines[0]]
+    handles = (list(axes[0].lines[:2]) if judges else []) + (list(axes[len(judges)].lines) if llm is not None else [])
     fig.legend(handles, [h.get_label() for h in handles], loc="lower right", fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()

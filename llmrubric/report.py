@@ -59,6 +59,7 @@ from llmrubric.studies import (
 )
 
 log = logging.getLogger(__name__)
+LLM_ANSWER_METHODS = ("argmax_llm", "expected_llm", "calibrated_q0")  # need an LLM's answers to the main question
 SECTIONS = ("table1", "calibration", "ablations", "per_question", "oracles", "learning_curve")
 DROP_METRICS = ("rmse", "pearson")
 
@@ -177,8 +178,12 @@ class ReportBuilder:
         self.question = rubric.main
         self.annotations = pd.concat([s.test.annotations for s in splits], ignore_index=True)
         self._check_questions()
+        self.llm_questions = self._feature_questions()
+        self.methods = [m for m in settings.methods if self.question.id in self.llm_questions or m not in LLM_ANSWER_METHODS]
+        self.method_notes = [f"{m} left out: no LLM source answered {self.question.id} in the features" for m in settings.methods if m not in self.methods]
 
     def _feature_questions(self) -> list[str]:
+        """Rubric questions that some LLM source answered (have a feature block)."""
         layout = FeatureLayout.from_features(self.splits[0].train.features, self.rubric)
         return [q for q in self.rubric.ids if any(b.question_id == q for b in layout.blocks)]
 
@@ -199,11 +204,12 @@ class ReportBuilder:
 
         sections = set(s.sections)
         if sections & {"table1", "oracles"}:
-            for v in table1_variants(s.methods):
+            for v in table1_variants(self.methods):
                 add(v)
         if "calibration" in sections:
             add(Variant("llm_rubric"))
-            add(Variant("expected_llm", method="expected_llm"))
+            if self.question.id in self.llm_questions:
+                add(Variant("expected_llm", method="expected_llm"))
         if "ablations" in sections:
             for v in ablation_variants(self.rubric, self._ablation_questions()).values():
                 add(v)
@@ -222,11 +228,12 @@ class ReportBuilder:
     def _ablation_questions(self) -> list[str]:
         return list(self.settings.ablation_questions) if self.settings.ablation_questions is not None else self._feature_questions()
 
-    def _per_question(self, ordered: bool = True) -> list[str]:
-        """The answered questions of Table 3: the ordered ones (``ordered=False``: the categorical ones, left out)."""
+    def _per_question(self, kept: bool = True) -> list[str]:
+        """The questions of Table 3 (``kept=False``: those left out): answered by the judges, ordered and
+        answered by an LLM source."""
         ids = self.settings.per_question if self.settings.per_question is not None else self.rubric.ids
         answered = set(self.annotations.question_id)
-        return [q for q in ids if q in answered and self.rubric[q].ordered == ordered]
+        return [q for q in ids if q in answered and (self.rubric[q].ordered and q in self.llm_questions) == kept]
 
     def _fractions(self) -> list[float]:
         return sorted({float(f) for f in self.settings.lc_fractions})
@@ -300,7 +307,7 @@ class ReportBuilder:
 
     def table1(self) -> Section:
         s = self.settings
-        names = list(s.methods)
+        names = list(self.methods)
         aligned = align_methods({n: self.prediction(n) for n in names}, self.annotations, self.question)
         labels = {n: str(i + 1) for i, n in enumerate(names)}
         tests = compare_methods(aligned, list(itertools.combinations(names, 2)), POINT_METRICS, s.permutations, s.seed)
@@ -314,13 +321,14 @@ class ReportBuilder:
         )
         table = Table("Table 1: methods", self._header("method", bool(reference)), rows, "table1.csv", data)
         sig = Table("Pairwise permutation tests", [], [], "significance.csv", tests)
-        return Section("table1", "Table 1: methods and significance", text, [table, sig], numbers={"rows": data, "tests": tests})
+        return Section("table1", "Table 1: methods and significance", text, [table, sig], notes=list(self.method_notes), numbers={"rows": data, "tests": tests})
 
     # -- calibration -----------------------------------------------------------------------
     def calibration(self) -> Section:
         s = self.settings
         q = self.question
-        aligned = align_methods({"llm_rubric": self.prediction("llm_rubric"), "expected_llm": self.prediction("expected_llm")}, self.annotations, q)
+        compared = ["llm_rubric"] + (["expected_llm"] if self.question.id in self.llm_questions else [])
+        aligned = align_methods({n: self.prediction(n) for n in compared}, self.annotations, q)
         probs, answers = aligned.probs["llm_rubric"], aligned.answer_index
         groups = {"judge": aligned.pairs.judge_id}
         if "system_id" in aligned.pairs.columns and aligned.pairs.system_id.notna().any():
@@ -366,7 +374,7 @@ class ReportBuilder:
             counts[judge] = len(rows)
         if skipped:
             notes.append(f"judge-distribution figure: {len(skipped)} judge(s) with fewer than {s.judge_figure_min_pairs} pairs not shown: {', '.join(skipped)}")
-        llm = aligned.probs["expected_llm"].mean(axis=0)
+        llm = aligned.probs["expected_llm"].mean(axis=0) if "expected_llm" in aligned.probs else None
         title = f"{q.id}: each judge's answers (black), LLM-Rubric's mean prediction (gray), raw LLM (light gray)"
         return title, "judge_distributions.png", png_bytes(judge_distribution_figure(observed, predicted, counts, llm, list(q.keys), title))
 
@@ -415,7 +423,10 @@ class ReportBuilder:
         s = self.settings
         reference = dict(self.reference.get("table3") or {})
         records, rows = [], []
-        notes = [f"{qid}: categorical, left out (RMSE and Pearson need ordered numeric options)" for qid in self._per_question(ordered=False)]
+        notes = [
+            f"{qid}: categorical, left out (RMSE and Pearson need ordered numeric options)" if not self.rubric[qid].ordered
+            else f"{qid}: no LLM source answered it, left out" for qid in self._per_question(kept=False)
+        ]
         for qid, (model, base) in per_question_variants(self.rubric, self._per_question()).items():
             q = self.rubric[qid]
             preds = {"model": self.prediction(model.name, qid), "base": self.prediction(base.name, qid)}
@@ -461,7 +472,7 @@ class ReportBuilder:
                 f"depersonalized oracle (rows e, f) skipped: only {100 * coverage:.0f} % of the held-out pairs have another judge on the same "
                 f"text (needs {100 * s.depersonalized_min_coverage:.0f} %)"
             )
-        main = list(s.methods)
+        main = list(self.methods)
         oracle_names = [v.name for _, v in rows_spec.values()]
         names = main + oracle_names
         aligned = align_methods({n: self.prediction(n) for n in names}, self.annotations, self.question)

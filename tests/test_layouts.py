@@ -13,7 +13,9 @@ from llmrubric.baselines import expand_baselines, make_method
 from llmrubric.calibrator import Calibrator
 from llmrubric.cli import main as cli
 from llmrubric.errors import InputError
+from llmrubric.experiment import Split
 from llmrubric.metrics import categorical_metrics, evaluate
+from llmrubric.report import ReportBuilder, ReportSettings
 from llmrubric.rubric import Rubric
 from llmrubric.schemas import load_tables
 from llmrubric.splits import holdout_texts
@@ -100,6 +102,9 @@ def test_summary_features_as_the_only_inputs(layout):
     assert ridge["pearson"] > 0.6 and learned["pearson"] > 0.6 and learned["nll"] < constant["nll"]
     net = model.nets_[0]
     assert int(net.single_option.sum()) == 5  # the cov_ge blocks enter as their covered fraction
+    builder = ReportBuilder(rubric, [Split("fold0", train, test)], ReportSettings(), {}, FAST)
+    assert builder.methods == ["random", "constant", "ridge_judge", "no_personalization", "llm_rubric_paper", "llm_rubric"]
+    assert len(builder.method_notes) == 3 and builder._per_question(kept=False) == ["quality", "correct", "topic"]
 
 
 def test_layouts_end_to_end(layout, tmp_path):

@@ -25,7 +25,7 @@ from test_end_to_end import run
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory):
     """The generated data set with its summary-only table made by the CLI, and a features table of both."""
-    paths = write_layout_data(tmp_path_factory.mktemp("layouts"))
+    paths = write_layout_data(tmp_path_factory.mktemp("layouts"), texts_per_system=32)
     paths["summary"] = paths["items"].with_name("summary.parquet")
     assert cli(["extract-summaries", str(paths["items"]), "--family", "self_rating", "--out", str(paths["summary"])]) == 0
     paths["features"] = paths["items"].with_name("features.parquet")
@@ -42,7 +42,7 @@ def tables(layout, features="features", main=None):
 def test_summary_cli_writes_only_summary_blocks(layout):
     summary = pd.read_parquet(layout["summary"])
     assert set(summary.question_id) == {"self_rating.mean", "self_rating.max"} | {f"self_rating.cov_ge{g}" for g in range(1, 6)}
-    assert summary.text_id.nunique() == 4 * 45 and (summary.groupby(["text_id", "question_id"]).prob.sum() <= 1 + 1e-9).all()
+    assert summary.text_id.nunique() == 4 * 32 and (summary.groupby(["text_id", "question_id"]).prob.sum() <= 1 + 1e-9).all()
     assert cli(["extract-summaries", str(layout["llm_features"]), "--family", "self_rating", "--out", str(layout["summary"]) + ".x"]) == 2
 
 
@@ -121,7 +121,7 @@ def test_layouts_end_to_end(layout, tmp_path):
     ]
     trained = run("train.py", *args)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    light = ["report.permutations=200", "report.bootstrap=50", "report.calibration_bootstrap=10", "report.diagram_bootstrap=5"]
+    light = ["report.permutations=100", "report.bootstrap=50", "report.calibration_bootstrap=10", "report.diagram_bootstrap=5"]
     evaluated = run("evaluate.py", *args, "report=fast", f"report.dir={report_dir}", *light)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
 

@@ -77,8 +77,8 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     write_table(tables["llm_rubric"], run_dir / f"predictions.{cfg.predictions_format}")
     notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())
     write_json({"experiment": cfg.name, "question": rubric.main.id, "protocol": cfg.protocol, "methods": metrics, "skipped": skipped}, run_dir / "metrics.json")
-    write_text(f"# {header}\n\n{table}\n{notes}\n", run_dir / "metrics.md")
-    print(f"\n{header}\n{table}\n{notes}\n\nwritten to {run_dir}/")
+    write_text(f"# {header}\n\n{table}\n" + (f"{notes}\n" if notes else ""), run_dir / "metrics.md")
+    print(f"\n{header}\n{table}\n{notes}\nwritten to {run_dir}/")
     return metrics
 
 

@@ -129,7 +129,7 @@ class RidgeJudge(MainQuestionBaseline):
     question the distribution is a normal with the training residual spread, discretised
     onto the options (bins between midpoints, open at both ends); for a categorical one the
     regression is an L2-penalised multinomial logistic regression on the same inputs (penalty
-chosen by 5-fold CV log loss).
+    chosen by 5-fold CV log loss).
     """
 
     name = "ridge_judge"

@@ -33,24 +33,26 @@ class TrainingDiverged(RuntimeError):
 USER_ERRORS = (InputError, TrainingDiverged)
 
 
+def report(error: BaseException) -> int:
+    """Print a user error (``error: <what is wrong>``) or Ctrl-C on one line and return the
+    exit code (2 or 130); anything else, or ``HYDRA_FULL_ERROR=1``, is re-raised with its traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1" or not isinstance(error, (*USER_ERRORS, KeyboardInterrupt)):
+        raise error
+    if isinstance(error, KeyboardInterrupt):
+        print("interrupted (Ctrl-C): finished outputs are kept, nothing partial was written; run again to resume", file=sys.stderr)
+        return 130
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    return 2
+
+
 def reports_errors(func):
-    """Wrap an entry point: a user error prints ``error: <what is wrong>`` on one line and
-    exits 2; Ctrl-C prints one line and exits 130. ``HYDRA_FULL_ERROR=1`` re-raises, with
-    the traceback."""
+    """Wrap an entry point (``train.py``, ``evaluate.py``): see :func:`report`; exits with its code."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except KeyboardInterrupt:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            print("interrupted (Ctrl-C); finished outputs are kept, nothing partial was written", file=sys.stderr)
-            sys.exit(130)
-        except USER_ERRORS as e:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-            sys.exit(2)
+        except (*USER_ERRORS, KeyboardInterrupt) as e:
+            sys.exit(report(e))
 
     return wrapper

@@ -84,7 +84,7 @@ SPECS = {
             ("text_id", "string id; NA is an error"),
             ("judge_id", "string id; NA is an error"),
             ("question_id", "string id; NA is an error"),
-            ("p_<option>", "float in [0, 1], one column per option; a question's columns sum to 1 (± 1e-4); NA: not an option of that question"),
+            ("p_<option>", "float in [0, 1], one column per option; a question's columns sum to 1 (± 1e-3); NA: not an option of that question"),
             ("mean", "float, the expected answer; NA is an error"),
             ("var", "float, the variance of the distribution; NA is an error"),
             ("system_id", "string id; NA: system unknown"),
@@ -356,6 +356,17 @@ def atomic_path(path: str | Path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")
+
+
+def check_table_path(path: str | Path, name: str) -> Path:
+    """An output table path with a known format suffix (checked before any work)."""
+    path = Path(path)
+    if path.suffix not in TABLE_SUFFIXES:
+        raise InputError(f"unknown table format {path.suffix!r} (use {', '.join(TABLE_SUFFIXES)})", file=str(path), setting=name)
+    return path
 
 
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:

@@ -89,14 +89,15 @@ def run_score(args) -> int:
     settings = _override(load_settings(args.config, CONF / "scoring" / "default.yaml"), args, ["trusted_judges", "questions", "quantile", "chunk_texts"])
     quantile = check_range("--quantile", settings.get("quantile", 0.9), 0, 1)
     chunk_texts = check_range("--chunk-texts", settings.get("chunk_texts", 4096), 1, integer=True)
-    out = check_table_path(args.out, "--out")
+    out = Path(args.out)
     summary = out.with_name(out.stem + ".summary.json")
-    if args.predictions:
-        check_table_path(args.predictions, "--predictions")
     check_outputs(
         {"--out": out, "summary": summary, "--predictions": args.predictions},
         {"checkpoint": args.checkpoint, "features": args.features, "--texts": args.texts, "--config": args.config},
     )
+    check_table_path(out, "--out")
+    if args.predictions:
+        check_table_path(args.predictions, "--predictions")
     model = Calibrator.load(args.checkpoint)
     features = validate_features(read_table(args.features, "features"), model.rubric)
     texts = read_table(args.texts, "texts") if args.texts else None

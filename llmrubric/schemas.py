@@ -189,8 +189,16 @@ def check_columns(df: pd.DataFrame, kind: str) -> pd.DataFrame:
         log.warning("%s: %d rows with an NA %s are absent rows (dropped)", src, int(absent.sum()), "/".join(spec.na_absent))
     for column in spec.ids:
         if column in df.columns:
-            df[column] = _map_unique(df[column], _id_key)
+            df[column] = _ids(df[column])
     return df
+
+
+def _ids(values: pd.Series) -> pd.Series:
+    """Id cells as stripped strings (numbers by :func:`option_key`); string columns vectorised."""
+    if pd.api.types.is_string_dtype(values.dtype) and values.dtype != object:
+        stripped = values.str.strip()
+        return stripped if (stripped != values).any() else values
+    return _map_unique(values, _id_key)
 
 
 def validate_annotations(df: pd.DataFrame, rubric: Rubric) -> pd.DataFrame:

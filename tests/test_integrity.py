@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import ROOT
 from llmrubric import leaderboard as lb
 from llmrubric import score_cli
 from llmrubric.calibrator import Calibrator

@@ -62,7 +62,8 @@ SPECS = {
             ("question_id", "string, a rubric question id or any other block name; NA is an error"),
             ("option", "an option of the question (a rubric question's llm_options); NA is an error"),
             ("prob", f"float >= 0; a block (text, source, question) sums to at most 1 + options × {PROB_TOLERANCE:g} "
-                     "(unnormalised); a block of zeros or an absent block is missing (masked, counted in a warning); NA is an error"),
+                     "(unnormalised); an absent block, or a block of 2+ options that are all 0, is missing (masked, counted in a warning); "
+                     "a one-option block is a value, 0 included; NA is an error"),
         ),
     ),
     "texts": TableSpec(
@@ -264,8 +265,9 @@ def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.Data
 
     A block is one (text, source, question). Probabilities must be finite and >= 0; a
     block sums to at most 1 + options × 1e-6 (6-decimal rounding; they are kept
-    unnormalised). A block whose probabilities are all 0 is missing: it is dropped (masked
-    like an absent block) and counted in ``df.attrs["zero_blocks"]`` and a warning. Blocks
+    unnormalised). A distribution block (2+ options) whose probabilities are all 0 is missing:
+    it is dropped (masked like an absent block) and counted in ``df.attrs["zero_blocks"]`` and
+    a warning; a one-option block is a value (e.g. a summary's coverage fraction), 0 included. Blocks
     of a rubric question must offer exactly that question's ``llm_options``; blocks of other
     questions must all offer the same options. Checks are vectorised (1.5M rows in about a second).
     """
@@ -329,7 +331,7 @@ def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.Data
                 f"{found}, expected {len(expected)} {sorted(expected)}",
                 file=src, row=int(row), column="option",
             )
-    zero = sums <= 0
+    zero = (sums <= 0) & (counts >= 2)  # a one-option block is a value (e.g. a coverage fraction): its 0 is data
     if zero.any():
         b = int(zero.argmax())
         row = df.index[(block_code == b).argmax()]

@@ -50,6 +50,12 @@ def test_an_all_zero_block_is_missing_not_an_expected_answer_of_0(simulated, rub
     assert x_zero[0, layout.dim - len(layout.blocks)] == 0.0  # the Q0 presence flag is off
 
 
+def test_a_one_option_block_of_0_is_a_value_not_missing():
+    coverage = pd.DataFrame({"text_id": ["t1", "t2"], "source": "llm", "question_id": "self_rating.cov_ge4", "option": "covered", "prob": [0.0, 0.5]})
+    checked = validate_features(coverage)
+    assert list(checked.prob) == [0.0, 0.5] and checked.attrs["zero_blocks"] == 0
+
+
 def test_na_answers_are_absent_rows_and_counted(rubric, tmp_path, caplog):
     (tmp_path / "ann.csv").write_text("text_id,judge_id,question_id,answer\nt1,J1,Q0,3\nt1,J2,Q0,NA\nt2,J1,Q0,\nt2,J2,Q0,4\n")
     with caplog.at_level(logging.WARNING, "llmrubric"):

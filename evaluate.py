@@ -25,8 +25,9 @@ from omegaconf import DictConfig
 
 from llmrubric.baselines import expand_baselines, make_method
 from llmrubric.calibrator import Calibrator
-from llmrubric.errors import InputError
-from llmrubric.experiment import prepare
+from llmrubric.errors import InputError, reports_errors
+from llmrubric.experiment import check_settings, prepare
+from llmrubric.integrity import check_fits
 from llmrubric.metrics import evaluate, markdown_table, metric_names
 from llmrubric.report import check_report_config, experiment_splits, report_from_config
 from llmrubric.schemas import write_json, write_table, write_text
@@ -36,8 +37,10 @@ log = logging.getLogger("evaluate")
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
+@reports_errors
 def main(cfg: DictConfig) -> dict | None:
     started = time.time()
+    check_settings(cfg)
     run_dir = Path(cfg.run_dir)
     report = bool(cfg.report.enabled)
     rubric, splits = experiment_splits(cfg) if report else prepare(cfg, create_folds=False)
@@ -65,7 +68,9 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
         path = run_dir / f"{split.name}.safetensors"
         if not path.is_file():
             raise InputError("checkpoint not found; run train.py with the same config first", file=str(path))
-        predictions["llm_rubric"].append(Calibrator.load(path).predict(split.test))
+        model = Calibrator.load(path)
+        check_fits(model, rubric, split.train.text_ids, str(path))
+        predictions["llm_rubric"].append(model.predict(split.test))
         for name in baselines:
             method = make_method(name, rubric, cfg.seed).fit(split.train)
             predictions.setdefault(name, []).append(method.predict(split.test))

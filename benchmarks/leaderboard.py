@@ -14,6 +14,10 @@ human leaderboard (mean human Q0 per system). Seed 0 gives the tables; the corre
 also reported for every seed. Finally 1 million (dialogue, judge) pairs are scored in a
 fresh process (features replicated from the real ones; predictions of every question
 streamed to Parquet) for time and peak RSS. Writes ``benchmarks/results/leaderboard.json``.
+
+``--read-only`` times only reading and validating that replicated features table (1.5M rows;
+``read_table`` + ``validate_features``, each repeat in a fresh process) and writes
+``benchmarks/results/read_validate.json``.
 """
 
 from __future__ import annotations
@@ -142,10 +146,16 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=1_000_000, help="(text, judge) pairs for the scoring speed test")
     parser.add_argument("--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric")))
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "leaderboard.json"))
+    parser.add_argument("--out", default=None, help="results JSON (default: benchmarks/results/leaderboard.json, or read_validate.json)")
+    parser.add_argument("--read-only", action="store_true", help="only time reading + validating the scoring benchmark's features table")
+    parser.add_argument("--repeats", type=int, default=3, help="--read-only: fresh processes timed")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    if args.read_only:
+        read_validate_speed(args.data, args.pairs, args.repeats, args.out or str(ROOT / "benchmarks" / "results" / "read_validate.json"))
+        return
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / "leaderboard.json")
     start = time.perf_counter()
     rubric, synthetic, real = data(args.data)
     with ProcessPoolExecutor(args.workers) as pool:
@@ -181,13 +191,50 @@ def main() -> None:
     print(f"\nwritten to {args.out} in {report['meta']['seconds']:.0f}s (plots in outputs/leaderboard/)")
 
 
+def replicated_features(real: Tables, judges: int, n_pairs: int) -> pd.DataFrame:
+    """The real features with texts replicated until texts × ``judges`` >= ``n_pairs``."""
+    reps = -(-n_pairs // (judges * real.features.text_id.nunique()))
+    f = real.features
+    return pd.concat([f.assign(text_id=f.text_id + f"#{i}") for i in range(reps)], ignore_index=True)
+
+
+def read_validate(features: str) -> dict:
+    """In a fresh process: seconds to read and to validate the features table."""
+    from llmrubric.schemas import read_table, validate_features
+
+    logging.disable(logging.WARNING)
+    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
+    start = time.perf_counter()
+    table = read_table(features, "features")
+    read = time.perf_counter() - start
+    validate_features(table, rubric)
+    return {"rows": len(table), "read_seconds": read, "validate_seconds": time.perf_counter() - start - read}
+
+
+def read_validate_speed(root: str, n_pairs: int, repeats: int, out: str) -> None:
+    """``--read-only``: time read + validate of the scoring benchmark's features table."""
+    rubric, synthetic, real = data(root)
+    big = replicated_features(real, synthetic.annotations.judge_id.nunique(), n_pairs)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "features.parquet"
+        big.to_parquet(path, index=False)
+        runs = []
+        for _ in range(repeats):
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                runs.append(pool.submit(read_validate, str(path)).result())
+    totals = [r["read_seconds"] + r["validate_seconds"] for r in runs]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    result = {"rows": runs[0]["rows"], "runs": runs, "best_seconds": min(totals), "median_seconds": float(np.median(totals)), "commit": commit}
+    write_json(result, out)
+    print(f"read + validate {result['rows']} feature rows: best {result['best_seconds']:.2f}s, median {result['median_seconds']:.2f}s "
+          f"over {repeats} fresh processes (read {min(r['read_seconds'] for r in runs):.2f}s, validate {min(r['validate_seconds'] for r in runs):.2f}s) → {out}")
+
+
 def scoring_speed(rubric: Rubric, synthetic: Tables, real: Tables, n_pairs: int) -> dict:
     """Score ``n_pairs`` (text, judge) pairs of replicated real features in a fresh process."""
     model = Calibrator(rubric, seed=0).fit(synthetic)
     judges = len(model.judges_.judges)
-    reps = -(-n_pairs // (judges * real.features.text_id.nunique()))
-    f = real.features
-    big = pd.concat([f.assign(text_id=f.text_id + f"#{i}") for i in range(reps)], ignore_index=True)
+    big = replicated_features(real, judges, n_pairs)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint, features = model.save(Path(tmp) / "model.safetensors"), Path(tmp) / "features.parquet"
         big.to_parquet(features, index=False)

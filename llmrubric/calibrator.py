@@ -19,7 +19,9 @@ from safetensors.torch import save_file
 
 from llmrubric.data import Encoded, FeatureLayout, JudgeMap, encode
 from llmrubric.errors import InputError, TrainingDiverged
-from llmrubric.model import CalibrationNet
+from llmrubric.guards import check_range
+from llmrubric.integrity import check_finite_predictions, tensors_digest, texts_fingerprint, verify_tensors
+from llmrubric.model import INPUTS, PERSONALIZATION, CalibrationNet
 from llmrubric.module import TrainConfig, predict_proba, train_network
 from llmrubric.ordinal import fit_ordinal_weight
 from llmrubric.predictions import predictions_frame
@@ -30,8 +32,19 @@ from llmrubric.stacked import train_stacked
 from llmrubric.temperature import fit_temperature
 
 log = logging.getLogger(__name__)
-FORMAT = "llmrubric-calibrator/4"
+FORMAT = "llmrubric-calibrator/5"
 MODEL_KEYS = ("h1", "h2", "personalize", "inputs", "input_dropout", "ensemble")
+
+
+def check_model(model: dict) -> None:
+    """Network settings in range (converted in place), each error naming ``model.<key>``."""
+    for key in ("h1", "h2", "ensemble"):
+        model[key] = check_range(f"model.{key}", model[key], 1, integer=True)
+    model["input_dropout"] = check_range("model.input_dropout", model["input_dropout"], 0, 1, open_high=True)
+    if model["inputs"] not in INPUTS:
+        raise InputError(f"{model['inputs']!r} is not one of {list(INPUTS)}", setting="model.inputs")
+    if model["personalize"] not in (*PERSONALIZATION, True, False):
+        raise InputError(f"{model['personalize']!r} is not one of {list(PERSONALIZATION)}", setting="model.personalize")
 
 
 class Calibrator:
@@ -69,7 +82,8 @@ class Calibrator:
         self.model = {"h1": 25, "h2": 25, "personalize": "deltas", "inputs": "probabilities", "input_dropout": 0.0, "ensemble": 1, **(model or {})}
         unknown = sorted(set(self.model) - set(MODEL_KEYS))
         if unknown:
-            raise InputError(f"unknown model setting(s) {unknown}; known: {list(MODEL_KEYS)}")
+            raise InputError(f"unknown model setting(s) {unknown}; known: {list(MODEL_KEYS)}", setting=f"model.{unknown[0]}")
+        check_model(self.model)
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
         self.seed = seed
         self.feature_questions, self.drop_questions = feature_questions, drop_questions
@@ -158,7 +172,9 @@ class Calibrator:
 
     def proba_of(self, data: Encoded) -> np.ndarray:
         """Probabilities (pairs, questions, max options) of encoded pairs: the members' average."""
-        return torch.stack([predict_proba(net, data) for net in self.nets_]).mean(dim=0).numpy()
+        probs = torch.stack([predict_proba(net, data) for net in self.nets_]).mean(dim=0).numpy()
+        check_finite_predictions(probs, getattr(self, "source_", "<model>"))
+        return probs
 
     def predict(
         self, tables: Tables, pairs: pd.DataFrame | None = None, questions: list[str] | None = None, data: Encoded | None = None
@@ -187,8 +203,10 @@ class Calibrator:
             "trainer": vars(self.trainer),
             "seed": self.seed,
             "summaries": self.summaries_,
+            "train_texts": self.train_texts_,
         }
         tensors = {f"{m}.{k}": v.detach().contiguous() for m, net in enumerate(self.nets_) for k, v in net.state_dict().items()}
+        meta["tensors_sha256"] = tensors_digest(tensors)
         with atomic_path(path) as tmp:
             save_file(tensors, str(tmp), metadata={"llmrubric": json.dumps(meta)})
         return Path(path)
@@ -205,16 +223,24 @@ class Calibrator:
         except Exception as e:
             raise InputError(f"not a readable safetensors checkpoint: {e}", file=str(path)) from e
         if meta.get("format") != FORMAT:
-            raise InputError(f"not an llmrubric calibrator checkpoint (format {meta.get('format')!r})", file=str(path))
+            raise InputError(f"not an llmrubric calibrator checkpoint of format {FORMAT!r} (format {meta.get('format')!r}); retrain it", file=str(path))
+        missing = [k for k in ("rubric", "main_question", "model", "trainer", "seed", "layout", "judges") if k not in meta]
+        if missing:
+            raise InputError(f"checkpoint metadata lacks {missing}", file=str(path))
+        verify_tensors(tensors, meta.get("tensors_sha256"), str(path))
         rubric = Rubric.from_dict(meta["rubric"], str(path)).with_main(meta["main_question"])
         self = cls(rubric, meta["model"], meta["trainer"], meta["seed"])
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.judges_ = JudgeMap(tuple(meta["judges"]))
         self.summaries_ = meta.get("summaries", [])
+        self.train_texts_, self.source_ = meta.get("train_texts"), str(path)
         self.nets_ = []
         for m in range(len(self.seeds)):
             net = self._net()
-            net.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == str(m)})
+            try:
+                net.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == str(m)})
+            except RuntimeError as e:
+                raise InputError(f"checkpoint weights do not fit its own metadata: {' '.join(str(e).split())[:300]}", file=str(path)) from e
             self.nets_.append(net.eval())
         return self
 
@@ -247,6 +273,7 @@ def fit_together(
     cache: dict[tuple, Encoded] = {}
     members = []
     for i, (c, t) in enumerate(zip(calibrators, tables)):
+        c.train_texts_ = texts_fingerprint(t.text_ids)
         key = (id(t), tuple(c.feature_questions or ()), c.feature_questions is None, tuple(c.drop_questions or ()))
         shareable = c.pair_features is None and judges is not None
         nets, trains, vals, data = c._members(t, judges, cache.get(key) if shareable else None)

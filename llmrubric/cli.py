@@ -7,7 +7,7 @@ import importlib
 import logging
 import sys
 
-from llmrubric.errors import InputError
+from llmrubric.errors import USER_ERRORS, report
 
 GROUPS = {
     "data": "llmrubric.datasets.cli",
@@ -26,7 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as e:
             if e.name != module:
                 raise
+    schema = sub.add_parser("schema", help="print the table contracts (columns, types, what NA means) that the validators check")
+    schema.set_defaults(run=_print_schema)
     return parser
+
+
+def _print_schema(args) -> int:
+    from llmrubric.schemas import schema_text
+
+    print(schema_text())
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,9 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (*USER_ERRORS, KeyboardInterrupt) as e:
+        return report(e)
 
 
 if __name__ == "__main__":

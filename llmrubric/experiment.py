@@ -10,14 +10,17 @@ the checkpoints so that evaluation uses exactly the texts the models did not see
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from llmrubric.errors import InputError
+from llmrubric.errors import USER_ERRORS, InputError, report
+from llmrubric.guards import check_range, check_writable_dir
 from llmrubric.rubric import Rubric
 from llmrubric.schemas import Tables
 from llmrubric.splits import holdout_texts, load_folds, save_folds, system_folds, text_folds
@@ -74,17 +77,56 @@ def splits_from_folds(cfg: DictConfig, folds: pd.DataFrame | None, train: Tables
     return out
 
 
-def prepare(cfg: DictConfig, create_folds: bool) -> tuple[Rubric, list[Split]]:
-    """Rubric and splits of an experiment; ``create_folds`` writes the folds, else reads them."""
+def prepare(cfg: DictConfig, create_folds: bool, folds_dir: str | Path | None = None) -> tuple[Rubric, list[Split]]:
+    """Rubric and splits of an experiment; ``create_folds`` writes the folds (to ``folds_dir``,
+    default ``run_dir``), else reads them from ``run_dir``."""
     rubric = load_rubric(cfg)
     train, test = load_data(cfg, rubric)
     path = Path(cfg.run_dir) / FOLDS_FILE
     if create_folds:
         folds = make_folds(cfg, train)
         if folds is not None:
-            save_folds(folds, path)
+            save_folds(folds, Path(folds_dir or cfg.run_dir) / FOLDS_FILE)
     else:
         folds = load_folds(path) if path.exists() else None
         if folds is None and not cfg.data.get("test"):
             raise InputError(f"no folds file; run train.py with the same config first", file=str(path))
     return rubric, splits_from_folds(cfg, folds, train, test)
+
+
+PREDICTION_FORMATS = ("csv", "parquet", "tsv", "jsonl")
+
+
+def check_settings(cfg: DictConfig) -> Rubric:
+    """Every setting of train.py and evaluate.py, checked before any work; an error names the setting."""
+    from llmrubric.baselines import make_method
+    from llmrubric.calibrator import Calibrator
+
+    rubric = load_rubric(cfg)
+    seed = check_range("seed", cfg.seed, integer=True)
+    Calibrator(rubric, OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.trainer, resolve=True), seed)
+    if cfg.protocol not in ("cv", "systems", "holdout"):
+        raise InputError(f"{cfg.protocol!r} is not a protocol (cv, systems or holdout)", setting="protocol")
+    if cfg.protocol == "cv":
+        check_range("folds", cfg.folds, 2, integer=True)
+    if cfg.protocol == "holdout" and not cfg.data.get("test"):
+        check_range("test_fraction", cfg.test_fraction, 0, 1, open_low=True, open_high=True)
+    if cfg.predictions_format not in PREDICTION_FORMATS:
+        raise InputError(f"{cfg.predictions_format!r} is not an output format ({', '.join(PREDICTION_FORMATS)})", setting="predictions_format")
+    for name in cfg.get("baselines") or []:
+        try:
+            make_method(name, rubric, seed)
+        except InputError as e:
+            raise InputError(str(e), setting="baselines") from None
+    check_writable_dir(cfg.run_dir, "run_dir")
+    return rubric
+
+
+class CheckSettings(Callback):
+    """Hydra callback: :func:`check_settings` before Hydra creates ``run_dir`` or writes anything."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        try:
+            check_settings(config)
+        except (*USER_ERRORS, KeyboardInterrupt) as e:
+            sys.exit(report(e))

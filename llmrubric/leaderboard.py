@@ -30,6 +30,7 @@ from llmrubric.schemas import _read_raw, source_of, write_json, write_table, wri
 
 log = logging.getLogger(__name__)
 LEADERBOARD_COLUMNS = ["rank", "system", "score", "low", "high", "texts"]
+SUM_TOLERANCE = 1e-3  # a predicted distribution sums to 1 within this (tables written with few decimals)
 MEMORY_CELLS = 20_000_000  # float64 cells one bootstrap block may hold (about 160 MB)
 
 
@@ -92,7 +93,7 @@ def system_data(
     if dup.any():
         row = pred.index[dup.argmax()]
         raise InputError(f"two predictions for (text {pred.at[row, 'text_id']!r}, judge {pred.at[row, 'judge_id']!r})", file=src, row=int(row), column="judge_id")
-    p = probabilities(pred, question)
+    p = check_distributions(pred, question, src)
     out = []
     judge_index = {j: i for i, j in enumerate(judges)}
     for system, pos in sorted(pred.groupby("system_id").indices.items()):
@@ -107,6 +108,27 @@ def system_data(
             queries = part.drop_duplicates("text_id").set_index("text_id").query_id.reindex(text_ids).to_numpy()
         out.append(SystemData(str(system), text_ids, queries, probs, np.asarray(question.values, dtype=float)))
     return out, judges
+
+
+def check_distributions(pred: pd.DataFrame, question: Question, src: str) -> np.ndarray:
+    """(rows, options) probabilities of ``question``: each a number in [0, 1], each row summing
+    to 1 within :data:`SUM_TOLERANCE`, else an error naming the row and column."""
+    missing = [f"p_{k}" for k in question.keys if f"p_{k}" not in pred.columns]
+    if missing:
+        raise InputError(f"predictions of {question.id} need the columns {missing}", file=src, column=missing[0])
+    p = probabilities(pred, question)
+    bad = ~np.isfinite(p) | (p < 0) | (p > 1 + SUM_TOLERANCE)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise InputError(f"probability {p[r, c]!r} of {question.id} is not a number in [0, 1]", file=src, row=int(pred.index[r]), column=f"p_{question.keys[c]}")
+    off = np.abs(p.sum(axis=1) - 1) > SUM_TOLERANCE
+    if off.any():
+        r = int(off.argmax())
+        raise InputError(
+            f"probabilities of {question.id} sum to {p[r].sum():.6f}, not 1 (± {SUM_TOLERANCE:g})",
+            file=src, row=int(pred.index[r]), column=f"p_{question.keys[0]}",
+        )
+    return p
 
 
 def _replicate_text_scores(data: SystemData, text_idx: np.ndarray, judge_idx: np.ndarray, rng: np.random.Generator, sample: bool) -> np.ndarray:
@@ -296,7 +318,8 @@ def rank_correlation(a: pd.Series, b: pd.Series, missing: str = "error", name_a:
     x, y = a.reindex(common).to_numpy(float), b.reindex(common).to_numpy(float)
     out = {"systems": len(common), "left_out": only_a + only_b}
     if len(common) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return {**out, "spearman": math.nan, "spearman_p": math.nan, "kendall": math.nan, "kendall_p": math.nan}
+        reason = f"undefined: {len(common)} common system(s)" if len(common) < 2 else f"undefined: constant scores in {name_a if np.ptp(x) == 0 else name_b}"
+        return {**out, "spearman": math.nan, "spearman_p": math.nan, "kendall": math.nan, "kendall_p": math.nan, "reason": reason}
     rho, tau = stats.spearmanr(x, y), stats.kendalltau(x, y)
     return {**out, "spearman": float(rho.statistic), "spearman_p": float(rho.pvalue), "kendall": float(tau.statistic), "kendall_p": float(tau.pvalue)}
 

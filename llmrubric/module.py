@@ -13,6 +13,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from llmrubric.data import Encoded
+from llmrubric.errors import InputError
+from llmrubric.guards import check_range
 from llmrubric.model import CalibrationNet
 from llmrubric.ordinal import blend
 
@@ -41,8 +43,14 @@ class TrainConfig:
     engine: str = "stacked"
 
     def __post_init__(self):
+        """Each setting checked (and converted) here, named ``trainer.<field>`` in the error."""
         if self.engine not in ("stacked", "lightning"):
-            raise ValueError(f"trainer engine must be 'stacked' or 'lightning', not {self.engine!r}")
+            raise InputError(f"{self.engine!r} is not an engine (stacked or lightning)", setting="trainer.engine")
+        for name, (low, integer, open_low, high) in LIMITS.items():
+            setattr(self, name, check_range(f"trainer.{name}", getattr(self, name), low, high, open_low=open_low, integer=integer, open_high=name == "val_fraction"))
+        for name in ("temperature_scaling", "ordinal_blend"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"{getattr(self, name)!r} is not true or false", setting=f"trainer.{name}")
 
     @classmethod
     def from_dict(cls, data: dict | None) -> TrainConfig:
@@ -50,8 +58,20 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown trainer setting(s) {unknown}; known: {sorted(known)}")
+            raise InputError(f"unknown trainer setting(s) {unknown}; known: {sorted(known)}", setting=f"trainer.{unknown[0]}")
         return cls(**data)
+
+
+LIMITS = {  # field: (lower bound, integer, lower bound excluded, upper bound)
+    "batch_size": (1, True, False, None),
+    "lr": (0, False, True, None),
+    "weight_decay": (0, False, False, None),
+    "delta_l2": (0, False, False, None),
+    "pretrain_epochs": (0, True, False, None),
+    "finetune_epochs": (0, True, False, None),
+    "patience": (1, True, False, None),
+    "val_fraction": (0, False, False, 1),
+}
 
 
 def masked_nll(logits: torch.Tensor, y: torch.Tensor, question_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

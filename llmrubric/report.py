@@ -45,7 +45,7 @@ from llmrubric.metrics import METRICS, evaluate
 from llmrubric.oracles import JudgeAnswers
 from llmrubric.plots import judge_distribution_figure, learning_curve_figure, png_bytes, reliability_figure
 from llmrubric.rubric import Rubric
-from llmrubric.schemas import _json_default
+from llmrubric.schemas import _umask, json_safe
 from llmrubric.significance import POINT_METRICS, Aligned, align_methods, bootstrap_intervals, compare_methods, superscripts
 from llmrubric.studies import (
     Variant,
@@ -647,7 +647,7 @@ def write_report_folder(out_dir: str | Path, files: dict[str, bytes]) -> Path:
             path = tmp / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, 0o777 & ~_umask())
         if out.exists():
             old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
             os.rename(out, old / out.name)
@@ -700,7 +700,7 @@ def build_report(
             files[f"figures/{name}"] = data
     files["report.md"] = render_markdown(title, meta, sections).encode()
     files["report.html"] = render_html(title, meta, sections).encode()
-    files["report.json"] = (json.dumps(_numbers_json(sections, meta), indent=2, default=_json_default) + "\n").encode()
+    files["report.json"] = (json.dumps(json_safe(_numbers_json(sections, meta)), indent=2, allow_nan=False) + "\n").encode()
     path = write_report_folder(out_dir, files)
     log.info("report written to %s in %.0fs", path, time.perf_counter() - start)
     return path

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from llmrubric.errors import InputError
+from llmrubric.guards import check_outputs, check_range, check_writable_dir
 
 log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -23,7 +24,10 @@ def load_settings(path: str | Path | None, default: Path) -> dict:
     path = Path(path) if path else default
     if not path.is_file():
         raise InputError("settings file not found", file=str(path))
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise InputError(f"not valid YAML: {' '.join(str(e).split())}", file=str(path)) from e
     if not isinstance(data, dict):
         raise InputError("a settings file must be a YAML mapping", file=str(path))
     return data
@@ -79,22 +83,31 @@ def register(subparsers) -> None:
 
 def run_score(args) -> int:
     from llmrubric.calibrator import Calibrator
-    from llmrubric.schemas import read_table, validate_features, write_json, write_table
+    from llmrubric.schemas import check_table_path, json_safe, read_table, validate_features, write_json, write_table
     from llmrubric.scoring import score_texts
 
     settings = _override(load_settings(args.config, CONF / "scoring" / "default.yaml"), args, ["trusted_judges", "questions", "quantile", "chunk_texts"])
+    quantile = check_range("--quantile", settings.get("quantile", 0.9), 0, 1)
+    chunk_texts = check_range("--chunk-texts", settings.get("chunk_texts", 4096), 1, integer=True)
+    out = Path(args.out)
+    summary = out.with_name(out.stem + ".summary.json")
+    check_outputs(
+        {"--out": out, "summary": summary, "--predictions": args.predictions},
+        {"checkpoint": args.checkpoint, "features": args.features, "--texts": args.texts, "--config": args.config},
+    )
+    check_table_path(out, "--out")
+    if args.predictions:
+        check_table_path(args.predictions, "--predictions")
     model = Calibrator.load(args.checkpoint)
     features = validate_features(read_table(args.features, "features"), model.rubric)
     texts = read_table(args.texts, "texts") if args.texts else None
     result = score_texts(
         model, features, texts, judges=settings.get("trusted_judges"), questions=settings.get("questions"),
-        quantile=float(settings.get("quantile", 0.9)), chunk_texts=int(settings.get("chunk_texts", 4096)),
-        predictions_out=args.predictions, progress=not args.no_progress,
+        quantile=quantile, chunk_texts=chunk_texts, predictions_out=args.predictions, progress=not args.no_progress,
     )
-    out = Path(args.out)
     write_table(result.scores, out)
-    write_json(result.summary, out.with_name(out.stem + ".summary.json"))
-    print(json.dumps({k: v for k, v in result.summary.items() if k != "judges"}))
+    write_json(result.summary, summary)
+    print(json.dumps(json_safe({k: v for k, v in result.summary.items() if k != "judges"})))
     return 0
 
 
@@ -107,15 +120,30 @@ def run_leaderboard(args) -> int:
     board_settings = _override(settings.get("leaderboard", {}), args, ["question", "bootstrap", "seed", "alpha", "missing_systems"])
     judges = args.trusted_judges or settings.get("trusted_judges")
     rubric = Rubric.load(args.rubric or CONF / "rubric" / "llm_rubric.yaml")
+    if board_settings.get("question") and board_settings["question"] not in rubric:
+        raise InputError(f"question {board_settings['question']!r} is not in rubric {rubric.name!r} {rubric.ids}", setting="--question")
     question = rubric[board_settings["question"]] if board_settings.get("question") else rubric.main
+    n_boot = check_range("--bootstrap", board_settings.get("bootstrap", 1000), 1, integer=True)
+    seed = check_range("--seed", board_settings.get("seed", 0), integer=True)
+    alpha = check_range("--alpha", board_settings.get("alpha", 0.05), 0, 1, open_low=True, open_high=True)
+    band_replicates = check_range("band_replicates", board_settings.get("band_replicates", 200), 1, integer=True)
+    if board_settings.get("missing_systems", "error") not in ("error", "drop"):
+        raise InputError(f"{board_settings['missing_systems']!r} is not error or drop", setting="missing_systems")
+    out_dir = Path(args.out_dir)
+    check_writable_dir(out_dir, "--out-dir")
+    check_outputs(
+        {name: out_dir / name for name in ("leaderboard.csv", "comparisons.csv", "leaderboard.json", "leaderboard.md", "density.png")},
+        {"predictions": args.predictions, "--texts": args.texts, "--annotations": args.annotations, "--reference": args.reference,
+         "--config": args.config, "--rubric": args.rubric},
+    )
     predictions = lb.read_predictions(args.predictions)
     texts = read_table(args.texts, "texts") if args.texts else None
     annotations = validate_annotations(read_table(args.annotations, "annotations"), rubric) if args.annotations else None
     result = lb.build(
-        predictions, question, texts, judges, n_boot=int(board_settings.get("bootstrap", 1000)), seed=int(board_settings.get("seed", 0)),
-        alpha=float(board_settings.get("alpha", 0.05)), sample_answers=bool(board_settings.get("sample_answers", True)),
+        predictions, question, texts, judges, n_boot=n_boot, seed=seed,
+        alpha=alpha, sample_answers=bool(board_settings.get("sample_answers", True)),
         labels=lb.human_labels(annotations, question) if annotations is not None else None,
-        band_replicates=int(board_settings.get("band_replicates", 200)),
+        band_replicates=band_replicates,
     )
     scores = result.board.set_index("system").score
     extra: dict = {}
@@ -137,6 +165,8 @@ def run_leaderboard(args) -> int:
 def run_rank_correlation(args) -> int:
     from llmrubric.leaderboard import rank_correlation, read_leaderboard
 
+    from llmrubric.schemas import json_safe
+
     result = rank_correlation(read_leaderboard(args.a), read_leaderboard(args.b), args.missing_systems, str(args.a), str(args.b))
-    print(json.dumps(result))
+    print(json.dumps(json_safe(result)))
     return 0

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from llmrubric.calibrator import Calibrator
 from llmrubric.errors import InputError
+from llmrubric.integrity import check_finite_predictions
 from llmrubric.module import net_proba
 from llmrubric.predictions import predictions_frame, probabilities
 from llmrubric.schemas import Tables, atomic_path, source_of
@@ -273,7 +274,9 @@ def _judge_predictor(calibrator: Calibrator, judges: list[str]):
         torch.set_num_threads(1)  # small matrices: more threads only add contention
         try:
             per_judge = [torch.stack([net_proba(m, xt, dummy) for m in nets], dim=1) for nets in members]
-            return torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
+            probs = torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
+            check_finite_predictions(probs, getattr(calibrator, "source_", "<model>"))
+            return probs
         finally:
             torch.set_num_threads(threads)
 

@@ -125,7 +125,10 @@ def make_backend_from(settings: dict):
     name = settings["backend"]
     kwargs = {k: settings[k] for k in BACKEND_KEYS[name] if settings.get(k) is not None}
     if name == "transformers":
-        return make_backend(name, path=settings["model"], **kwargs)
+        try:
+            return make_backend(name, path=settings["model"], **kwargs)
+        except OSError as e:
+            raise InputError(f"cannot load the model (not a model folder or a reachable Hugging Face id): {' '.join(str(e).split())[:300]}", file=str(settings["model"]), setting="--model") from e
     return make_backend(name, model=settings["model"], **kwargs)
 
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from llmrubric.errors import InputError
+from llmrubric.guards import check_outputs, check_range, check_writable_dir
 from llmrubric.score_cli import CONF, _override, load_settings
 
 
@@ -79,7 +80,13 @@ def _grades(args, settings: dict):
     from llmrubric.schemas import read_table, validate_features
 
     if args.grades:
-        return read_grades(args.grades)
+        grades = read_grades(args.grades)
+        low, high = settings.get("grade_range", [0, 5])
+        outside = (grades.grade < low) | (grades.grade > high)
+        if outside.any():
+            row = grades.index[outside.to_numpy().argmax()]
+            raise InputError(f"grade {grades.at[row, 'grade']:g} is outside the scale [{low}, {high}] (autograder.grade_range)", file=str(args.grades), row=int(row), column="grade")
+        return grades
     if args.features:
         if not args.texts:
             raise InputError("grades from --features need --texts (text_id → query_id, doc_id)")
@@ -92,9 +99,13 @@ def _grades(args, settings: dict):
 
 def run_qrels(args) -> int:
     from llmrubric.ir.autograder import passage_labels, write_qrels
-    from llmrubric.schemas import read_table, validate_features, write_table
+    from llmrubric.schemas import check_table_path, read_table, validate_features, write_table
 
     settings = _settings(args, "autograder", ["grade", "rule", "m"])
+    check_outputs({"--out": args.out, "--labels-out": args.labels_out},
+                  {"--grades": args.grades, "--features": args.features, "--texts": args.texts, "--checkpoint": args.checkpoint, "--bank": args.bank})
+    if args.labels_out:
+        check_table_path(args.labels_out, "--labels-out")
     if args.checkpoint:
         from llmrubric.calibrator import Calibrator
         from llmrubric.extract.testbank import read_bank
@@ -169,6 +180,9 @@ def run_nuggets(args) -> int:
     from llmrubric.schemas import read_table, validate_features, write_json, write_table, write_text
 
     settings = _settings(args, "nuggets", ["partial_weight"])
+    partial_weight = check_range("--partial-weight", settings["partial_weight"], 0, 1)
+    out = Path(args.out_dir)
+    check_writable_dir(out, "--out-dir")
     bank = read_bank(args.bank)[0]
     answers = read_table(args.answers, "texts")
     if args.assignments:
@@ -180,9 +194,8 @@ def run_nuggets(args) -> int:
         support = ng.support_from_labels(raw)
     else:
         support = ng.support_from_features(validate_features(read_table(args.features, "features")), settings["family"], args.source)
-    per_answer = ng.answer_scores(support, answers, bank, float(settings["partial_weight"]))
+    per_answer = ng.answer_scores(support, answers, bank, partial_weight)
     per_run = ng.run_scores(per_answer)
-    out = Path(args.out_dir)
     write_table(per_answer, out / "answers.csv")
     write_table(per_run, out / "runs.csv")
     write_json({"settings": settings, "runs": per_run.to_dict("records")}, out / "runs.json")
@@ -194,10 +207,14 @@ def run_nuggets(args) -> int:
 
 def run_grounded_qa(args) -> int:
     from llmrubric.ir import grounded_qa as gq
-    from llmrubric.schemas import read_table, validate_features, write_json
+    from llmrubric.schemas import json_safe, read_table, validate_features, write_json
 
     settings = _settings(args, "grounded_qa", [])
-    lam = args.lam if args.lam is not None else float(settings.get("lambda", 0.5))
+    lam = check_range("--lambda", args.lam if args.lam is not None else settings.get("lambda", 0.5), 0, 1)
+    if args.docs is not None and not Path(args.docs).is_dir():
+        raise InputError("the documents folder does not exist", file=str(args.docs), setting="--docs")
+    check_outputs({"--out": args.out}, {"questions": args.questions, "predictions": args.predictions, "--features": args.features,
+                                        "--failures": args.failures, "--config": args.config})
     questions = gq.read_questions(args.questions)
     predictions = gq.read_predictions(args.predictions, {q["question_id"] for q in questions})
     quality = None
@@ -206,5 +223,5 @@ def run_grounded_qa(args) -> int:
         quality = gq.answer_quality(validate_features(read_table(args.features, "features")), settings.get("family", "answer_quality"), failures)
     result = gq.evaluate(questions, predictions, quality, args.docs, lam, tuple(settings.get("recall_at", [1, 5])), progress=not args.no_progress)
     write_json(result, args.out)
-    print(json.dumps(result["summary"], indent=2))
+    print(json.dumps(json_safe(result["summary"]), indent=2))
     return 0

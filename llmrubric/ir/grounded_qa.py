@@ -81,6 +81,9 @@ def read_predictions(path: str | Path, question_ids: set[str]) -> dict[str, dict
     for qid, pred in data.items():
         if not isinstance(pred, dict):
             raise InputError(f"prediction of {qid!r} is not an object", file=str(path), column=str(qid))
+        for key in ("evidence_sentences", "retrieved_docs"):
+            if pred.get(key) is not None and not isinstance(pred[key], list):
+                raise InputError(f"{key} of {qid!r} must be a list, not {type(pred[key]).__name__} {pred[key]!r:.40}", file=str(path), column=key)
     return {str(k): v for k, v in data.items()}
 
 

@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from llmrubric.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.data import Encoded, FeatureLayout, JudgeMap, encode
 from llmrubric.errors import InputError, TrainingDiverged
 from llmrubric.model import CalibrationNet
@@ -30,7 +31,7 @@ from llmrubric.temperature import fit_temperature
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/4"
-MODEL_KEYS = ("h1", "h2", "personalize", "inputs", "input_dropout", "ensemble")
+MODEL_KEYS = ("h1", "h2", "personalize", "inputs", "input_dropout", "ensemble", "head", "monotone")
 
 
 class Calibrator:
@@ -38,9 +39,11 @@ class Calibrator:
 
     Args:
         rubric: questions and answer scales; its main question is finetuned.
-        model: network settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`)
-            and ``ensemble``: the number of networks (seeds ``seed, seed + 1, …``, each with its
-            own early-stopping split) whose average distribution is the prediction.
+        model: network settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`),
+            ``ensemble``: the number of networks (seeds ``seed, seed + 1, …``, each with its
+            own early-stopping split) whose average distribution is the prediction, and ``head``:
+            ``softmax`` (the network's heads), or ``ordinal`` / ``combined`` with ``monotone``
+            (:mod:`llmrubric.cumulative`: cumulative-link heads on a learned score).
         trainer: :class:`TrainConfig` fields.
         seed: seeds initialisation, the early-stopping split and the batch order.
         feature_questions: use only the feature blocks of these questions (e.g. ``[Q0]``).
@@ -69,6 +72,14 @@ class Calibrator:
         unknown = sorted(set(self.model) - set(MODEL_KEYS))
         if unknown:
             raise InputError(f"unknown model setting(s) {unknown}; known: {list(MODEL_KEYS)}")
+        head = self.model.setdefault("head", "softmax")
+        if head not in HEADS:
+            raise InputError(f"model.head must be one of {list(HEADS)}, not {head!r}", column="model.head")
+        if head != "softmax" and (self.model["personalize"] not in ("none", False) or self.model["inputs"] == "probabilities"):
+            raise InputError(
+                f"model.head={head} personalizes by judge cut points and scores expected answers: it needs model.personalize=none "
+                f"and model.inputs=expected or both (got {self.model['personalize']!r}, {self.model['inputs']!r})", column="model.head",
+            )
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
         self.seed = seed
         self.feature_questions, self.drop_questions = feature_questions, drop_questions
@@ -78,12 +89,14 @@ class Calibrator:
 
     def _net(self) -> CalibrationNet:
         extra = self.pair_features.dim if self.pair_features is not None else 0
-        return CalibrationNet(
-            self.layout_.values if self.llm_features else [],
-            len(self.judges_.judges),
-            [len(q.options) for q in self.rubric.questions],
-            extra_dim=extra,
-            **{k: v for k, v in self.model.items() if k != "ensemble"},
+        args = (self.layout_.values if self.llm_features else [], len(self.judges_.judges), [len(q.options) for q in self.rubric.questions])
+        settings = {k: v for k, v in self.model.items() if k not in ("ensemble", "head", "monotone")}
+        if self.model["head"] == "softmax":
+            return CalibrationNet(*args, extra_dim=extra, **settings)
+        blocks = [b.question_id for b in self.layout_.blocks] if self.llm_features else []
+        return CumulativeNet(
+            *args, head=self.model["head"], block_questions=blocks, question_ids=self.rubric.ids,
+            monotone=bool(self.model.get("monotone", False)), extra_dim=extra, **settings,
         )
 
     @property
@@ -248,14 +261,16 @@ def fit_together(
         members += [(i, n, tr, v, s) for n, tr, v, s in zip(nets, trains, vals, c.seeds)]
     main = calibrators[0].rubric.ids.index(calibrators[0].rubric.main.id)
     summaries: list[dict] = [{}] * len(members)
-    kinds: dict[bool, list[int]] = {}
+    kinds: dict[bool | str, list[int]] = {}
     for m, (i, net, *_) in enumerate(members):
-        kinds.setdefault(net.has_deltas, []).append(m)
-    for group in kinds.values():
+        kinds.setdefault("cumulative" if isinstance(net, CumulativeNet) else net.has_deltas, []).append(m)
+    for kind, group in kinds.items():
         owner = torch.tensor([members[m][0] for m in group])
         nets, trains, vals, seeds = ([members[m][k] for m in group] for k in (1, 2, 3, 4))
         configs = [calibrators[members[m][0]].trainer for m in group]
-        if engines == {"stacked"}:
+        if kind == "cumulative":
+            result = [train_cumulative(n, t, v, main, c, s) for n, t, v, c, s in zip(nets, trains, vals, configs, seeds)]
+        elif engines == {"stacked"}:
 
             def member_epoch(phase, epoch, val_nll, owner=owner):
                 if on_epoch is None:

@@ -4,7 +4,9 @@
     python evaluate.py experiment=llm_rubric_real report=full   # + the evaluation report
 
 Writes to ``run_dir``: the predictions table (every question, every (text, judge) pair),
-``metrics.json`` and ``metrics.md`` (main question: the model and the configured baselines).
+``metrics.json`` and ``metrics.md`` (main question: the model and the configured baselines;
+an LLM baseline runs once per LLM source and on their mean when there are several, and is
+skipped, with the reason recorded, when no source answered the main question).
 With ``report=fast|full`` it also writes the report folder (``report.dir``, see
 :mod:`llmrubric.report`), which trains its own models, so checkpoints are then optional.
 Each finished evaluation is logged as an MLflow run (:mod:`llmrubric.tracking`; ``logger=none``: off).
@@ -13,6 +15,7 @@ Each finished evaluation is logged as an MLflow run (:mod:`llmrubric.tracking`; 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import hydra
 import pandas as pd
 from omegaconf import DictConfig
 
-from llmrubric.baselines import make_method
+from llmrubric.baselines import expand_baselines, make_method
 from llmrubric.calibrator import Calibrator
 from llmrubric.errors import InputError
 from llmrubric.experiment import prepare
@@ -54,12 +57,16 @@ def main(cfg: DictConfig) -> dict | None:
 def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     run_dir = Path(cfg.run_dir)
     predictions = {"llm_rubric": []}
+    features = pd.concat([t.features[t.features.question_id == rubric.main.id] for s in splits for t in (s.train, s.test)], ignore_index=True)
+    baselines, skipped = expand_baselines(list(cfg.baselines), rubric, features)
+    for name, reason in skipped.items():
+        log.warning("baseline %s skipped: %s", name, reason)
     for split in splits:
         path = run_dir / f"{split.name}.safetensors"
         if not path.is_file():
             raise InputError("checkpoint not found; run train.py with the same config first", file=str(path))
         predictions["llm_rubric"].append(Calibrator.load(path).predict(split.test))
-        for name in cfg.baselines:
+        for name in baselines:
             method = make_method(name, rubric, cfg.seed).fit(split.train)
             predictions.setdefault(name, []).append(method.predict(split.test))
     tables = {name: pd.concat(parts, ignore_index=True) for name, parts in predictions.items()}
@@ -68,21 +75,22 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     table = markdown_table(metrics)
     header = f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
     write_table(tables["llm_rubric"], run_dir / f"predictions.{cfg.predictions_format}")
-    write_json({"experiment": cfg.name, "question": rubric.main.id, "protocol": cfg.protocol, "methods": metrics}, run_dir / "metrics.json")
-    write_text(f"# {header}\n\n{table}\n", run_dir / "metrics.md")
-    print(f"\n{header}\n{table}\n\nwritten to {run_dir}/")
+    notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())
+    write_json({"experiment": cfg.name, "question": rubric.main.id, "protocol": cfg.protocol, "methods": metrics, "skipped": skipped}, run_dir / "metrics.json")
+    write_text(f"# {header}\n\n{table}\n{notes}\n", run_dir / "metrics.md")
+    print(f"\n{header}\n{table}\n{notes}\n\nwritten to {run_dir}/")
     return metrics
 
 
 def track(cfg: DictConfig, metrics: dict | None, started: float) -> None:
     """Log the finished evaluation to MLflow (``logger=none``: off): config, ``test/<metric>``
-    (baselines: ``test/<metric>/<method>``), predictions and metric tables, the report folder."""
+    (baselines: ``test/<metric>/<method>``, characters MLflow refuses replaced by ``_``), predictions and metric tables, the report folder."""
     run_dir = Path(cfg.run_dir)
     with Tracker.from_config(cfg).run("evaluate", nested=True, tags={"job": "evaluate"}, start_time=started) as run:
         run.log_config(cfg)
         if metrics is not None:
             for name, values in metrics.items():
-                run.log_metrics(metric_keys(values, "test", None if name == "llm_rubric" else name))
+                run.log_metrics(metric_keys(values, "test", None if name == "llm_rubric" else re.sub(r"[^\w\-. /]", "_", name)))
             for file in (f"predictions.{cfg.predictions_format}", "metrics.json", "metrics.md"):
                 run.log_artifact(run_dir / file)
         report = cfg.get("report")

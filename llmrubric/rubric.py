@@ -51,7 +51,12 @@ class Option:
 
 @dataclass(frozen=True)
 class Question:
-    """A rubric question with its human answer options and the options offered to the LLM."""
+    """A rubric question with its human answer options and the options offered to the LLM.
+
+    ``ordered``: the options are points on a numeric scale (means, RMSE and correlations apply);
+    otherwise they are categories (yes/no, topic labels) scored by accuracy, macro-F1, NLL
+    and Brier score. In the YAML it defaults to whether every option value is a number.
+    """
 
     id: str
     prompt: str
@@ -60,6 +65,7 @@ class Question:
     name: str = ""
     main: bool = False
     applicable_if: str | None = None
+    ordered: bool = True
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -67,8 +73,8 @@ class Question:
 
     @property
     def values(self) -> list[float]:
-        """Numeric option values in order (for expected values); NaN where not numeric."""
-        return [math.nan if o.numeric is None else o.numeric for o in self.options]
+        """Numeric option values in order (for expected values); NaN where not numeric or not ``ordered``."""
+        return [math.nan if o.numeric is None or not self.ordered else o.numeric for o in self.options]
 
     def index_of(self, answer: Any) -> int | None:
         """Position of ``answer`` (a value or a label) among the options, or None."""
@@ -131,6 +137,7 @@ class Rubric:
                     "prompt": q.prompt,
                     "main": q.main,
                     "applicable_if": q.applicable_if,
+                    "ordered": q.ordered,
                     "options": [{"value": o.value, "label": o.label} for o in q.options],
                     "llm_options": list(q.llm_options),
                 }
@@ -167,6 +174,12 @@ class Rubric:
             if len(set(keys)) != len(keys):
                 raise InputError(f"{where} ({q['id']}): duplicate option values {keys}")
             llm = tuple(option_key(v) for v in q.get("llm_options", [o.value for o in options]))
+            numeric = all(o.numeric is not None and math.isfinite(o.numeric) for o in options)
+            ordered = q.get("ordered", numeric)
+            if not isinstance(ordered, bool):
+                raise InputError(f"{where} ({q['id']}): 'ordered' must be true or false, got {ordered!r}")
+            if ordered and not numeric:
+                raise InputError(f"{where} ({q['id']}): ordered options need numeric values, got {[o.value for o in options]}")
             questions.append(
                 Question(
                     id=str(q["id"]),
@@ -176,6 +189,7 @@ class Rubric:
                     name=str(q.get("name", "")),
                     main=bool(q.get("main", False)),
                     applicable_if=q.get("applicable_if"),
+                    ordered=ordered,
                 )
             )
         return cls(str(data.get("name", Path(source).stem)), tuple(questions), source)

@@ -53,3 +53,33 @@ def test_evaluate_rejects_missing_or_non_finite_predictions(simulated, rubric):
         evaluate(pred.iloc[1:], simulated.annotations, rubric.main)
     with pytest.raises(InputError, match="non-finite"):
         evaluate(pred.assign(mean=np.nan), simulated.annotations, rubric.main)
+
+
+def with_second_source(tables):
+    """``tables`` plus a second LLM source whose every block is the first source's, reversed."""
+    from llmrubric.schemas import Tables
+
+    features = tables.features
+    other = features.assign(source="other")
+    other["prob"] = other.groupby(["text_id", "question_id"]).prob.transform(lambda p: p.to_numpy()[::-1])
+    return Tables(tables.annotations, pd.concat([features, other], ignore_index=True), tables.texts)
+
+
+def test_llm_baselines_with_several_sources(simulated, rubric):
+    from llmrubric.baselines import expand_baselines
+
+    both = with_second_source(simulated)
+    names, skipped = expand_baselines(["expected_llm", "argmax_llm", "constant", "ridge_judge"], rubric, both.features)
+    assert names == ["expected_llm/other", "expected_llm/simulated-llm", "expected_llm",
+                     "argmax_llm/other", "argmax_llm/simulated-llm", "argmax_llm", "constant", "ridge_judge"] and not skipped
+    mean = {n: make_method(n, rubric).predict(both)["mean"].to_numpy() for n in names[:3]}
+    single = make_method("expected_llm", rubric).predict(simulated)["mean"].to_numpy()
+    assert np.allclose(mean["expected_llm/simulated-llm"], single)
+    assert not np.allclose(mean["expected_llm/other"], single)
+    assert np.allclose(mean["expected_llm"], (mean["expected_llm/other"] + mean["expected_llm/simulated-llm"]) / 2)
+    argmax = make_method("argmax_llm/other", rubric).predict(both)
+    assert set(argmax["mean"]) <= {1.0, 2.0, 3.0, 4.0}
+    ridge = make_method("ridge_judge", rubric).fit(both)
+    assert len(ridge.layout_.blocks) == 18 and np.isfinite(ridge.predict(both)["mean"]).all()
+    with pytest.raises(InputError, match="source 'missing'"):
+        make_method("expected_llm/missing", rubric).predict(both)

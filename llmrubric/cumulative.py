@@ -12,9 +12,9 @@ blocks (every source): an LLM rating a text higher never lowers its prediction.
 
 Heads: ``ordinal`` (the linear score alone) and ``combined`` (the calibration network's
 hidden layers add a bounded residual to the linear score: ``s = w·f + r(σ(W2 σ(W1 f)))``, the
-residual's weights start at zero). Both are trained by :func:`train_cumulative` (mini-batch
-Adam, pretrain on all questions then finetune on the main one, each phase early-stopped on
-held-out NLL, like the network) and predicted, saved and loaded like the network.
+residual's weights start at zero). Both are trained by :func:`train_cumulative` (full-batch
+L-BFGS, pretrain on all questions then finetune on the main one, each phase early-stopped on
+held-out NLL like the network) and predicted, saved and loaded like the network.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from llmrubric.model import CalibrationNet
 from llmrubric.module import TrainConfig
 
 HEADS = ("softmax", "ordinal", "combined")
-MONOTONE_START = -3.0  # softplus(-3) ≈ 0.05: constrained weights start small and positive
+LBFGS_STEPS = 10  # L-BFGS iterations per epoch of train_cumulative
+MONOTONE_START = -3.0
+LOG_FLOOR = math.log(1e-12)  # no answer gets probability 0 (an infinite NLL)  # softplus(-3) ≈ 0.05: constrained weights start small and positive
 
 
 class CumulativeNet(CalibrationNet):
@@ -42,7 +44,8 @@ class CumulativeNet(CalibrationNet):
         question_ids: the questions in rubric order.
         monotone: constrain each question's weights on its own blocks' expected answers to be >= 0.
         Other arguments as :class:`CalibrationNet`; personalization is by the judges' cut points
-        (``personalize`` must be ``"none"``), ``inputs`` must include the expected answers.
+        (``personalize`` must be ``"none"``), ``inputs`` must include the expected answers, and
+        ``input_dropout`` is not used (full-batch L-BFGS needs a deterministic objective).
     """
 
     def __init__(
@@ -101,7 +104,7 @@ class CumulativeNet(CalibrationNet):
         """Standardised features (B, in_dim) → scores (B, questions)."""
         s = f @ self.weights().T
         if self.head == "combined":
-            z = torch.sigmoid(self.layer2(torch.sigmoid(self.layer1(self.dropout(f)))))
+            z = torch.sigmoid(self.layer2(torch.sigmoid(self.layer1(f))))
             s = s + self.residual(z)
         return s
 
@@ -125,10 +128,12 @@ class CumulativeNet(CalibrationNet):
     def log_probs(self, f: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
         """Standardised features (B, in_dim), judges (B,) → log-probabilities (B, questions, max options)."""
         s = self.scores(f)
-        cdf = torch.sigmoid(self.cut_points(judge) - s[..., None]).masked_fill(~self.cut_mask, 1.0)
-        cdf = torch.cat([cdf, torch.ones_like(cdf[..., :1])], dim=-1)
-        probs = torch.cat([cdf[..., :1], cdf.diff(dim=-1)], dim=-1)
-        return torch.log(probs.clamp(min=1e-12)).masked_fill(~self.option_mask, float("-inf"))
+        lcdf = nn.functional.logsigmoid(self.cut_points(judge) - s[..., None]).masked_fill(~self.cut_mask, 0.0)  # log P(y <= k)
+        lcdf = torch.cat([lcdf, torch.zeros_like(lcdf[..., :1])], dim=-1)
+        below = torch.cat([torch.full_like(lcdf[..., :1], float("-inf")), lcdf[..., :-1]], dim=-1)
+        # log(P(y <= k) - P(y <= k-1)), exact also where both are near 1 or near 0
+        logp = lcdf + torch.log((-torch.expm1(below - lcdf)).clamp(min=1e-30))
+        return logp.clamp(min=LOG_FLOOR).masked_fill(~self.option_mask, float("-inf"))
 
     def shared_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if name != "judge_cuts" and not name.startswith("delta")]
@@ -152,9 +157,14 @@ class CumulativeNet(CalibrationNet):
 
 
 def train_cumulative(net: CumulativeNet, train: Encoded, val: Encoded | None, main_index: int, config: TrainConfig, seed: int) -> dict:
-    """Pretrain on all questions, then finetune on the main one (mini-batch Adam, weight decay on
-    the shared weights, ``delta_l2`` on the judge cut deltas), each phase stopped early on the
-    held-out NLL of its questions with the best weights restored. Returns the summary per phase."""
+    """Pretrain on all questions, then finetune on the main one, each phase by full-batch L-BFGS
+    (the heads are small and near-convex: mini-batches only slow them down) on the mean NLL plus
+    ``weight_decay`` times the squared shared weights and ``delta_l2`` times the squared judge cut
+    deltas. An epoch is up to :data:`LBFGS_STEPS` L-BFGS iterations; each phase stops early when the
+    held-out NLL of its questions has not improved for ``patience`` epochs (best weights restored)
+    or when L-BFGS has converged. Returns the summary per phase. Nothing is random here: ``seed``
+    (kept for the signature of :func:`llmrubric.module.train_network`) only seeded the initial
+    weights, which the caller drew."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -163,60 +173,65 @@ def train_cumulative(net: CumulativeNet, train: Encoded, val: Encoded | None, ma
             mask = torch.full((net.n_q,), phase == "pretrain")
             mask[main_index] = True
             if epochs > 0:
-                summary[phase] = _phase(net, train, val, mask, config, epochs, seed + (phase == "finetune"))
+                summary[phase] = _phase(net, train, val, mask, config, epochs)
         return summary
     finally:
         net.eval()
         torch.set_num_threads(threads)
 
 
-def _nll(logp: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of -log p over the observed cells of the masked questions, and their count."""
+def _nll(logp: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean -log p over the observed cells of the masked questions."""
     observed = (y >= 0) & mask[None, :]
     picked = logp.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return -(picked * observed).sum(), observed.sum()
+    return -(picked * observed).sum() / observed.sum().clamp(min=1)
 
 
-def _phase(net: CumulativeNet, train: Encoded, val: Encoded | None, mask: torch.Tensor, config: TrainConfig, epochs: int, seed: int) -> dict:
+def _phase(net: CumulativeNet, train: Encoded, val: Encoded | None, mask: torch.Tensor, config: TrainConfig, epochs: int) -> dict:
     rows = ((train.y >= 0) & mask).any(dim=1).nonzero().squeeze(1)
     if not len(rows):
         raise ValueError("no training annotations for this phase")
-    optimizer = torch.optim.Adam(
-        [{"params": net.shared_parameters(), "weight_decay": config.weight_decay}, {"params": net.delta_parameters(), "weight_decay": 0.0}],
-        lr=config.lr,
-    )
-    generator = torch.Generator().manual_seed(seed)
     has_val = val is not None and len(val) > 0
     with torch.no_grad():  # the features do not change during training
-        f, vf = net.standardized(train.x, train.judge), net.standardized(val.x, val.judge) if has_val else None
+        f, judge, y = net.standardized(train.x[rows], train.judge[rows]), train.judge[rows], train.y[rows]
+        vf = net.standardized(val.x, val.judge) if has_val else None
+    shared = net.shared_parameters()
+    optimizer = torch.optim.LBFGS(shared + net.delta_parameters(), lr=1.0, max_iter=LBFGS_STEPS, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = _nll(net.log_probs(f, judge), y, mask) + config.delta_l2 * net.delta_penalty()
+        if config.weight_decay:
+            loss = loss + config.weight_decay * sum((p**2).sum() for p in shared)
+        loss.backward()
+        return loss
+
     best, best_epoch, best_state, wait, history, stopped = math.inf, epochs - 1, None, 0, [], "max_epochs"
+    net.eval()  # deterministic objective for the line search: no input dropout
+    previous = None
     for epoch in range(epochs):
-        net.train()
-        total, batches = 0.0, rows[torch.randperm(len(rows), generator=generator)].split(config.batch_size)
-        for batch in batches:
-            nll, count = _nll(net.log_probs(f[batch], train.judge[batch]), train.y[batch], mask)
-            loss = nll / count.clamp(min=1) + config.delta_l2 * net.delta_penalty()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach()) / len(batches)
-        if not math.isfinite(total):
+        loss = float(optimizer.step(closure).detach())
+        if not math.isfinite(loss):
             stopped = "diverged"
             break
-        if not has_val:
-            continue
-        net.eval()
-        with torch.no_grad():
-            nll, count = _nll(net.log_probs(vf, val.judge), val.y, mask)
-        value = float(nll / count.clamp(min=1))
-        history.append({"epoch": epoch, "train/loss": total, "val/nll": value})
-        if value < best:
-            best, best_epoch, best_state, wait = value, epoch, copy.deepcopy(net.state_dict()), 0
-        else:
-            wait += 1
-            if wait >= config.patience:
-                stopped = "early"
-                break
+        state = optimizer.state[shared[0]]
+        converged = previous is not None and abs(previous - loss) < 1e-7
+        previous = loss
+        if has_val:
+            with torch.no_grad():
+                value = float(_nll(net.log_probs(vf, val.judge), val.y, mask))
+            history.append({"epoch": epoch, "train/loss": loss, "val/nll": value, "iterations": int(state.get("n_iter", 0))})
+            if value < best:
+                best, best_epoch, best_state, wait = value, epoch, copy.deepcopy(net.state_dict()), 0
+            else:
+                wait += 1
+                if wait >= config.patience:
+                    stopped = "early"
+                    break
+        if converged:
+            stopped = "converged"
+            break
+    net.eval()
     if best_state is not None:
         net.load_state_dict(best_state)
     return {"epochs": epoch + 1, "best_epoch": best_epoch, "val_nll": best if has_val else None, "stopped": stopped, "history": history}

@@ -29,6 +29,7 @@ calibrator head with the lowest pair NLL of each set: the choice among them).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -135,6 +136,15 @@ def figures(pred: pd.DataFrame, rubric: Rubric, tables, folds: pd.DataFrame, dra
     }
 
 
+def finite(value):
+    """``value`` with every non-finite float replaced by None (valid JSON: null)."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def run_one(set_name: str, method: str, seed: int, args) -> dict:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -181,6 +191,8 @@ def run(argv: list[str] | None) -> int:
     parser.add_argument("--draws", type=int, default=50, help="random draws of the k labelled pairs per system")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "transfer.json"))
+    parser.add_argument("--cache", default=str(ROOT / "outputs" / "transfer"),
+                        help="each finished (set, method, seed) is kept here and not rerun (resume); delete it after changing code")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.draws < 1:
         raise InputError(f"--seeds and --draws must be >= 1 (got {args.seeds}, {args.draws})", column="--seeds/--draws")
@@ -198,24 +210,29 @@ def run(argv: list[str] | None) -> int:
             raise InputError(f"k={max(KS)} human labels requested but system {pairs.idxmin()!r} has only {int(pairs.min())} annotated pairs of {rubric.main.id}", column="k")
     start = time.perf_counter()
     jobs = [(s, m, seed) for s in sets for m in args.methods for seed in (range(args.seeds) if m in LEARNED else [0])]
+    label = lambda s: Path(args.data).name if s == "data" else s
+    cache = lambda job: Path(args.cache) / f"{label(job[0])}-{job[1]}-{job[2]}.json"
     with ProcessPoolExecutor(args.workers) as pool:
-        futures = {job: pool.submit(run_one, *job, args) for job in jobs}
+        futures = {job: None if cache(job).is_file() else pool.submit(run_one, *job, args) for job in jobs}
         results = {}
         for i, (job, future) in enumerate(futures.items(), 1):
-            results[job] = r = future.result()
-            print(f"[{i}/{len(jobs)}] {job[0]} {job[1]} seed {job[2]}: pair NLL {r['pair_nll']:.3f}, system Kendall {r['system_kendall']:.3f}, "
+            if future is None:
+                results[job] = r = json.loads(cache(job).read_text())
+            else:
+                results[job] = r = future.result()
+                write_json(r, cache(job))
+            print(f"[{i}/{len(jobs)}] {job[0]} {job[1]} seed {job[2]}{' (cached)' if future is None else ''}: pair NLL {r['pair_nll']:.3f}, system Kendall {r['system_kendall']:.3f}, "
                   f"coverage {r['coverage']:.2f} ({r['seconds']:.0f}s)", flush=True)
     report = {}
     for s in sets:
-        key = Path(args.data).name if s == "data" else s
-        report[key] = {m: average([results[j] for j in results if j[:2] == (s, m)]) for m in args.methods}
+        report[label(s)] = {m: average([results[j] for j in results if j[:2] == (s, m)]) for m in args.methods}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     heads = [m for m in HEADS if m in args.methods]
     report["meta"] = {
         "commit": commit, "seconds": time.perf_counter() - start, "seeds": args.seeds, "draws": args.draws, "ks": list(KS),
         "lowest_nll_head": {k: min(heads, key=lambda m: v[m]["pair_nll"]) for k, v in report.items() if heads},
     }
-    write_json(report, args.out)
+    write_json(finite(report), args.out)
     cols = ("pair_pearson", "pair_nll", "system_kendall", "system_spearman", "system_mae", "coverage", "width")
     for key in report:
         if key == "meta":

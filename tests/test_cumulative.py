@@ -81,3 +81,14 @@ def test_bad_head_settings_are_named(rubric):
         Calibrator(rubric, {**ORDINAL, "personalize": "input"})
     with pytest.raises(InputError, match="inputs=expected"):
         Calibrator(rubric, {**ORDINAL, "inputs": "probabilities"})
+
+
+def test_scoring_fast_path_covers_the_cumulative_heads(fitted, shift):
+    from llmrubric.scoring import score_texts
+
+    for model in fitted[:2]:
+        result = score_texts(model, shift[1].features, shift[1].texts, keep_predictions=True)
+        assert result.summary["fast_path"]
+        slow = model.predict(shift[1], result.predictions[["text_id", "judge_id", "system_id"]].drop_duplicates())
+        fast = result.predictions.merge(slow, on=["text_id", "judge_id", "question_id"], suffixes=("", "_slow"))
+        assert len(fast) == len(result.predictions) and np.allclose(fast["mean"], fast["mean_slow"], atol=1e-5)

@@ -80,6 +80,9 @@ class Calibrator:
                 f"model.head={head} personalizes by judge cut points and scores expected answers: it needs model.personalize=none "
                 f"and model.inputs=expected or both (got {self.model['personalize']!r}, {self.model['inputs']!r})", column="model.head",
             )
+        unordered = [q.id for q in rubric.questions if not q.ordered]
+        if head != "softmax" and unordered:
+            raise InputError(f"model.head={head} needs ordered answer scales; question(s) {unordered} are categorical", file=rubric.source, column="model.head")
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
         self.seed = seed
         self.feature_questions, self.drop_questions = feature_questions, drop_questions
@@ -243,6 +246,8 @@ def fit_together(
     stacked program and may return calibrator indices to stop now (pruning). A calibrator whose training loss
     turned non-finite raises :class:`TrainingDiverged`, or with ``tolerate_divergence`` gets
     ``diverged_`` set to the reason. ``pruned_`` tells whether a calibrator was stopped.
+    Members with a cumulative head (``model.head`` ordinal or combined) are fitted one by one by
+    :func:`llmrubric.cumulative.train_cumulative` (never pruned: ``on_epoch`` is not called for them).
     With ``trainer.temperature_scaling``, each member of a calibrator that finished then gets
     its per-question temperatures from its early-stopping split (:mod:`llmrubric.temperature`),
     and with ``trainer.ordinal_blend`` its per-question ordinal weights (:mod:`llmrubric.ordinal`).

@@ -92,3 +92,16 @@ def test_scoring_fast_path_covers_the_cumulative_heads(fitted, shift):
         slow = model.predict(shift[1], result.predictions[["text_id", "judge_id", "system_id"]].drop_duplicates())
         fast = result.predictions.merge(slow, on=["text_id", "judge_id", "question_id"], suffixes=("", "_slow"))
         assert len(fast) == len(result.predictions) and np.allclose(fast["mean"], fast["mean_slow"], atol=1e-5)
+
+
+def test_cumulative_heads_refuse_a_categorical_question(rubric):
+    from llmrubric.rubric import Rubric
+
+    data = rubric.to_dict()
+    for q in data["questions"]:
+        if q["id"] == "Q8":
+            q["ordered"] = False
+    categorical = Rubric.from_dict(data, "categorical.yaml")
+    with pytest.raises(InputError, match=r"categorical.yaml.*\['Q8'\] are categorical"):
+        Calibrator(categorical, ORDINAL)
+    assert Calibrator(categorical, {"ensemble": 1}).model["head"] == "softmax"

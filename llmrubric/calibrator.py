@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from llmrubric.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.data import Encoded, FeatureLayout, JudgeMap, encode
 from llmrubric.errors import InputError, TrainingDiverged
 from llmrubric.guards import check_range
@@ -33,7 +34,7 @@ from llmrubric.temperature import fit_temperature
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
-MODEL_KEYS = ("h1", "h2", "personalize", "inputs", "input_dropout", "ensemble")
+MODEL_KEYS = ("h1", "h2", "personalize", "inputs", "input_dropout", "ensemble", "head", "monotone")
 
 
 def check_model(model: dict) -> None:
@@ -52,9 +53,11 @@ class Calibrator:
 
     Args:
         rubric: questions and answer scales; its main question is finetuned.
-        model: network settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`)
-            and ``ensemble``: the number of networks (seeds ``seed, seed + 1, …``, each with its
-            own early-stopping split) whose average distribution is the prediction.
+        model: network settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`),
+            ``ensemble``: the number of networks (seeds ``seed, seed + 1, …``, each with its
+            own early-stopping split) whose average distribution is the prediction, and ``head``:
+            ``softmax`` (the network's heads), or ``ordinal`` / ``combined`` with ``monotone``
+            (:mod:`llmrubric.cumulative`: cumulative-link heads on a learned score).
         trainer: :class:`TrainConfig` fields.
         seed: seeds initialisation, the early-stopping split and the batch order.
         feature_questions: use only the feature blocks of these questions (e.g. ``[Q0]``).
@@ -84,6 +87,17 @@ class Calibrator:
         if unknown:
             raise InputError(f"unknown model setting(s) {unknown}; known: {list(MODEL_KEYS)}", setting=f"model.{unknown[0]}")
         check_model(self.model)
+        head = self.model.setdefault("head", "softmax")
+        if head not in HEADS:
+            raise InputError(f"model.head must be one of {list(HEADS)}, not {head!r}", setting="model.head")
+        if head != "softmax" and (self.model["personalize"] not in ("none", False) or self.model["inputs"] == "probabilities"):
+            raise InputError(
+                f"model.head={head} personalizes by judge cut points and scores expected answers: it needs model.personalize=none "
+                f"and model.inputs=expected or both (got {self.model['personalize']!r}, {self.model['inputs']!r})", setting="model.head",
+            )
+        unordered = [q.id for q in rubric.questions if not q.ordered]
+        if head != "softmax" and unordered:
+            raise InputError(f"model.head={head} needs ordered answer scales; question(s) {unordered} are categorical", file=rubric.source, setting="model.head")
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
         self.seed = seed
         self.feature_questions, self.drop_questions = feature_questions, drop_questions
@@ -93,12 +107,14 @@ class Calibrator:
 
     def _net(self) -> CalibrationNet:
         extra = self.pair_features.dim if self.pair_features is not None else 0
-        return CalibrationNet(
-            self._block_values() if self.llm_features else [],
-            len(self.judges_.judges),
-            [len(q.options) for q in self.rubric.questions],
-            extra_dim=extra,
-            **{k: v for k, v in self.model.items() if k != "ensemble"},
+        args = (self._block_values() if self.llm_features else [], len(self.judges_.judges), [len(q.options) for q in self.rubric.questions])
+        settings = {k: v for k, v in self.model.items() if k not in ("ensemble", "head", "monotone")}
+        if self.model["head"] == "softmax":
+            return CalibrationNet(*args, extra_dim=extra, **settings)
+        blocks = [b.question_id for b in self.layout_.blocks] if self.llm_features else []
+        return CumulativeNet(
+            *args, head=self.model["head"], block_questions=blocks, question_ids=self.rubric.ids,
+            monotone=bool(self.model.get("monotone", False)), extra_dim=extra, **settings,
         )
 
     def _block_values(self) -> list[list[float]]:
@@ -263,6 +279,8 @@ def fit_together(
     stacked program and may return calibrator indices to stop now (pruning). A calibrator whose training loss
     turned non-finite raises :class:`TrainingDiverged`, or with ``tolerate_divergence`` gets
     ``diverged_`` set to the reason. ``pruned_`` tells whether a calibrator was stopped.
+    Members with a cumulative head (``model.head`` ordinal or combined) are fitted one by one by
+    :func:`llmrubric.cumulative.train_cumulative` (never pruned: ``on_epoch`` is not called for them).
     With ``trainer.temperature_scaling``, each member of a calibrator that finished then gets
     its per-question temperatures from its early-stopping split (:mod:`llmrubric.temperature`),
     and with ``trainer.ordinal_blend`` its per-question ordinal weights (:mod:`llmrubric.ordinal`).
@@ -282,14 +300,16 @@ def fit_together(
         members += [(i, n, tr, v, s) for n, tr, v, s in zip(nets, trains, vals, c.seeds)]
     main = calibrators[0].rubric.ids.index(calibrators[0].rubric.main.id)
     summaries: list[dict] = [{}] * len(members)
-    kinds: dict[bool, list[int]] = {}
+    kinds: dict[bool | str, list[int]] = {}
     for m, (i, net, *_) in enumerate(members):
-        kinds.setdefault(net.has_deltas, []).append(m)
-    for group in kinds.values():
+        kinds.setdefault("cumulative" if isinstance(net, CumulativeNet) else net.has_deltas, []).append(m)
+    for kind, group in kinds.items():
         owner = torch.tensor([members[m][0] for m in group])
         nets, trains, vals, seeds = ([members[m][k] for m in group] for k in (1, 2, 3, 4))
         configs = [calibrators[members[m][0]].trainer for m in group]
-        if engines == {"stacked"}:
+        if kind == "cumulative":
+            result = [train_cumulative(n, t, v, main, c, s) for n, t, v, c, s in zip(nets, trains, vals, configs, seeds)]
+        elif engines == {"stacked"}:
 
             def member_epoch(phase, epoch, val_nll, owner=owner):
                 if on_epoch is None:

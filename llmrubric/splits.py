@@ -34,6 +34,12 @@ def system_folds(tables) -> pd.DataFrame:
         missing = systems.index[systems.isna()]
         raise InputError(f"{len(missing)} text(s) have no system_id (first: {missing[0]!r})", file=source_of(source), column="system_id")
     names = sorted(systems.unique())
+    unannotated = sorted(set(source.system_id.dropna()) - set(names))
+    if unannotated:
+        raise InputError(
+            f"{len(unannotated)} system(s) have no annotated text to test on (first: {unannotated[0]!r})",
+            file=source_of(source), column="system_id",
+        )
     if len(names) < 2:
         raise InputError(f"leave-one-system-out needs at least 2 systems, found {names}", file=source_of(source), column="system_id")
     return pd.DataFrame({"text_id": systems.index, "fold": systems.map({n: k for k, n in enumerate(names)}).to_numpy(), "system_id": systems.to_numpy()})

@@ -13,7 +13,7 @@ from llmrubric.cli import main
 from llmrubric.errors import InputError
 from llmrubric.rubric import Rubric
 from llmrubric.schemas import load_tables
-from llmrubric.simulate import CITATION, DEFAULT_RUBRIC, FILES, simulate, write_simulated
+from llmrubric.simulate import CITATION, DEFAULT_RUBRIC, FILES, simulate, simulate_shift, write_simulated
 
 EMBEDDED = Path(__file__).parents[1] / "data" / "simulated"
 
@@ -134,3 +134,27 @@ def test_cli_simulate(tmp_path, capsys):
     assert main(["data", "simulate", str(tmp_path / "bad"), "--judges", "2", "--judges-per-text", "3"]) == 2
     assert "judges_per_text" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_shift_set_has_systems_beyond_the_others_and_several_sources(rubric):
+    tables, truth = simulate_shift(0, n_texts=480, rubric=rubric)
+    q0 = tables.annotations[tables.annotations.question_id == "Q0"]
+    human = q0.answer.astype(float).groupby(q0.system_id).mean()
+    assert len(human) == 12 and set(truth["systems"]) == set(human.index)
+    rest = human.drop(["S01", "S02"])
+    assert human["S01"] > rest.max() + 0.2 and human["S02"] < rest.min() - 0.2  # best and worst beyond the rest
+    sources = [s["source"] for s in truth["llm_sources"]]
+    assert sorted(tables.features.source.unique()) == sorted(sources) and len(sources) == 3
+    assert len({s["temperature"] for s in truth["llm_sources"]}) == 3
+    assert len(set(truth["judge_spreads"].values())) == 12  # each judge its own cut spread
+    assert (tables.features.groupby(["text_id", "source"]).question_id.nunique() == 9).all()
+    again, _ = simulate_shift(0, n_texts=480, rubric=rubric)
+    pd.testing.assert_frame_equal(tables.features, again.features)
+    with pytest.raises(InputError, match="at least 4 systems"):
+        simulate_shift(0, n_systems=3, rubric=rubric)
+
+
+def test_cli_simulate_shift(tmp_path):
+    assert main(["data", "simulate", str(tmp_path / "shift"), "--texts", "60", "--shift-systems", "6"]) == 0
+    texts = pd.read_csv(tmp_path / "shift" / "texts.csv")
+    assert texts.system_id.nunique() == 6

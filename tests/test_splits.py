@@ -62,3 +62,12 @@ def test_the_leave_one_system_out_experiment_tests_each_synthetic_system_alone(l
     held = [sorted({t.split("_")[0] for t in split.test.text_ids}) for split in splits]
     assert cfg.protocol == "systems" and held == [["V1"], ["V2"], ["V3"], ["V4"], ["V5"]]
     assert sum(len(split.test.annotations) for split in splits) == len(synthetic.annotations)
+
+
+def test_system_folds_name_a_system_without_annotations(simulated):
+    texts = simulated.texts.copy()
+    texts.loc[texts.index[0], "system_id"] = "S9"  # a system whose only text is ...
+    annotated = Tables(simulated.annotations[simulated.annotations.text_id != texts.text_id.iloc[0]], simulated.features, texts)
+    with pytest.raises(InputError, match="S9") as e:
+        system_folds(annotated)  # ... not annotated
+    assert "no annotated text" in str(e.value) and "system_id" in str(e.value)

@@ -26,6 +26,8 @@ def register(subparsers) -> None:
     simulate.add_argument("--texts", type=int, default=300)
     simulate.add_argument("--judges", type=int, default=12)
     simulate.add_argument("--judges-per-text", type=int, default=3)
+    simulate.add_argument("--shift-systems", type=int, default=None, metavar="N",
+                          help="the system-shift set (llmrubric.simulate.simulate_shift) with N systems instead of the demo's four")
     simulate.set_defaults(run=_simulate)
 
     summary = sub.add_parser("summary", help="counts of one split of the LLM-Rubric release")
@@ -45,7 +47,8 @@ def _fetch(args: argparse.Namespace) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     from llmrubric.simulate import write_simulated
 
-    dest = write_simulated(args.dest, args.seed, n_texts=args.texts, n_judges=args.judges, judges_per_text=args.judges_per_text)
+    shift = {"shift": True, "n_systems": args.shift_systems} if args.shift_systems is not None else {}
+    dest = write_simulated(args.dest, args.seed, n_texts=args.texts, n_judges=args.judges, judges_per_text=args.judges_per_text, **shift)
     print(f"wrote {dest}")
     return 0
 

@@ -1,0 +1,107 @@
+"""Cumulative-link heads (model.head=ordinal|combined): distributions, judges, monotonicity,
+extrapolation to a system beyond the training ones, checkpoints and configuration errors."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from conftest import FAST, ROOT
+from llmrubric.calibrator import Calibrator, fit_together
+from llmrubric.cumulative import CumulativeNet
+from llmrubric.errors import InputError
+from llmrubric.metrics import evaluate
+from llmrubric.simulate import simulate_shift
+
+ORDINAL = yaml.safe_load((ROOT / "conf" / "model" / "ordinal.yaml").read_text())
+COMBINED = yaml.safe_load((ROOT / "conf" / "model" / "combined.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def shift(rubric):
+    tables, _ = simulate_shift(1, n_texts=360, rubric=rubric)
+    best = tables.texts.text_id[tables.texts.system_id == "S01"]
+    return tables.subset(set(tables.text_ids) - set(best)), tables.subset(best)
+
+
+@pytest.fixture(scope="module")
+def fitted(rubric, shift):
+    return fit_together([Calibrator(rubric, ORDINAL, FAST, 0), Calibrator(rubric, COMBINED, FAST, 0), Calibrator(rubric, {"ensemble": 1}, FAST, 0)], [shift[0]] * 3)
+
+
+def test_heads_predict_distributions_and_judges_shift_the_cut_points(fitted, shift, rubric):
+    ordinal, combined, network = fitted
+    assert isinstance(ordinal.net_, CumulativeNet) and ordinal.net_.head == "ordinal" and not isinstance(network.net_, CumulativeNet)
+    for model in (ordinal, combined):
+        pred = model.predict(shift[1])
+        p = pred[pred.question_id == "Q0"][["p_1", "p_2", "p_3", "p_4"]].to_numpy()
+        assert np.allclose(p.sum(1), 1) and (p >= 0).all()
+        assert np.isfinite(evaluate(pred, shift[1].annotations, rubric.main, per_judge=False)["nll"])
+        q8 = pred[pred.question_id == "Q8"]
+        assert q8["p_4"].isna().all() and np.allclose(q8[["p_1", "p_2", "p_3"]].sum(axis=1), 1)
+    net, data = ordinal.net_, ordinal.encode(shift[1])
+    assert net.judge_cuts.abs().sum() > 0  # judges learned their own cut points
+    for j in (0, 3, -1):
+        judge = torch.full((len(data),), j)
+        assert torch.allclose(torch.softmax(net(data.x, judge), -1), torch.softmax(net.for_judge(j)(data.x, torch.full_like(judge, -1)), -1), atol=1e-6)
+    assert not torch.allclose(net(data.x, torch.zeros(len(data), dtype=torch.long)), net(data.x, torch.ones(len(data), dtype=torch.long)))
+
+
+def test_monotone_weights_are_nonnegative_on_each_questions_own_blocks(fitted):
+    net = fitted[0].net_
+    blocks = fitted[0].layout_.blocks
+    assert net.monotone_mask.sum() == len(blocks) == 27  # 9 questions x 3 sources
+    for q, b in zip(*net.monotone_mask.nonzero(as_tuple=True)):
+        assert blocks[int(b)].question_id == fitted[0].rubric.ids[int(q)]
+    assert (net.weights()[net.monotone_mask] >= 0).all()
+
+
+def test_ordinal_head_extrapolates_to_a_system_beyond_the_training_ones(fitted, shift, rubric):
+    """S01 is much better than every training system: the ordinal head ranks it above all of them."""
+    ordinal = fitted[0]
+    train, best = shift
+    mean = lambda model, tables: model.predict(tables, questions=["Q0"]).groupby("system_id")["mean"].mean()
+    seen = mean(ordinal, train)
+    assert mean(ordinal, best)["S01"] > seen.max() + 0.1
+
+
+def test_checkpoints_round_trip(fitted, shift, tmp_path):
+    for i, model in enumerate(fitted[:2]):
+        loaded = Calibrator.load(model.save(tmp_path / f"m{i}.safetensors"))
+        assert loaded.model["head"] == model.model["head"] and isinstance(loaded.net_, CumulativeNet)
+        pd.testing.assert_frame_equal(loaded.predict(shift[1]), model.predict(shift[1]))
+    assert Calibrator.load(fitted[2].save(tmp_path / "net.safetensors")).model["head"] == "softmax"
+
+
+def test_bad_head_settings_are_named(rubric):
+    with pytest.raises(InputError, match="model.head"):
+        Calibrator(rubric, {**ORDINAL, "head": "logit"})
+    with pytest.raises(InputError, match="personalize=none"):
+        Calibrator(rubric, {**ORDINAL, "personalize": "input"})
+    with pytest.raises(InputError, match="inputs=expected"):
+        Calibrator(rubric, {**ORDINAL, "inputs": "probabilities"})
+
+
+def test_scoring_fast_path_covers_the_cumulative_heads(fitted, shift):
+    from llmrubric.scoring import score_texts
+
+    for model in fitted[:2]:
+        result = score_texts(model, shift[1].features, shift[1].texts, keep_predictions=True)
+        assert result.summary["fast_path"]
+        slow = model.predict(shift[1], result.predictions[["text_id", "judge_id", "system_id"]].drop_duplicates())
+        fast = result.predictions.merge(slow, on=["text_id", "judge_id", "question_id"], suffixes=("", "_slow"))
+        assert len(fast) == len(result.predictions) and np.allclose(fast["mean"], fast["mean_slow"], atol=1e-5)
+
+
+def test_cumulative_heads_refuse_a_categorical_question(rubric):
+    from llmrubric.rubric import Rubric
+
+    data = rubric.to_dict()
+    for q in data["questions"]:
+        if q["id"] == "Q8":
+            q["ordered"] = False
+    categorical = Rubric.from_dict(data, "categorical.yaml")
+    with pytest.raises(InputError, match=r"categorical.yaml.*\['Q8'\] are categorical"):
+        Calibrator(categorical, ORDINAL)
+    assert Calibrator(categorical, {"ensemble": 1}).model["head"] == "softmax"

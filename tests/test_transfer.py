@@ -1,0 +1,67 @@
+"""System means under shift: the jackknife-over-systems interval, PPI with k labels, and their errors."""
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from conftest import ROOT
+from llmrubric.errors import InputError
+from llmrubric.schemas import write_table
+from llmrubric.simulate import write_simulated
+from llmrubric.transfer import coverage, pair_scores, ppi_intervals, shift_intervals, system_means
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import transfer as bench  # noqa: E402
+
+
+def test_shift_interval_is_the_t_interval_of_the_other_systems_errors():
+    means = pd.DataFrame({"human": [1.0, 2.0, 3.0, 4.0], "predicted": [1.5, 2.0, 2.8, 3.0]}, index=["a", "b", "c", "d"])
+    out = shift_intervals(means)
+    others = np.array([0.0, -0.2, -1.0])  # the residuals of b, c, d
+    half = stats.t.ppf(0.975, df=3) * math.sqrt(np.mean(others**2))
+    assert out.loc["a", "low"] == pytest.approx(1.5 - half) and out.loc["a", "high"] == pytest.approx(1.5 + half)
+    assert out.loc["d", "high"] - out.loc["d", "low"] < out.loc["a", "high"] - out.loc["a", "low"]  # d's own big miss does not widen d
+    assert coverage(out) == (pytest.approx(np.mean([(r.low <= r.human <= r.high) for r in out.itertuples()])), pytest.approx((out.high - out.low).mean()))
+    with pytest.raises(InputError, match="at least 2 systems"):
+        shift_intervals(means.iloc[:1])
+
+
+def test_ppi_corrects_a_biased_prediction_and_refuses_more_labels_than_pairs():
+    rng = np.random.default_rng(0)
+    y = rng.normal(3.0, 0.5, 200)
+    pairs = pd.DataFrame({"system_id": "s", "text_id": [f"t{i}" for i in range(200)], "y": y, "yhat": y - 0.8 + rng.normal(0, 0.1, 200)})
+    draws = ppi_intervals(pairs, 20, draws=40, seed=1)
+    assert len(draws) == 40 and abs(draws.estimate.mean() - y.mean()) < 0.05  # the bias of 0.8 is removed
+    assert coverage(draws)[0] >= 0.85
+    assert system_means(pairs).loc["s", "predicted"] == pytest.approx(y.mean() - 0.8, abs=0.05)
+    with pytest.raises(InputError, match="k=201.*only 200"):
+        ppi_intervals(pairs, 201)
+
+
+def test_pair_scores_need_a_system_for_every_text(simulated, rubric):
+    pred = bench.ExpectedLLM(rubric).predict(simulated)
+    systems = simulated.texts.set_index("text_id").system_id
+    pairs = pair_scores(pred, simulated.annotations, rubric.main, systems)
+    assert len(pairs) == 900 and set(pairs.system_id) == set(systems)
+    with pytest.raises(InputError, match="system_id"):
+        pair_scores(pred, simulated.annotations, rubric.main, systems.iloc[1:])
+
+
+def test_benchmark_bad_input_is_one_line_and_exit_2(tmp_path):
+    data = write_simulated(tmp_path / "sim", n_texts=40, n_judges=4)
+    texts = pd.read_csv(data / "texts.csv").drop(columns="system_id")
+    write_table(texts, data / "texts.csv")
+    write_table(pd.read_csv(data / "annotations.csv", dtype=str).drop(columns="system_id"), data / "annotations.csv")
+    (data / "truth.json").unlink()
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--sets", "--out", str(tmp_path / "t.json"), *a], capture_output=True, text=True)
+    done = run("--data", str(data))
+    assert done.returncode == 2 and "system_id" in done.stderr and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    one = write_simulated(tmp_path / "few", n_texts=8, n_judges=4)
+    done = run("--data", str(one))
+    assert done.returncode == 2 and "k=20" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "t.json").exists()

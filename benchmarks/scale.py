@@ -2,8 +2,9 @@
 
 Extraction: the same prompts (LLM-Rubric template, the rubric's 9 questions over short
 generated dialogues) through 1, 2 and 3 loopback OpenAI-compatible fake servers (the tests'
-``FakeOpenAI``: a tiny Llama's real logprobs) that each take ``--latency`` seconds per
-request, ``--concurrency`` requests in flight per endpoint. Search: one study of
+``FakeOpenAI``: a tiny Llama's real logprobs, computed once beforehand so that each request
+costs the server its ``--latency`` seconds and no CPU), ``--concurrency`` requests in flight
+per endpoint. This measures how well the client keeps several endpoints busy. Search: one study of
 ``--trials`` random start-up trials on the embedded simulated data (the tests' tiny
 settings), run by one worker on SQLite, one worker on PostgreSQL and two workers on
 PostgreSQL (a local server, Debian's package); trials per minute from the first trial's start
@@ -64,9 +65,11 @@ def extraction(prompts: int, latency: float, concurrency: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         texts = pd.read_json(write_texts(Path(tmp) / "t.jsonl", n=prompts // 7 + 1), lines=True)
     tasks = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))[0][:prompts]
-    out, features = {}, {}
+    out, features, memo = {}, {}, {}
+    with FakeOpenAI(model, tok, memo=memo) as warm:  # every answer computed once
+        extract(tasks, OpenAIBackend("tiny", warm.url, endpoint="completions", api_key_env=None, top_logprobs=len(tok)), ResultCache(None), "warm", progress=False)
     for n in (1, 2, 3):
-        servers = [FakeOpenAI(model, tok, latency=latency).__enter__() for _ in range(n)]
+        servers = [FakeOpenAI(model, tok, latency=latency, memo=memo).__enter__() for _ in range(n)]
         try:
             client = OpenAIBackend("tiny", [s.url for s in servers], endpoint="completions", api_key_env=None, top_logprobs=len(tok), concurrency=concurrency)
             start = time.perf_counter()

@@ -16,11 +16,12 @@ import torch
 class FakeOpenAI:
     def __init__(
         self, model, tokenizer, fail_first: int = 0, stall_first: int = 0, stall_s: float = 2.0, retry_after: str | None = "0",
-        latency: float = 0.0, die_after: int | None = None, port: int = 0,
+        latency: float = 0.0, die_after: int | None = None, port: int = 0, memo: dict | None = None,
     ):
         self.model, self.tokenizer = model, tokenizer
         self.fail_first, self.stall_first, self.stall_s, self.retry_after = fail_first, stall_first, stall_s, retry_after
         self.latency, self.die_after, self.dead = latency, die_after, False
+        self.memo = memo  # a dict (shared by servers): each prompt's logprobs computed once, then only the latency
         self.requests = 0
         self.answered: list[str] = []  # the prompt of every answer sent
         self.lock, self.model_lock, self.closed = threading.Lock(), threading.Lock(), threading.Event()
@@ -93,6 +94,13 @@ class FakeOpenAI:
         self.closed.wait()
 
     def top(self, prompt: str, k: int) -> tuple[list[tuple[str, float]], int]:
+        if self.memo is not None:
+            if (prompt, k) not in self.memo:
+                self.memo[(prompt, k)] = self._top(prompt, k)
+            return self.memo[(prompt, k)]
+        return self._top(prompt, k)
+
+    def _top(self, prompt: str, k: int) -> tuple[list[tuple[str, float]], int]:
         ids = self.tokenizer(prompt)["input_ids"]
         with self.model_lock, torch.no_grad():
             logits = self.model(input_ids=torch.tensor([ids])).logits[0, -1].float()

@@ -237,6 +237,8 @@ class Tracker:
                 run_id = self.client.create_run(experiment_id, start_time=start_ms, tags=all_tags, run_name=name).info.run_id
             except Exception as e:
                 if not (self.remote and self.store.open):
+                    if isinstance(e, TrackingError):
+                        raise
                     raise TrackingError(f"cannot start an MLflow run in {self.tracking_uri}: {e} (logger=none turns tracking off)") from e
                 self.lose(e)
         run = Run(self, run_id, name)

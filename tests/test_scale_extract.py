@@ -103,6 +103,14 @@ def test_pool_sends_to_the_least_busy_live_endpoint_and_pauses_a_failing_one():
     assert pool.acquire() is b  # a takes one probe at a time until it answers
     pool.release(a, ok=True)
     assert a.failures == 0 and pool.acquire() is a
+    both = EndpointPool(["http://a", "http://b"], limit=1, pause_after=1, pause=5)
+    for _ in range(2):
+        both.release(both.acquire(), ok=False)
+    assert both.acquire() is None  # every endpoint paused after failing: the attempt fails at once
+    one = EndpointPool(["http://a"], limit=1)
+    one.release(one.acquire(), ok=False, retry_after=0.2)
+    start = time.monotonic()
+    assert one.acquire() is one.endpoints[0] and time.monotonic() - start >= 0.15  # a Retry-After is waited for
 
 
 def test_bad_endpoint_lists_are_one_line_errors_before_any_request(tasks, tok):

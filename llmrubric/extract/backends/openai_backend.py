@@ -106,6 +106,7 @@ class Endpoint:
     failures: int = 0
     pauses: int = 0
     paused_until: float = 0.0
+    throttled: bool = False  # paused by the server's Retry-After, not by failures
 
 
 class EndpointPool:
@@ -126,12 +127,13 @@ class EndpointPool:
 
     def acquire(self, avoid: Endpoint | None = None) -> Endpoint | None:
         """The live endpoint with the fewest requests in flight (another than ``avoid`` where one is
-        free), waiting while all live ones are full; None when every endpoint is paused."""
+        free), waiting while all live ones are full or while a server asked to wait (Retry-After);
+        None when every endpoint is paused after failing."""
         with self.cond:
             while True:
                 now = time.monotonic()
                 live = [e for e in self.endpoints if e.paused_until <= now]
-                if not live:
+                if not live and not any(e.throttled for e in self.endpoints):
                     return None
                 free = [e for e in live if e.in_flight < self._capacity(e)]
                 if free:
@@ -151,15 +153,17 @@ class EndpointPool:
             if ok:
                 e.answered += 1
                 e.failures = e.pauses = 0
+                e.throttled = False
             elif retry_after is not None:
                 e.paused_until = max(e.paused_until, now + retry_after)
+                e.throttled = True
             else:
                 self.last_failure = reason
                 e.failures += 1
                 if e.failures >= self.pause_after and e.paused_until <= now:
                     seconds = min(self.max_pause, self.pause * 2**e.pauses)
                     e.pauses += 1
-                    e.paused_until = now + seconds
+                    e.paused_until, e.throttled = now + seconds, False
                     log.warning("endpoint %s paused for %.1f s after %d failures in a row (last: %s)", e.url, seconds, e.failures, reason)
             self.cond.notify_all()
 

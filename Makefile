@@ -14,6 +14,10 @@ setup: $(VENV)/.installed
 		echo "installing chromium (headless browser check of the HTML report)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	fi
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing postgresql (the PostgreSQL study tests start a local server)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+	fi
 
 demo: setup
 	$(PY) train.py experiment=demo

@@ -19,6 +19,7 @@ import logging
 import math
 import threading
 import time
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,6 +32,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 from tqdm.auto import tqdm
 
 from llmrubric.calibrator import Calibrator, fit_together
@@ -225,7 +228,7 @@ def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
     With a database storage, running trials send heartbeats; trials of a killed search stop
     beating, and a search that resumes fails them and queues their configurations again."""
     search = OmegaConf.create(search) if isinstance(search, dict) else search
-    sampler = optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=search.startup_trials, constant_liar=True)
+    sampler = TrialSeededTPE(seed=search.seed, n_startup_trials=search.startup_trials, constant_liar=True)
     if search.get("pruner", "median") == "successive_halving":
         pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=search.pruner_warmup_epochs, reduction_factor=search.reduction_factor)
     elif search.get("pruner", "median") == "median":
@@ -235,8 +238,46 @@ def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
     storage = search.storage
     if storage:
         beat = int(search.get("heartbeat_seconds", 60))
-        storage = HeartbeatStorage(storage, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue)
+        try:
+            storage = HeartbeatStorage(storage, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue)
+        except (SQLAlchemyError, ImportError, ValueError) as e:
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+            raise InputError(f"search.storage {_hide_password(storage)!r} cannot be opened: {reason}") from e
     return optuna.create_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner, direction="minimize", load_if_exists=True)
+
+
+def _hide_password(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (SQLAlchemyError, ValueError):
+        return url
+
+
+class TrialSeededTPE(optuna.samplers.TPESampler):
+    """TPE whose random draws for a parameter of a trial are seeded by ``seed``, the parameter's
+    name and the trial's draw index: its number less the re-runs of killed trials numbered
+    before it (they draw nothing). Workers sharing a study therefore draw different
+    configurations (equally seeded samplers would repeat each other's), and the random start-up
+    configurations depend neither on which worker drew them nor on the order of the draws: a
+    search spread over workers and kills runs those of a one-worker search."""
+
+    def __init__(self, seed: int | None = None, **kwargs):
+        super().__init__(seed=seed, **kwargs)
+        self._base_seed, self._index = seed, {}
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        super().before_trial(study, trial)
+        earlier = study.get_trials(deepcopy=False)[: trial.number]
+        skipped = sum("requeued_from" in t.user_attrs or t.user_attrs.get("fail_reason") == "surplus" for t in earlier)
+        self._index[trial.number] = trial.number - skipped
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        if self._base_seed is not None:
+            key = [int(self._base_seed), self._index.get(trial.number, trial.number), zlib.crc32(param_name.encode())]
+            state = np.random.SeedSequence(key).generate_state(1)[0]
+            self._rng.rng.seed(state)
+            self._random_sampler._rng.rng.seed(state)
+        return super().sample_independent(study, trial, param_name, param_distribution)
 
 
 class HeartbeatStorage(optuna.storages.RDBStorage):
@@ -265,10 +306,11 @@ def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
 
 
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Trials that count towards ``n_trials``: complete, pruned, or failed for a reason other than an interruption."""
+    """Trials that count towards ``n_trials``: complete, pruned, or failed for a reason other than an
+    interruption (or being surplus)."""
     return [
         t for t in study.get_trials(deepcopy=False, states=FINISHED)
-        if not (t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("fail_reason", "interrupted") == "interrupted")
+        if not (t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("fail_reason", "interrupted") in ("interrupted", "surplus"))
     ]
 
 
@@ -301,9 +343,14 @@ def run_search(
             if done >= n_trials:
                 break
             trials = []
-            while len(trials) < int(search.batch) and _started(study) < n_trials:  # one ask at a time: workers overshoot by at most one each
-                trials.append(study.ask())
-                _beat(study, trials[-1])
+            while len(trials) < int(search.batch) and _started(study) < n_trials:  # one ask at a time
+                trial = study.ask()
+                if _surplus(study, trial, n_trials):  # another worker asked the last one first
+                    trial.set_user_attr("fail_reason", "surplus")
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    break
+                trials.append(trial)
+                _beat(study, trial)
             if not trials:  # the rest is running in other workers (or in a killed one, until its heartbeat expires)
                 time.sleep(1.0)
                 continue
@@ -318,6 +365,15 @@ def run_search(
 def _started(study: optuna.Study) -> int:
     """Finished trials that count plus the running ones (of every worker)."""
     return len(finished_trials(study)) + len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+
+
+def _surplus(study: optuna.Study, trial: optuna.Trial, n_trials: int) -> bool:
+    """Whether ``n_trials`` counting trials were already started (finished or running) before ``trial``
+    was numbered: workers asking at once each see room for one more; trial numbers settle who was first."""
+    earlier = study.get_trials(deepcopy=False)[: trial.number]
+    running = [t for t in earlier if t.state == optuna.trial.TrialState.RUNNING]
+    counted = {t.number for t in finished_trials(study) if t.number < trial.number}
+    return len(counted) + len(running) >= n_trials
 
 
 def _check_space(space: dict, base: Setting) -> None:

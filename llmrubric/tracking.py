@@ -26,6 +26,11 @@ of this thread, else of the innermost open run of the main thread (trials in Opt
 ``train.py`` and ``evaluate.py`` open their runs with ``nested=True``, so calling their
 ``main(cfg)`` inside a trial's run nests them under the trial.
 
+With a tracking server (``http(s)://`` URI) that stops answering during a run, the run goes
+on: each call that fails, and every later one, is dropped, and when the outermost run ends
+one warning lists what was not logged (the results are in the run directory regardless).
+A server that cannot be reached when the first run starts is an error before any work.
+
 Metric keys are namespaced ``train/``, ``val/``, ``test/``; qualifiers follow the metric
 name (``val/nll/fold0``, ``train/loss/fold0/pretrain``). A run that raises ends FAILED
 (tag ``error``), Ctrl-C ends it KILLED, an ``optuna.TrialPruned`` ends it KILLED with tag
@@ -37,6 +42,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import subprocess
@@ -46,11 +52,13 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+log = logging.getLogger(__name__)
 DB_FILE = "mlruns.db"
 ARTIFACTS_DIR = "mlartifacts"
 DATA_KEYS = ("annotations", "features", "texts")
@@ -58,6 +66,19 @@ MAX_PARAM_CHARS = 6000  # mlflow's limit on a parameter value
 
 _lock = threading.Lock()
 _stacks: dict[int, list[Run]] = {}  # open runs per thread id, innermost last
+
+
+@dataclass
+class _Store:
+    """A tracking store as this process sees it (shared by its trackers): open runs, and for a
+    server that stopped answering, why, and what was not logged since."""
+
+    open: int = 0
+    lost: str | None = None
+    dropped: list[str] = field(default_factory=list)
+
+
+_stores: dict[str, _Store] = {}
 
 
 class TrackingError(RuntimeError):
@@ -168,6 +189,8 @@ class Tracker:
         self.enabled = enabled
         self.experiment = experiment
         self.tracking_uri = (tracking_uri or default_tracking_uri()) if enabled else None
+        self.remote = bool(self.tracking_uri) and self.tracking_uri.startswith(("http://", "https://"))
+        self.store = _stores.setdefault(self.tracking_uri, _Store()) if enabled else None
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Tracker:
@@ -206,16 +229,25 @@ class Tracker:
         all_tags = {"git_commit": git_commit(), **{k: str(v) for k, v in (tags or {}).items()}}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
-        experiment_id = self.experiment_id()
-        try:
-            start_ms = int(start_time * 1000) if start_time is not None else None
-            info = self.client.create_run(experiment_id, start_time=start_ms, tags=all_tags, run_name=name).info
-        except Exception as e:
-            raise TrackingError(f"cannot start an MLflow run in {self.tracking_uri}: {e} (logger=none turns tracking off)") from e
-        run = Run(self, info.run_id)
+        run_id = None
+        if self.store.lost is None:
+            try:
+                experiment_id = self.experiment_id()
+                start_ms = int(start_time * 1000) if start_time is not None else None
+                run_id = self.client.create_run(experiment_id, start_time=start_ms, tags=all_tags, run_name=name).info.run_id
+            except Exception as e:
+                if not (self.remote and self.store.open):
+                    if isinstance(e, TrackingError):
+                        raise
+                    raise TrackingError(f"cannot start an MLflow run in {self.tracking_uri}: {e} (logger=none turns tracking off)") from e
+                self.lose(e)
+        run = Run(self, run_id, name)
+        if run_id is None:
+            self.store.dropped.append(f"run {name!r} (never created)")
         stack = _thread_stack()
         with _lock:
             stack.append(run)
+            self.store.open += 1
         status = "FINISHED"
         try:
             yield run
@@ -233,7 +265,20 @@ class Tracker:
         finally:
             with _lock:
                 stack.remove(run)
-            self.client.set_terminated(run.id, status)
+                self.store.open -= 1
+                outermost = self.store.open == 0
+            run.send(f"status {status}", lambda: self.client.set_terminated(run.id, status))
+            if outermost and self.store.dropped:
+                log.warning(
+                    "MLflow server %s stopped answering (%s); not logged: %s. The results are in the run directory.",
+                    self.tracking_uri, self.store.lost, "; ".join(self.store.dropped),
+                )
+                self.store.dropped = []
+
+    def lose(self, error: BaseException) -> None:
+        """The server stopped answering: every later call is dropped."""
+        if self.store.lost is None:
+            self.store.lost = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
 
     def _parent_id(self, parent: Run | str | None) -> str | None:
         if parent is not None:
@@ -249,8 +294,8 @@ class Tracker:
 class Run:
     """An open MLflow run: parameters, metrics, tags and artifacts."""
 
-    def __init__(self, tracker: Tracker, run_id: str):
-        self.tracker, self.id = tracker, run_id
+    def __init__(self, tracker: Tracker, run_id: str | None, name: str = ""):
+        self.tracker, self.id, self.name = tracker, run_id, name
 
     def __repr__(self) -> str:
         return f"Run({self.id!r})"
@@ -259,16 +304,30 @@ class Run:
     def client(self):
         return self.tracker.client
 
+    def send(self, what: str, call) -> None:
+        """Make one store call; on a tracking server that stopped answering (or had before), drop it and note ``what``."""
+        if self.id is not None and self.tracker.store.lost is None:
+            try:
+                call()
+                return
+            except Exception as e:
+                if not self.tracker.remote:
+                    raise
+                self.tracker.lose(e)
+        if self.id is not None:
+            self.tracker.store.dropped.append(f"{what} of run {self.name!r} ({self.id})")
+
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.send(f"tags {sorted(tags)}", lambda: self.client.log_batch(self.id, tags=[RunTag(k, str(v)) for k, v in tags.items()]))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Parameters (nested mappings flattened to ``a.b`` keys)."""
         from mlflow.entities import Param
 
-        self.client.log_batch(self.id, params=[Param(k, v) for k, v in flatten(dict(params)).items()])
+        flat = flatten(dict(params))
+        self.send(f"{len(flat)} params", lambda: self.client.log_batch(self.id, params=[Param(k, v) for k, v in flat.items()]))
 
     def log_config(self, cfg: DictConfig) -> None:
         """The resolved config: flattened params, ``config.yaml``, tags ``data_sha256`` and ``overrides``."""
@@ -290,7 +349,7 @@ class Run:
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if _finite(v)]
         if batch:
-            self.client.log_batch(self.id, metrics=batch)
+            self.send(f"metrics {[m.key for m in batch]}", lambda: self.client.log_batch(self.id, metrics=batch))
 
     def log_history(self, summaries: Any, split: str | None = None) -> None:
         """Per-epoch ``train/loss`` and ``val/nll`` of a fitted calibrator (or its ``summaries_``),
@@ -310,19 +369,19 @@ class Run:
                         if _finite(row.get(key)):
                             batch.append(Metric(f"{key}/{suffix}", float(row[key]), now, int(row["epoch"])))
         if batch:
-            self.client.log_batch(self.id, metrics=batch)
+            self.send(f"history {sorted({m.key for m in batch})}", lambda: self.client.log_batch(self.id, metrics=batch))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Copy a file into the run's artifacts (under ``artifact_path``)."""
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: no such file to log as an artifact")
-        self.client.log_artifact(self.id, str(path), artifact_path)
+        self.send(f"artifact {Path(path).name}", lambda: self.client.log_artifact(self.id, str(path), artifact_path))
 
     def log_artifacts(self, directory: str | Path, artifact_path: str | None = None) -> None:
         """Copy a directory's contents into the run's artifacts."""
         if not Path(directory).is_dir():
             raise FileNotFoundError(f"{directory}: no such directory to log as artifacts")
-        self.client.log_artifacts(self.id, str(directory), artifact_path)
+        self.send(f"artifacts of {directory}", lambda: self.client.log_artifacts(self.id, str(directory), artifact_path))
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """Write ``text`` as the artifact ``artifact_file`` (e.g. ``config.yaml``)."""
@@ -330,7 +389,7 @@ class Run:
             path = Path(tmp) / Path(artifact_file).name
             path.write_text(text)
             parent = str(Path(artifact_file).parent)
-            self.client.log_artifact(self.id, str(path), None if parent == "." else parent)
+            self.send(f"artifact {artifact_file}", lambda: self.client.log_artifact(self.id, str(path), None if parent == "." else parent))
 
     def log_dict(self, data: Mapping, artifact_file: str) -> None:
         """Write ``data`` as a JSON artifact (e.g. a selected configuration with its fold scores)."""

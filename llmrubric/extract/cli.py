@@ -20,7 +20,8 @@ from llmrubric.schemas import read_table, write_json, write_table
 log = logging.getLogger(__name__)
 BACKEND_KEYS = {
     "transformers": ("device", "dtype", "batch_size", "prefix_reuse", "max_length", "overflow", "label_prefix", "chat_template"),
-    "openai": ("base_url", "endpoint", "api_key_env", "azure_api_version", "top_logprobs", "concurrency", "max_retries", "timeout", "backoff"),
+    "openai": ("base_url", "endpoint", "api_key_env", "azure_api_version", "top_logprobs", "concurrency", "max_retries", "timeout", "backoff",
+               "max_backoff", "pause_after", "pause", "max_pause"),
 }
 DEFAULTS = {"backend": "transformers", "family": "likert", "template": None, "rubric": None, "model": None}
 

@@ -7,22 +7,33 @@ A label no returned token points to has unknown mass (it is below the smallest r
 probability): it is recorded as None and the result is ``incomplete``, never set to 0.
 For a multi-token label the first token stands for the label (an upper bound of the full
 continuation) — servers return no continuation scores through this API.
-Rate limits (429), server errors (5xx) and timeouts are retried with exponential back-off
-(honouring ``Retry-After``); a request that still fails is a ``failed`` result with its reason.
+
+``base_url`` may list several replicas of one model (e.g. vLLM servers): each request goes
+to the live endpoint with the fewest requests in flight, at most ``concurrency`` per endpoint
+(:class:`EndpointPool`). Rate limits (429), server errors (5xx), dropped connections and
+timeouts are retried with exponential back-off and jitter (honouring ``Retry-After``), on
+another endpoint where one is free; an endpoint failing ``pause_after`` times in a row is
+paused (``pause`` seconds, doubling while it keeps failing) and then probed with one request.
+A request that still fails is a ``failed`` result with its reason (retried on the next run).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import math
 import os
+import random
 import socket
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 
 from llmrubric.errors import InputError
 from llmrubric.extract.backends.base import Backend
@@ -62,23 +73,133 @@ def map_top_logprobs(top: dict[str, float], labels: Sequence[str]) -> tuple[list
     return probs, reason
 
 
+
+def check_urls(base_url: str | Sequence[str]) -> list[str]:
+    """The endpoint list: one or more distinct http(s) base URLs; InputError naming the bad one."""
+    urls = [base_url] if isinstance(base_url, str) else list(base_url)
+    if not urls:
+        raise InputError("extract setting base_url: no endpoint given")
+    out = []
+    for i, url in enumerate(urls):
+        where = "base_url" if isinstance(base_url, str) else f"base_url[{i}]"
+        try:
+            parts = urllib.parse.urlsplit(str(url))
+            parts.port  # noqa: B018 (raises ValueError for a bad port)
+        except ValueError as e:
+            raise InputError(f"extract setting {where}: {url!r} is not a valid URL ({e})") from e
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InputError(f"extract setting {where}: {url!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1")
+        out.append(str(url).rstrip("/"))
+    if len(set(out)) != len(out):
+        raise InputError(f"extract setting base_url: an endpoint is listed twice: {sorted({u for u in out if out.count(u) > 1})}")
+    return out
+
+
+@dataclass
+class Endpoint:
+    """One server: its requests in flight, consecutive failures and pause."""
+
+    url: str
+    in_flight: int = 0
+    sent: int = 0
+    answered: int = 0
+    failures: int = 0
+    pauses: int = 0
+    paused_until: float = 0.0
+    throttled: bool = False  # paused by the server's Retry-After, not by failures
+
+
+class EndpointPool:
+    """Replicas of one model. :meth:`acquire` blocks until an endpoint is live (not paused) and
+    below its ``limit`` of requests in flight, and returns the one with the fewest in flight;
+    :meth:`release` records the outcome. ``pause_after`` failures in a row pause an endpoint for
+    ``pause`` seconds, doubled at each further pause up to ``max_pause``; once the pause is over
+    it takes one request at a time until one succeeds."""
+
+    def __init__(self, urls: Sequence[str], limit: int, pause_after: int = 3, pause: float = 10.0, max_pause: float = 300.0):
+        self.endpoints = [Endpoint(u) for u in urls]
+        self.limit, self.pause_after, self.pause, self.max_pause = max(1, int(limit)), max(1, int(pause_after)), float(pause), float(max_pause)
+        self.cond = threading.Condition()
+        self.last_failure = ""
+
+    def _capacity(self, e: Endpoint) -> int:
+        return 1 if e.failures >= self.pause_after else self.limit
+
+    def acquire(self, avoid: Endpoint | None = None) -> Endpoint | None:
+        """The live endpoint with the fewest requests in flight (another than ``avoid`` where one is
+        free), waiting while all live ones are full or while a server asked to wait (Retry-After);
+        None when every endpoint is paused after failing."""
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                live = [e for e in self.endpoints if e.paused_until <= now]
+                if not live and not any(e.throttled for e in self.endpoints):
+                    return None
+                free = [e for e in live if e.in_flight < self._capacity(e)]
+                if free:
+                    e = min(free, key=lambda e: (e is avoid, e.in_flight, e.sent))
+                    e.in_flight += 1
+                    e.sent += 1
+                    return e
+                paused = [e.paused_until - now for e in self.endpoints if e.paused_until > now]
+                self.cond.wait(min(paused) if paused else None)
+
+    def release(self, e: Endpoint, ok: bool, retry_after: float | None = None, reason: str = "") -> None:
+        """``ok``: the server answered (even with an error of the request); otherwise the endpoint
+        failed. A ``Retry-After`` pauses it for that long without counting as a failure."""
+        with self.cond:
+            e.in_flight -= 1
+            now = time.monotonic()
+            if ok:
+                e.answered += 1
+                e.failures = e.pauses = 0
+                e.throttled = False
+            elif retry_after is not None:
+                e.paused_until = max(e.paused_until, now + retry_after)
+                e.throttled = True
+            else:
+                self.last_failure = reason
+                e.failures += 1
+                if e.failures >= self.pause_after and e.paused_until <= now:
+                    seconds = min(self.max_pause, self.pause * 2**e.pauses)
+                    e.pauses += 1
+                    e.paused_until, e.throttled = now + seconds, False
+                    log.warning("endpoint %s paused for %.1f s after %d failures in a row (last: %s)", e.url, seconds, e.failures, reason)
+            self.cond.notify_all()
+
+
+def reachable(url: str, timeout: float = 5.0) -> str:
+    """'' if a TCP connection to the URL's host and port opens, else why not."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+        return ""
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+
+
 class OpenAIBackend(Backend):
     """Client for ``/chat/completions`` or ``/completions`` with logprobs.
 
     Args:
         model: model (or Azure deployment) name.
-        base_url: e.g. ``https://api.openai.com/v1`` or ``http://127.0.0.1:8000/v1`` (vLLM).
+        base_url: e.g. ``https://api.openai.com/v1`` or ``http://127.0.0.1:8000/v1`` (vLLM), or a
+            list of replicas of the same model; the first names the deployment in the cache key,
+            so replicas added after it share its cached results.
         endpoint: ``chat`` or ``completions``.
         api_key_env: environment variable holding the key (none needed for a local server).
         azure_api_version: set for Azure: deployment URLs, ``api-key`` header.
         top_logprobs: how many alternatives to request (OpenAI allows up to 20).
-        concurrency: requests in flight; max_retries, timeout, backoff, max_backoff: seconds.
+        concurrency: requests in flight per endpoint.
+        max_retries, timeout, backoff, max_backoff: retries per request; seconds.
+        pause_after, pause, max_pause: failures in a row that pause an endpoint; seconds.
     """
 
     def __init__(
         self,
         model: str,
-        base_url: str = "https://api.openai.com/v1",
+        base_url: str | Sequence[str] = "https://api.openai.com/v1",
         endpoint: str = "chat",
         api_key_env: str = "OPENAI_API_KEY",
         azure_api_version: str | None = None,
@@ -88,28 +209,35 @@ class OpenAIBackend(Backend):
         timeout: float = 60.0,
         backoff: float = 1.0,
         max_backoff: float = 60.0,
+        pause_after: int = 3,
+        pause: float = 10.0,
+        max_pause: float = 300.0,
         system_prompt: str | None = None,
     ):
         if endpoint not in ("chat", "completions"):
             raise InputError(f"endpoint must be 'chat' or 'completions', not {endpoint!r}")
-        self.model, self.base_url, self.endpoint = model, base_url.rstrip("/"), endpoint
+        self.urls = check_urls(base_url)
+        self.model, self.base_url, self.endpoint = model, self.urls[0], endpoint
         self.api_key = os.environ.get(api_key_env) if api_key_env else None
         self.azure_api_version = azure_api_version
         self.top_logprobs, self.concurrency = int(top_logprobs), max(1, int(concurrency))
         self.max_retries, self.timeout = int(max_retries), float(timeout)
         self.backoff, self.max_backoff = float(backoff), float(max_backoff)
+        self.pool = EndpointPool(self.urls, self.concurrency, pause_after, pause, max_pause)
         self.system_prompt = system_prompt
         self.stats = {"requests": 0, "retries": 0}
+        self._lock = threading.Lock()
 
     @property
     def model_id(self) -> str:
         return f"openai:{self.base_url}|{self.model}|{self.endpoint}|top{self.top_logprobs}|sys={self.system_prompt!r}"
 
-    def _url(self) -> str:
+    def _url(self, base_url: str | None = None) -> str:
+        base = base_url or self.base_url
         path = "chat/completions" if self.endpoint == "chat" else "completions"
         if self.azure_api_version:
-            return f"{self.base_url}/openai/deployments/{self.model}/{path}?api-version={self.azure_api_version}"
-        return f"{self.base_url}/{path}"
+            return f"{base}/openai/deployments/{self.model}/{path}?api-version={self.azure_api_version}"
+        return f"{base}/{path}"
 
     def _body(self, prompt: str) -> dict:
         body = {"model": self.model, "max_tokens": 1, "temperature": 0}
@@ -120,11 +248,11 @@ class OpenAIBackend(Backend):
             body.update(prompt=prompt, logprobs=self.top_logprobs)
         return body
 
-    def _post(self, body: dict) -> dict:
+    def _post(self, body: dict, base_url: str | None = None) -> dict:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["api-key" if self.azure_api_version else "Authorization"] = self.api_key if self.azure_api_version else f"Bearer {self.api_key}"
-        request = urllib.request.Request(self._url(), data=json.dumps(body).encode(), headers=headers, method="POST")
+        request = urllib.request.Request(self._url(base_url), data=json.dumps(body).encode(), headers=headers, method="POST")
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
             return json.loads(response.read())
 
@@ -138,55 +266,89 @@ class OpenAIBackend(Backend):
             return top
         return dict(choice["logprobs"]["top_logprobs"][0])
 
-    def request(self, task: Task) -> Result:
-        """One task, with retries; never raises for a server or network failure."""
-        body = self._body(task.prompt)
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self.stats["retries"] += 1
+    def _count(self, retry: bool) -> None:
+        with self._lock:
             self.stats["requests"] += 1
-            wait = None
-            try:
-                response = self._post(body)
-            except urllib.error.HTTPError as e:
-                detail = e.read()[:300].decode(errors="replace")
-                last = f"HTTP {e.code}: {detail}"
-                if e.code not in RETRY_STATUS:
-                    return Result(task, None, "failed", last)
-                retry_after = e.headers.get("Retry-After") if e.headers else None
-                wait = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
-            except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as e:
-                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            self.stats["retries"] += int(retry)
+
+    def _attempt(self, task: Task, body: dict, endpoint: Endpoint) -> tuple[Result | None, str, float | None]:
+        """One request to ``endpoint``: (the result, or None to retry; the error; its Retry-After)."""
+        try:
+            response = self._post(body, endpoint.url)
+        except urllib.error.HTTPError as e:
+            error = f"HTTP {e.code} from {endpoint.url}: {e.read()[:300].decode(errors='replace')}"
+            if e.code not in RETRY_STATUS:
+                self.pool.release(endpoint, ok=True)
+                return Result(task, None, "failed", error), error, None
+            header = e.headers.get("Retry-After") if e.headers else None
+            retry_after = float(header) if header and header.replace(".", "", 1).isdigit() else None
+            self.pool.release(endpoint, ok=False, retry_after=retry_after, reason=error)
+            return None, error, retry_after
+        except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:  # refused, dropped, timed out, cut short
+            error = f"{type(e).__name__} from {endpoint.url}: {getattr(e, 'reason', e)}"
+            self.pool.release(endpoint, ok=False, reason=error)
+            return None, error, None
+        self.pool.release(endpoint, ok=True)
+        try:
+            top = self._top(response)
+        except (KeyError, IndexError, TypeError) as e:
+            return Result(task, None, "failed", f"response without logprobs ({type(e).__name__}: {e})"), "", None
+        probs, reason = map_top_logprobs(top, task.labels)
+        tokens = int(response.get("usage", {}).get("prompt_tokens", 0))
+        return Result(task, dict(zip(task.options, probs)), "incomplete" if reason else "ok", reason, tokens, tokens), "", None
+
+    def request(self, task: Task) -> Result:
+        """One task, with retries on the least busy live endpoint; never raises for a server or network failure.
+        An attempt while every endpoint is paused fails at once (and waits its back-off)."""
+        body = self._body(task.prompt)
+        last, previous = "", None
+        for attempt in range(self.max_retries + 1):
+            endpoint = self.pool.acquire(avoid=previous)
+            retry_after = None
+            if endpoint is None:
+                last = f"every endpoint is paused after failing (last: {self.pool.last_failure})"
             else:
-                try:
-                    top = self._top(response)
-                except (KeyError, IndexError, TypeError) as e:
-                    return Result(task, None, "failed", f"response without logprobs ({type(e).__name__}: {e})")
-                probs, reason = map_top_logprobs(top, task.labels)
-                tokens = int(response.get("usage", {}).get("prompt_tokens", 0))
-                status = "incomplete" if reason else "ok"
-                return Result(task, dict(zip(task.options, probs)), status, reason, tokens, tokens)
+                self._count(retry=attempt > 0)
+                result, last, retry_after = self._attempt(task, body, endpoint)
+                if result is not None:
+                    return result
+                previous = endpoint
             if attempt < self.max_retries:
-                delay = min(self.max_backoff, wait if wait is not None else self.backoff * 2**attempt)
-                log.debug("task %s/%s: %s; retry in %.1fs", task.text_id, task.question_id, last, delay)
+                delay = retry_after if retry_after is not None else random.uniform(0.5, 1.0) * min(self.max_backoff, self.backoff * 2**attempt)
+                log.debug("task %s/%s: %s; retry in %.2fs", task.text_id, task.question_id, last, delay)
                 time.sleep(delay)
         return Result(task, None, "failed", f"{last} (after {self.max_retries + 1} attempts)")
 
+    def check_endpoints(self) -> None:
+        """Before any request: an InputError if no endpoint accepts a connection; unreachable ones are paused."""
+        down = {u: why for u in self.urls if (why := reachable(u, min(self.timeout, 5.0)))}
+        if len(down) == len(self.urls):
+            raise InputError("extract setting base_url: no endpoint is reachable: " + "; ".join(f"{u} ({why})" for u, why in down.items()))
+        for e in self.pool.endpoints:
+            if e.url in down:
+                e.failures, e.paused_until = self.pool.pause_after, time.monotonic() + self.pool.pause
+                log.warning("endpoint %s is unreachable (%s): paused for %.1f s", e.url, down[e.url], self.pool.pause)
+
     def score(self, tasks: Sequence[Task]) -> Iterator[Result]:
-        with ThreadPoolExecutor(self.concurrency) as pool:
+        if not tasks:
+            return
+        self.check_endpoints()
+        with ThreadPoolExecutor(self.concurrency * len(self.urls)) as pool:
             futures = [pool.submit(self.request, t) for t in tasks]
             for future in as_completed(futures):
                 yield future.result()
 
     def generate(self, prompt: str, max_tokens: int = 512) -> str:
-        """Greedy text completion (test-bank generation); raises InputError on failure."""
+        """Greedy text completion (test-bank generation) on the least busy endpoint; raises InputError on failure."""
         body = self._body(prompt)
         body.update(max_tokens=max_tokens)
         body.pop("logprobs", None), body.pop("top_logprobs", None)
+        endpoint = self.pool.acquire()
         try:
-            response = self._post(body)
+            response = self._post(body, endpoint.url)
         except (urllib.error.URLError, socket.timeout, TimeoutError) as e:
-            raise InputError(f"generation request to {self._url()} failed: {e}") from e
+            raise InputError(f"generation request to {self._url(endpoint.url)} failed: {e}") from e
+        finally:
+            self.pool.release(endpoint, ok=True)
         choice = response["choices"][0]
         return choice["message"]["content"] if self.endpoint == "chat" else choice["text"]

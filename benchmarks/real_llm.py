@@ -1,0 +1,128 @@
+"""Real-LLM benchmark → ``benchmarks/results/real_llm.json``: SmolLM2-135M-Instruct (GGUF) on CPU.
+
+Part (a), extraction on a fixed 20-dialogue subset of the 223 real LLM-Rubric dialogues
+(sorted by text_id, every 11th) × the 9 rubric questions, with the shipped defaults
+(``conf/extract/smollm2.yaml``: chat template on): prompts, tokens run, tokens/s, label-mass
+quantiles, truncations, failures, and the minutes all 223 dialogues would take at that rate
+(their shared-prefix token count / tokens/s). Beside it, a compute bound: the measured FLOP/s
+of a large float32 matmul divided by the model's FLOPs per token at the measured context
+lengths. float32 vs bfloat16 is timed on the first ``--dtype-dialogues`` dialogues.
+
+Usage: ``python benchmarks/real_llm.py [--data DIR] [--subset 20] [--dtype-dialogues 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from llmrubric.extract.adapters import llm_rubric_real_texts
+from llmrubric.extract.backends.transformers_backend import TransformersBackend
+from llmrubric.extract.cache import ResultCache
+from llmrubric.extract.cli import load_config
+from llmrubric.extract.families import likert_tasks
+from llmrubric.extract.prompts import PromptTemplate
+from llmrubric.extract.runner import extract
+from llmrubric.rubric import Rubric
+from llmrubric.schemas import write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "real_llm.json"
+
+
+def matmul_flops(n: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of an n×n float32 matmul on this machine's threads."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def flops_per_token(model, context: float) -> float:
+    """Forward FLOPs per token: 2 × non-embedding weights + attention over ``context`` keys
+    (QKᵀ and AV: 4 × layers × heads × head_dim × context)."""
+    c = model.config
+    params = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * params + 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * context
+
+
+def run(backend, tasks, rubric) -> tuple[dict, object]:
+    backend.stats = {k: 0 for k in backend.stats}
+    start = time.perf_counter()
+    ex = extract(tasks, backend, ResultCache(None), "bench", (), rubric, progress=True, min_label_mass=0.05)
+    seconds = time.perf_counter() - start
+    return {"seconds": round(seconds, 1), "tokens": backend.stats["prefill_tokens"],
+            "tokens_per_s": round(backend.stats["prefill_tokens"] / seconds, 1)}, ex
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "llm-rubric" / "real" / "real_data.json"))
+    parser.add_argument("--config", default=str(ROOT / "conf" / "extract" / "smollm2.yaml"))
+    parser.add_argument("--subset", type=int, default=20)
+    parser.add_argument("--dtype-dialogues", type=int, default=3)
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args()
+
+    cfg = load_config(args.config)
+    rubric = Rubric.load(ROOT / cfg["rubric"])
+    texts = llm_rubric_real_texts(args.data).sort_values("text_id").reset_index(drop=True)
+    subset = texts.iloc[:: len(texts) // args.subset].head(args.subset)
+    template = PromptTemplate(cfg.get("template") or "llm_rubric")
+    all_tasks, _ = likert_tasks(texts, rubric, template)
+    tasks, _ = likert_tasks(subset, rubric, template)
+    keys = ("gguf_file", "device", "threads", "batch_size", "prefix_reuse", "max_length", "overflow", "label_prefix", "chat_template")
+    kwargs = {k: cfg[k] for k in keys if cfg.get(k) is not None}
+    backend = TransformersBackend(path=str(ROOT / cfg["model"]), dtype="float32", **kwargs)
+    plan_all = backend.prefill_plan(all_tasks)
+
+    timing, ex = run(backend, tasks, rubric)
+    mass = ex.features.groupby(["text_id", "question_id"]).prob.sum().to_numpy()
+    context = np.mean([len(backend._prepare(t).ids) for t in tasks]) / 2  # mean keys attended per token
+    flop_s = matmul_flops()
+    bound = flop_s / flops_per_token(backend.model, context)
+    extraction = {
+        "model": backend.model_id, "dialogues": len(subset), "prompts": len(tasks), "failures": ex.summary["failed"],
+        "truncated": ex.summary["truncated"], "low_label_mass": ex.summary["low_label_mass"], **timing,
+        "compute_bound_tokens_per_s": round(bound, 1), "matmul_gflop_s": round(flop_s / 1e9, 1),
+        "label_mass_quantiles": {q: float(np.quantile(mass, q)) for q in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)},
+        "label_mass_median": float(np.median(mass)),
+        "first_option_top_share": float(ex.features.loc[ex.features.groupby(["text_id", "question_id"]).prob.idxmax()].option.eq("1").mean()),
+        "all_223": {"prompts": plan_all["prompts"], "shared_prefill_tokens": plan_all["shared_prefill_tokens"],
+                    "naive_prefill_tokens": plan_all["naive_prefill_tokens"]},
+        "estimated_minutes_all": round(plan_all["shared_prefill_tokens"] / timing["tokens_per_s"] / 60, 1),
+        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+        "load_average_1min_at_end": os.getloadavg()[0],
+        "note": "measured on a 2-core machine shared with other jobs (see load_average): timings are pessimistic",
+    }
+    few = [t for t in tasks if t.text_id in set(subset.text_id[: args.dtype_dialogues])]
+    dtypes = {}
+    probs = {}
+    for dtype in ("float32", "bfloat16"):
+        backend.model.to(getattr(torch, dtype))
+        t, e = run(backend, few, rubric)
+        dtypes[dtype] = t
+        probs[dtype] = e.features.prob.to_numpy()
+    backend.model.to(torch.float32)
+    dtypes["max_abs_prob_diff"] = float(np.abs(probs["float32"] - probs["bfloat16"]).max())
+    extraction["dtype"] = dtypes
+    result = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+    result["extraction"] = extraction
+    write_json(result, args.out)
+    print(extraction)
+
+
+if __name__ == "__main__":
+    main()

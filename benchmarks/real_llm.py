@@ -58,10 +58,12 @@ def flops_per_token(model, context: float) -> float:
     return 2 * params + 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * context
 
 
-def run(backend, tasks, rubric) -> tuple[dict, object]:
+def run(backend, tasks, rubric, cache: str | None = None) -> tuple[dict, object]:
     backend.stats = {k: 0 for k in backend.stats}
     start = time.perf_counter()
-    ex = extract(tasks, backend, ResultCache(None), "bench", (), rubric, progress=True, min_label_mass=0.05)
+    ex = extract(tasks, backend, ResultCache(cache), "bench", (), rubric, progress=True, min_label_mass=0.05)
+    if ex.summary["cached"]:
+        raise SystemExit(f"{cache} already holds {ex.summary['cached']} of these prompts: the timing would be wrong")
     seconds = time.perf_counter() - start
     return {"seconds": round(seconds, 1), "tokens": backend.stats["prefill_tokens"],
             "tokens_per_s": round(backend.stats["prefill_tokens"] / seconds, 1)}, ex
@@ -73,6 +75,7 @@ def main() -> None:
     parser.add_argument("--config", default=str(ROOT / "conf" / "extract" / "smollm2.yaml"))
     parser.add_argument("--subset", type=int, default=20)
     parser.add_argument("--dtype-dialogues", type=int, default=3)
+    parser.add_argument("--cache", help="also store the subset's results in this cache (e.g. the full extraction's)")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
 
@@ -88,7 +91,7 @@ def main() -> None:
     backend = TransformersBackend(path=str(ROOT / cfg["model"]), dtype="float32", **kwargs)
     plan_all = backend.prefill_plan(all_tasks)
 
-    timing, ex = run(backend, tasks, rubric)
+    timing, ex = run(backend, tasks, rubric, args.cache)
     mass = ex.features.groupby(["text_id", "question_id"]).prob.sum().to_numpy()
     context = np.mean([len(backend._prepare(t).ids) for t in tasks]) / 2  # mean keys attended per token
     flop_s = matmul_flops()

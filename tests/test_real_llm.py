@@ -16,7 +16,7 @@ from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
-from llmrubric.extract.runner import extract
+from llmrubric.extract.runner import assemble, extract, label_mass
 from llmrubric.rubric import Rubric
 
 pytestmark = pytest.mark.llm
@@ -53,41 +53,62 @@ def backend(smollm2, **kwargs) -> TransformersBackend:
     return TransformersBackend(model, tokenizer, model_id="smollm2", **kwargs)
 
 
-@pytest.mark.parametrize("chat", [True, False])
-def test_label_mass_above_threshold(smollm2, tasks, chat):
+def probs_of(results) -> dict:
+    return {(r.task.text_id, r.task.question_id): r.probs for r in results}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and len(a) == 4
+    for key in a:
+        for option, p in a[key].items():
+            assert math.isclose(p, b[key][option], rel_tol=1e-4, abs_tol=1e-7), (key, option)
+
+
+@pytest.fixture(scope="module")
+def chat_run(smollm2, tasks):
+    """The shipped defaults: chat template on, prefix reuse on."""
     tasks, rubric = tasks
-    b = backend(smollm2, chat_template=chat)
-    assert b.answer_prefix == ("" if chat else " ")
-    ex = extract(tasks, b, ResultCache(None), "smollm2", (), rubric, progress=False, min_label_mass=MIN_MASS)
-    assert ex.summary["done"] == 4 and ex.summary["low_label_mass"] == 0
-    assert ex.summary["label_mass_min"] >= MIN_MASS
+    b = backend(smollm2, chat_template=True)
+    assert b.answer_prefix == ""
+    results = list(b.score(tasks))
+    return results, assemble(tasks, {(r.task.template_hash, r.task.key, r.task.question_id): r for r in results}, "s", (), rubric, MIN_MASS)
+
+
+def test_label_mass_above_threshold_with_chat_template(chat_run):
+    results, ex = chat_run
+    assert all(r.status == "ok" and label_mass(r) >= MIN_MASS for r in results)
+    assert ex.failures.empty and len(ex.features) == 16
     sums = ex.features.groupby(["text_id", "question_id"]).prob.sum()
-    assert len(sums) == 4 and all(MIN_MASS <= s <= 1 + 1e-6 for s in sums)
+    assert all(MIN_MASS <= s <= 1 + 1e-6 for s in sums)
 
 
-def test_low_mass_is_marked(smollm2, tasks):
-    """A label prefix the chat format never produces leaves little mass; the blocks are marked."""
+def test_label_mass_above_threshold_without_chat_template(smollm2, tasks):
     tasks, rubric = tasks
-    ex = extract(tasks, backend(smollm2, chat_template=True, label_prefix=" "), ResultCache(None), "s", (), rubric, progress=False, min_label_mass=MIN_MASS)
-    assert ex.summary["low_label_mass"] >= 1
-    assert set(ex.failures.status) == {"low_label_mass"} and ex.failures.reason.str.contains("below min_label_mass").all()
+    b = backend(smollm2, chat_template=False)
+    assert b.answer_prefix == " "
+    ex = extract(tasks, b, ResultCache(None), "smollm2", (), rubric, progress=False, min_label_mass=MIN_MASS)
+    assert ex.summary["done"] == 4 and ex.summary["low_label_mass"] == 0 and ex.summary["label_mass_min"] >= MIN_MASS
 
 
-def test_prefix_reuse_gives_identical_results(smollm2, tasks):
+def test_blocks_below_the_threshold_are_marked_and_kept(chat_run, tasks):
+    results, _ = chat_run
+    tasks, rubric = tasks
+    lowest = min(label_mass(r) for r in results)
+    ex = assemble(tasks, {(r.task.template_hash, r.task.key, r.task.question_id): r for r in results}, "s", (), rubric, lowest * 1.0001)
+    assert list(ex.failures.status) == ["low_label_mass"] and "below min_label_mass" in ex.failures.reason.iloc[0]
+    assert len(ex.features) == 16  # marked, not dropped
+
+
+def test_prefix_reuse_gives_identical_results(smollm2, tasks, chat_run):
     tasks, _ = tasks
-    reuse = {(r.task.text_id, r.task.question_id): r.probs for r in backend(smollm2, chat_template=True, prefix_reuse=True).score(tasks)}
-    plain = {(r.task.text_id, r.task.question_id): r.probs for r in backend(smollm2, chat_template=True, prefix_reuse=False).score(tasks)}
-    assert reuse.keys() == plain.keys() and len(reuse) == 4
-    for key in reuse:
-        for option, p in reuse[key].items():
-            assert math.isclose(p, plain[key][option], rel_tol=1e-4, abs_tol=1e-7), (key, option)
+    assert_same(probs_of(chat_run[0]), probs_of(backend(smollm2, chat_template=True, prefix_reuse=False).score(tasks)))
 
 
 class Interrupted(Exception):
     pass
 
 
-def test_killed_run_resumes_without_recomputing(smollm2, tasks, tmp_path):
+def test_killed_run_resumes_without_recomputing(smollm2, tasks, chat_run, tmp_path):
     """A run interrupted after its first stored result; the rerun computes only the other prompts."""
     tasks, rubric = tasks
     b = backend(smollm2, chat_template=True, batch_size=1, prefix_reuse=False)
@@ -113,7 +134,5 @@ def test_killed_run_resumes_without_recomputing(smollm2, tasks, tmp_path):
     assert cache.count("ok") == 1
     ex = extract(tasks, b, cache, "s", (), rubric, progress=False)
     assert ex.summary["cached"] == 1 and ex.summary["computed"] == 3 and len(scored) == 3 and ex.summary["done"] == 4
-    fresh = {(r.task.text_id, r.task.question_id): r.probs for r in backend(smollm2, chat_template=True).score(tasks)}
-    again = ex.features.groupby(["text_id", "question_id"]).apply(lambda g: dict(zip(g.option, g.prob)), include_groups=False).to_dict()
-    for key, probs in fresh.items():
-        assert all(math.isclose(probs[o], again[key][o], rel_tol=1e-4, abs_tol=1e-7) for o in probs)
+    resumed = {(t, q): dict(zip(g.option, g.prob)) for (t, q), g in ex.features.groupby(["text_id", "question_id"])}
+    assert_same(probs_of(chat_run[0]), resumed)

@@ -23,7 +23,7 @@ BACKEND_KEYS = {
     ),
     "openai": ("base_url", "endpoint", "api_key_env", "azure_api_version", "top_logprobs", "concurrency", "max_retries", "timeout", "backoff"),
 }
-DEFAULTS = {"backend": "transformers", "family": "likert", "template": None, "rubric": None, "model": None, "min_label_mass": 0.05}
+DEFAULTS = {"backend": "transformers", "family": "likert", "template": None, "rubric": None, "model": None, "min_label_mass": 0.05, "orders": 1}
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:
@@ -62,6 +62,7 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="SQLite result store (default: <out>.cache.sqlite)")
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--orders", type=int, help="likert: ask each question with the options in this many rotated orders, averaged (default 1)")
     p.add_argument("--min-label-mass", type=float, help="blocks whose labels get less total probability are marked low_label_mass (default 0.05)")
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
         flag = "--" + key.replace("_", "-")
@@ -141,7 +142,7 @@ def run(args) -> int:
             raise InputError("the likert family needs --rubric")
         rubric = Rubric.load(settings["rubric"])
         template = PromptTemplate(settings.get("template") or "llm_rubric")
-        tasks, skipped = likert_tasks(texts, rubric, template)
+        tasks, skipped = likert_tasks(texts, rubric, template, int(settings["orders"]))
     else:
         if not settings.get("bank"):
             raise InputError(f"the {family} family needs --bank")

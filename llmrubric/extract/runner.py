@@ -4,6 +4,7 @@ arrives, and build the features table plus a record of everything that is not a 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -107,26 +108,42 @@ def label_mass_quantiles(results) -> dict:
     return {"label_mass_min": float(q[0]), "label_mass_p10": float(q[1]), "label_mass_median": float(q[2])}
 
 
+def merge(tasks: Sequence[Task], results: Sequence[Result | None]) -> Result | None:
+    """One block asked in several prompts (option orders): the first missing or not-ok result,
+    else the options' mean probabilities (and the first warning)."""
+    for r in results:
+        if r is None or r.status != "ok":
+            return r
+    if len(results) == 1:
+        return results[0]
+    probs = {o: sum(r.probs[o] for r in results) / len(results) for o in tasks[0].options}
+    return Result(tasks[0], probs, "ok", "", warning=next((r.warning for r in results if r.warning), ""))
+
+
 def assemble(
     tasks: Sequence[Task], results: dict, source: str, skipped: Sequence[dict], rubric: Rubric | None, min_label_mass: float = 0.0
 ) -> Extraction:
-    """Features rows from ``ok`` results; every other outcome, warning or low label mass as a failures row."""
+    """Features rows from ``ok`` results (a block asked in several prompts gets their mean);
+    every other outcome, warning or low label mass as a failures row."""
     rows, failures = [], [{**s, "source": source} for s in skipped]
+    blocks: dict[tuple[str, str], list[Task]] = defaultdict(list)
     for t in tasks:
-        r = results.get((t.template_hash, t.key, t.question_id))
+        blocks[(t.text_id, t.question_id)].append(t)
+    for (text_id, question_id), block in blocks.items():
+        r = merge(block, [results.get((t.template_hash, t.key, t.question_id)) for t in block])
+        where = {"text_id": text_id, "source": source, "question_id": question_id}
         if r is None:
-            failures.append({"text_id": t.text_id, "source": source, "question_id": t.question_id, "status": "failed", "reason": "no result"})
+            failures.append({**where, "status": "failed", "reason": "no result"})
             continue
         if r.status != "ok":
-            failures.append({"text_id": t.text_id, "source": source, "question_id": t.question_id, "status": r.status, "reason": r.reason})
+            failures.append({**where, "status": r.status, "reason": r.reason})
             continue
         if r.warning:
-            failures.append({"text_id": t.text_id, "source": source, "question_id": t.question_id, "status": "truncated", "reason": r.warning})
+            failures.append({**where, "status": "truncated", "reason": r.warning})
         mass = label_mass(r)
         if mass is not None and mass < min_label_mass:
-            reason = f"label mass {mass:.3g} below min_label_mass {min_label_mass:g}"
-            failures.append({"text_id": t.text_id, "source": source, "question_id": t.question_id, "status": "low_label_mass", "reason": reason})
-        rows.extend({"text_id": t.text_id, "source": source, "question_id": t.question_id, "option": o, "prob": r.probs[o]} for o in t.options)
+            failures.append({**where, "status": "low_label_mass", "reason": f"label mass {mass:.3g} below min_label_mass {min_label_mass:g}"})
+        rows.extend({**where, "option": o, "prob": r.probs[o]} for o in block[0].options)
     features = pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"])
     if len(features):
         features.index = pd.RangeIndex(1, len(features) + 1)

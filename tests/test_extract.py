@@ -161,6 +161,9 @@ def test_cache_skips_done_work(llama, tok, rubric, tmp_path):
     cache = ResultCache(tmp_path / "c.sqlite")
     first = extract(tasks[:5], TransformersBackend(llama, tok), cache, "s", progress=False)
     assert first.summary["computed"] == 5
+    held = extract(tasks, TransformersBackend(llama, tok), cache, "s", skipped, rubric, progress=False, compute=False)
+    assert held.summary["cached"] == 5 and held.summary["computed"] == 0 and held.features.groupby(["text_id", "question_id"]).ngroups == 5
+    assert (held.failures.reason == "no result").sum() == len(tasks) - 5
     backend = TransformersBackend(llama, tok)
     second = extract(tasks, backend, cache, "s", skipped, rubric, progress=False)
     assert second.summary["cached"] == 5 and second.summary["computed"] == len(tasks) - 5

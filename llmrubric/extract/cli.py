@@ -62,6 +62,7 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="SQLite result store (default: <out>.cache.sqlite)")
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--cached-only", action="store_true", help="compute nothing: write what the cache holds (the rest listed as 'no result')")
     p.add_argument("--orders", type=int, help="likert: ask each question with the options in this many rotated orders, averaged (default 1)")
     p.add_argument("--min-label-mass", type=float, help="blocks whose labels get less total probability are marked low_label_mass (default 0.05)")
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
@@ -157,7 +158,8 @@ def run(args) -> int:
     cache = ResultCache(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
     try:
         result = extract(
-            tasks, backend, cache, source, skipped, rubric, progress=not settings.get("no_progress"), min_label_mass=float(settings["min_label_mass"])
+            tasks, backend, cache, source, skipped, rubric, progress=not settings.get("no_progress"), min_label_mass=float(settings["min_label_mass"]),
+            compute=not settings.get("cached_only"),
         )
     finally:
         cache.close()

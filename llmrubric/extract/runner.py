@@ -42,8 +42,10 @@ def extract(
     rubric: Rubric | None = None,
     progress: bool = True,
     min_label_mass: float = 0.0,
+    compute: bool = True,
 ) -> Extraction:
-    """Score every task not already in ``cache``; return features of all tasks."""
+    """Score every task not already in ``cache`` (none with ``compute=False``: only what the
+    cache holds, the rest reported as ``no result``); return features of all tasks."""
     keys = [(t.template_hash, t.key, t.question_id) for t in tasks]
     if len(set(keys)) != len(keys):
         raise ValueError("two tasks have the same cache key (same prompt and question id)")
@@ -60,7 +62,7 @@ def extract(
     bar = tqdm(total=len(tasks), initial=cached, desc=f"extract {source}", unit="prompt", disable=not progress, dynamic_ncols=True)
     computed_tokens = prompt_tokens = 0
     try:
-        for r in backend.score(todo):
+        for r in backend.score(todo if compute else []):
             cache.put(model_id, r)
             results[(r.task.template_hash, r.task.key, r.task.question_id)] = r
             computed_tokens += r.computed_tokens
@@ -73,7 +75,7 @@ def extract(
     extraction.summary = {
         "prompts": len(tasks),
         "cached": cached,
-        "computed": len(todo),
+        "computed": len(todo) if compute else 0,
         "done": int(sum(r.status == "ok" for r in results.values())),
         "failed": int(s.get("failed", 0)),
         "incomplete": int(s.get("incomplete", 0)),

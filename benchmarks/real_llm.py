@@ -6,7 +6,9 @@ Part (a), extraction on a fixed 20-dialogue subset of the 223 real LLM-Rubric di
 quantiles, truncations, failures, and the minutes all 223 dialogues would take at that rate
 (their shared-prefix token count / tokens/s). Beside it, a compute bound: the measured FLOP/s
 of a large float32 matmul divided by the model's FLOPs per token at the measured context
-lengths. float32 vs bfloat16 is timed on the first ``--dtype-dialogues`` dialogues.
+lengths. float32 vs bfloat16 is timed on the ``--dtype-dialogues`` shortest dialogues. The machine may
+be shared: wall-clock rates are given beside rates per CPU second of this process, which
+times the thread count estimate an idle machine.
 
 Usage: ``python benchmarks/real_llm.py [--data DIR] [--subset 20] [--dtype-dialogues 3]``
 """
@@ -37,16 +39,17 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "real_llm.json"
 
 
-def matmul_flops(n: int = 2048, repeats: int = 5) -> float:
-    """Best FLOP/s of an n×n float32 matmul on this machine's threads."""
+def matmul_flops(n: int = 2048, repeats: int = 5) -> tuple[float, float]:
+    """FLOP/s of an n×n float32 matmul on this machine's threads: per wall second (best of
+    ``repeats``) and per CPU second of this process (all threads)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
-    best = float("inf")
+    best, cpu = float("inf"), time.process_time()
     for _ in range(repeats):
         start = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+    return 2 * n**3 / best, repeats * 2 * n**3 / (time.process_time() - cpu)
 
 
 def flops_per_token(model, context: float) -> float:
@@ -94,12 +97,20 @@ def main() -> None:
     timing, ex = run(backend, tasks, rubric, args.cache)
     mass = ex.features.groupby(["text_id", "question_id"]).prob.sum().to_numpy()
     context = np.mean([len(backend._prepare(t).ids) for t in tasks]) / 2  # mean keys attended per token
-    flop_s = matmul_flops()
-    bound = flop_s / flops_per_token(backend.model, context)
+    flop_s, flop_cpu_s = matmul_flops()
+    per_token = flops_per_token(backend.model, context)
+    idle = timing["tokens_per_cpu_s"] * torch.get_num_threads()
     extraction = {
         "model": backend.model_id, "dialogues": len(subset), "prompts": len(tasks), "failures": ex.summary["failed"],
         "truncated": ex.summary["truncated"], "low_label_mass": ex.summary["low_label_mass"], **timing,
-        "compute_bound_tokens_per_s": round(bound, 1), "matmul_gflop_s": round(flop_s / 1e9, 1),
+        "compute_bound_tokens_per_s": round(flop_s / per_token, 1), "matmul_gflop_s": round(flop_s / 1e9, 1),
+        "gflop_per_token": round(per_token / 1e9, 3), "mean_context": round(2 * context),
+        "idle_estimate": {
+            "tokens_per_s": round(idle, 1),
+            "compute_bound_tokens_per_s": round(flop_cpu_s * torch.get_num_threads() / per_token, 1),
+            "estimated_minutes_all": None,
+            "how": "tokens and FLOP/s per CPU second of this process × threads: what the machine would do without other jobs",
+        },
         "label_mass_quantiles": {q: float(np.quantile(mass, q)) for q in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)},
         "label_mass_median": float(np.median(mass)),
         "first_option_top_share": float(ex.features.loc[ex.features.groupby(["text_id", "question_id"]).prob.idxmax()].option.eq("1").mean()),
@@ -110,7 +121,9 @@ def main() -> None:
         "load_average_1min_at_end": os.getloadavg()[0],
         "note": "measured on a 2-core machine shared with other jobs (see load_average): timings are pessimistic",
     }
-    few = [t for t in tasks if t.text_id in set(subset.text_id[: args.dtype_dialogues])]
+    extraction["idle_estimate"]["estimated_minutes_all"] = round(plan_all["shared_prefill_tokens"] / idle / 60, 1)
+    shortest = subset.assign(n=subset.text.str.len()).nsmallest(args.dtype_dialogues, "n").text_id
+    few = [t for t in tasks if t.text_id in set(shortest)]
     dtypes = {}
     probs = {}
     for dtype in ("float32", "bfloat16"):

@@ -72,6 +72,49 @@ def run(backend, tasks, rubric, cache: str | None = None) -> tuple[dict, object]
             "tokens_per_s": round(backend.stats["prefill_tokens"] / seconds, 1)}, ex
 
 
+def from_cache(args, cfg, texts) -> dict:
+    """Figures of a subset run cut short, from the results its cache holds: tokens/s between the
+    first and the last stored result (the first prefix batch, done before the first result, is
+    not counted), label mass of the stored blocks, and minutes for all 223 dialogues from the
+    tokens per character of the dialogues done (truncation to the context ignored: an overestimate)."""
+    import sqlite3
+
+    import transformers
+
+    db = sqlite3.connect(args.from_cache)
+    rows = db.execute("SELECT model_id, text_id, probs, computed_tokens, created FROM results WHERE status='ok' ORDER BY created").fetchall()
+    if not rows:
+        raise SystemExit(f"{args.from_cache} holds no results")
+    created = np.array([r[4] for r in rows])
+    timed = created > created[0] + 1.0
+    seconds = float(created[-1] - created[0])
+    tokens = int(sum(r[3] for r, t in zip(rows, timed) if t))
+    mass = np.array([sum(json.loads(r[2]).values()) for r in rows])
+    done = sorted({r[1] for r in rows})
+    chars = texts.set_index("text_id").text.str.len()
+    per_char = sum(r[3] for r in rows) / chars[done].sum()
+    model = ROOT / cfg["model"]
+    config = transformers.AutoConfig.from_pretrained(model.parent, gguf_file=model.name)
+    with torch.device("meta"):
+        meta = transformers.AutoModelForCausalLM.from_config(config)
+    context = float(np.mean([min(per_char * chars[t], config.max_position_embeddings) for t in done])) / 2
+    per_token = flops_per_token(meta, context)
+    flop_s, _ = matmul_flops()
+    rate = tokens / seconds if seconds > 0 else None
+    return {
+        "model": rows[0][0], "cut_short": True, "dialogues": len(done), "prompts": len(rows), "tokens": tokens,
+        "seconds": round(seconds, 1), "tokens_per_s": round(rate, 1) if rate else None,
+        "compute_bound_tokens_per_s": round(flop_s / per_token, 1), "matmul_gflop_s": round(flop_s / 1e9, 1),
+        "gflop_per_token": round(per_token / 1e9, 3),
+        "label_mass_quantiles": {q: float(np.quantile(mass, q)) for q in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)},
+        "label_mass_median": float(np.median(mass)),
+        "estimated_tokens_all": round(per_char * chars.sum()),
+        "estimated_minutes_all": round(per_char * chars.sum() / rate / 60, 1) if rate else None,
+        "threads": torch.get_num_threads(), "load_average_1min_at_end": os.getloadavg()[0],
+        "note": "a subset run cut short on a 2-core machine shared with other jobs: wall-clock rates, pessimistic",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "llm-rubric" / "real" / "real_data.json"))
@@ -79,13 +122,22 @@ def main() -> None:
     parser.add_argument("--subset", type=int, default=20)
     parser.add_argument("--dtype-dialogues", type=int, default=3)
     parser.add_argument("--cache", help="also store the subset's results in this cache (e.g. the full extraction's)")
+    parser.add_argument("--from-cache", help="summarise a subset run cut short from its cache instead of running")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
 
     cfg = load_config(args.config)
     rubric = Rubric.load(ROOT / cfg["rubric"])
     texts = llm_rubric_real_texts(args.data).sort_values("text_id").reset_index(drop=True)
     subset = texts.iloc[:: len(texts) // args.subset].head(args.subset)
+    if args.from_cache:
+        extraction = from_cache(args, cfg, texts)
+        result = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+        result["extraction"] = extraction
+        write_json(result, args.out)
+        print(extraction)
+        return
     template = PromptTemplate(cfg.get("template") or "llm_rubric")
     all_tasks, _ = likert_tasks(texts, rubric, template)
     tasks, _ = likert_tasks(subset, rubric, template)

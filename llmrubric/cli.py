@@ -12,6 +12,7 @@ from llmrubric.errors import USER_ERRORS, report
 GROUPS = {
     "data": "llmrubric.datasets.cli",
     "extract": "llmrubric.extract.cli",
+    "models": "llmrubric.extract.models_cli",
     "score": "llmrubric.score_cli",
     "ir": "llmrubric.ir.cli",
 }

@@ -135,12 +135,35 @@ def test_likert_features_validate_and_mask_citation_blocks(llama, tok, rubric, t
     assert ex.summary["done"] == 28 and ex.summary["failed"] == 0
 
 
+def test_option_orders_are_rotated_and_averaged(llama, tok, rubric, tmp_path):
+    texts = pd.read_json(write_texts(tmp_path / "t.jsonl", n=2), lines=True)
+    once, _ = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
+    tasks, skipped = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"), orders=2)
+    assert len(tasks) == 2 * len(once) and tasks[0] == once[0]
+    first, second = tasks[0], tasks[1]
+    assert (first.question_id, first.text_id) == (second.question_id, second.text_id)
+    assert second.options == first.options[1:] + first.options[:1]
+    assert second.prompt.index("\n2.") < second.prompt.index("\n1.")
+    backend = TransformersBackend(llama, tok)
+    probs = {t.key: r.probs for t in tasks for r in backend.score([t])}
+    ex = extract(tasks, backend, ResultCache(None), "s", skipped, rubric, progress=False)
+    assert len(ex.features) == len(extract(once, backend, ResultCache(None), "s", skipped, rubric, progress=False).features)
+    row = ex.features[(ex.features.text_id == first.text_id) & (ex.features.question_id == first.question_id)].set_index("option").prob
+    for option in first.options:
+        assert row[option] == pytest.approx((probs[first.key][option] + probs[second.key][option]) / 2, rel=1e-5)
+    with pytest.raises(InputError, match="orders must be at least 1"):
+        likert_tasks(texts, rubric, PromptTemplate("llm_rubric"), orders=0)
+
+
 def test_cache_skips_done_work(llama, tok, rubric, tmp_path):
     texts = pd.read_json(write_texts(tmp_path / "t.jsonl", n=2), lines=True)
     tasks, skipped = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
     cache = ResultCache(tmp_path / "c.sqlite")
     first = extract(tasks[:5], TransformersBackend(llama, tok), cache, "s", progress=False)
     assert first.summary["computed"] == 5
+    held = extract(tasks, TransformersBackend(llama, tok), cache, "s", skipped, rubric, progress=False, compute=False)
+    assert held.summary["cached"] == 5 and held.summary["computed"] == 0 and held.features.groupby(["text_id", "question_id"]).ngroups == 5
+    assert (held.failures.reason == "no result").sum() == len(tasks) - 5
     backend = TransformersBackend(llama, tok)
     second = extract(tasks, backend, cache, "s", skipped, rubric, progress=False)
     assert second.summary["cached"] == 5 and second.summary["computed"] == len(tasks) - 5

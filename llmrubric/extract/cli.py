@@ -19,11 +19,13 @@ from llmrubric.schemas import read_table, write_json, write_table
 
 log = logging.getLogger(__name__)
 BACKEND_KEYS = {
-    "transformers": ("device", "dtype", "batch_size", "prefix_reuse", "max_length", "overflow", "label_prefix", "chat_template"),
+    "transformers": (
+        "gguf_file", "device", "dtype", "threads", "batch_size", "prefix_reuse", "max_length", "overflow", "label_prefix", "chat_template",
+    ),
     "openai": ("base_url", "endpoint", "api_key_env", "azure_api_version", "top_logprobs", "concurrency", "max_retries", "timeout", "backoff",
                "max_backoff", "pause_after", "pause", "max_pause"),
 }
-DEFAULTS = {"backend": "transformers", "family": "likert", "template": None, "rubric": None, "model": None}
+DEFAULTS = {"backend": "transformers", "family": "likert", "template": None, "rubric": None, "model": None, "min_label_mass": 0.05, "orders": 1}
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:
@@ -62,6 +64,9 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="SQLite result store (default: <out>.cache.sqlite)")
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--cached-only", action="store_true", help="compute nothing: write what the cache holds (the rest listed as 'no result')")
+    p.add_argument("--orders", type=int, help="likert: ask each question with the options in this many rotated orders, averaged (default 1)")
+    p.add_argument("--min-label-mass", type=float, help="blocks whose labels get less total probability are marked low_label_mass (default 0.05)")
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
         flag = "--" + key.replace("_", "-")
         if key in ("prefix_reuse", "chat_template"):
@@ -152,7 +157,7 @@ def run(args) -> int:
             raise InputError("the likert family needs --rubric")
         rubric = Rubric.load(settings["rubric"])
         template = PromptTemplate(settings.get("template") or "llm_rubric")
-        tasks, skipped = likert_tasks(texts, rubric, template)
+        tasks, skipped = likert_tasks(texts, rubric, template, int(settings["orders"]))
     else:
         if not settings.get("bank"):
             raise InputError(f"the {family} family needs --bank")
@@ -166,7 +171,10 @@ def run(args) -> int:
     source = settings.get("source") or f"{Path(str(settings['model'])).name}/{template.name}"
     cache = ResultCache(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
     try:
-        result = extract(tasks, backend, cache, source, skipped, rubric, progress=not settings.get("no_progress"))
+        result = extract(
+            tasks, backend, cache, source, skipped, rubric, progress=not settings.get("no_progress"), min_label_mass=float(settings["min_label_mass"]),
+            compute=not settings.get("cached_only"),
+        )
     finally:
         cache.close()
         backend.close()

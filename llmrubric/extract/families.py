@@ -47,12 +47,16 @@ def _check_texts(texts: pd.DataFrame, columns: Sequence[str] = ("text_id", "text
         raise InputError(f"duplicate text_id {texts.at[row, 'text_id']!r}", file=src, row=int(row), column="text_id")
 
 
-def likert_tasks(texts: pd.DataFrame, rubric: Rubric, template: PromptTemplate) -> tuple[list[Task], list[dict]]:
+def likert_tasks(texts: pd.DataFrame, rubric: Rubric, template: PromptTemplate, orders: int = 1) -> tuple[list[Task], list[dict]]:
     """One task per (text, applicable rubric question); also the skipped (masked) blocks.
 
     The options offered are the question's ``llm_options`` (e.g. '1'..'4'); their labels are
     those keys. A question not applicable to a text (``applicable_if`` false) is not asked.
+    ``orders`` > 1 asks each question again with the options listed in rotated orders (1 2 3 4,
+    2 3 4 1, …), against a position bias; the extractor averages a block's prompts.
     """
+    if orders < 1:
+        raise InputError(f"orders must be at least 1, not {orders}")
     _check_texts(texts)
     for q in rubric.questions:
         if not q.llm_options:
@@ -67,12 +71,12 @@ def likert_tasks(texts: pd.DataFrame, rubric: Rubric, template: PromptTemplate) 
                 skipped.append({"text_id": text_id, "question_id": q.id, "status": "not_applicable", "reason": f"{q.applicable_if} is false"})
                 continue
             labels = {o.key: o.label for o in q.options}
-            options = [{"label": key, "text": labels.get(key, "")} for key in q.llm_options]
-            prompt = template.render(text=text, question=q.prompt, options=options, labels=list(q.llm_options))
-            tasks.append(
-                Task(text_id, q.id, prompt, tuple(q.llm_options), tuple(q.llm_options), text_id, template.hash,
-                     text_hash(prompt, *q.llm_options), text)
-            )
+            keys = list(q.llm_options)
+            for shift in range(min(orders, len(keys))):
+                order = keys[shift:] + keys[:shift]
+                options = [{"label": key, "text": labels.get(key, "")} for key in order]
+                prompt = template.render(text=text, question=q.prompt, options=options, labels=order)
+                tasks.append(Task(text_id, q.id, prompt, tuple(order), tuple(order), text_id, template.hash, text_hash(prompt, *order), text))
     return tasks, skipped
 
 

@@ -4,9 +4,11 @@ arrives, and build the features table plus a record of everything that is not a 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -23,7 +25,8 @@ FAILURE_COLUMNS = ["text_id", "source", "question_id", "status", "reason"]
 @dataclass
 class Extraction:
     """``features``: canonical table; ``failures``: one row per block that is not in it
-    (failed, incomplete, not_applicable) or carries a warning (truncated)."""
+    (failed, incomplete, not_applicable) or carries a warning (truncated, or low_label_mass: the
+    labels' total probability is below ``min_label_mass``; such a block stays in the features)."""
 
     features: pd.DataFrame
     failures: pd.DataFrame
@@ -38,8 +41,11 @@ def extract(
     skipped: Sequence[dict] = (),
     rubric: Rubric | None = None,
     progress: bool = True,
+    min_label_mass: float = 0.0,
+    compute: bool = True,
 ) -> Extraction:
-    """Score every task not already in ``cache``; return features of all tasks."""
+    """Score every task not already in ``cache`` (none with ``compute=False``: only what the
+    cache holds, the rest reported as ``no result``); return features of all tasks."""
     keys = [(t.template_hash, t.key, t.question_id) for t in tasks]
     if len(set(keys)) != len(keys):
         raise ValueError("two tasks have the same cache key (same prompt and question id)")
@@ -56,7 +62,7 @@ def extract(
     bar = tqdm(total=len(tasks), initial=cached, desc=f"extract {source}", unit="prompt", disable=not progress, dynamic_ncols=True)
     computed_tokens = prompt_tokens = 0
     try:
-        for r in backend.score(todo):
+        for r in backend.score(todo if compute else []):
             cache.put(model_id, r)
             results[(r.task.template_hash, r.task.key, r.task.question_id)] = r
             computed_tokens += r.computed_tokens
@@ -64,38 +70,82 @@ def extract(
             bar.update(1)
     finally:
         bar.close()
-    extraction = assemble(tasks, results, source, skipped, rubric)
+    extraction = assemble(tasks, results, source, skipped, rubric, min_label_mass)
     s = extraction.failures.status.value_counts() if len(extraction.failures) else {}
     extraction.summary = {
         "prompts": len(tasks),
         "cached": cached,
-        "computed": len(todo),
+        "computed": len(todo) if compute else 0,
         "done": int(sum(r.status == "ok" for r in results.values())),
         "failed": int(s.get("failed", 0)),
         "incomplete": int(s.get("incomplete", 0)),
         "not_applicable": int(s.get("not_applicable", 0)),
         "truncated": int(s.get("truncated", 0)),
+        "low_label_mass": int(s.get("low_label_mass", 0)),
+        **label_mass_quantiles(results.values()),
         "prompt_tokens": prompt_tokens,
         "computed_tokens": computed_tokens,
     }
+    if extraction.summary["low_label_mass"]:
+        log.warning(
+            "%s: %d blocks have label mass below min_label_mass %g (marked low_label_mass in the failures table); "
+            "check the prompt's answer format, label_prefix and chat_template", source, extraction.summary["low_label_mass"], min_label_mass,
+        )
     log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
     return extraction
 
 
-def assemble(tasks: Sequence[Task], results: dict, source: str, skipped: Sequence[dict], rubric: Rubric | None) -> Extraction:
-    """Features rows from ``ok`` results; every other outcome as a failures row."""
+def label_mass(r: Result) -> float | None:
+    """Total probability of a block's labels (None unless every label's mass is known)."""
+    if r.status != "ok" or not r.probs or any(p is None for p in r.probs.values()):
+        return None
+    return float(sum(r.probs.values()))
+
+
+def label_mass_quantiles(results) -> dict:
+    masses = [m for m in map(label_mass, results) if m is not None]
+    if not masses:
+        return {"label_mass_min": None, "label_mass_p10": None, "label_mass_median": None}
+    q = np.quantile(masses, [0.0, 0.1, 0.5])
+    return {"label_mass_min": float(q[0]), "label_mass_p10": float(q[1]), "label_mass_median": float(q[2])}
+
+
+def merge(tasks: Sequence[Task], results: Sequence[Result | None]) -> Result | None:
+    """One block asked in several prompts (option orders): the first missing or not-ok result,
+    else the options' mean probabilities (and the first warning)."""
+    for r in results:
+        if r is None or r.status != "ok":
+            return r
+    if len(results) == 1:
+        return results[0]
+    probs = {o: sum(r.probs[o] for r in results) / len(results) for o in tasks[0].options}
+    return Result(tasks[0], probs, "ok", "", warning=next((r.warning for r in results if r.warning), ""))
+
+
+def assemble(
+    tasks: Sequence[Task], results: dict, source: str, skipped: Sequence[dict], rubric: Rubric | None, min_label_mass: float = 0.0
+) -> Extraction:
+    """Features rows from ``ok`` results (a block asked in several prompts gets their mean);
+    every other outcome, warning or low label mass as a failures row."""
     rows, failures = [], [{**s, "source": source} for s in skipped]
+    blocks: dict[tuple[str, str], list[Task]] = defaultdict(list)
     for t in tasks:
-        r = results.get((t.template_hash, t.key, t.question_id))
+        blocks[(t.text_id, t.question_id)].append(t)
+    for (text_id, question_id), block in blocks.items():
+        r = merge(block, [results.get((t.template_hash, t.key, t.question_id)) for t in block])
+        where = {"text_id": text_id, "source": source, "question_id": question_id}
         if r is None:
-            failures.append({"text_id": t.text_id, "source": source, "question_id": t.question_id, "status": "failed", "reason": "no result"})
+            failures.append({**where, "status": "failed", "reason": "no result"})
             continue
         if r.status != "ok":
-            failures.append({"text_id": t.text_id, "source": source, "question_id": t.question_id, "status": r.status, "reason": r.reason})
+            failures.append({**where, "status": r.status, "reason": r.reason})
             continue
         if r.warning:
-            failures.append({"text_id": t.text_id, "source": source, "question_id": t.question_id, "status": "truncated", "reason": r.warning})
-        rows.extend({"text_id": t.text_id, "source": source, "question_id": t.question_id, "option": o, "prob": r.probs[o]} for o in t.options)
+            failures.append({**where, "status": "truncated", "reason": r.warning})
+        mass = label_mass(r)
+        if mass is not None and mass < min_label_mass:
+            failures.append({**where, "status": "low_label_mass", "reason": f"label mass {mass:.3g} below min_label_mass {min_label_mass:g}"})
+        rows.extend({**where, "option": o, "prob": r.probs[o]} for o in block[0].options)
     features = pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"])
     if len(features):
         features.index = pd.RangeIndex(1, len(features) + 1)

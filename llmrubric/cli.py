@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from llmrubric.errors import USER_ERRORS, report
@@ -46,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except (*USER_ERRORS, KeyboardInterrupt) as e:
         return report(e)
+    except BrokenPipeError:  # the reader of stdout went away (``llmrubric schema | head``)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

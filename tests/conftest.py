@@ -18,6 +18,17 @@ FAST = {"pretrain_epochs": 15, "finetune_epochs": 15, "patience": 5, "lr": 0.01}
 logging.getLogger("llmrubric").setLevel(logging.INFO)
 
 
+@pytest.fixture(autouse=True)
+def root_log_handlers():
+    """Handlers a test adds to the root logger (``llmrubric.cli.main`` calls ``logging.basicConfig``
+    with the test's captured stderr) leave with the test, so no later test logs into a closed stream."""
+    root = logging.getLogger()
+    before = list(root.handlers)
+    yield
+    for handler in set(root.handlers) - set(before):
+        root.removeHandler(handler)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def mlflow_store(tmp_path_factory):
     """Runs of the test session (and their subprocesses) log to a temporary MLflow store, never the project's."""

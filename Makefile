@@ -25,6 +25,8 @@ demo: setup
 	$(PY) evaluate.py experiment=demo
 
 test: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -n 2 -p no:cacheprovider tests
 
 bench: setup

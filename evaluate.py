@@ -8,8 +8,8 @@ Writes to ``run_dir``: the predictions table (every question, every (text, judge
 an LLM baseline runs once per LLM source and on their mean when there are several, and is
 skipped, with the reason recorded, when no source answered the main question).
 With ``report=fast|full`` it also writes the report folder (``report.dir``, see
-:mod:`llmrubric.report`), which trains its own models, so checkpoints are then optional.
-Each finished evaluation is logged as an MLflow run (:mod:`llmrubric.tracking`; ``logger=none``: off).
+:mod:`llmrubric.report.build`), which trains its own models, so checkpoints are then optional.
+Each finished evaluation is logged as an MLflow run (:mod:`llmrubric.training.tracking`; ``logger=none``: off).
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ import hydra
 import pandas as pd
 from omegaconf import DictConfig
 
-from llmrubric.baselines import expand_baselines, make_method
-from llmrubric.calibrator import Calibrator
-from llmrubric.errors import InputError, reports_errors
-from llmrubric.experiment import check_settings, prepare
-from llmrubric.integrity import check_fits
-from llmrubric.metrics import evaluate, markdown_table, metric_names
-from llmrubric.report import check_report_config, experiment_splits, report_from_config
-from llmrubric.schemas import write_json, write_table, write_text
-from llmrubric.tracking import Tracker, metric_keys
+from llmrubric.evaluation.metrics import evaluate, markdown_table, metric_names
+from llmrubric.io.errors import InputError, reports_errors
+from llmrubric.io.integrity import check_fits
+from llmrubric.io.schemas import write_json, write_table, write_text
+from llmrubric.model.baselines import expand_baselines, make_method
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.report.build import check_report_config, experiment_splits, report_from_config
+from llmrubric.training.experiment import check_settings, prepare
+from llmrubric.training.tracking import Tracker, metric_keys
 
 log = logging.getLogger("evaluate")
 
@@ -60,7 +60,10 @@ def main(cfg: DictConfig) -> dict | None:
 def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     run_dir = Path(cfg.run_dir)
     predictions = {"llm_rubric": []}
-    features = pd.concat([t.features[t.features.question_id == rubric.main.id] for s in splits for t in (s.train, s.test)], ignore_index=True)
+    features = pd.concat(
+        [t.features[t.features.question_id == rubric.main.id] for s in splits for t in (s.train, s.test)],
+        ignore_index=True,
+    )
     baselines, skipped = expand_baselines(list(cfg.baselines), rubric, features)
     for name, reason in skipped.items():
         log.warning("baseline %s skipped: %s", name, reason)
@@ -78,10 +81,21 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     annotations = pd.concat([s.test.annotations for s in splits], ignore_index=True)
     metrics = {name: evaluate(table, annotations, rubric.main) for name, table in tables.items()}
     table = markdown_table(metrics, metric_names(rubric.main))
-    header = f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
+    header = (
+        f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
+    )
     write_table(tables["llm_rubric"], run_dir / f"predictions.{cfg.predictions_format}")
     notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())
-    write_json({"experiment": cfg.name, "question": rubric.main.id, "protocol": cfg.protocol, "methods": metrics, "skipped": skipped}, run_dir / "metrics.json")
+    write_json(
+        {
+            "experiment": cfg.name,
+            "question": rubric.main.id,
+            "protocol": cfg.protocol,
+            "methods": metrics,
+            "skipped": skipped,
+        },
+        run_dir / "metrics.json",
+    )
     write_text(f"# {header}\n\n{table}\n" + (f"{notes}\n" if notes else ""), run_dir / "metrics.md")
     print(f"\n{header}\n{table}\n{notes}\nwritten to {run_dir}/")
     return metrics
@@ -95,7 +109,9 @@ def track(cfg: DictConfig, metrics: dict | None, started: float) -> None:
         run.log_config(cfg)
         if metrics is not None:
             for name, values in metrics.items():
-                run.log_metrics(metric_keys(values, "test", None if name == "llm_rubric" else re.sub(r"[^\w\-. /]", "_", name)))
+                run.log_metrics(
+                    metric_keys(values, "test", None if name == "llm_rubric" else re.sub(r"[^\w\-. /]", "_", name))
+                )
             for file in (f"predictions.{cfg.predictions_format}", "metrics.json", "metrics.md"):
                 run.log_artifact(run_dir / file)
         report = cfg.get("report")

@@ -29,11 +29,11 @@ import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from llmrubric.calibrator import Calibrator
-from llmrubric.errors import reports_errors
-from llmrubric.experiment import FOLDS_FILE, check_settings, prepare
-from llmrubric.search import Setting, select_for_split
-from llmrubric.tracking import Tracker
+from llmrubric.io.errors import reports_errors
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.training.experiment import FOLDS_FILE, check_settings, prepare
+from llmrubric.training.search import Setting, select_for_split
+from llmrubric.training.tracking import Tracker
 
 log = logging.getLogger("train")
 
@@ -59,14 +59,21 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
         scores, seconds = [], []
         for split in tqdm(splits, desc="training", unit="model", disable=len(splits) == 1):
             start = time.perf_counter()
-            setting = select_for_split(cfg, rubric, split, run) if cfg.search.enabled else Setting(dict(cfg.model), dict(cfg.trainer))
+            setting = (
+                select_for_split(cfg, rubric, split, run)
+                if cfg.search.enabled
+                else Setting(dict(cfg.model), dict(cfg.trainer))
+            )
             model = Calibrator(rubric, setting.model, setting.trainer, cfg.seed).fit(split.train)
             model.save(staging / f"{split.name}.safetensors")
             seconds.append(time.perf_counter() - start)
             scores.append(model.val_nll_)
             log.info(
                 "%s: %d annotations, %d judges (%.1fs, val NLL %s)",
-                split.name, len(split.train.annotations), len(model.judges_.judges), seconds[-1],
+                split.name,
+                len(split.train.annotations),
+                len(model.judges_.judges),
+                seconds[-1],
                 f"{scores[-1]:.4f}" if np.isfinite(scores[-1]) else "n/a",
             )
             run.log_metrics({f"val/nll/{split.name}": scores[-1], f"train/seconds/{split.name}": seconds[-1]})

@@ -24,8 +24,8 @@ from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import extract
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import write_json
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,11 @@ def tiny_tokenizer(corpus: list[str], vocab_size: int = 1000):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
@@ -47,18 +51,28 @@ def tiny_llama(tokenizer, max_positions: int):
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=max_positions, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
     )
     return LlamaForCausalLM(config).eval()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "llm-rubric" / "real" / "real_data.json"))
+    parser.add_argument(
+        "--data", default=str(ROOT.parent / "shared" / "data" / "llm-rubric" / "real" / "real_data.json")
+    )
     parser.add_argument("--rubric", default=str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"))
     parser.add_argument("--timed", type=int, default=6, help="dialogues run through the tiny model for timing")
-    parser.add_argument("--context", type=int, default=1024, help="context of the timed tiny model (texts truncated from the middle)")
+    parser.add_argument(
+        "--context", type=int, default=1024, help="context of the timed tiny model (texts truncated from the middle)"
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "extract.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -70,7 +84,9 @@ def main() -> None:
     model = tiny_llama(tok, max_positions=args.context)
     counter = TransformersBackend(model, tok, max_length=10**7)  # counts only: nothing truncated
     plan = counter.prefill_plan(tasks)
-    every = Rubric.from_dict({"name": rubric.name, "questions": [{**q, "applicable_if": None} for q in rubric.to_dict()["questions"]]})
+    every = Rubric.from_dict(
+        {"name": rubric.name, "questions": [{**q, "applicable_if": None} for q in rubric.to_dict()["questions"]]}
+    )
     all_plan = counter.prefill_plan(likert_tasks(texts, every, PromptTemplate("llm_rubric"))[0])
     result = {
         "texts": len(texts),
@@ -78,14 +94,22 @@ def main() -> None:
         "masked_blocks": len(skipped),
         **plan,
         "prefix_token_ratio": plan["shared_prefill_tokens"] / plan["naive_prefill_tokens"],
-        "all_questions": {**all_plan, "prefix_token_ratio": all_plan["shared_prefill_tokens"] / all_plan["naive_prefill_tokens"],
-                          "note": "every text asked all 9 questions (applicability rules off)"},
+        "all_questions": {
+            **all_plan,
+            "prefix_token_ratio": all_plan["shared_prefill_tokens"] / all_plan["naive_prefill_tokens"],
+            "note": "every text asked all 9 questions (applicability rules off)",
+        },
         "tokenizer": f"byte-level BPE, vocab {len(tok)}, trained on the dialogues",
     }
 
     timed_ids = set(texts.text_id[: args.timed])
     timed = [t for t in tasks if t.text_id in timed_ids]
-    cpu = {"model": "random Llama, hidden 32, 2 layers, 4 heads, float32", "context": args.context, "threads": 1, "prompts": len(timed)}
+    cpu = {
+        "model": "random Llama, hidden 32, 2 layers, 4 heads, float32",
+        "context": args.context,
+        "threads": 1,
+        "prompts": len(timed),
+    }
     for name, reuse in (("reuse", True), ("naive", False)):
         backend = TransformersBackend(model, tok, max_length=args.context, prefix_reuse=reuse, batch_size=9)
         start = time.perf_counter()

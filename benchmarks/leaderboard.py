@@ -43,14 +43,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmrubric import leaderboard as lb  # noqa: E402
-from llmrubric.baselines import ExpectedLLM  # noqa: E402
-from llmrubric.calibrator import Calibrator  # noqa: E402
-from llmrubric.datasets import llm_rubric  # noqa: E402
-from llmrubric.rubric import Rubric  # noqa: E402
-from llmrubric.schemas import Tables, write_json  # noqa: E402
-from llmrubric.scoring import score_texts  # noqa: E402
-from llmrubric.splits import text_folds  # noqa: E402
+from llmrubric.data import llm_rubric  # noqa: E402
+from llmrubric.io.rubric import Rubric  # noqa: E402
+from llmrubric.io.schemas import Tables, write_json  # noqa: E402
+from llmrubric.model.baselines import ExpectedLLM  # noqa: E402
+from llmrubric.model.calibrator import Calibrator  # noqa: E402
+from llmrubric.scoring import leaderboard as lb  # noqa: E402
+from llmrubric.scoring.scores import score_texts  # noqa: E402
+from llmrubric.training.splits import text_folds  # noqa: E402
 
 SETTINGS = yaml.safe_load((ROOT / "conf" / "scoring" / "default.yaml").read_text())
 PAPER_HUMAN = {  # paper Tables 4–5, mean human Q0 per system
@@ -63,7 +63,9 @@ PAPER_HUMAN = {  # paper Tables 4–5, mean human Q0 per system
 def data(root: str):
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
     synthetic, real = llm_rubric.load(root, "synthetic", rubric), llm_rubric.load(root, "real", rubric)
-    synthetic.texts["query_id"] = synthetic.texts.text_id.str.split("_").str[1]  # V<system>_<topic>: pair systems by topic
+    synthetic.texts["query_id"] = synthetic.texts.text_id.str.split("_").str[
+        1
+    ]  # V<system>_<topic>: pair systems by topic
     return rubric, synthetic, real
 
 
@@ -103,7 +105,16 @@ def human_board(tables: Tables, rubric: Rubric, n_boot: int, seed: int) -> pd.Da
         s, c = part["sum"].to_numpy(), part["count"].to_numpy()
         idx = rng.integers(0, len(part), (n_boot, len(part)))
         low, high = np.quantile(s[idx].sum(1) / c[idx].sum(1), [0.025, 0.975])
-        rows.append({"system": system, "score": s.sum() / c.sum(), "low": low, "high": high, "texts": len(part), "annotations": int(c.sum())})
+        rows.append(
+            {
+                "system": system,
+                "score": s.sum() / c.sum(),
+                "low": low,
+                "high": high,
+                "texts": len(part),
+                "annotations": int(c.sum()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -118,7 +129,7 @@ def board_records(board: pd.DataFrame) -> list[dict]:
 
 def score_million(checkpoint: str, features: str, out: str, judges: int) -> dict:
     """In a fresh process: read + validate the features, score every (text, judge) pair."""
-    from llmrubric.schemas import read_table, validate_features
+    from llmrubric.io.schemas import read_table, validate_features
 
     logging.disable(logging.WARNING)
     start = time.perf_counter()
@@ -144,23 +155,37 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--bootstrap", type=int, default=SETTINGS["leaderboard"]["bootstrap"])
     parser.add_argument("--pairs", type=int, default=1_000_000, help="(text, judge) pairs for the scoring speed test")
-    parser.add_argument("--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric")))
+    parser.add_argument(
+        "--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric"))
+    )
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default=None, help="results JSON (default: benchmarks/results/leaderboard.json, or read_validate.json)")
-    parser.add_argument("--read-only", action="store_true", help="only time reading + validating the scoring benchmark's features table")
+    parser.add_argument(
+        "--out", default=None, help="results JSON (default: benchmarks/results/leaderboard.json, or read_validate.json)"
+    )
+    parser.add_argument(
+        "--read-only", action="store_true", help="only time reading + validating the scoring benchmark's features table"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="--read-only: fresh processes timed")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     if args.read_only:
-        read_validate_speed(args.data, args.pairs, args.repeats, args.out or str(ROOT / "benchmarks" / "results" / "read_validate.json"))
+        read_validate_speed(
+            args.data, args.pairs, args.repeats, args.out or str(ROOT / "benchmarks" / "results" / "read_validate.json")
+        )
         return
     args.out = args.out or str(ROOT / "benchmarks" / "results" / "leaderboard.json")
     start = time.perf_counter()
     rubric, synthetic, real = data(args.data)
     with ProcessPoolExecutor(args.workers) as pool:
-        runs = dict(zip(range(args.seeds), pool.map(calibrated_predictions, [args.data] * args.seeds, range(args.seeds))))
-    boot = {"n_boot": args.bootstrap, "seed": SETTINGS["leaderboard"]["seed"], "sample_answers": SETTINGS["leaderboard"]["sample_answers"]}
+        runs = dict(
+            zip(range(args.seeds), pool.map(calibrated_predictions, [args.data] * args.seeds, range(args.seeds)))
+        )
+    boot = {
+        "n_boot": args.bootstrap,
+        "seed": SETTINGS["leaderboard"]["seed"],
+        "sample_answers": SETTINGS["leaderboard"]["sample_answers"],
+    }
     report: dict = {}
     for split, tables in (("synthetic", synthetic), ("real", real)):
         human = human_board(tables, rubric, args.bootstrap, boot["seed"])
@@ -175,17 +200,35 @@ def main() -> None:
                 "vs_human": lb.rank_correlation(scores, human_scores, name_a=name, name_b="human"),
                 "comparisons": res.comparisons.to_dict("records"),
             }
-        per_seed = [lb.rank_correlation(system_means(runs[s][split], rubric, tables), human_scores) for s in range(args.seeds)]
+        per_seed = [
+            lb.rank_correlation(system_means(runs[s][split], rubric, tables), human_scores) for s in range(args.seeds)
+        ]
         entry["calibrated"]["vs_human_per_seed"] = {m: [r[m] for r in per_seed] for m in ("spearman", "kendall")}
-        entry["calibrated"]["vs_human_mean_over_seeds"] = {m: float(np.nanmean([r[m] for r in per_seed])) for m in ("spearman", "kendall")}
-        entry["kendall"] = {"calibrated": entry["calibrated"]["vs_human"]["kendall"], "raw_llm": entry["raw_llm"]["vs_human"]["kendall"]}
-        entry["spearman"] = {"calibrated": entry["calibrated"]["vs_human"]["spearman"], "raw_llm": entry["raw_llm"]["vs_human"]["spearman"]}
+        entry["calibrated"]["vs_human_mean_over_seeds"] = {
+            m: float(np.nanmean([r[m] for r in per_seed])) for m in ("spearman", "kendall")
+        }
+        entry["kendall"] = {
+            "calibrated": entry["calibrated"]["vs_human"]["kendall"],
+            "raw_llm": entry["raw_llm"]["vs_human"]["kendall"],
+        }
+        entry["spearman"] = {
+            "calibrated": entry["calibrated"]["vs_human"]["spearman"],
+            "raw_llm": entry["raw_llm"]["vs_human"]["spearman"],
+        }
         report[split] = entry
         lb.write(cal, ROOT / "outputs" / "leaderboard" / split, plot=True)
     report["scoring"] = scoring_speed(rubric, synthetic, real, args.pairs)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    report["meta"] = {"commit": commit, "seconds": time.perf_counter() - start, "seeds": args.seeds, "bootstrap": args.bootstrap,
-                      "trusted_judges": "all checkpoint judges", "question": rubric.main.id}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    report["meta"] = {
+        "commit": commit,
+        "seconds": time.perf_counter() - start,
+        "seeds": args.seeds,
+        "bootstrap": args.bootstrap,
+        "trusted_judges": "all checkpoint judges",
+        "question": rubric.main.id,
+    }
     write_json(report, args.out)
     print_report(report)
     print(f"\nwritten to {args.out} in {report['meta']['seconds']:.0f}s (plots in outputs/leaderboard/)")
@@ -200,7 +243,7 @@ def replicated_features(real: Tables, judges: int, n_pairs: int) -> pd.DataFrame
 
 def read_validate(features: str) -> dict:
     """In a fresh process: seconds to read and to validate the features table."""
-    from llmrubric.schemas import read_table, validate_features
+    from llmrubric.io.schemas import read_table, validate_features
 
     logging.disable(logging.WARNING)
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
@@ -223,11 +266,21 @@ def read_validate_speed(root: str, n_pairs: int, repeats: int, out: str) -> None
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 runs.append(pool.submit(read_validate, str(path)).result())
     totals = [r["read_seconds"] + r["validate_seconds"] for r in runs]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    result = {"rows": runs[0]["rows"], "runs": runs, "best_seconds": min(totals), "median_seconds": float(np.median(totals)), "commit": commit}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    result = {
+        "rows": runs[0]["rows"],
+        "runs": runs,
+        "best_seconds": min(totals),
+        "median_seconds": float(np.median(totals)),
+        "commit": commit,
+    }
     write_json(result, out)
-    print(f"read + validate {result['rows']} feature rows: best {result['best_seconds']:.2f}s, median {result['median_seconds']:.2f}s "
-          f"over {repeats} fresh processes (read {min(r['read_seconds'] for r in runs):.2f}s, validate {min(r['validate_seconds'] for r in runs):.2f}s) → {out}")
+    print(
+        f"read + validate {result['rows']} feature rows: best {result['best_seconds']:.2f}s, median {result['median_seconds']:.2f}s "
+        f"over {repeats} fresh processes (read {min(r['read_seconds'] for r in runs):.2f}s, validate {min(r['validate_seconds'] for r in runs):.2f}s) → {out}"
+    )
 
 
 def scoring_speed(rubric: Rubric, synthetic: Tables, real: Tables, n_pairs: int) -> dict:
@@ -239,7 +292,9 @@ def scoring_speed(rubric: Rubric, synthetic: Tables, real: Tables, n_pairs: int)
         checkpoint, features = model.save(Path(tmp) / "model.safetensors"), Path(tmp) / "features.parquet"
         big.to_parquet(features, index=False)
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            return pool.submit(score_million, str(checkpoint), str(features), str(Path(tmp) / "predictions.parquet"), judges).result()
+            return pool.submit(
+                score_million, str(checkpoint), str(features), str(Path(tmp) / "predictions.parquet"), judges
+            ).result()
 
 
 def print_report(report: dict) -> None:
@@ -258,8 +313,10 @@ def print_report(report: dict) -> None:
             print(f"{name} vs human: Spearman {c['spearman']:.3f}, Kendall {c['kendall']:.3f}")
         print(f"calibrated over seeds: Kendall {e['calibrated']['vs_human_per_seed']['kendall']}")
     s = report["scoring"]
-    print(f"\nscoring: {s['pairs']} pairs × {s['questions']} questions in {s['seconds']:.1f}s "
-          f"(+{s['read_validate_seconds']:.1f}s read/validate), peak RSS {s['peak_rss_mb']:.0f} MB")
+    print(
+        f"\nscoring: {s['pairs']} pairs × {s['questions']} questions in {s['seconds']:.1f}s "
+        f"(+{s['read_validate_seconds']:.1f}s read/validate), peak RSS {s['peak_rss_mb']:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ from llmrubric.extract.cli import load_config
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import extract
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import write_json
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "real_llm.json"
@@ -68,8 +68,11 @@ def run(backend, tasks, rubric, cache: str | None = None) -> tuple[dict, object]
     if ex.summary["cached"]:
         raise SystemExit(f"{cache} already holds {ex.summary['cached']} of these prompts: the timing would be wrong")
     seconds = time.perf_counter() - start
-    return {"seconds": round(seconds, 1), "tokens": backend.stats["prefill_tokens"],
-            "tokens_per_s": round(backend.stats["prefill_tokens"] / seconds, 1)}, ex
+    return {
+        "seconds": round(seconds, 1),
+        "tokens": backend.stats["prefill_tokens"],
+        "tokens_per_s": round(backend.stats["prefill_tokens"] / seconds, 1),
+    }, ex
 
 
 def from_cache(args, cfg, texts) -> dict:
@@ -82,7 +85,9 @@ def from_cache(args, cfg, texts) -> dict:
     import transformers
 
     db = sqlite3.connect(args.from_cache)
-    rows = db.execute("SELECT model_id, text_id, probs, computed_tokens, created FROM results WHERE status='ok' ORDER BY created").fetchall()
+    rows = db.execute(
+        "SELECT model_id, text_id, probs, computed_tokens, created FROM results WHERE status='ok' ORDER BY created"
+    ).fetchall()
     if not rows:
         raise SystemExit(f"{args.from_cache} holds no results")
     created = np.array([r[4] for r in rows])
@@ -102,22 +107,31 @@ def from_cache(args, cfg, texts) -> dict:
     flop_s, _ = matmul_flops()
     rate = tokens / seconds if seconds > 0 else None
     return {
-        "model": rows[0][0], "cut_short": True, "dialogues": len(done), "prompts": len(rows), "tokens": tokens,
-        "seconds": round(seconds, 1), "tokens_per_s": round(rate, 1) if rate else None,
-        "compute_bound_tokens_per_s": round(flop_s / per_token, 1), "matmul_gflop_s": round(flop_s / 1e9, 1),
+        "model": rows[0][0],
+        "cut_short": True,
+        "dialogues": len(done),
+        "prompts": len(rows),
+        "tokens": tokens,
+        "seconds": round(seconds, 1),
+        "tokens_per_s": round(rate, 1) if rate else None,
+        "compute_bound_tokens_per_s": round(flop_s / per_token, 1),
+        "matmul_gflop_s": round(flop_s / 1e9, 1),
         "gflop_per_token": round(per_token / 1e9, 3),
         "label_mass_quantiles": {q: float(np.quantile(mass, q)) for q in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)},
         "label_mass_median": float(np.median(mass)),
         "estimated_tokens_all": round(per_char * chars.sum()),
         "estimated_minutes_all": round(per_char * chars.sum() / rate / 60, 1) if rate else None,
-        "threads": torch.get_num_threads(), "load_average_1min_at_end": os.getloadavg()[0],
+        "threads": torch.get_num_threads(),
+        "load_average_1min_at_end": os.getloadavg()[0],
         "note": "a subset run cut short on a 2-core machine shared with other jobs: wall-clock rates, pessimistic",
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "llm-rubric" / "real" / "real_data.json"))
+    parser.add_argument(
+        "--data", default=str(ROOT.parent / "shared" / "data" / "llm-rubric" / "real" / "real_data.json")
+    )
     parser.add_argument("--config", default=str(ROOT / "conf" / "extract" / "smollm2.yaml"))
     parser.add_argument("--subset", type=int, default=20)
     parser.add_argument("--dtype-dialogues", type=int, default=3)
@@ -141,7 +155,17 @@ def main() -> None:
     template = PromptTemplate(cfg.get("template") or "llm_rubric")
     all_tasks, _ = likert_tasks(texts, rubric, template)
     tasks, _ = likert_tasks(subset, rubric, template)
-    keys = ("gguf_file", "device", "threads", "batch_size", "prefix_reuse", "max_length", "overflow", "label_prefix", "chat_template")
+    keys = (
+        "gguf_file",
+        "device",
+        "threads",
+        "batch_size",
+        "prefix_reuse",
+        "max_length",
+        "overflow",
+        "label_prefix",
+        "chat_template",
+    )
     kwargs = {k: cfg[k] for k in keys if cfg.get(k) is not None}
     backend = TransformersBackend(path=str(ROOT / cfg["model"]), dtype="float32", **kwargs)
     plan_all = backend.prefill_plan(all_tasks)
@@ -153,10 +177,17 @@ def main() -> None:
     per_token = flops_per_token(backend.model, context)
     idle = timing["tokens_per_cpu_s"] * torch.get_num_threads()
     extraction = {
-        "model": backend.model_id, "dialogues": len(subset), "prompts": len(tasks), "failures": ex.summary["failed"],
-        "truncated": ex.summary["truncated"], "low_label_mass": ex.summary["low_label_mass"], **timing,
-        "compute_bound_tokens_per_s": round(flop_s / per_token, 1), "matmul_gflop_s": round(flop_s / 1e9, 1),
-        "gflop_per_token": round(per_token / 1e9, 3), "mean_context": round(2 * context),
+        "model": backend.model_id,
+        "dialogues": len(subset),
+        "prompts": len(tasks),
+        "failures": ex.summary["failed"],
+        "truncated": ex.summary["truncated"],
+        "low_label_mass": ex.summary["low_label_mass"],
+        **timing,
+        "compute_bound_tokens_per_s": round(flop_s / per_token, 1),
+        "matmul_gflop_s": round(flop_s / 1e9, 1),
+        "gflop_per_token": round(per_token / 1e9, 3),
+        "mean_context": round(2 * context),
         "idle_estimate": {
             "tokens_per_s": round(idle, 1),
             "compute_bound_tokens_per_s": round(flop_cpu_s * torch.get_num_threads() / per_token, 1),
@@ -165,11 +196,18 @@ def main() -> None:
         },
         "label_mass_quantiles": {q: float(np.quantile(mass, q)) for q in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)},
         "label_mass_median": float(np.median(mass)),
-        "first_option_top_share": float(ex.features.loc[ex.features.groupby(["text_id", "question_id"]).prob.idxmax()].option.eq("1").mean()),
-        "all_223": {"prompts": plan_all["prompts"], "shared_prefill_tokens": plan_all["shared_prefill_tokens"],
-                    "naive_prefill_tokens": plan_all["naive_prefill_tokens"]},
+        "first_option_top_share": float(
+            ex.features.loc[ex.features.groupby(["text_id", "question_id"]).prob.idxmax()].option.eq("1").mean()
+        ),
+        "all_223": {
+            "prompts": plan_all["prompts"],
+            "shared_prefill_tokens": plan_all["shared_prefill_tokens"],
+            "naive_prefill_tokens": plan_all["naive_prefill_tokens"],
+        },
         "estimated_minutes_all": round(plan_all["shared_prefill_tokens"] / timing["tokens_per_s"] / 60, 1),
-        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
         "load_average_1min_at_end": os.getloadavg()[0],
         "note": "measured on a 2-core machine shared with other jobs (see load_average): timings are pessimistic",
     }

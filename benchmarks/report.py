@@ -34,10 +34,13 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmrubric.report import experiment_splits, report_from_config  # noqa: E402
-from llmrubric.schemas import write_json  # noqa: E402
+from llmrubric.io.schemas import write_json  # noqa: E402
+from llmrubric.report.build import experiment_splits, report_from_config  # noqa: E402
 
-FIGURES = {"cv": ["judge_distributions.png", "reliability_all.png"], "real": ["learning_curve.png", "reliability_all.png"]}
+FIGURES = {
+    "cv": ["judge_distributions.png", "reliability_all.png"],
+    "real": ["learning_curve.png", "reliability_all.png"],
+}
 
 
 def cpu_seconds() -> float:
@@ -60,7 +63,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric")))
+    parser.add_argument(
+        "--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric"))
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "report.json"))
     parser.add_argument("--outputs", default=str(ROOT / "outputs" / "benchmarks"))
     args = parser.parse_args()
@@ -71,17 +76,25 @@ def main() -> None:
     common = [f"report.seeds={args.seeds}", f"report.workers={args.workers}", f"data.root={args.data}"]
     real_dir, real_seconds, real_cpu = run("llm_rubric_real", [*common, f"run_dir={args.outputs}/llm_rubric_real"])
     cv_dir, cv_seconds, cv_cpu = run(
-        "llm_rubric_cv", [*common, f"run_dir={args.outputs}/llm_rubric_cv", "report.sections=[table1,calibration,oracles]"]
+        "llm_rubric_cv",
+        [*common, f"run_dir={args.outputs}/llm_rubric_cv", "report.sections=[table1,calibration,oracles]"],
     )
     real = json.loads((real_dir / "report.json").read_text())
     cv = json.loads((cv_dir / "report.json").read_text())
     alpha = 0.05
     ablations = {
         r["variant"]: {
-            "name": r["ablation"], "rmse": r["rmse"], "pearson": r["pearson"], "nll": r["nll"],
-            "p_value": r["p_pearson"], "p_value_rmse": r["p_rmse"],
-            "significant_drop": bool((r["p_pearson"] or 1) < alpha or (r["p_rmse"] or 1) < alpha) if r["variant"] != "llm_rubric" else None,
-            "paper_rmse": r["paper_rmse"], "paper_pearson": r["paper_pearson"],
+            "name": r["ablation"],
+            "rmse": r["rmse"],
+            "pearson": r["pearson"],
+            "nll": r["nll"],
+            "p_value": r["p_pearson"],
+            "p_value_rmse": r["p_rmse"],
+            "significant_drop": bool((r["p_pearson"] or 1) < alpha or (r["p_rmse"] or 1) < alpha)
+            if r["variant"] != "llm_rubric"
+            else None,
+            "paper_rmse": r["paper_rmse"],
+            "paper_pearson": r["paper_pearson"],
         }
         for r in real["ablations"]["rows"]
     }
@@ -90,7 +103,9 @@ def main() -> None:
     for name, folder in (("cv", cv_dir), ("real", real_dir)):
         for figure in FIGURES[name]:
             shutil.copyfile(folder / "figures" / figure, figures / f"{name}_{figure}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     result = {
         "smece": cv["calibration"]["smece"],
         "smece_all_below_0.05": all(v["value"] < 0.05 for v in cv["calibration"]["smece"].values()),
@@ -109,14 +124,28 @@ def main() -> None:
         "table1_cv": cv["table1"]["rows"],
         "oracles_cv": cv["oracles"]["rows"],
         "meta": {
-            "commit": commit, "seeds": args.seeds, "workers": args.workers, "cpus": os.cpu_count(),
-            "load_average_at_start": load, "load_average_at_end": os.getloadavg(), "steps_real": real["meta"]["seconds per step"], "steps_cv": cv["meta"]["seconds per step"],
+            "commit": commit,
+            "seeds": args.seeds,
+            "workers": args.workers,
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load,
+            "load_average_at_end": os.getloadavg(),
+            "steps_real": real["meta"]["seconds per step"],
+            "steps_cv": cv["meta"]["seconds per step"],
         },
     }
     write_json(result, args.out)
-    print(f"\nsmECE (synthetic CV): " + ", ".join(f"{k}: {v['value']:.3f} [{v['low']:.3f}, {v['high']:.3f}]" for k, v in result["smece"].items()))
-    print("ablations (real): " + "; ".join(f"{k} {v['rmse']:.3f}/{v['pearson']:.3f} p={v['p_value']}" for k, v in ablations.items()))
-    print(f"real report {real_dir} in {real_seconds:.0f}s ({real_cpu:.0f} CPU s); CV report {cv_dir} in {cv_seconds:.0f}s ({cv_cpu:.0f} CPU s); written {args.out}")
+    print(
+        "\nsmECE (synthetic CV): "
+        + ", ".join(f"{k}: {v['value']:.3f} [{v['low']:.3f}, {v['high']:.3f}]" for k, v in result["smece"].items())
+    )
+    print(
+        "ablations (real): "
+        + "; ".join(f"{k} {v['rmse']:.3f}/{v['pearson']:.3f} p={v['p_value']}" for k, v in ablations.items())
+    )
+    print(
+        f"real report {real_dir} in {real_seconds:.0f}s ({real_cpu:.0f} CPU s); CV report {cv_dir} in {cv_seconds:.0f}s ({cv_cpu:.0f} CPU s); written {args.out}"
+    )
 
 
 if __name__ == "__main__":

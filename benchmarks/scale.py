@@ -38,17 +38,17 @@ from llmrubric.extract.cache import ResultCache  # noqa: E402
 from llmrubric.extract.families import likert_tasks  # noqa: E402
 from llmrubric.extract.prompts import PromptTemplate  # noqa: E402
 from llmrubric.extract.runner import extract  # noqa: E402
-from llmrubric.rubric import Rubric  # noqa: E402
-from llmrubric.schemas import write_json  # noqa: E402
-from llmrubric.search import finished_trials  # noqa: E402
+from llmrubric.io.rubric import Rubric  # noqa: E402
+from llmrubric.io.schemas import write_json  # noqa: E402
+from llmrubric.training.search import finished_trials  # noqa: E402
 
 WORKER = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_search import BASE, search_config
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import load_tables
-from llmrubric.search import run_search
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import load_tables
+from llmrubric.training.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"
 tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
@@ -67,11 +67,24 @@ def extraction(prompts: int, latency: float, concurrency: int) -> dict:
     tasks = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))[0][:prompts]
     out, features, memo = {}, {}, {}
     with FakeOpenAI(model, tok, memo=memo) as warm:  # every answer computed once
-        extract(tasks, OpenAIBackend("tiny", warm.url, endpoint="completions", api_key_env=None, top_logprobs=len(tok)), ResultCache(None), "warm", progress=False)
+        extract(
+            tasks,
+            OpenAIBackend("tiny", warm.url, endpoint="completions", api_key_env=None, top_logprobs=len(tok)),
+            ResultCache(None),
+            "warm",
+            progress=False,
+        )
     for n in (1, 2, 3):
         servers = [FakeOpenAI(model, tok, latency=latency, memo=memo).__enter__() for _ in range(n)]
         try:
-            client = OpenAIBackend("tiny", [s.url for s in servers], endpoint="completions", api_key_env=None, top_logprobs=len(tok), concurrency=concurrency)
+            client = OpenAIBackend(
+                "tiny",
+                [s.url for s in servers],
+                endpoint="completions",
+                api_key_env=None,
+                top_logprobs=len(tok),
+                concurrency=concurrency,
+            )
             start = time.perf_counter()
             ex = extract(tasks, client, ResultCache(None), "bench", progress=False)
             seconds = time.perf_counter() - start
@@ -89,16 +102,26 @@ def extraction(prompts: int, latency: float, concurrency: int) -> dict:
 
 def search_run(storage: str, workers: int, trials: int) -> dict:
     code = WORKER.format(root=str(ROOT), tests=str(ROOT / "tests"), storage=storage, trials=trials)
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(workers)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for _ in range(workers)
+    ]
     errors = [p.communicate()[1] for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError("\n".join(e[-2000:] for e in errors))
     study = optuna.load_study(study_name="bench", storage=storage)
     counted = finished_trials(study)
     configs = [tuple(sorted(t.params.items())) for t in counted]
-    minutes = (max(t.datetime_complete for t in counted) - min(t.datetime_start for t in study.trials)).total_seconds() / 60
-    return {"trials": len(counted), "trials_per_min": round(len(counted) / minutes, 2), "lost": max(0, trials - len(counted)),
-            "duplicated": len(configs) - len(set(configs)), "best": study.best_value}
+    minutes = (
+        max(t.datetime_complete for t in counted) - min(t.datetime_start for t in study.trials)
+    ).total_seconds() / 60
+    return {
+        "trials": len(counted),
+        "trials_per_min": round(len(counted) / minutes, 2),
+        "lost": max(0, trials - len(counted)),
+        "duplicated": len(configs) - len(set(configs)),
+        "best": study.best_value,
+    }
 
 
 def search(trials: int) -> dict:
@@ -113,10 +136,17 @@ def search(trials: int) -> dict:
             runs["postgres_1_worker"] = search_run(pg.create_database("one"), 1, trials)
             runs["postgres_2_workers"] = search_run(pg.create_database("two"), 2, trials)
     for name, r in runs.items():
-        print(f"search, {name}: {r['trials']} trials, {r['trials_per_min']} trials/min, lost {r['lost']}, duplicated {r['duplicated']}, best NLL {r['best']:.4f}")
+        print(
+            f"search, {name}: {r['trials']} trials, {r['trials_per_min']} trials/min, lost {r['lost']}, duplicated {r['duplicated']}, best NLL {r['best']:.4f}"
+        )
     out = {f"{name}_trials_per_min": r["trials_per_min"] for name, r in runs.items()}
-    out.update(lost=sum(r["lost"] for r in runs.values()), duplicated=sum(r["duplicated"] for r in runs.values()),
-               same_best=len({round(r["best"], 6) for r in runs.values()}) == 1, postgres=reason or "Debian postgresql (local server on 127.0.0.1)", runs=runs)
+    out.update(
+        lost=sum(r["lost"] for r in runs.values()),
+        duplicated=sum(r["duplicated"] for r in runs.values()),
+        same_best=len({round(r["best"], 6) for r in runs.values()}) == 1,
+        postgres=reason or "Debian postgresql (local server on 127.0.0.1)",
+        runs=runs,
+    )
     return out
 
 

@@ -31,28 +31,40 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmrubric.calibrator import Calibrator  # noqa: E402
-from llmrubric.datasets import llm_rubric  # noqa: E402
-from llmrubric.metrics import METRICS, evaluate  # noqa: E402
-from llmrubric.rubric import Rubric  # noqa: E402
-from llmrubric.schemas import write_json  # noqa: E402
-from llmrubric.search import Setting, cross_validate, run_search  # noqa: E402
-from llmrubric.splits import text_folds  # noqa: E402
+from llmrubric.data import llm_rubric  # noqa: E402
+from llmrubric.evaluation.metrics import METRICS, evaluate  # noqa: E402
+from llmrubric.io.rubric import Rubric  # noqa: E402
+from llmrubric.io.schemas import write_json  # noqa: E402
+from llmrubric.model.calibrator import Calibrator  # noqa: E402
+from llmrubric.training.search import Setting, cross_validate, run_search  # noqa: E402
+from llmrubric.training.splits import text_folds  # noqa: E402
 
 
 def reference_setting(root: Path) -> Setting:
     """The reference code's chosen configuration: fixed epochs, no early stopping, one network."""
     ref = json.loads((root / "reference_best_hyperparameters.json").read_text())
-    model = {"h1": ref["layer1_size"], "h2": ref["layer2_size"], "personalize": "deltas", "inputs": "probabilities", "ensemble": 1}
+    model = {
+        "h1": ref["layer1_size"],
+        "h2": ref["layer2_size"],
+        "personalize": "deltas",
+        "inputs": "probabilities",
+        "ensemble": 1,
+    }
     trainer = {
-        "batch_size": ref["batch_size"], "lr": ref["learning_rate"], "pretrain_epochs": ref["pretraining_epochs"],
-        "finetune_epochs": ref["finetuning_epochs"], "val_fraction": 0.0, "delta_l2": 0.0,
+        "batch_size": ref["batch_size"],
+        "lr": ref["learning_rate"],
+        "pretrain_epochs": ref["pretraining_epochs"],
+        "finetune_epochs": ref["finetuning_epochs"],
+        "val_fraction": 0.0,
+        "delta_l2": 0.0,
     }
     return Setting(model, trainer)
 
 
 def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def data_sha256(root: Path) -> str:
@@ -67,15 +79,23 @@ def speedup(rubric, tables, setting: Setting, folds) -> dict:
     out = {}
     for engine in ("lightning", "stacked"):
         start = time.perf_counter()
-        metrics, predictions = cross_validate(rubric, tables, Setting(setting.model, {**setting.trainer, "engine": engine}), folds, seed=0)
+        metrics, predictions = cross_validate(
+            rubric, tables, Setting(setting.model, {**setting.trainer, "engine": engine}), folds, seed=0
+        )
         out[engine] = {"seconds": time.perf_counter() - start, "nll": metrics["nll"], "predictions": predictions}
     cols = [c for c in out["stacked"]["predictions"].columns if c.startswith("p_")]
-    diff = float(np.nanmax(np.abs(out["stacked"]["predictions"][cols].to_numpy() - out["lightning"]["predictions"][cols].to_numpy())))
+    diff = float(
+        np.nanmax(
+            np.abs(out["stacked"]["predictions"][cols].to_numpy() - out["lightning"]["predictions"][cols].to_numpy())
+        )
+    )
     return {
         "networks": len(folds.fold.unique()) * int(setting.model.get("ensemble", 1)),
-        "lightning_seconds": out["lightning"]["seconds"], "stacked_seconds": out["stacked"]["seconds"],
+        "lightning_seconds": out["lightning"]["seconds"],
+        "stacked_seconds": out["stacked"]["seconds"],
         "vectorized_speedup": out["lightning"]["seconds"] / out["stacked"]["seconds"],
-        "max_abs_probability_difference": diff, "nll": {e: out[e]["nll"] for e in out},
+        "max_abs_probability_difference": diff,
+        "nll": {e: out[e]["nll"] for e in out},
     }
 
 
@@ -86,7 +106,9 @@ def search_config(trials: int, batch: int, seed: int = 0):
 
 
 def default_setting() -> Setting:
-    return Setting(*(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / g / "default.yaml")) for g in ("model", "trainer")))
+    return Setting(
+        *(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / g / "default.yaml")) for g in ("model", "trainer"))
+    )
 
 
 def outer_fold(args: tuple) -> dict:
@@ -103,7 +125,10 @@ def outer_fold(args: tuple) -> dict:
     selected, study = run_search(rubric, train, default_setting(), search_config(trials, batch), f"outer-{k}", seed=0)
     model = Calibrator(rubric, selected.model, selected.trainer, seed=0).fit(train)
     return {
-        "fold": k, "seconds": time.perf_counter() - start, "trials": len(study.trials), "inner_nll": study.best_value,
+        "fold": k,
+        "seconds": time.perf_counter() - start,
+        "trials": len(study.trials),
+        "inner_nll": study.best_value,
         "selected": {"model": selected.model, "trainer": selected.trainer},
         "predictions": model.predict(test, questions=[rubric.main.id]).to_dict("list"),
     }
@@ -117,16 +142,23 @@ def nested(data: str, rubric, synthetic, trials: int, batch: int, workers: int) 
     predictions = pd.concat([pd.DataFrame(f.pop("predictions")) for f in folds], ignore_index=True)
     metrics = evaluate(predictions, synthetic.annotations, rubric.main, per_judge=False)
     return {
-        "wall_seconds": time.perf_counter() - start, "workers": workers, "trials_per_outer_fold": trials,
-        "outer_cv": {m: metrics[m] for m in METRICS}, "folds": folds,
+        "wall_seconds": time.perf_counter() - start,
+        "workers": workers,
+        "trials_per_outer_fold": trials,
+        "outer_cv": {m: metrics[m] for m in METRICS},
+        "folds": folds,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric")))
+    parser.add_argument(
+        "--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric"))
+    )
     parser.add_argument("--trials", type=int, default=100, help="trials of the search on all synthetic data (0: none)")
-    parser.add_argument("--nested-trials", type=int, default=0, help="trials per outer fold of the nested search (0: none)")
+    parser.add_argument(
+        "--nested-trials", type=int, default=0, help="trials per outer fold of the nested search (0: none)"
+    )
     parser.add_argument("--batch", type=int, default=10, help="trials trained as one stacked program")
     parser.add_argument("--workers", type=int, default=2, help="processes for the outer folds of the nested search")
     parser.add_argument("--seeds", type=int, default=5)
@@ -155,18 +187,37 @@ def main() -> None:
     print(f"reference configuration, 5-fold CV NLL {report['reference_inner_nll']:.4f}", flush=True)
     if args.trials:
         start = time.perf_counter()
-        selected, study = run_search(rubric, synthetic, default_setting(), search_config(args.trials, args.batch), "benchmark", seed=0)
+        selected, study = run_search(
+            rubric, synthetic, default_setting(), search_config(args.trials, args.batch), "benchmark", seed=0
+        )
         states = pd.Series([t.state.name for t in study.trials]).value_counts().to_dict()
-        report.update(search_seconds=time.perf_counter() - start, trials=len(study.trials), trial_states=states, selected_inner_nll=study.best_value)
+        report.update(
+            search_seconds=time.perf_counter() - start,
+            trials=len(study.trials),
+            trial_states=states,
+            selected_inner_nll=study.best_value,
+        )
         report["selected"] = {"model": selected.model, "trainer": selected.trainer}
-        print(f"search: {len(study.trials)} trials {states} in {report['search_seconds']:.0f}s, inner NLL {study.best_value:.4f} "
-              f"(reference {report['reference_inner_nll']:.4f}); selected {study.best_params}", flush=True)
+        print(
+            f"search: {len(study.trials)} trials {states} in {report['search_seconds']:.0f}s, inner NLL {study.best_value:.4f} "
+            f"(reference {report['reference_inner_nll']:.4f}); selected {study.best_params}",
+            flush=True,
+        )
         runs = []
         for seed in range(args.seeds):
             model = Calibrator(rubric, selected.model, selected.trainer, seed).fit(synthetic)
             runs.append(evaluate(model.predict(real, questions=[rubric.main.id]), real.annotations, rubric.main))
-        report["real"] = {m: {"mean": float(np.mean([r[m] for r in runs])), "sd": float(np.std([r[m] for r in runs])), "seeds": [r[m] for r in runs]} for m in METRICS}
-        print("synthetic → real:", {m: f"{v['mean']:.3f} ± {v['sd']:.3f}" for m, v in report["real"].items()}, flush=True)
+        report["real"] = {
+            m: {
+                "mean": float(np.mean([r[m] for r in runs])),
+                "sd": float(np.std([r[m] for r in runs])),
+                "seeds": [r[m] for r in runs],
+            }
+            for m in METRICS
+        }
+        print(
+            "synthetic → real:", {m: f"{v['mean']:.3f} ± {v['sd']:.3f}" for m, v in report["real"].items()}, flush=True
+        )
     if args.nested_trials:
         report["nested"] = nested(args.data, rubric, synthetic, args.nested_trials, args.batch, args.workers)
         report["wall_seconds"] = report["nested"]["wall_seconds"]

@@ -4,7 +4,7 @@ the other four: a shift protocol that needs no real labels).
 
     .venv/bin/python benchmarks/table1.py [--seeds 10] [--data ../shared/data/llm-rubric]
 
-Every method of ``llmrubric.baselines.METHODS`` is run with the same folds (split by
+Every method of ``llmrubric.model.baselines.METHODS`` is run with the same folds (split by
 dialogue, fold seed 0, or by system); learned and random methods over ``--seeds`` seeds.
 Metrics are pooled over (dialogue, judge) pairs of Q0. Prints the table and writes
 ``benchmarks/results/table1.json``.
@@ -31,16 +31,28 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmrubric.baselines import DETERMINISTIC, METHODS, make_method  # noqa: E402
-from llmrubric.datasets import llm_rubric  # noqa: E402
-from llmrubric.metrics import METRICS, evaluate, markdown_table  # noqa: E402
-from llmrubric.rubric import Rubric  # noqa: E402
-from llmrubric.schemas import write_json  # noqa: E402
-from llmrubric.splits import system_folds, text_folds  # noqa: E402
+from llmrubric.data import llm_rubric  # noqa: E402
+from llmrubric.evaluation.metrics import METRICS, evaluate, markdown_table  # noqa: E402
+from llmrubric.io.rubric import Rubric  # noqa: E402
+from llmrubric.io.schemas import write_json  # noqa: E402
+from llmrubric.model.baselines import DETERMINISTIC, METHODS, make_method  # noqa: E402
+from llmrubric.training.splits import system_folds, text_folds  # noqa: E402
 
 PAPER = {
-    "synthetic_cv": {"random": (1.499, 0.002), "argmax_llm": (0.984, 0.153), "expected_llm": (0.856, 0.182), "calibrated_q0": (0.801, 0.198), "llm_rubric": (0.396, 0.401)},
-    "real": {"random": (1.427, 0.011), "argmax_llm": (1.186, 0.106), "expected_llm": (0.901, 0.143), "calibrated_q0": (0.784, 0.211), "llm_rubric": (0.422, 0.350)},
+    "synthetic_cv": {
+        "random": (1.499, 0.002),
+        "argmax_llm": (0.984, 0.153),
+        "expected_llm": (0.856, 0.182),
+        "calibrated_q0": (0.801, 0.198),
+        "llm_rubric": (0.396, 0.401),
+    },
+    "real": {
+        "random": (1.427, 0.011),
+        "argmax_llm": (1.186, 0.106),
+        "expected_llm": (0.901, 0.143),
+        "calibrated_q0": (0.784, 0.211),
+        "llm_rubric": (0.422, 0.350),
+    },
 }
 PROTOCOLS = ("synthetic_cv", "synthetic_systems", "real")
 
@@ -54,7 +66,9 @@ def data(root: str):
 @lru_cache(maxsize=1)
 def settings() -> tuple[dict, dict]:
     """The network and trainer settings of conf/ (the defaults ``train.py`` uses)."""
-    return tuple(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / "default.yaml")) for group in ("model", "trainer"))
+    return tuple(
+        OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / "default.yaml")) for group in ("model", "trainer")
+    )
 
 
 def make(name: str, rubric, seed: int):
@@ -68,7 +82,10 @@ def run_one(root: str, name: str, seed: int) -> dict:
     logging.disable(logging.WARNING)
     rubric, synthetic, real = data(root)
     out = {}
-    for protocol, folds in (("synthetic_cv", text_folds(synthetic.text_ids, 5, seed=0)), ("synthetic_systems", system_folds(synthetic))):
+    for protocol, folds in (
+        ("synthetic_cv", text_folds(synthetic.text_ids, 5, seed=0)),
+        ("synthetic_systems", system_folds(synthetic)),
+    ):
         parts = []
         for k in sorted(folds.fold.unique()):
             train = synthetic.subset(folds.text_id[folds.fold != k])
@@ -90,16 +107,22 @@ def summarise(runs: dict[int, dict], protocol: str) -> dict:
         entry[m] = float(np.mean(values))
         entry[f"{m}_sd"] = float(np.std(values))
         entry[f"{m}_per_seed"] = values
-    entry["per_judge"] = {k: float(np.mean([runs[s][protocol]["per_judge"][k] for s in seeds])) for k in ("rmse", "pearson")}
+    entry["per_judge"] = {
+        k: float(np.mean([runs[s][protocol]["per_judge"][k] for s in seeds])) for k in ("rmse", "pearson")
+    }
     return entry
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric")))
+    parser.add_argument(
+        "--data", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric"))
+    )
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), help="e.g. llm_rubric llm_rubric_single (ensemble of 1)")
+    parser.add_argument(
+        "--methods", nargs="+", default=list(METHODS), help="e.g. llm_rubric llm_rubric_single (ensemble of 1)"
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "table1.json"))
     args = parser.parse_args()
     start = time.perf_counter()
@@ -109,20 +132,29 @@ def main() -> None:
         results = {}
         for i, (job, future) in enumerate(futures.items(), 1):
             results[job] = future.result()
-            print(f"[{i}/{len(jobs)}] {job[0]} seed {job[1]}: real pearson {results[job]['real']['pearson']:.3f}", flush=True)
+            print(
+                f"[{i}/{len(jobs)}] {job[0]} seed {job[1]}: real pearson {results[job]['real']['pearson']:.3f}",
+                flush=True,
+            )
     report = {}
     for protocol in PROTOCOLS:
-        report[protocol] = {name: summarise({s: results[(n, s)] for n, s in results if n == name}, protocol) for name in args.methods}
+        report[protocol] = {
+            name: summarise({s: results[(n, s)] for n, s in results if n == name}, protocol) for name in args.methods
+        }
     learned = [results[j]["fit_seconds"] for j in results if j[0] == "llm_rubric"]
     digest = hashlib.sha256()
     for path in sorted(Path(args.data).rglob("*.tsv")):
         digest.update(path.read_bytes())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     report["meta"] = {
         "commit": commit,
         "seconds": time.perf_counter() - start,
         "data_sha256": digest.hexdigest(),
-        "fit_seconds_llm_rubric_synthetic": {"mean": float(np.mean(learned)), "max": float(np.max(learned))} if learned else None,
+        "fit_seconds_llm_rubric_synthetic": {"mean": float(np.mean(learned)), "max": float(np.max(learned))}
+        if learned
+        else None,
         "paper": PAPER,
     }
     write_json(report, args.out)

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/transfer.py [--seeds 1] [--sets simulated_shift llm_rubric_synthetic]
                                             [--data DIR] [--llm-rubric ROOT] [--workers 2]
 
-Sets: ``simulated_shift`` (:func:`llmrubric.simulate.simulate_shift`, seed 0: 12 systems, one much
+Sets: ``simulated_shift`` (:func:`llmrubric.data.simulate.simulate_shift`, seed 0: 12 systems, one much
 better and one much worse than the rest, three LLM sources), ``llm_rubric_synthetic`` (DS1..DS5 of
 the release at ``--llm-rubric``) and, with ``--data DIR``, the canonical tables in DIR
 (``annotations``, ``features``, ``texts`` with ``system_id``; .csv/.tsv/.parquet/.jsonl) under
@@ -18,7 +18,7 @@ their figures are averaged.
 
 Per pair of the main question: Pearson and NLL. Per system (mean over its pairs of the expected
 answer): absolute error against the human mean (``system_mae``), Kendall and Spearman over
-systems, the shift interval (:func:`llmrubric.transfer.shift_intervals`) with its coverage of
+systems, the shift interval (:func:`llmrubric.evaluation.transfer.shift_intervals`) with its coverage of
 the human mean and its width, the PPI interval with k = 5, 10, 20 human labels of the held-out
 system (``--draws`` random draws each; k = 0 is the shift interval) and, for contrast, the
 sampling-only interval (``coverage_sampling``: mean ± 1.96 standard errors). Writes
@@ -48,16 +48,16 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmrubric.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
-from llmrubric.calibrator import Calibrator, fit_together  # noqa: E402
-from llmrubric.datasets import llm_rubric  # noqa: E402
-from llmrubric.errors import InputError  # noqa: E402
-from llmrubric.metrics import evaluate  # noqa: E402
-from llmrubric.rubric import Rubric  # noqa: E402
-from llmrubric.schemas import load_tables, write_json  # noqa: E402
-from llmrubric.simulate import simulate_shift  # noqa: E402
-from llmrubric.splits import system_folds  # noqa: E402
-from llmrubric.transfer import coverage, pair_scores, ppi_intervals, shift_intervals, system_means  # noqa: E402
+from llmrubric.data import llm_rubric  # noqa: E402
+from llmrubric.data.simulate import simulate_shift  # noqa: E402
+from llmrubric.evaluation.metrics import evaluate  # noqa: E402
+from llmrubric.evaluation.transfer import coverage, pair_scores, ppi_intervals, shift_intervals, system_means  # noqa: E402
+from llmrubric.io.errors import InputError  # noqa: E402
+from llmrubric.io.rubric import Rubric  # noqa: E402
+from llmrubric.io.schemas import load_tables, write_json  # noqa: E402
+from llmrubric.model.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
+from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
+from llmrubric.training.splits import system_folds  # noqa: E402
 
 METHODS = ("default", "ordinal", "combined", "ridge_judge", "mean_of_sources", "best_source")
 HEADS = ("default", "ordinal", "combined")
@@ -73,7 +73,10 @@ def config(group: str, name: str) -> dict:
 def find_table(directory: Path, stem: str) -> Path:
     found = [directory / f"{stem}{s}" for s in SUFFIXES if (directory / f"{stem}{s}").is_file()]
     if len(found) != 1:
-        raise InputError(f"--data needs exactly one {stem} table ({'/'.join(stem + s for s in SUFFIXES)}), found {[p.name for p in found]}", file=str(directory))
+        raise InputError(
+            f"--data needs exactly one {stem} table ({'/'.join(stem + s for s in SUFFIXES)}), found {[p.name for p in found]}",
+            file=str(directory),
+        )
     return found[0]
 
 
@@ -87,15 +90,25 @@ def load_set(name: str, args) -> tuple:
         return rubric, llm_rubric.load(args.llm_rubric, "synthetic", rubric)
     directory = Path(args.data)
     rubric = Rubric.load(args.rubric)
-    return rubric, load_tables(find_table(directory, "annotations"), find_table(directory, "features"), rubric, find_table(directory, "texts"))
+    return rubric, load_tables(
+        find_table(directory, "annotations"), find_table(directory, "features"), rubric, find_table(directory, "texts")
+    )
 
 
 def held_out_predictions(method: str, rubric: Rubric, tables, folds: pd.DataFrame, seed: int) -> pd.DataFrame:
     """Main-question predictions of every system by a model that did not see it."""
-    splits = [(tables.subset(folds.text_id[folds.fold != k]), tables.subset(folds.text_id[folds.fold == k])) for k in sorted(folds.fold.unique())]
+    splits = [
+        (tables.subset(folds.text_id[folds.fold != k]), tables.subset(folds.text_id[folds.fold == k]))
+        for k in sorted(folds.fold.unique())
+    ]
     if method in HEADS:
-        models = fit_together([Calibrator(rubric, config("model", method), config("trainer", "default"), seed) for _ in splits], [tr for tr, _ in splits])
-        return pd.concat([m.predict(te, questions=[rubric.main.id]) for m, (_, te) in zip(models, splits)], ignore_index=True)
+        models = fit_together(
+            [Calibrator(rubric, config("model", method), config("trainer", "default"), seed) for _ in splits],
+            [tr for tr, _ in splits],
+        )
+        return pd.concat(
+            [m.predict(te, questions=[rubric.main.id]) for m, (_, te) in zip(models, splits)], ignore_index=True
+        )
     parts = []
     for train, test in splits:
         if method == "ridge_judge":
@@ -103,7 +116,10 @@ def held_out_predictions(method: str, rubric: Rubric, tables, folds: pd.DataFram
         elif method == "mean_of_sources":
             model = ExpectedLLM(rubric, seed)
         else:
-            model = max((ExpectedLLM(rubric, seed, b.source) for b in main_blocks(train.features, rubric)), key=lambda m: _pearson(m, train, rubric))
+            model = max(
+                (ExpectedLLM(rubric, seed, b.source) for b in main_blocks(train.features, rubric)),
+                key=lambda m: _pearson(m, train, rubric),
+            )
         parts.append(model.predict(test))
     return pd.concat(parts, ignore_index=True)
 
@@ -132,7 +148,10 @@ def figures(pred: pd.DataFrame, rubric: Rubric, tables, folds: pd.DataFrame, dra
         "coverage_ppi": {k: v[0] for k, v in ppi.items()},
         "width_ppi": {k: v[1] for k, v in ppi.items()},
         "coverage_sampling": coverage(sampling)[0],
-        "systems": {s: {"human": r.human, "predicted": r.predicted, "low": r.low, "high": r.high, "pairs": int(r.pairs)} for s, r in means.iterrows()},
+        "systems": {
+            s: {"human": r.human, "predicted": r.predicted, "low": r.low, "high": r.high, "pairs": int(r.pairs)}
+            for s, r in means.iterrows()
+        },
     }
 
 
@@ -182,17 +201,29 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sets", nargs="*", default=["simulated_shift", "llm_rubric_synthetic"], choices=["simulated_shift", "llm_rubric_synthetic"])
+    parser.add_argument(
+        "--sets",
+        nargs="*",
+        default=["simulated_shift", "llm_rubric_synthetic"],
+        choices=["simulated_shift", "llm_rubric_synthetic"],
+    )
     parser.add_argument("--data", default=None, help="a directory of canonical tables (set name: the directory's name)")
-    parser.add_argument("--rubric", default=str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), help="the rubric of --data")
-    parser.add_argument("--llm-rubric", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric")))
+    parser.add_argument(
+        "--rubric", default=str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), help="the rubric of --data"
+    )
+    parser.add_argument(
+        "--llm-rubric", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric"))
+    )
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--draws", type=int, default=50, help="random draws of the k labelled pairs per system")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "transfer.json"))
-    parser.add_argument("--cache", default=str(ROOT / "outputs" / "transfer"),
-                        help="each finished (set, method, seed) is kept here and not rerun (resume); delete it after changing code")
+    parser.add_argument(
+        "--cache",
+        default=str(ROOT / "outputs" / "transfer"),
+        help="each finished (set, method, seed) is kept here and not rerun (resume); delete it after changing code",
+    )
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.draws < 1:
         raise InputError(f"--seeds and --draws must be >= 1 (got {args.seeds}, {args.draws})", column="--seeds/--draws")
@@ -205,9 +236,17 @@ def run(argv: list[str] | None) -> int:
     for name in sets:  # bad input fails here, before any training
         rubric, tables = load_set(name, args)
         folds = system_folds(tables)
-        pairs = tables.annotations[tables.annotations.question_id == rubric.main.id][["text_id"]].merge(folds, on="text_id").groupby("system_id").size()
+        pairs = (
+            tables.annotations[tables.annotations.question_id == rubric.main.id][["text_id"]]
+            .merge(folds, on="text_id")
+            .groupby("system_id")
+            .size()
+        )
         if pairs.min() < max(KS):
-            raise InputError(f"k={max(KS)} human labels requested but system {pairs.idxmin()!r} has only {int(pairs.min())} annotated pairs of {rubric.main.id}", column="k")
+            raise InputError(
+                f"k={max(KS)} human labels requested but system {pairs.idxmin()!r} has only {int(pairs.min())} annotated pairs of {rubric.main.id}",
+                column="k",
+            )
     start = time.perf_counter()
     jobs = [(s, m, seed) for s in sets for m in args.methods for seed in (range(args.seeds) if m in LEARNED else [0])]
     label = lambda s: Path(args.data).name if s == "data" else s
@@ -221,15 +260,24 @@ def run(argv: list[str] | None) -> int:
             else:
                 results[job] = r = future.result()
                 write_json(r, cache(job))
-            print(f"[{i}/{len(jobs)}] {job[0]} {job[1]} seed {job[2]}{' (cached)' if future is None else ''}: pair NLL {r['pair_nll']:.3f}, system Kendall {r['system_kendall']:.3f}, "
-                  f"coverage {r['coverage']:.2f} ({r['seconds']:.0f}s)", flush=True)
+            print(
+                f"[{i}/{len(jobs)}] {job[0]} {job[1]} seed {job[2]}{' (cached)' if future is None else ''}: pair NLL {r['pair_nll']:.3f}, system Kendall {r['system_kendall']:.3f}, "
+                f"coverage {r['coverage']:.2f} ({r['seconds']:.0f}s)",
+                flush=True,
+            )
     report = {}
     for s in sets:
         report[label(s)] = {m: average([results[j] for j in results if j[:2] == (s, m)]) for m in args.methods}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     heads = [m for m in HEADS if m in args.methods]
     report["meta"] = {
-        "commit": commit, "seconds": time.perf_counter() - start, "seeds": args.seeds, "draws": args.draws, "ks": list(KS),
+        "commit": commit,
+        "seconds": time.perf_counter() - start,
+        "seeds": args.seeds,
+        "draws": args.draws,
+        "ks": list(KS),
         "lowest_nll_head": {k: min(heads, key=lambda m: v[m]["pair_nll"]) for k, v in report.items() if heads},
     }
     write_json(finite(report), args.out)
@@ -237,7 +285,13 @@ def run(argv: list[str] | None) -> int:
     for key in report:
         if key == "meta":
             continue
-        print(f"\n{key} (leave one system out)\n| method | " + " | ".join(cols) + " | PPI coverage k=5/10/20 |\n" + "|---" * (len(cols) + 2) + "|")
+        print(
+            f"\n{key} (leave one system out)\n| method | "
+            + " | ".join(cols)
+            + " | PPI coverage k=5/10/20 |\n"
+            + "|---" * (len(cols) + 2)
+            + "|"
+        )
         for m, e in report[key].items():
             ppi = "/".join(f"{e['coverage_ppi'][str(k)]:.2f}" for k in KS[1:])
             print(f"| {m} | " + " | ".join(f"{e[c]:.3f}" for c in cols) + f" | {ppi} |")

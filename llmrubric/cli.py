@@ -8,13 +8,13 @@ import logging
 import os
 import sys
 
-from llmrubric.errors import USER_ERRORS, report
+from llmrubric.io.errors import USER_ERRORS, report
 
 GROUPS = {
-    "data": "llmrubric.datasets.cli",
+    "data": "llmrubric.data.cli",
     "extract": "llmrubric.extract.cli",
     "models": "llmrubric.extract.models_cli",
-    "score": "llmrubric.score_cli",
+    "score": "llmrubric.scoring.cli",
     "ir": "llmrubric.ir.cli",
 }
 
@@ -22,19 +22,21 @@ GROUPS = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmrubric", description=__doc__)
     sub = parser.add_subparsers(dest="group", required=True)
-    for name, module in GROUPS.items():
+    for _name, module in GROUPS.items():
         try:
             importlib.import_module(module).register(sub)
         except ModuleNotFoundError as e:
             if e.name != module:
                 raise
-    schema = sub.add_parser("schema", help="print the table contracts (columns, types, what NA means) that the validators check")
+    schema = sub.add_parser(
+        "schema", help="print the table contracts (columns, types, what NA means) that the validators check"
+    )
     schema.set_defaults(run=_print_schema)
     return parser
 
 
 def _print_schema(args) -> int:
-    from llmrubric.schemas import schema_text
+    from llmrubric.io.schemas import schema_text
 
     print(schema_text())
     return 0

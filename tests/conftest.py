@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import load_tables
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import load_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "llm-rubric"
@@ -57,7 +57,7 @@ def shared_root() -> Path:
 
 @pytest.fixture(scope="session")
 def llm_rubric_data(shared_root, rubric):
-    from llmrubric.datasets import llm_rubric
+    from llmrubric.data import llm_rubric
 
     return llm_rubric.load(shared_root, "synthetic", rubric), llm_rubric.load(shared_root, "real", rubric)
 

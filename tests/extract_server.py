@@ -15,11 +15,25 @@ import torch
 
 class FakeOpenAI:
     def __init__(
-        self, model, tokenizer, fail_first: int = 0, stall_first: int = 0, stall_s: float = 2.0, retry_after: str | None = "0",
-        latency: float = 0.0, die_after: int | None = None, port: int = 0, memo: dict | None = None,
+        self,
+        model,
+        tokenizer,
+        fail_first: int = 0,
+        stall_first: int = 0,
+        stall_s: float = 2.0,
+        retry_after: str | None = "0",
+        latency: float = 0.0,
+        die_after: int | None = None,
+        port: int = 0,
+        memo: dict | None = None,
     ):
         self.model, self.tokenizer = model, tokenizer
-        self.fail_first, self.stall_first, self.stall_s, self.retry_after = fail_first, stall_first, stall_s, retry_after
+        self.fail_first, self.stall_first, self.stall_s, self.retry_after = (
+            fail_first,
+            stall_first,
+            stall_s,
+            retry_after,
+        )
         self.latency, self.die_after, self.dead = latency, die_after, False
         self.memo = memo  # a dict (shared by servers): each prompt's logprobs computed once, then only the latency
         self.requests = 0
@@ -112,14 +126,24 @@ class FakeOpenAI:
         if path.endswith("/chat/completions"):
             prompt = body["messages"][-1]["content"]
             top, n = self.top(prompt, int(body.get("top_logprobs", 0)) or 1)
-            content = [{"token": top[0][0], "logprob": top[0][1], "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}]
-            choice = {"index": 0, "message": {"role": "assistant", "content": top[0][0]}, "logprobs": {"content": content}}
+            content = [
+                {"token": top[0][0], "logprob": top[0][1], "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}
+            ]
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": top[0][0]},
+                "logprobs": {"content": content},
+            }
         elif path.endswith("/completions"):
             top, n = self.top(body["prompt"], int(body.get("logprobs") or 1))
             tops = {}
             for t, v in top:
                 tops.setdefault(t, v)
-            choice = {"index": 0, "text": top[0][0], "logprobs": {"tokens": [top[0][0]], "token_logprobs": [top[0][1]], "top_logprobs": [tops]}}
+            choice = {
+                "index": 0,
+                "text": top[0][0],
+                "logprobs": {"tokens": [top[0][0]], "token_logprobs": [top[0][1]], "top_logprobs": [tops]},
+            }
         else:
             raise ValueError(f"unknown path {path}")
         return {"choices": [choice], "usage": {"prompt_tokens": n, "completion_tokens": 1}}

@@ -73,8 +73,11 @@ def write_layout_data(dest: str | Path, texts_per_system: int = 45, seed: int = 
         p_yes = 1 / (1 + np.exp(-2.5 * reading))
         seen = np.where(rng.random(n) < (0.6 if source == "llm-c" else 0.9), topic, rng.integers(0, 3, n))
         topics = _softmax(3.0 * np.eye(3)[seen] + rng.normal(0, 0.3, (n, 3)))
-        for qid, options, p in (("quality", ["0", "1", "2", "3"], quality), ("correct", ["yes", "no"], np.stack([p_yes, 1 - p_yes], 1)),
-                                ("topic", TOPICS, topics)):
+        for qid, options, p in (
+            ("quality", ["0", "1", "2", "3"], quality),
+            ("correct", ["yes", "no"], np.stack([p_yes, 1 - p_yes], 1)),
+            ("topic", TOPICS, topics),
+        ):
             for i, t in enumerate(text_ids):
                 feats += [(t, source, qid, o, MASS * float(p[i, k])) for k, o in enumerate(options)]
     llm_features = pd.DataFrame(feats, columns=["text_id", "source", "question_id", "option", "prob"])
@@ -87,8 +90,13 @@ def write_layout_data(dest: str | Path, texts_per_system: int = 45, seed: int = 
             items += [(t, "bank", f"self_rating:i{item}", str(g), MASS * float(p[i, g])) for g in range(6)]
     item_features = pd.DataFrame(items, columns=["text_id", "source", "question_id", "option", "prob"])
 
-    paths = {"rubric": dest / "rubric.yaml", "annotations": dest / "annotations.csv", "texts": dest / "texts.csv",
-             "llm_features": dest / "llm_features.parquet", "items": dest / "items.parquet"}
+    paths = {
+        "rubric": dest / "rubric.yaml",
+        "annotations": dest / "annotations.csv",
+        "texts": dest / "texts.csv",
+        "llm_features": dest / "llm_features.parquet",
+        "items": dest / "items.parquet",
+    }
     paths["rubric"].write_text(RUBRIC)
     annotations.to_csv(paths["annotations"], index=False)
     pd.DataFrame({"text_id": text_ids, "system_id": systems}).to_csv(paths["texts"], index=False)

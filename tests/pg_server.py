@@ -18,14 +18,18 @@ USER, PASSWORD = "llmrubric", "scale-test"
 def binaries() -> str | None:
     """The directory of ``initdb``/``pg_ctl``, or None."""
     found = shutil.which("pg_ctl")
-    candidates = ([os.path.dirname(os.path.realpath(found))] if found else []) + sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+    candidates = ([os.path.dirname(os.path.realpath(found))] if found else []) + sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), reverse=True
+    )
     return next((d for d in candidates if os.path.isfile(os.path.join(d, "initdb"))), None)
 
 
 def unavailable() -> str:
     """Why no server can be started here ('' if one can)."""
     if binaries() is None:
-        return "no PostgreSQL server binaries (initdb, pg_ctl): run `make setup` as root, or install Debian's postgresql"
+        return (
+            "no PostgreSQL server binaries (initdb, pg_ctl): run `make setup` as root, or install Debian's postgresql"
+        )
     try:
         import psycopg2  # noqa: F401
     except ImportError:
@@ -66,14 +70,20 @@ class PostgresServer:
         if self.prefix:
             shutil.chown(pwfile, "postgres", "postgres")
         data = os.path.join(self.dir, "data")
-        self._run(f"{self.bin}/initdb", "-D", data, "-U", USER, f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8")
+        self._run(
+            f"{self.bin}/initdb", "-D", data, "-U", USER, f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8"
+        )
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._run(f"{self.bin}/pg_ctl", "-D", data, "-l", os.path.join(self.dir, "log"), "-o", options, "-w", "start")
         self.data = data
         return self
 
     def __exit__(self, *exc):
-        subprocess.run(self.prefix + [f"{self.bin}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"], capture_output=True, cwd=self.dir)
+        subprocess.run(
+            self.prefix + [f"{self.bin}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
+            capture_output=True,
+            cwd=self.dir,
+        )
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def url(self, database: str, password: str = PASSWORD) -> str:

@@ -14,25 +14,31 @@ import json
 import runpy
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from conftest import ROOT
-from llmrubric.calibrator import Calibrator
 from llmrubric.cli import main as cli_main
 from llmrubric.extract.testbank import Item, write_bank
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import load_tables
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import load_tables
+from llmrubric.model.calibrator import Calibrator
 
 SIM = ROOT / "data" / "simulated"
-FAST_TRAIN = ["logger=none", "trainer.pretrain_epochs=1", "trainer.finetune_epochs=1", "trainer.patience=1", "model.ensemble=1"]
+FAST_TRAIN = [
+    "logger=none",
+    "trainer.pretrain_epochs=1",
+    "trainer.finetune_epochs=1",
+    "trainer.patience=1",
+    "model.ensemble=1",
+]
 
 
 def run_script(script: str, overrides: list[str]) -> int:
@@ -66,17 +72,42 @@ def world(tmp_path_factory):
     trainer = {"pretrain_epochs": 1, "finetune_epochs": 1, "patience": 1}
     model = Calibrator(rubric, {"ensemble": 1}, trainer, 0).fit(tables)
     model.save(w / "model.safetensors")
-    assert cli_main(["score", str(w / "model.safetensors"), str(w / "feats.csv"), "--texts", str(w / "texts.csv"),
-                     "--out", str(w / "scores.csv"), "--predictions", str(w / "preds.csv"), "--no-progress"]) == 0
+    assert (
+        cli_main(
+            [
+                "score",
+                str(w / "model.safetensors"),
+                str(w / "feats.csv"),
+                "--texts",
+                str(w / "texts.csv"),
+                "--out",
+                str(w / "scores.csv"),
+                "--predictions",
+                str(w / "preds.csv"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     pd.DataFrame({"system": ["S1", "S2", "S3"], "score": [1.0, 2.0, 3.0]}).to_csv(w / "ref.csv", index=False)
     assert run_script("train.py", ["experiment=demo", f"run_dir={w / 'run'}", *FAST_TRAIN]) == 0
     # IR: grades, nugget bank, answers and assignments; grounded QA questions, predictions, docs
-    pd.DataFrame([("q1", "d1", "i1", 4), ("q1", "d2", "i1", 1), ("q2", "e1", "k1", 5)], columns=["query_id", "doc_id", "item_id", "grade"]).to_csv(w / "grades.csv", index=False)
+    pd.DataFrame(
+        [("q1", "d1", "i1", 4), ("q1", "d2", "i1", 1), ("q2", "e1", "k1", 5)],
+        columns=["query_id", "doc_id", "item_id", "grade"],
+    ).to_csv(w / "grades.csv", index=False)
     write_bank([Item("q1", "n1", "nugget", "a", "vital"), Item("q1", "n2", "nugget", "b", "okay")], w / "bank.jsonl")
     pd.DataFrame({"text_id": ["x"], "query_id": ["q1"], "run_id": ["r1"]}).to_csv(w / "answers.csv", index=False)
-    pd.DataFrame({"text_id": ["x", "x"], "item_id": ["n1", "n2"], "label": ["support", "partial_support"]}).to_csv(w / "assign.csv", index=False)
-    (w / "questions.jsonl").write_text(json.dumps({"doc_id": "doc1", "question": "q?", "answer": "a", "evidence_sentences": ["S1"], "rubric": {}}) + "\n")
-    (w / "gqa_preds.json").write_text(json.dumps({"q001": {"answer": "a", "evidence_sentences": ["S1"], "retrieved_docs": ["doc1"]}}))
+    pd.DataFrame({"text_id": ["x", "x"], "item_id": ["n1", "n2"], "label": ["support", "partial_support"]}).to_csv(
+        w / "assign.csv", index=False
+    )
+    (w / "questions.jsonl").write_text(
+        json.dumps({"doc_id": "doc1", "question": "q?", "answer": "a", "evidence_sentences": ["S1"], "rubric": {}})
+        + "\n"
+    )
+    (w / "gqa_preds.json").write_text(
+        json.dumps({"q001": {"answer": "a", "evidence_sentences": ["S1"], "retrieved_docs": ["doc1"]}})
+    )
     (w / "docs").mkdir()
     (w / "docs" / "doc1.json").write_text(json.dumps({"sentences": [{"id": "S1", "text": "a b"}]}))
     return w
@@ -92,7 +123,9 @@ def snapshot(folder: Path) -> dict:
     return out
 
 
-def table(src: Path, dst: Path, change: Callable[[pd.DataFrame], pd.DataFrame] | None = None, suffix: str | None = None) -> str:
+def table(
+    src: Path, dst: Path, change: Callable[[pd.DataFrame], pd.DataFrame] | None = None, suffix: str | None = None
+) -> str:
     """Copy a CSV table to ``dst`` (another format by ``suffix``), after ``change``."""
     df = pd.read_csv(src, dtype=str, keep_default_na=False)
     if change is not None:
@@ -149,7 +182,7 @@ def nan_weight(tensors):
 
 def nan_weight_rehashed(src: Path, dst: Path) -> str:
     """A NaN weight with a matching checksum (as a diverged training would have saved it)."""
-    from llmrubric.integrity import tensors_digest
+    from llmrubric.io.integrity import tensors_digest
 
     def meta_fn(meta):
         meta["tensors_sha256"] = tensors_digest(holder["t"])
@@ -181,8 +214,11 @@ def score(features=None, **flags):
 
     def make(w, d):
         ckpt = flags.get("_ckpt")
-        args = ["score", ckpt(w, d) if ckpt else copy(w, "model.safetensors", d),
-                features(w, d) if features else copy(w, "feats.csv", d)]
+        args = [
+            "score",
+            ckpt(w, d) if ckpt else copy(w, "model.safetensors", d),
+            features(w, d) if features else copy(w, "feats.csv", d),
+        ]
         extra = flags.get("_args", lambda w, d: ["--out", str(d / "out" / "scores.csv")])(w, d)
         return args + extra + ["--no-progress"]
 
@@ -230,15 +266,35 @@ def qrels(change=None, extra=lambda w, d: ["--out", str(d / "qrels.txt")]):
 
 
 def nuggets(*flags):
-    return lambda w, d: ["nuggets", "--answers", copy(w, "answers.csv", d), "--bank", copy(w, "bank.jsonl", d),
-                         "--assignments", copy(w, "assign.csv", d), "--out-dir", str(d / "nug"), *flags]
+    return lambda w, d: [
+        "nuggets",
+        "--answers",
+        copy(w, "answers.csv", d),
+        "--bank",
+        copy(w, "bank.jsonl", d),
+        "--assignments",
+        copy(w, "assign.csv", d),
+        "--out-dir",
+        str(d / "nug"),
+        *flags,
+    ]
 
 
 def gqa(preds=None, *flags, out=lambda w, d: str(d / "gqa.json")):
     def make(w, d):
         p = d / "gqa_preds.json"
         p.write_text(preds) if preds is not None else shutil.copy(w / "gqa_preds.json", p)
-        return ["grounded-qa", copy(w, "questions.jsonl", d), str(p), "--docs", str(w / "docs"), "--no-progress", *flags, "--out", out(w, d)]
+        return [
+            "grounded-qa",
+            copy(w, "questions.jsonl", d),
+            str(p),
+            "--docs",
+            str(w / "docs"),
+            "--no-progress",
+            *flags,
+            "--out",
+            out(w, d),
+        ]
 
     return make
 
@@ -250,73 +306,378 @@ def file_at(d: Path, name: str, text: str) -> str:
 
 CASES = [
     # features table given to `llmrubric score`
-    Case("features-missing-prob-column", "cli", feats_case(lambda df: df.drop(columns="prob")), ("feats.csv", "prob", "missing required column")),
-    Case("features-missing-source-column", "cli", feats_case(lambda df: df.drop(columns="source")), ("feats.csv", "source")),
-    Case("features-empty-text-id", "cli", feats_case(lambda df: cell(df, 3, "text_id", "")), ("feats.csv", "row 3", "text_id")),
+    Case(
+        "features-missing-prob-column",
+        "cli",
+        feats_case(lambda df: df.drop(columns="prob")),
+        ("feats.csv", "prob", "missing required column"),
+    ),
+    Case(
+        "features-missing-source-column",
+        "cli",
+        feats_case(lambda df: df.drop(columns="source")),
+        ("feats.csv", "source"),
+    ),
+    Case(
+        "features-empty-text-id",
+        "cli",
+        feats_case(lambda df: cell(df, 3, "text_id", "")),
+        ("feats.csv", "row 3", "text_id"),
+    ),
     Case("features-empty-option", "cli", feats_case(lambda df: cell(df, 5, "option", "")), ("row 5", "option")),
-    Case("features-prob-not-a-number", "cli", feats_case(lambda df: cell(df, 2, "prob", "abc")), ("row 2", "'prob'", "'abc'")),
-    Case("features-prob-negative", "cli", feats_case(lambda df: cell(df, 4, "prob", "-0.1")), ("row 4", "prob", "-0.1")),
+    Case(
+        "features-prob-not-a-number",
+        "cli",
+        feats_case(lambda df: cell(df, 2, "prob", "abc")),
+        ("row 2", "'prob'", "'abc'"),
+    ),
+    Case(
+        "features-prob-negative", "cli", feats_case(lambda df: cell(df, 4, "prob", "-0.1")), ("row 4", "prob", "-0.1")
+    ),
     Case("features-prob-inf", "cli", feats_case(lambda df: cell(df, 6, "prob", "inf")), ("row 6", "prob")),
     Case("features-prob-nan-text", "cli", feats_case(lambda df: cell(df, 7, "prob", "nan")), ("row 7", "prob")),
-    Case("features-block-sums-over-1", "cli", feats_case(lambda df: cell(df, 1, "prob", "0.9")), ("row 1", "prob", "sum to", "> 1")),
-    Case("features-block-sums-just-over-tolerance", "cli", feats_case(lambda df: cell(df, 1, "prob", str(float(df.prob[0]) + (1 - sum(map(float, df.prob[:4]))) + 5e-6))), ("row 1", "sum to")),
-    Case("features-option-twice", "cli", feats_case(lambda df: cell(df, 2, "option", df.option[0])), ("option listed twice", "option")),
-    Case("features-option-missing", "cli", feats_case(lambda df: df.drop(index=3)), ("has 3 options", "expected 4", "option")),
-    Case("features-unknown-option", "cli", feats_case(lambda df: cell(df, 4, "option", "9")), ("options", "'9'", "expected 4")),
-    Case("features-whole-question-absent", "cli", feats_case(lambda df: df[df.question_id != "Q3"]), ("Q3", "layout mismatch")),
-    Case("features-unknown-suffix", "cli", score(lambda w, d: file_at(d, "feats.xlsx", "x")), ("feats.xlsx", "unknown table format")),
+    Case(
+        "features-block-sums-over-1",
+        "cli",
+        feats_case(lambda df: cell(df, 1, "prob", "0.9")),
+        ("row 1", "prob", "sum to", "> 1"),
+    ),
+    Case(
+        "features-block-sums-just-over-tolerance",
+        "cli",
+        feats_case(lambda df: cell(df, 1, "prob", str(float(df.prob[0]) + (1 - sum(map(float, df.prob[:4]))) + 5e-6))),
+        ("row 1", "sum to"),
+    ),
+    Case(
+        "features-option-twice",
+        "cli",
+        feats_case(lambda df: cell(df, 2, "option", df.option[0])),
+        ("option listed twice", "option"),
+    ),
+    Case(
+        "features-option-missing",
+        "cli",
+        feats_case(lambda df: df.drop(index=3)),
+        ("has 3 options", "expected 4", "option"),
+    ),
+    Case(
+        "features-unknown-option",
+        "cli",
+        feats_case(lambda df: cell(df, 4, "option", "9")),
+        ("options", "'9'", "expected 4"),
+    ),
+    Case(
+        "features-whole-question-absent",
+        "cli",
+        feats_case(lambda df: df[df.question_id != "Q3"]),
+        ("Q3", "layout mismatch"),
+    ),
+    Case(
+        "features-unknown-suffix",
+        "cli",
+        score(lambda w, d: file_at(d, "feats.xlsx", "x")),
+        ("feats.xlsx", "unknown table format"),
+    ),
     Case("features-file-missing", "cli", score(lambda w, d: str(d / "nope.csv")), ("nope.csv", "not found")),
     Case("features-empty-file", "cli", score(lambda w, d: file_at(d, "feats.csv", "")), ("feats.csv", "empty")),
-    Case("features-header-only", "cli", score(lambda w, d: file_at(d, "feats.csv", "text_id,source,question_id,option,prob\n")), ("feats.csv", "empty")),
-    Case("features-garbage-parquet", "cli", score(lambda w, d: file_at(d, "feats.parquet", "not parquet at all")), ("feats.parquet", "cannot be parsed")),
-    Case("features-broken-jsonl", "cli", score(lambda w, d: file_at(d, "feats.jsonl", '{"text_id": "t1", \n')), ("feats.jsonl", "cannot be parsed")),
-    Case("features-parquet-prob-negative", "cli", feats_case(lambda df: cell(df, 9, "prob", "-1"), ".parquet"), ("feats.parquet", "row 9", "prob")),
-    Case("features-tsv-missing-column", "cli", feats_case(lambda df: df.drop(columns="option"), ".tsv"), ("feats.tsv", "option")),
+    Case(
+        "features-header-only",
+        "cli",
+        score(lambda w, d: file_at(d, "feats.csv", "text_id,source,question_id,option,prob\n")),
+        ("feats.csv", "empty"),
+    ),
+    Case(
+        "features-garbage-parquet",
+        "cli",
+        score(lambda w, d: file_at(d, "feats.parquet", "not parquet at all")),
+        ("feats.parquet", "cannot be parsed"),
+    ),
+    Case(
+        "features-broken-jsonl",
+        "cli",
+        score(lambda w, d: file_at(d, "feats.jsonl", '{"text_id": "t1", \n')),
+        ("feats.jsonl", "cannot be parsed"),
+    ),
+    Case(
+        "features-parquet-prob-negative",
+        "cli",
+        feats_case(lambda df: cell(df, 9, "prob", "-1"), ".parquet"),
+        ("feats.parquet", "row 9", "prob"),
+    ),
+    Case(
+        "features-tsv-missing-column",
+        "cli",
+        feats_case(lambda df: df.drop(columns="option"), ".tsv"),
+        ("feats.tsv", "option"),
+    ),
     # `llmrubric score`: settings, outputs, checkpoints
-    Case("score-out-is-predictions", "cli", score(_args=lambda w, d: ["--out", str(d / "x.csv"), "--predictions", str(d / "x.csv")]), ("--predictions", "x.csv", "same file")),
-    Case("score-out-is-features", "cli", score(_args=lambda w, d: ["--out", str(d / "feats.csv")]), ("--out", "input features")),
-    Case("score-predictions-is-checkpoint", "cli", score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--predictions", str(d / "model.safetensors")]), ("--predictions", "checkpoint")),
-    Case("score-summary-is-texts", "cli", score(_args=lambda w, d: ["--texts", file_at(d, "s.summary.json", "{}"), "--out", str(d / "s.csv")]), ("summary", "--texts")),
-    Case("score-out-unknown-format", "cli", score(_args=lambda w, d: ["--out", str(d / "s.xlsx")]), ("--out", "unknown table format", ".xlsx")),
-    Case("score-predictions-unknown-format", "cli", score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--predictions", str(d / "p.txt")]), ("--predictions", ".txt")),
-    Case("score-quantile-2", "cli", score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--quantile", "2"]), ("--quantile", "outside")),
-    Case("score-chunk-texts-0", "cli", score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--chunk-texts", "0"]), ("--chunk-texts", "outside")),
-    Case("score-out-dir-is-a-file", "cli", score(_args=lambda w, d: ["--out", str(Path(file_at(d, "afile", "x")) / "s.csv")]), ("afile", "a file, not a folder")),
-    Case("score-config-bad-yaml", "cli", score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--config", file_at(d, "c.yaml", "a: [1,\n")]), ("c.yaml", "not valid YAML")),
-    Case("score-config-not-a-mapping", "cli", score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--config", file_at(d, "c.yaml", "- 1\n")]), ("c.yaml", "mapping")),
-    Case("score-config-missing", "cli", score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--config", str(d / "none.yaml")]), ("none.yaml", "not found")),
-    Case("score-texts-missing", "cli", score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--texts", str(d / "none.csv")]), ("none.csv", "not found")),
-    Case("score-unknown-trusted-judge", "cli", score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--trusted-judges", "NOBODY"]), ("NOBODY",)),
-    Case("score-unknown-question", "cli", score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--questions", "Q99"]), ("Q99",)),
-    Case("checkpoint-missing", "cli", score(_ckpt=lambda w, d: str(d / "none.safetensors")), ("none.safetensors", "not found")),
-    Case("checkpoint-garbage", "cli", score(_ckpt=lambda w, d: file_at(d, "model.safetensors", "garbage")), ("model.safetensors", "not a readable safetensors")),
-    Case("checkpoint-flipped-bytes", "cli", score(_ckpt=lambda w, d: flip_byte(w / "model.safetensors", d / "m.safetensors")), ("m.safetensors", "checksum")),
-    Case("checkpoint-nan-weight", "cli", score(_ckpt=lambda w, d: rewrite_checkpoint(w / "model.safetensors", d / "m.safetensors", nan_weight)), ("m.safetensors", "checksum")),
-    Case("checkpoint-nan-weight-rehashed", "cli", score(_ckpt=lambda w, d: nan_weight_rehashed(w / "model.safetensors", d / "m.safetensors")), ("m.safetensors", "non-finite weights")),
-    Case("checkpoint-old-format", "cli", score(_ckpt=lambda w, d: rewrite_checkpoint(w / "model.safetensors", d / "m.safetensors", meta_fn=lambda m: m.update(format="llmrubric-calibrator/4"))), ("m.safetensors", "format")),
-    Case("checkpoint-no-checksum", "cli", score(_ckpt=lambda w, d: rewrite_checkpoint(w / "model.safetensors", d / "m.safetensors", meta_fn=lambda m: m.pop("tensors_sha256"))), ("m.safetensors", "checksum")),
-    Case("checkpoint-metadata-incomplete", "cli", score(_ckpt=lambda w, d: rewrite_checkpoint(w / "model.safetensors", d / "m.safetensors", meta_fn=lambda m: m.pop("layout"))), ("m.safetensors", "layout")),
-    Case("checkpoint-bad-model-setting", "cli", score(_ckpt=lambda w, d: rewrite_checkpoint(w / "model.safetensors", d / "m.safetensors", meta_fn=lambda m: m["model"].update(ensemble=0))), ("model.ensemble",)),
+    Case(
+        "score-out-is-predictions",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "x.csv"), "--predictions", str(d / "x.csv")]),
+        ("--predictions", "x.csv", "same file"),
+    ),
+    Case(
+        "score-out-is-features",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "feats.csv")]),
+        ("--out", "input features"),
+    ),
+    Case(
+        "score-predictions-is-checkpoint",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--predictions", str(d / "model.safetensors")]),
+        ("--predictions", "checkpoint"),
+    ),
+    Case(
+        "score-summary-is-texts",
+        "cli",
+        score(_args=lambda w, d: ["--texts", file_at(d, "s.summary.json", "{}"), "--out", str(d / "s.csv")]),
+        ("summary", "--texts"),
+    ),
+    Case(
+        "score-out-unknown-format",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.xlsx")]),
+        ("--out", "unknown table format", ".xlsx"),
+    ),
+    Case(
+        "score-predictions-unknown-format",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--predictions", str(d / "p.txt")]),
+        ("--predictions", ".txt"),
+    ),
+    Case(
+        "score-quantile-2",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--quantile", "2"]),
+        ("--quantile", "outside"),
+    ),
+    Case(
+        "score-chunk-texts-0",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--chunk-texts", "0"]),
+        ("--chunk-texts", "outside"),
+    ),
+    Case(
+        "score-out-dir-is-a-file",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(Path(file_at(d, "afile", "x")) / "s.csv")]),
+        ("afile", "a file, not a folder"),
+    ),
+    Case(
+        "score-config-bad-yaml",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--config", file_at(d, "c.yaml", "a: [1,\n")]),
+        ("c.yaml", "not valid YAML"),
+    ),
+    Case(
+        "score-config-not-a-mapping",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--config", file_at(d, "c.yaml", "- 1\n")]),
+        ("c.yaml", "mapping"),
+    ),
+    Case(
+        "score-config-missing",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--config", str(d / "none.yaml")]),
+        ("none.yaml", "not found"),
+    ),
+    Case(
+        "score-texts-missing",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--texts", str(d / "none.csv")]),
+        ("none.csv", "not found"),
+    ),
+    Case(
+        "score-unknown-trusted-judge",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--trusted-judges", "NOBODY"]),
+        ("NOBODY",),
+    ),
+    Case(
+        "score-unknown-question",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--questions", "Q99"]),
+        ("Q99",),
+    ),
+    Case(
+        "checkpoint-missing",
+        "cli",
+        score(_ckpt=lambda w, d: str(d / "none.safetensors")),
+        ("none.safetensors", "not found"),
+    ),
+    Case(
+        "checkpoint-garbage",
+        "cli",
+        score(_ckpt=lambda w, d: file_at(d, "model.safetensors", "garbage")),
+        ("model.safetensors", "not a readable safetensors"),
+    ),
+    Case(
+        "checkpoint-flipped-bytes",
+        "cli",
+        score(_ckpt=lambda w, d: flip_byte(w / "model.safetensors", d / "m.safetensors")),
+        ("m.safetensors", "checksum"),
+    ),
+    Case(
+        "checkpoint-nan-weight",
+        "cli",
+        score(_ckpt=lambda w, d: rewrite_checkpoint(w / "model.safetensors", d / "m.safetensors", nan_weight)),
+        ("m.safetensors", "checksum"),
+    ),
+    Case(
+        "checkpoint-nan-weight-rehashed",
+        "cli",
+        score(_ckpt=lambda w, d: nan_weight_rehashed(w / "model.safetensors", d / "m.safetensors")),
+        ("m.safetensors", "non-finite weights"),
+    ),
+    Case(
+        "checkpoint-old-format",
+        "cli",
+        score(
+            _ckpt=lambda w, d: rewrite_checkpoint(
+                w / "model.safetensors",
+                d / "m.safetensors",
+                meta_fn=lambda m: m.update(format="llmrubric-calibrator/4"),
+            )
+        ),
+        ("m.safetensors", "format"),
+    ),
+    Case(
+        "checkpoint-no-checksum",
+        "cli",
+        score(
+            _ckpt=lambda w, d: rewrite_checkpoint(
+                w / "model.safetensors", d / "m.safetensors", meta_fn=lambda m: m.pop("tensors_sha256")
+            )
+        ),
+        ("m.safetensors", "checksum"),
+    ),
+    Case(
+        "checkpoint-metadata-incomplete",
+        "cli",
+        score(
+            _ckpt=lambda w, d: rewrite_checkpoint(
+                w / "model.safetensors", d / "m.safetensors", meta_fn=lambda m: m.pop("layout")
+            )
+        ),
+        ("m.safetensors", "layout"),
+    ),
+    Case(
+        "checkpoint-bad-model-setting",
+        "cli",
+        score(
+            _ckpt=lambda w, d: rewrite_checkpoint(
+                w / "model.safetensors", d / "m.safetensors", meta_fn=lambda m: m["model"].update(ensemble=0)
+            )
+        ),
+        ("model.ensemble",),
+    ),
     # `llmrubric leaderboard` and `rank-correlation`
     Case("leaderboard-unknown-question", "cli", board(extra=lambda w, d: ["--question", "Q99"]), ("--question", "Q99")),
     Case("leaderboard-alpha-2", "cli", board(extra=lambda w, d: ["--alpha", "2"]), ("--alpha", "outside")),
     Case("leaderboard-alpha-0", "cli", board(extra=lambda w, d: ["--alpha", "0"]), ("--alpha",)),
     Case("leaderboard-bootstrap-0", "cli", board(extra=lambda w, d: ["--bootstrap", "0"]), ("--bootstrap",)),
-    Case("leaderboard-probabilities-not-summing-to-1", "cli", board(lambda df: cell(df, 1, "p_1", "0.9")), ("preds.csv", "row 1", "sum to")),
-    Case("leaderboard-probability-negative", "cli", board(lambda df: cell(df, 2, "p_2", "-0.2")), ("preds.csv", "row 2", "p_2")),
-    Case("leaderboard-probability-not-a-number", "cli", board(lambda df: cell(df, 3, "p_3", "x")), ("row 3", "p_3", "not a number")),
+    Case(
+        "leaderboard-probabilities-not-summing-to-1",
+        "cli",
+        board(lambda df: cell(df, 1, "p_1", "0.9")),
+        ("preds.csv", "row 1", "sum to"),
+    ),
+    Case(
+        "leaderboard-probability-negative",
+        "cli",
+        board(lambda df: cell(df, 2, "p_2", "-0.2")),
+        ("preds.csv", "row 2", "p_2"),
+    ),
+    Case(
+        "leaderboard-probability-not-a-number",
+        "cli",
+        board(lambda df: cell(df, 3, "p_3", "x")),
+        ("row 3", "p_3", "not a number"),
+    ),
     Case("leaderboard-probability-empty", "cli", board(lambda df: cell(df, 4, "p_4", "")), ("row 4", "p_4")),
     Case("leaderboard-missing-mean-column", "cli", board(lambda df: df.drop(columns="mean")), ("preds.csv", "mean")),
     Case("leaderboard-no-system-ids", "cli", board(lambda df: df.drop(columns="system_id")), ("system_id",)),
-    Case("leaderboard-unknown-trusted-judge", "cli", board(extra=lambda w, d: ["--trusted-judges", "NOBODY"]), ("NOBODY", "judge_id")),
-    Case("leaderboard-out-dir-is-a-file", "cli", lambda w, d: ["leaderboard", copy(w, "preds.csv", d), "--out-dir", file_at(d, "afile", "x"), "--no-plot"], ("afile", "folder")),
-    Case("leaderboard-out-dir-holds-the-input", "cli", lambda w, d: ["leaderboard", table(w / "preds.csv", d / "leaderboard.csv"), "--out-dir", str(d), "--no-plot"], ("leaderboard.csv", "input predictions")),
-    Case("leaderboard-reference-missing-system", "cli", board(extra=lambda w, d: ["--reference", table(w / "ref.csv", d / "ref.csv", lambda df: df.head(2)), "--texts", copy(w, "texts.csv", d)]), ("ref.csv", "system")),
-    Case("leaderboard-reference-score-not-a-number", "cli", board(extra=lambda w, d: ["--reference", table(w / "ref.csv", d / "ref.csv", lambda df: cell(df, 2, "score", "high"))]), ("ref.csv", "row 2", "score")),
-    Case("leaderboard-annotations-unknown-question", "cli", board(extra=lambda w, d: ["--annotations", table(w / "ann.csv", d / "ann.csv", lambda df: cell(df, 6, "question_id", "Q42"))]), ("ann.csv", "row 6", "question_id", "Q42")),
-    Case("leaderboard-rubric-missing", "cli", board(extra=lambda w, d: ["--rubric", str(d / "none.yaml")]), ("none.yaml",)),
-    Case("rank-correlation-no-score-column", "cli", lambda w, d: ["rank-correlation", copy(w, "ref.csv", d), table(w / "ref.csv", d / "b.csv", lambda df: df.drop(columns="score"))], ("b.csv", "score")),
-    Case("rank-correlation-duplicate-system", "cli", lambda w, d: ["rank-correlation", copy(w, "ref.csv", d), table(w / "ref.csv", d / "b.csv", lambda df: cell(df, 2, "system", "S1"))], ("b.csv", "row 2", "listed twice")),
+    Case(
+        "leaderboard-unknown-trusted-judge",
+        "cli",
+        board(extra=lambda w, d: ["--trusted-judges", "NOBODY"]),
+        ("NOBODY", "judge_id"),
+    ),
+    Case(
+        "leaderboard-out-dir-is-a-file",
+        "cli",
+        lambda w, d: ["leaderboard", copy(w, "preds.csv", d), "--out-dir", file_at(d, "afile", "x"), "--no-plot"],
+        ("afile", "folder"),
+    ),
+    Case(
+        "leaderboard-out-dir-holds-the-input",
+        "cli",
+        lambda w, d: ["leaderboard", table(w / "preds.csv", d / "leaderboard.csv"), "--out-dir", str(d), "--no-plot"],
+        ("leaderboard.csv", "input predictions"),
+    ),
+    Case(
+        "leaderboard-reference-missing-system",
+        "cli",
+        board(
+            extra=lambda w, d: [
+                "--reference",
+                table(w / "ref.csv", d / "ref.csv", lambda df: df.head(2)),
+                "--texts",
+                copy(w, "texts.csv", d),
+            ]
+        ),
+        ("ref.csv", "system"),
+    ),
+    Case(
+        "leaderboard-reference-score-not-a-number",
+        "cli",
+        board(
+            extra=lambda w, d: [
+                "--reference",
+                table(w / "ref.csv", d / "ref.csv", lambda df: cell(df, 2, "score", "high")),
+            ]
+        ),
+        ("ref.csv", "row 2", "score"),
+    ),
+    Case(
+        "leaderboard-annotations-unknown-question",
+        "cli",
+        board(
+            extra=lambda w, d: [
+                "--annotations",
+                table(w / "ann.csv", d / "ann.csv", lambda df: cell(df, 6, "question_id", "Q42")),
+            ]
+        ),
+        ("ann.csv", "row 6", "question_id", "Q42"),
+    ),
+    Case(
+        "leaderboard-rubric-missing",
+        "cli",
+        board(extra=lambda w, d: ["--rubric", str(d / "none.yaml")]),
+        ("none.yaml",),
+    ),
+    Case(
+        "rank-correlation-no-score-column",
+        "cli",
+        lambda w, d: [
+            "rank-correlation",
+            copy(w, "ref.csv", d),
+            table(w / "ref.csv", d / "b.csv", lambda df: df.drop(columns="score")),
+        ],
+        ("b.csv", "score"),
+    ),
+    Case(
+        "rank-correlation-duplicate-system",
+        "cli",
+        lambda w, d: [
+            "rank-correlation",
+            copy(w, "ref.csv", d),
+            table(w / "ref.csv", d / "b.csv", lambda df: cell(df, 2, "system", "S1")),
+        ],
+        ("b.csv", "row 2", "listed twice"),
+    ),
     # train.py: settings (checked before Hydra writes anything)
     Case("train-lr-not-a-number", "train.py", train("trainer.lr=abc"), ("trainer.lr", "'abc'")),
     Case("train-lr-zero", "train.py", train("trainer.lr=0"), ("trainer.lr", "outside")),
@@ -331,56 +692,212 @@ CASES = [
     Case("train-engine-unknown", "train.py", train("trainer.engine=gpu"), ("trainer.engine", "'gpu'")),
     Case("train-inputs-unknown", "train.py", train("model.inputs=words"), ("model.inputs", "'words'")),
     Case("train-personalize-unknown", "train.py", train("model.personalize=maybe"), ("model.personalize",)),
-    Case("train-temperature-scaling-not-bool", "train.py", train("trainer.temperature_scaling=sometimes"), ("trainer.temperature_scaling",)),
+    Case(
+        "train-temperature-scaling-not-bool",
+        "train.py",
+        train("trainer.temperature_scaling=sometimes"),
+        ("trainer.temperature_scaling",),
+    ),
     Case("train-seed-not-an-integer", "train.py", train("seed=abc"), ("seed", "integer")),
     Case("train-unknown-protocol", "train.py", train("protocol=bogus"), ("protocol", "'bogus'")),
     Case("train-one-fold", "train.py", train("protocol=cv", "folds=1"), ("folds",)),
     Case("train-test-fraction-zero", "train.py", train("test_fraction=0"), ("test_fraction",)),
     Case("train-unknown-main-question", "train.py", train("main_question=Q99"), ("Q99", "main question")),
-    Case("train-unknown-predictions-format", "train.py", train("predictions_format=xlsx"), ("predictions_format", "'xlsx'")),
+    Case(
+        "train-unknown-predictions-format",
+        "train.py",
+        train("predictions_format=xlsx"),
+        ("predictions_format", "'xlsx'"),
+    ),
     Case("train-unknown-baseline", "train.py", train("baselines=[nope]"), ("baselines", "'nope'")),
-    Case("train-run-dir-is-a-file", "train.py", lambda w, d: ["experiment=demo", f"run_dir={file_at(d, 'afile', 'x')}", *FAST_TRAIN], ("afile", "run_dir", "not a folder")),
-    Case("train-run-dir-inside-a-file", "train.py", lambda w, d: ["experiment=demo", f"run_dir={file_at(d, 'afile', 'x')}/run", *FAST_TRAIN], ("afile", "not a folder")),
+    Case(
+        "train-run-dir-is-a-file",
+        "train.py",
+        lambda w, d: ["experiment=demo", f"run_dir={file_at(d, 'afile', 'x')}", *FAST_TRAIN],
+        ("afile", "run_dir", "not a folder"),
+    ),
+    Case(
+        "train-run-dir-inside-a-file",
+        "train.py",
+        lambda w, d: ["experiment=demo", f"run_dir={file_at(d, 'afile', 'x')}/run", *FAST_TRAIN],
+        ("afile", "not a folder"),
+    ),
     # train.py: data (nothing written: no folds.csv, no checkpoint)
-    Case("train-answer-not-an-option", "train.py", train(files=ann_file(lambda df: cell(df, 6, "answer", "7"))), ("ann.csv", "row 6", "answer", "'7'")),
-    Case("train-unknown-question-id", "train.py", train(files=ann_file(lambda df: cell(df, 3, "question_id", "Q42"))), ("ann.csv", "row 3", "question_id")),
-    Case("train-conflicting-duplicate", "train.py", train(files=ann_file(lambda df: pd.concat([df, cell(df.head(1), 1, "answer", "1" if df.answer[0] != "1" else "2")], ignore_index=True))), ("ann.csv", "different answers")),
-    Case("train-annotations-missing-judge-column", "train.py", train(files=ann_file(lambda df: df.drop(columns="judge_id"))), ("ann.csv", "judge_id")),
-    Case("train-annotations-empty-judge", "train.py", train(files=ann_file(lambda df: cell(df, 8, "judge_id", ""))), ("ann.csv", "row 8", "judge_id")),
-    Case("train-every-answer-na", "train.py", train(files=ann_file(lambda df: df.assign(answer="NA"))), ("ann.csv", "answer", "NA")),
-    Case("train-features-missing", "train.py", train("data.train.features=/nonexistent/f.csv"), ("/nonexistent/f.csv", "not found")),
-    Case("train-features-block-over-1", "train.py", train(files=feat_file(lambda df: cell(df, 2, "prob", "0.99"))), ("feats.csv", "row 1", "sum to")),
-    Case("train-features-text-without-features", "train.py", train(files=feat_file(lambda df: df[df.text_id != "t0002"])), ("annotations", "no features", "t0002")),
+    Case(
+        "train-answer-not-an-option",
+        "train.py",
+        train(files=ann_file(lambda df: cell(df, 6, "answer", "7"))),
+        ("ann.csv", "row 6", "answer", "'7'"),
+    ),
+    Case(
+        "train-unknown-question-id",
+        "train.py",
+        train(files=ann_file(lambda df: cell(df, 3, "question_id", "Q42"))),
+        ("ann.csv", "row 3", "question_id"),
+    ),
+    Case(
+        "train-conflicting-duplicate",
+        "train.py",
+        train(
+            files=ann_file(
+                lambda df: pd.concat(
+                    [df, cell(df.head(1), 1, "answer", "1" if df.answer[0] != "1" else "2")], ignore_index=True
+                )
+            )
+        ),
+        ("ann.csv", "different answers"),
+    ),
+    Case(
+        "train-annotations-missing-judge-column",
+        "train.py",
+        train(files=ann_file(lambda df: df.drop(columns="judge_id"))),
+        ("ann.csv", "judge_id"),
+    ),
+    Case(
+        "train-annotations-empty-judge",
+        "train.py",
+        train(files=ann_file(lambda df: cell(df, 8, "judge_id", ""))),
+        ("ann.csv", "row 8", "judge_id"),
+    ),
+    Case(
+        "train-every-answer-na",
+        "train.py",
+        train(files=ann_file(lambda df: df.assign(answer="NA"))),
+        ("ann.csv", "answer", "NA"),
+    ),
+    Case(
+        "train-features-missing",
+        "train.py",
+        train("data.train.features=/nonexistent/f.csv"),
+        ("/nonexistent/f.csv", "not found"),
+    ),
+    Case(
+        "train-features-block-over-1",
+        "train.py",
+        train(files=feat_file(lambda df: cell(df, 2, "prob", "0.99"))),
+        ("feats.csv", "row 1", "sum to"),
+    ),
+    Case(
+        "train-features-text-without-features",
+        "train.py",
+        train(files=feat_file(lambda df: df[df.text_id != "t0002"])),
+        ("annotations", "no features", "t0002"),
+    ),
     # evaluate.py: checkpoints that do not fit, missing files
-    Case("evaluate-no-folds", "evaluate.py", lambda w, d: ["experiment=demo", f"run_dir={d / 'empty'}", "logger=none"], ("folds.csv", "run train.py")),
-    Case("evaluate-stale-checkpoint-beside-new-folds", "evaluate.py",
-         evaluate(lambda w, d, run: pd.read_csv(run / "folds.csv").assign(fold=lambda f: np.roll(f.fold.to_numpy(), 7)).to_csv(run / "folds.csv", index=False) or []),
-         ("fold0.safetensors", "stale checkpoint")),
-    Case("evaluate-checkpoint-of-q3-as-q0", "evaluate.py",
-         evaluate(lambda w, d, run: rewrite_checkpoint(run / "fold0.safetensors", run / "fold0.safetensors", meta_fn=lambda m: m.update(main_question="Q3")) and []),
-         ("fold0.safetensors", "fine-tuned for Q3", "main_question")),
-    Case("evaluate-checkpoint-of-another-rubric", "evaluate.py",
-         evaluate(lambda w, d, run: rewrite_checkpoint(run / "fold0.safetensors", run / "fold0.safetensors", meta_fn=other_rubric) and []),
-         ("fold0.safetensors", "rubric 'other'", "setting rubric")),
-    Case("evaluate-corrupt-checkpoint", "evaluate.py", evaluate(lambda w, d, run: flip_byte(run / "fold0.safetensors", run / "fold0.safetensors") and []), ("fold0.safetensors", "checksum")),
-    Case("evaluate-checkpoint-deleted", "evaluate.py", evaluate(lambda w, d, run: (run / "fold0.safetensors").unlink() or []), ("fold0.safetensors", "not found")),
-    Case("evaluate-folds-without-fold-column", "evaluate.py", evaluate(lambda w, d, run: pd.read_csv(run / "folds.csv").drop(columns="fold").to_csv(run / "folds.csv", index=False) or []), ("folds.csv", "fold")),
+    Case(
+        "evaluate-no-folds",
+        "evaluate.py",
+        lambda w, d: ["experiment=demo", f"run_dir={d / 'empty'}", "logger=none"],
+        ("folds.csv", "run train.py"),
+    ),
+    Case(
+        "evaluate-stale-checkpoint-beside-new-folds",
+        "evaluate.py",
+        evaluate(
+            lambda w, d, run: (
+                pd.read_csv(run / "folds.csv")
+                .assign(fold=lambda f: np.roll(f.fold.to_numpy(), 7))
+                .to_csv(run / "folds.csv", index=False)
+                or []
+            )
+        ),
+        ("fold0.safetensors", "stale checkpoint"),
+    ),
+    Case(
+        "evaluate-checkpoint-of-q3-as-q0",
+        "evaluate.py",
+        evaluate(
+            lambda w, d, run: (
+                rewrite_checkpoint(
+                    run / "fold0.safetensors", run / "fold0.safetensors", meta_fn=lambda m: m.update(main_question="Q3")
+                )
+                and []
+            )
+        ),
+        ("fold0.safetensors", "fine-tuned for Q3", "main_question"),
+    ),
+    Case(
+        "evaluate-checkpoint-of-another-rubric",
+        "evaluate.py",
+        evaluate(
+            lambda w, d, run: (
+                rewrite_checkpoint(run / "fold0.safetensors", run / "fold0.safetensors", meta_fn=other_rubric) and []
+            )
+        ),
+        ("fold0.safetensors", "rubric 'other'", "setting rubric"),
+    ),
+    Case(
+        "evaluate-corrupt-checkpoint",
+        "evaluate.py",
+        evaluate(lambda w, d, run: flip_byte(run / "fold0.safetensors", run / "fold0.safetensors") and []),
+        ("fold0.safetensors", "checksum"),
+    ),
+    Case(
+        "evaluate-checkpoint-deleted",
+        "evaluate.py",
+        evaluate(lambda w, d, run: (run / "fold0.safetensors").unlink() or []),
+        ("fold0.safetensors", "not found"),
+    ),
+    Case(
+        "evaluate-folds-without-fold-column",
+        "evaluate.py",
+        evaluate(
+            lambda w, d, run: (
+                pd.read_csv(run / "folds.csv").drop(columns="fold").to_csv(run / "folds.csv", index=False) or []
+            )
+        ),
+        ("folds.csv", "fold"),
+    ),
     Case("evaluate-lr-not-a-number", "evaluate.py", evaluate(lambda w, d, run: ["trainer.lr=abc"]), ("trainer.lr",)),
-    Case("evaluate-unknown-predictions-format", "evaluate.py", evaluate(lambda w, d, run: ["predictions_format=xlsx"]), ("predictions_format",)),
+    Case(
+        "evaluate-unknown-predictions-format",
+        "evaluate.py",
+        evaluate(lambda w, d, run: ["predictions_format=xlsx"]),
+        ("predictions_format",),
+    ),
     # IR: qrels, nuggets, grounded QA
     Case("qrels-grade-99", "cli", qrels(lambda df: cell(df, 2, "grade", "99")), ("grades.csv", "row 2", "grade", "99")),
     Case("qrels-grade-negative", "cli", qrels(lambda df: cell(df, 3, "grade", "-7")), ("row 3", "grade", "-7")),
-    Case("qrels-grade-not-a-number", "cli", qrels(lambda df: cell(df, 1, "grade", "good")), ("row 1", "grade", "'good'")),
-    Case("qrels-out-is-grades", "cli", qrels(extra=lambda w, d: ["--out", str(d / "grades.csv")]), ("--out", "--grades")),
-    Case("qrels-labels-out-unknown-format", "cli", qrels(extra=lambda w, d: ["--out", str(d / "q.txt"), "--labels-out", str(d / "l.xlsx")]), ("--labels-out", ".xlsx")),
+    Case(
+        "qrels-grade-not-a-number", "cli", qrels(lambda df: cell(df, 1, "grade", "good")), ("row 1", "grade", "'good'")
+    ),
+    Case(
+        "qrels-out-is-grades", "cli", qrels(extra=lambda w, d: ["--out", str(d / "grades.csv")]), ("--out", "--grades")
+    ),
+    Case(
+        "qrels-labels-out-unknown-format",
+        "cli",
+        qrels(extra=lambda w, d: ["--out", str(d / "q.txt"), "--labels-out", str(d / "l.xlsx")]),
+        ("--labels-out", ".xlsx"),
+    ),
     Case("nuggets-partial-weight-7", "cli", nuggets("--partial-weight", "7"), ("--partial-weight", "outside")),
     Case("nuggets-partial-weight-negative", "cli", nuggets("--partial-weight", "-1"), ("--partial-weight",)),
-    Case("grounded-qa-evidence-as-string", "cli", gqa(json.dumps({"q001": {"answer": "a", "evidence_sentences": "S1"}})), ("gqa_preds.json", "evidence_sentences", "list")),
-    Case("grounded-qa-retrieved-docs-as-string", "cli", gqa(json.dumps({"q001": {"answer": "a", "retrieved_docs": "doc1"}})), ("retrieved_docs", "list")),
-    Case("grounded-qa-docs-folder-missing", "cli", lambda w, d: gqa()(w, d)[:-2] + ["--docs", str(d / "nodocs"), "--out", str(d / "g.json")], ("nodocs", "--docs", "does not exist")),
+    Case(
+        "grounded-qa-evidence-as-string",
+        "cli",
+        gqa(json.dumps({"q001": {"answer": "a", "evidence_sentences": "S1"}})),
+        ("gqa_preds.json", "evidence_sentences", "list"),
+    ),
+    Case(
+        "grounded-qa-retrieved-docs-as-string",
+        "cli",
+        gqa(json.dumps({"q001": {"answer": "a", "retrieved_docs": "doc1"}})),
+        ("retrieved_docs", "list"),
+    ),
+    Case(
+        "grounded-qa-docs-folder-missing",
+        "cli",
+        lambda w, d: gqa()(w, d)[:-2] + ["--docs", str(d / "nodocs"), "--out", str(d / "g.json")],
+        ("nodocs", "--docs", "does not exist"),
+    ),
     Case("grounded-qa-lambda-2", "cli", gqa(None, "--lambda", "2"), ("--lambda",)),
     Case("grounded-qa-predictions-not-json", "cli", gqa("{not json"), ("gqa_preds.json", "not valid JSON")),
-    Case("grounded-qa-out-is-questions", "cli", gqa(None, out=lambda w, d: str(d / "questions.jsonl")), ("--out", "questions")),
+    Case(
+        "grounded-qa-out-is-questions",
+        "cli",
+        gqa(None, out=lambda w, d: str(d / "questions.jsonl")),
+        ("--out", "questions"),
+    ),
 ]
 
 

@@ -1,11 +1,10 @@
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
 
-from llmrubric.baselines import METHODS, make_method
-from llmrubric.errors import InputError
-from llmrubric.metrics import evaluate, nll, point_metrics
+from llmrubric.evaluation.metrics import evaluate, nll, point_metrics
+from llmrubric.io.errors import InputError
+from llmrubric.model.baselines import METHODS, make_method
 
 
 def test_point_metrics_against_hand_computation():
@@ -15,7 +14,9 @@ def test_point_metrics_against_hand_computation():
     assert m["pearson"] == pytest.approx(np.corrcoef(y, yhat)[0, 1])
     assert m["spearman"] == pytest.approx(1.0) and m["kendall"] == pytest.approx(1.0)
     assert np.isnan(point_metrics(y, np.ones(4))["pearson"])
-    assert nll(np.array([[0.5, 0.5], [0.25, 0.75]]), np.array([0, 1])) == pytest.approx(-(np.log(0.5) + np.log(0.75)) / 2)
+    assert nll(np.array([[0.5, 0.5], [0.25, 0.75]]), np.array([0, 1])) == pytest.approx(
+        -(np.log(0.5) + np.log(0.75)) / 2
+    )
 
 
 def test_llm_baselines_match_the_reference_values_on_real(llm_rubric_data, rubric):
@@ -57,7 +58,7 @@ def test_evaluate_rejects_missing_or_non_finite_predictions(simulated, rubric):
 
 def with_second_source(tables):
     """``tables`` plus a second LLM source whose every block is the first source's, reversed."""
-    from llmrubric.schemas import Tables
+    from llmrubric.io.schemas import Tables
 
     features = tables.features
     other = features.assign(source="other")
@@ -66,12 +67,24 @@ def with_second_source(tables):
 
 
 def test_llm_baselines_with_several_sources(simulated, rubric):
-    from llmrubric.baselines import expand_baselines
+    from llmrubric.model.baselines import expand_baselines
 
     both = with_second_source(simulated)
     names, skipped = expand_baselines(["expected_llm", "argmax_llm", "constant", "ridge_judge"], rubric, both.features)
-    assert names == ["expected_llm/other", "expected_llm/simulated-llm", "expected_llm",
-                     "argmax_llm/other", "argmax_llm/simulated-llm", "argmax_llm", "constant", "ridge_judge"] and not skipped
+    assert (
+        names
+        == [
+            "expected_llm/other",
+            "expected_llm/simulated-llm",
+            "expected_llm",
+            "argmax_llm/other",
+            "argmax_llm/simulated-llm",
+            "argmax_llm",
+            "constant",
+            "ridge_judge",
+        ]
+        and not skipped
+    )
     mean = {n: make_method(n, rubric).predict(both)["mean"].to_numpy() for n in names[:3]}
     single = make_method("expected_llm", rubric).predict(simulated)["mean"].to_numpy()
     assert np.allclose(mean["expected_llm/simulated-llm"], single)

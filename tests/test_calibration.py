@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from llmrubric.calibration import calibration_groups, reliability_diagram, smece, smece_interval
-from llmrubric.errors import InputError
-from llmrubric.plots import judge_distribution_figure, learning_curve_figure, png_bytes, reliability_figure
+from llmrubric.evaluation.calibration import calibration_groups, reliability_diagram, smece, smece_interval
+from llmrubric.io.errors import InputError
+from llmrubric.report.plots import judge_distribution_figure, learning_curve_figure, png_bytes, reliability_figure
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -46,7 +46,9 @@ def test_groups_below_the_minimum_are_skipped_with_a_note():
     probs = rng.dirichlet(np.ones(4), n)
     answers = np.array([rng.choice(4, p=p) for p in probs])
     judges = np.array(["A"] * 150 + ["B"] * 45 + ["C"] * 5)
-    results, notes = calibration_groups(probs, answers, ("1", "2", "3", "4"), {"judge": judges, "system": [None] * n}, 40, 10, 0)
+    results, notes = calibration_groups(
+        probs, answers, ("1", "2", "3", "4"), {"judge": judges, "system": [None] * n}, 40, 10, 0
+    )
     assert [(r.kind, r.group, r.n) for r in results] == [("all", "all", 200), ("judge", "A", 150), ("judge", "B", 45)]
     assert any("C (5)" in note and "fewer than 40" in note for note in notes)
     assert any("no system ids" in note for note in notes)
@@ -68,7 +70,9 @@ def test_reliability_and_judge_figures_render_as_png():
     assert len(fig.axes) == 2 and "smECE" in fig.axes[0].texts[0].get_text()
     assert png_bytes(fig).startswith(PNG)
     observed = {"J1": np.array([0.1, 0.2, 0.3, 0.4]), "J2": np.array([0.4, 0.3, 0.2, 0.1])}
-    fig = judge_distribution_figure(observed, observed, {"J1": 30, "J2": 31}, np.full(4, 0.25), ["1", "2", "3", "4"], "judges")
+    fig = judge_distribution_figure(
+        observed, observed, {"J1": 30, "J2": 31}, np.full(4, 0.25), ["1", "2", "3", "4"], "judges"
+    )
     assert sum(ax.get_visible() for ax in fig.axes) == 3
     assert png_bytes(fig).startswith(PNG)
 
@@ -76,7 +80,15 @@ def test_reliability_and_judge_figures_render_as_png():
 def test_learning_curve_figure_draws_each_metric():
     import pandas as pd
 
-    summary = pd.DataFrame({"fraction": [0.5, 1.0], "rmse_mean": [0.8, 0.7], "rmse_sd": [0.05, 0.01], "pearson_mean": [0.3, 0.4], "pearson_sd": [0.1, np.nan]})
+    summary = pd.DataFrame(
+        {
+            "fraction": [0.5, 1.0],
+            "rmse_mean": [0.8, 0.7],
+            "rmse_sd": [0.05, 0.01],
+            "pearson_mean": [0.3, 0.4],
+            "pearson_sd": [0.1, np.nan],
+        }
+    )
     fig = learning_curve_figure(summary, ["rmse", "pearson"], "lc")
     assert [ax.get_title() for ax in fig.axes] == ["rmse", "pearson"]
     assert list(fig.axes[1].lines[0].get_ydata()) == [0.3, 0.4]

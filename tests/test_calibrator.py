@@ -3,12 +3,12 @@ import logging
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import FAST
-from llmrubric.calibrator import Calibrator
-from llmrubric.errors import InputError
-from llmrubric.schemas import Tables
-from llmrubric.splits import holdout_texts
+
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import Tables
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.training.splits import holdout_texts
 
 
 @pytest.fixture(scope="module")

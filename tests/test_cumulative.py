@@ -6,13 +6,13 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-
 from conftest import FAST, ROOT
-from llmrubric.calibrator import Calibrator, fit_together
-from llmrubric.cumulative import CumulativeNet
-from llmrubric.errors import InputError
-from llmrubric.metrics import evaluate
-from llmrubric.simulate import simulate_shift
+
+from llmrubric.data.simulate import simulate_shift
+from llmrubric.evaluation.metrics import evaluate
+from llmrubric.io.errors import InputError
+from llmrubric.model.calibrator import Calibrator, fit_together
+from llmrubric.model.cumulative import CumulativeNet
 
 ORDINAL = yaml.safe_load((ROOT / "conf" / "model" / "ordinal.yaml").read_text())
 COMBINED = yaml.safe_load((ROOT / "conf" / "model" / "combined.yaml").read_text())
@@ -27,12 +27,23 @@ def shift(rubric):
 
 @pytest.fixture(scope="module")
 def fitted(rubric, shift):
-    return fit_together([Calibrator(rubric, ORDINAL, FAST, 0), Calibrator(rubric, COMBINED, FAST, 0), Calibrator(rubric, {"ensemble": 1}, FAST, 0)], [shift[0]] * 3)
+    return fit_together(
+        [
+            Calibrator(rubric, ORDINAL, FAST, 0),
+            Calibrator(rubric, COMBINED, FAST, 0),
+            Calibrator(rubric, {"ensemble": 1}, FAST, 0),
+        ],
+        [shift[0]] * 3,
+    )
 
 
 def test_heads_predict_distributions_and_judges_shift_the_cut_points(fitted, shift, rubric):
     ordinal, combined, network = fitted
-    assert isinstance(ordinal.net_, CumulativeNet) and ordinal.net_.head == "ordinal" and not isinstance(network.net_, CumulativeNet)
+    assert (
+        isinstance(ordinal.net_, CumulativeNet)
+        and ordinal.net_.head == "ordinal"
+        and not isinstance(network.net_, CumulativeNet)
+    )
     for model in (ordinal, combined):
         pred = model.predict(shift[1])
         p = pred[pred.question_id == "Q0"][["p_1", "p_2", "p_3", "p_4"]].to_numpy()
@@ -44,8 +55,14 @@ def test_heads_predict_distributions_and_judges_shift_the_cut_points(fitted, shi
     assert net.judge_cuts.abs().sum() > 0  # judges learned their own cut points
     for j in (0, 3, -1):
         judge = torch.full((len(data),), j)
-        assert torch.allclose(torch.softmax(net(data.x, judge), -1), torch.softmax(net.for_judge(j)(data.x, torch.full_like(judge, -1)), -1), atol=1e-6)
-    assert not torch.allclose(net(data.x, torch.zeros(len(data), dtype=torch.long)), net(data.x, torch.ones(len(data), dtype=torch.long)))
+        assert torch.allclose(
+            torch.softmax(net(data.x, judge), -1),
+            torch.softmax(net.for_judge(j)(data.x, torch.full_like(judge, -1)), -1),
+            atol=1e-6,
+        )
+    assert not torch.allclose(
+        net(data.x, torch.zeros(len(data), dtype=torch.long)), net(data.x, torch.ones(len(data), dtype=torch.long))
+    )
 
 
 def test_monotone_weights_are_nonnegative_on_each_questions_own_blocks(fitted):
@@ -84,7 +101,7 @@ def test_bad_head_settings_are_named(rubric):
 
 
 def test_scoring_fast_path_covers_the_cumulative_heads(fitted, shift):
-    from llmrubric.scoring import score_texts
+    from llmrubric.scoring.scores import score_texts
 
     for model in fitted[:2]:
         result = score_texts(model, shift[1].features, shift[1].texts, keep_predictions=True)
@@ -95,7 +112,7 @@ def test_scoring_fast_path_covers_the_cumulative_heads(fitted, shift):
 
 
 def test_cumulative_heads_refuse_a_categorical_question(rubric):
-    from llmrubric.rubric import Rubric
+    from llmrubric.io.rubric import Rubric
 
     data = rubric.to_dict()
     for q in data["questions"]:

@@ -5,14 +5,13 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import FAST, ROOT
-from llmrubric.calibrator import Calibrator
-from llmrubric.metrics import evaluate
-from llmrubric.splits import holdout_texts
+
+from llmrubric.evaluation.metrics import evaluate
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.training.splits import holdout_texts
 
 OVERRIDES = [f"trainer.{k}={v}" for k, v in FAST.items()]
 
@@ -67,7 +66,7 @@ def test_personalization_recovers_the_idiosyncratic_judge(simulated, rubric):
 
 @pytest.mark.slow
 def test_synthetic_to_real_beats_the_expected_llm_baseline(llm_rubric_data, rubric):
-    from llmrubric.baselines import make_method
+    from llmrubric.model.baselines import make_method
 
     synthetic, real = llm_rubric_data
     model = evaluate(Calibrator(rubric, seed=0).fit(synthetic).predict(real), real.annotations, rubric.main)
@@ -97,7 +96,12 @@ def test_train_with_search_selects_refits_and_tracks_nested_trials(tmp_path, mlf
     (tmp_path / "conf" / "search").mkdir(parents=True)
     (tmp_path / "conf" / "search" / "tiny.yaml").write_text(TINY_SEARCH)
     run_dir = tmp_path / "run"
-    common = ["experiment=demo", f"run_dir={run_dir}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model.ensemble=1"]
+    common = [
+        "experiment=demo",
+        f"run_dir={run_dir}",
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        "model.ensemble=1",
+    ]
     trained = run("train.py", *common, "search=tiny", "logger.experiment=search-e2e")
     assert trained.returncode == 0, trained.stderr[-2000:]
     selected = json.loads((run_dir / "search" / "fold0" / "selected.json").read_text())
@@ -110,7 +114,15 @@ def test_train_with_search_selects_refits_and_tracks_nested_trials(tmp_path, mlf
     train_run = next(r for r in runs if r.data.tags.get("job") == "train")
     nested = [r for r in runs if r.data.tags.get("job") == "trial"]
     assert len(nested) == 3 and all(r.data.tags["mlflow.parentRunId"] == train_run.info.run_id for r in nested)
-    (tmp_path / "conf" / "search" / "bad.yaml").write_text(TINY_SEARCH.replace("low: 0.003, high: 0.03", "low: 0.03, high: 0.003"))
-    bad = run("train.py", "experiment=demo", f"run_dir={tmp_path / 'bad'}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "search=bad")
+    (tmp_path / "conf" / "search" / "bad.yaml").write_text(
+        TINY_SEARCH.replace("low: 0.003, high: 0.03", "low: 0.03, high: 0.003")
+    )
+    bad = run(
+        "train.py",
+        "experiment=demo",
+        f"run_dir={tmp_path / 'bad'}",
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        "search=bad",
+    )
     assert bad.returncode != 0 and "search space" in bad.stderr and "trainer.lr" in bad.stderr
     assert not (tmp_path / "bad" / "search").exists() and not list((tmp_path / "bad").glob("*.safetensors"))

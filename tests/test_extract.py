@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from extract_fixtures import make_t5, write_texts
 
-from extract_fixtures import make_t5, save_model, write_texts
-from llmrubric.errors import InputError
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import item_tasks, likert_tasks
@@ -19,8 +17,9 @@ from llmrubric.extract.prompts import PromptTemplate, text_hash
 from llmrubric.extract.runner import extract
 from llmrubric.extract.tasks import Task
 from llmrubric.extract.testbank import Item
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import validate_features
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import validate_features
 
 ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
@@ -48,7 +47,7 @@ def direct_causal(model, tok, prompt: str, label: str) -> float:
     assert full[: len(ids)] == ids
     with torch.no_grad():
         lp = torch.log_softmax(model(input_ids=torch.tensor([full])).logits[0].float(), -1)
-    return math.exp(sum(float(lp[len(ids) - 1 + j, t]) for j, t in enumerate(full[len(ids):])))
+    return math.exp(sum(float(lp[len(ids) - 1 + j, t]) for j, t in enumerate(full[len(ids) :])))
 
 
 PROMPTS = [f"Conversation: user: reset password {i}?\nQuestion: how likely{'?' * i}\nAnswer:" for i in range(5)]
@@ -67,12 +66,14 @@ def test_probabilities_match_direct_softmax(llama, tok):
 
 def test_multi_token_labels_are_full_continuations(llama, tok):
     labels = ["Likely.", "Somewhat likely.", "Unlikely.", "Somewhat unlikely."]
-    assert any(len(tok(" " + l, add_special_tokens=False)["input_ids"]) > 2 for l in labels)
+    assert any(len(tok(" " + lab, add_special_tokens=False)["input_ids"]) > 2 for lab in labels)
     backend = TransformersBackend(llama, tok, batch_size=3)
     tasks = [task(f"Q{i}", p, labels) for i, p in enumerate(PROMPTS[:3])]
     for r in backend.score(tasks):
         for label in labels:
-            assert r.probs[label] == pytest.approx(direct_causal(llama, tok, r.task.prompt, " " + label), rel=1e-4, abs=1e-12)
+            assert r.probs[label] == pytest.approx(
+                direct_causal(llama, tok, r.task.prompt, " " + label), rel=1e-4, abs=1e-12
+            )
 
 
 def test_prefix_reuse_equals_no_reuse_and_saves_prefill(llama, tok, rubric, tmp_path):
@@ -88,7 +89,9 @@ def test_prefix_reuse_equals_no_reuse_and_saves_prefill(llama, tok, rubric, tmp_
             assert a[key][option] == pytest.approx(b[key][option], rel=1e-4, abs=1e-9)
     assert reuse.stats["prefill_tokens"] < plain.stats["prefill_tokens"]
     assert plain.stats["prefill_tokens"] == plain.stats["prompt_tokens"]
-    assert reuse.stats["prefix_passes"] == 1 and plain.stats["prefix_passes"] == 0  # the 3 texts' prefixes in one padded batch
+    assert (
+        reuse.stats["prefix_passes"] == 1 and plain.stats["prefix_passes"] == 0
+    )  # the 3 texts' prefixes in one padded batch
 
 
 @pytest.mark.parametrize("reuse", [False, True])
@@ -126,7 +129,9 @@ def test_likert_features_validate_and_mask_citation_blocks(llama, tok, rubric, t
     tasks, skipped = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
     assert {s["question_id"] for s in skipped} == {"Q2", "Q3", "Q4", "Q5"}
     assert {s["text_id"] for s in skipped} == {"t1", "t3"}
-    ex = extract(tasks, TransformersBackend(llama, tok), ResultCache(None), "tiny/llm_rubric", skipped, rubric, progress=False)
+    ex = extract(
+        tasks, TransformersBackend(llama, tok), ResultCache(None), "tiny/llm_rubric", skipped, rubric, progress=False
+    )
     validate_features(ex.features, rubric)
     no_refs = ex.features[ex.features.text_id.isin(["t1", "t3"])]
     assert set(no_refs.question_id) == {"Q0", "Q1", "Q6", "Q7", "Q8"}
@@ -147,8 +152,14 @@ def test_option_orders_are_rotated_and_averaged(llama, tok, rubric, tmp_path):
     backend = TransformersBackend(llama, tok)
     probs = {t.key: r.probs for t in tasks for r in backend.score([t])}
     ex = extract(tasks, backend, ResultCache(None), "s", skipped, rubric, progress=False)
-    assert len(ex.features) == len(extract(once, backend, ResultCache(None), "s", skipped, rubric, progress=False).features)
-    row = ex.features[(ex.features.text_id == first.text_id) & (ex.features.question_id == first.question_id)].set_index("option").prob
+    assert len(ex.features) == len(
+        extract(once, backend, ResultCache(None), "s", skipped, rubric, progress=False).features
+    )
+    row = (
+        ex.features[(ex.features.text_id == first.text_id) & (ex.features.question_id == first.question_id)]
+        .set_index("option")
+        .prob
+    )
     for option in first.options:
         assert row[option] == pytest.approx((probs[first.key][option] + probs[second.key][option]) / 2, rel=1e-5)
     with pytest.raises(InputError, match="orders must be at least 1"):
@@ -162,7 +173,11 @@ def test_cache_skips_done_work(llama, tok, rubric, tmp_path):
     first = extract(tasks[:5], TransformersBackend(llama, tok), cache, "s", progress=False)
     assert first.summary["computed"] == 5
     held = extract(tasks, TransformersBackend(llama, tok), cache, "s", skipped, rubric, progress=False, compute=False)
-    assert held.summary["cached"] == 5 and held.summary["computed"] == 0 and held.features.groupby(["text_id", "question_id"]).ngroups == 5
+    assert (
+        held.summary["cached"] == 5
+        and held.summary["computed"] == 0
+        and held.features.groupby(["text_id", "question_id"]).ngroups == 5
+    )
     assert (held.failures.reason == "no result").sum() == len(tasks) - 5
     backend = TransformersBackend(llama, tok)
     second = extract(tasks, backend, cache, "s", skipped, rubric, progress=False)
@@ -176,10 +191,17 @@ def test_item_families_and_summaries(llama, tok):
     from llmrubric.extract.summaries import summarise
 
     passages = pd.DataFrame(
-        {"text_id": ["p1", "p2"], "query_id": ["q1", "q1"], "query": ["reset a password", "reset a password"],
-         "text": ["open the settings page to reset a password.", "the assistant answered."]}
+        {
+            "text_id": ["p1", "p2"],
+            "query_id": ["q1", "q1"],
+            "query": ["reset a password", "reset a password"],
+            "text": ["open the settings page to reset a password.", "the assistant answered."],
+        }
     )
-    bank = [Item.new("q1", "nugget", "settings page resets passwords", "vital"), Item.new("q1", "nugget", "password", "okay")]
+    bank = [
+        Item.new("q1", "nugget", "settings page resets passwords", "vital"),
+        Item.new("q1", "nugget", "password", "okay"),
+    ]
     backend = TransformersBackend(llama, tok)
     for family in ("self_rating", "nugget_support"):
         tasks = item_tasks(family, passages, bank)
@@ -188,11 +210,19 @@ def test_item_families_and_summaries(llama, tok):
         validate_features(ex.features)
         summary = summarise(ex.features, family, {i.item_id: i.importance for i in bank})
         validate_features(summary)
-        sums = summary[summary.question_id.str.endswith((".mean", ".max"))].groupby(["text_id", "question_id"]).prob.sum()
+        sums = (
+            summary[summary.question_id.str.endswith((".mean", ".max"))].groupby(["text_id", "question_id"]).prob.sum()
+        )
         assert sums.to_numpy() == pytest.approx(1.0)
-    assert set(summary.question_id) >= {"nugget_support.vital_support", "nugget_support.all_support", "nugget_support.cov_gesupport"}
+    assert set(summary.question_id) >= {
+        "nugget_support.vital_support",
+        "nugget_support.all_support",
+        "nugget_support.cov_gesupport",
+    }
     quality = pd.DataFrame({"text_id": ["a1"], "query_id": ["q1"], "query": ["how?"], "text": ["open settings."]})
-    gold = [Item.new("q1", "question", "5: correct and cites the settings page; 1: wrong", gold="open the settings page")]
+    gold = [
+        Item.new("q1", "question", "5: correct and cites the settings page; 1: wrong", gold="open the settings page")
+    ]
     assert "Gold answer: open the settings page" in item_tasks("answer_quality", quality, gold)[0].prompt
 
 
@@ -202,7 +232,9 @@ def test_summary_max_under_independence():
     p = [[0.1, 0.2, 0.7], [0.5, 0.3, 0.2]]
     order = ["not_support", "partial_support", "support"]
     rows = [("t", "s", f"nugget_support:i{i}", o, v * 0.9) for i, d in enumerate(p) for o, v in zip(order, d)]
-    out = summarise(pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"]), "nugget_support")
+    out = summarise(
+        pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"]), "nugget_support"
+    )
     got = out[out.question_id == "nugget_support.max"].set_index("option").prob
     brute = {o: 0.0 for o in order}
     for a in range(3):

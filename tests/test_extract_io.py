@@ -17,10 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
 from extract_fixtures import save_model, write_texts
 from extract_server import FakeOpenAI
-from llmrubric.errors import InputError
+
 from llmrubric.extract.backends.openai_backend import OpenAIBackend, map_top_logprobs
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
@@ -29,8 +28,9 @@ from llmrubric.extract.prompts import PromptTemplate, text_hash
 from llmrubric.extract.runner import extract
 from llmrubric.extract.tasks import Task
 from llmrubric.extract.testbank import Item, generate_questions, item_id, nuggetize, read_bank, write_bank
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import read_table, validate_features
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import read_table, validate_features
 
 ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
@@ -50,14 +50,14 @@ def expected_api_probs(model, tok, prompt, labels):
     """What the client should report: mass of tokens whose stripped text uniquely begins a label."""
     with torch.no_grad():
         p = torch.softmax(model(input_ids=torch.tensor([tok(prompt)["input_ids"]])).logits[0, -1].float(), -1)
-    out = {l: 0.0 for l in labels}
+    out = {lab: 0.0 for lab in labels}
     seen = {}
     for i in torch.argsort(p, descending=True).tolist():
         s = tok.decode([i])
         if s in seen:
             continue
         seen[s] = True
-        hits = [l for l in labels if s.strip() and l.startswith(s.strip())]
+        hits = [lab for lab in labels if s.strip() and lab.startswith(s.strip())]
         if len(hits) == 1:
             out[hits[0]] += float(p[i])
     return out
@@ -70,20 +70,31 @@ PROMPTS = [f"Conversation: user: reset password {i}?\nQuestion: how likely{'?' *
 def test_openai_client_reports_real_model_logprobs(llama, tok, endpoint):
     labels = ["1", "2", "3", "4"]
     with FakeOpenAI(llama, tok) as server:
-        backend = OpenAIBackend("tiny", server.url, endpoint=endpoint, api_key_env=None, top_logprobs=len(tok), concurrency=3)
+        backend = OpenAIBackend(
+            "tiny", server.url, endpoint=endpoint, api_key_env=None, top_logprobs=len(tok), concurrency=3
+        )
         results = list(backend.score([task(f"Q{i}", p, labels) for i, p in enumerate(PROMPTS)]))
     assert len(results) == 4
     for r in results:
         assert r.status == "ok", r.reason
         expected = expected_api_probs(llama, tok, r.task.prompt, labels)
-        for l in labels:
-            assert r.probs[l] == pytest.approx(expected[l], rel=1e-3, abs=1e-7)
+        for lab in labels:
+            assert r.probs[lab] == pytest.approx(expected[lab], rel=1e-3, abs=1e-7)
 
 
 def test_openai_retries_rate_limits_and_timeouts(llama, tok):
     with FakeOpenAI(llama, tok, fail_first=3, stall_first=1, stall_s=1.5) as server:
-        backend = OpenAIBackend("tiny", server.url, endpoint="completions", api_key_env=None, top_logprobs=len(tok),
-                                concurrency=1, max_retries=6, timeout=0.5, backoff=0.01)
+        backend = OpenAIBackend(
+            "tiny",
+            server.url,
+            endpoint="completions",
+            api_key_env=None,
+            top_logprobs=len(tok),
+            concurrency=1,
+            max_retries=6,
+            timeout=0.5,
+            backoff=0.01,
+        )
         [r] = list(backend.score([task("Q0", PROMPTS[0], ["1", "2"])]))
     assert r.status == "ok", r.reason
     assert backend.stats["retries"] == 4
@@ -107,7 +118,9 @@ def test_openai_absent_option_mass_is_unknown(llama, tok):
     assert ex.failures.status.tolist() == ["incomplete"] and "mass unknown" in ex.failures.reason[0]
     probs, reason = map_top_logprobs({" 4": math.log(0.5), "3": math.log(0.2)}, ["1", "2", "3", "4"])
     assert probs == [None, None, pytest.approx(0.2), pytest.approx(0.5)] and "['1', '2']" in reason
-    probs, _ = map_top_logprobs({"support": -1.0, "partial": -2.0, "not": -3.0}, ["support", "partial_support", "not_support"])
+    probs, _ = map_top_logprobs(
+        {"support": -1.0, "partial": -2.0, "not": -3.0}, ["support", "partial_support", "not_support"]
+    )
     assert probs == pytest.approx([math.exp(-1), math.exp(-2), math.exp(-3)])
 
 
@@ -120,7 +133,7 @@ RESUME_SCRIPT = textwrap.dedent(
     from llmrubric.extract.families import likert_tasks
     from llmrubric.extract.prompts import PromptTemplate
     from llmrubric.extract.runner import extract
-    from llmrubric.rubric import Rubric
+    from llmrubric.io.rubric import Rubric
 
     class Slow(TransformersBackend):
         def score(self, tasks):
@@ -140,7 +153,9 @@ def test_killed_run_resumes_without_recomputation(model_dir, tmp_path):
     texts = write_texts(tmp_path / "t.jsonl", n=6)
     cache = tmp_path / "c.sqlite"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", RESUME_SCRIPT, str(model_dir), str(texts), str(cache), str(RUBRIC)], env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RESUME_SCRIPT, str(model_dir), str(texts), str(cache), str(RUBRIC)], env=env
+    )
     try:
         deadline = time.time() + 120
         done = 0
@@ -165,9 +180,13 @@ def test_killed_run_resumes_without_recomputation(model_dir, tmp_path):
     rubric = Rubric.load(RUBRIC)
     tasks, skipped = likert_tasks(pd.read_json(texts, lines=True), rubric, PromptTemplate("llm_rubric"))
     assert 8 <= stored < len(tasks)
-    resumed = extract(tasks, TransformersBackend(path=str(model_dir)), ResultCache(cache), "s", skipped, rubric, progress=False)
+    resumed = extract(
+        tasks, TransformersBackend(path=str(model_dir)), ResultCache(cache), "s", skipped, rubric, progress=False
+    )
     assert resumed.summary["cached"] == stored and resumed.summary["computed"] == len(tasks) - stored
-    fresh = extract(tasks, TransformersBackend(path=str(model_dir)), ResultCache(None), "s", skipped, rubric, progress=False)
+    fresh = extract(
+        tasks, TransformersBackend(path=str(model_dir)), ResultCache(None), "s", skipped, rubric, progress=False
+    )
     pd.testing.assert_frame_equal(
         resumed.features.sort_values(["text_id", "question_id", "option"]).reset_index(drop=True),
         fresh.features.sort_values(["text_id", "question_id", "option"]).reset_index(drop=True),
@@ -180,7 +199,19 @@ def test_cli_end_to_end(model_dir, tmp_path):
 
     texts = write_texts(tmp_path / "texts.jsonl", n=3)
     out = tmp_path / "features.parquet"
-    argv = ["extract", str(texts), "--rubric", str(RUBRIC), "--backend", "transformers", "--model", str(model_dir), "--out", str(out), "--no-progress"]
+    argv = [
+        "extract",
+        str(texts),
+        "--rubric",
+        str(RUBRIC),
+        "--backend",
+        "transformers",
+        "--model",
+        str(model_dir),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     argv += ["--min-label-mass", "0"]  # a random model spreads its mass over the whole vocabulary
     assert main(argv) == 0
     features = validate_features(read_table(out, "features"), Rubric.load(RUBRIC))
@@ -192,11 +223,17 @@ def test_cli_end_to_end(model_dir, tmp_path):
     assert main(argv) == 0
     assert json.loads((tmp_path / "features.summary.json").read_text())["cached"] == 23
     config = tmp_path / "x.yaml"
-    config.write_text(f"backend: transformers\nmodel: {model_dir}\nrubric: {RUBRIC}\noverflow: refuse\nmax_length: 64\n")
-    assert main(["extract", str(texts), "--config", str(config), "--out", str(tmp_path / "f2.csv"), "--no-progress"]) == 2
+    config.write_text(
+        f"backend: transformers\nmodel: {model_dir}\nrubric: {RUBRIC}\noverflow: refuse\nmax_length: 64\n"
+    )
+    assert (
+        main(["extract", str(texts), "--config", str(config), "--out", str(tmp_path / "f2.csv"), "--no-progress"]) == 2
+    )
     assert not (tmp_path / "f2.csv").exists()  # nothing half-written
     refused = pd.read_csv(tmp_path / "f2.failures.csv")
-    assert (refused.status == "failed").sum() == 23 and refused[refused.status == "failed"].reason.str.contains("more than the context").all()
+    assert (refused.status == "failed").sum() == 23 and refused[refused.status == "failed"].reason.str.contains(
+        "more than the context"
+    ).all()
 
 
 def test_overflow_truncates_from_the_middle_with_warning(llama, tok, tmp_path):
@@ -207,7 +244,13 @@ def test_overflow_truncates_from_the_middle_with_warning(llama, tok, tmp_path):
     ex = extract(tasks, TransformersBackend(llama, tok, max_length=500), ResultCache(None), "s", progress=False)
     assert len(ex.features) == 4
     assert ex.failures.status.tolist() == ["truncated"] and "from the middle" in ex.failures.reason[0]
-    ex = extract(tasks, TransformersBackend(llama, tok, max_length=500, overflow="refuse"), ResultCache(None), "s", progress=False)
+    ex = extract(
+        tasks,
+        TransformersBackend(llama, tok, max_length=500, overflow="refuse"),
+        ResultCache(None),
+        "s",
+        progress=False,
+    )
     assert ex.features.empty and ex.failures.status.tolist() == ["failed"]
 
 
@@ -231,7 +274,10 @@ def test_bad_input_is_a_clear_error(llama, tok, tmp_path):
 
 
 def test_test_bank_round_trip_and_malformed_lines(tmp_path):
-    items = [Item.new("q1", "question", "What resets a password?"), Item.new("q1", "nugget", "settings page", "okay", gold="x")]
+    items = [
+        Item.new("q1", "question", "What resets a password?"),
+        Item.new("q1", "nugget", "settings page", "okay", gold="x"),
+    ]
     assert items[0].item_id == item_id("q1", "What resets a password?")
     path = write_bank(items, tmp_path / "bank.jsonl")
     back, warnings = read_bank(path)
@@ -239,7 +285,12 @@ def test_test_bank_round_trip_and_malformed_lines(tmp_path):
     lines = path.read_text().splitlines()
     edited = json.loads(lines[0])
     edited["text"] = "Which page resets a password?"
-    path.write_text("\n".join([json.dumps(edited), lines[1], "{not json", json.dumps({"query_id": "q2", "text": "t", "kind": "essay"})]) + "\n")
+    path.write_text(
+        "\n".join(
+            [json.dumps(edited), lines[1], "{not json", json.dumps({"query_id": "q2", "text": "t", "kind": "essay"})]
+        )
+        + "\n"
+    )
     with pytest.raises(InputError, match="row 3"):
         read_bank(path)
     back, warnings = read_bank(path, on_error="skip")
@@ -255,7 +306,11 @@ def test_generation_from_prompts():
         if "Generate 3 concise" in prompt:
             return 'Sure: ["What is X?", "Why X?", "What is X?"]'
         if "Updated Nugget List" in prompt:
-            return "['X is a tool', 'X runs locally']" if "Initial Nugget List: []" in prompt else '["X is a tool", "X runs locally", "X is old"]'
+            return (
+                "['X is a tool', 'X runs locally']"
+                if "Initial Nugget List: []" in prompt
+                else '["X is a tool", "X runs locally", "X is old"]'
+            )
         return '["okay", "vital", "okay"]'
 
     questions = generate_questions(scripted, "q1", "what is X", n=3)
@@ -297,7 +352,18 @@ def test_cli_extract_bank_reports_unusable_model_output_and_bad_queries(model_di
     queries = tmp_path / "queries.jsonl"
     queries.write_text(json.dumps({"query_id": "q1", "query": "how do I reset my password"}) + "\n")
     out = tmp_path / "bank.jsonl"
-    argv = ["extract-bank", str(queries), "--backend", "transformers", "--model", str(model_dir), "--n", "2", "--out", str(out)]
+    argv = [
+        "extract-bank",
+        str(queries),
+        "--backend",
+        "transformers",
+        "--model",
+        str(model_dir),
+        "--n",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 2, "an untrained model's output holds no list of questions"
     assert "query q1" in capsys.readouterr().err and not out.exists()
     queries.write_text(json.dumps({"query_id": "q1", "text": "no query column"}) + "\n")

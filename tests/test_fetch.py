@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from llmrubric.cli import main
-from llmrubric.datasets.fetch import UPSTREAM_PATHS, checksums, fetch_llm_rubric, sha256_of
-from llmrubric.errors import InputError
+from llmrubric.data.fetch import UPSTREAM_PATHS, checksums, fetch_llm_rubric, sha256_of
+from llmrubric.io.errors import InputError
 
 SHARED = Path(__file__).parents[1].parent / "shared" / "data" / "llm-rubric"
 pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason=f"the LLM-Rubric release is not at {SHARED}")
@@ -62,7 +62,9 @@ def assert_complete(dest: Path) -> None:
 
 
 def test_shipped_checksums_match_the_release():
-    assert checksums() == {name: digest for digest, name in (line.split() for line in (SHARED / "SHA256SUMS").read_text().splitlines())}
+    assert checksums() == {
+        name: digest for digest, name in (line.split() for line in (SHARED / "SHA256SUMS").read_text().splitlines())
+    }
     assert set(UPSTREAM_PATHS) == set(checksums())
 
 

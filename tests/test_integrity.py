@@ -13,21 +13,29 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
-from llmrubric import leaderboard as lb
-from llmrubric import score_cli
-from llmrubric.calibrator import Calibrator
-from llmrubric.cli import main as cli_main
-from llmrubric.data import FeatureLayout
-from llmrubric.errors import InputError
-from llmrubric.schemas import SPECS, read_table, validate_annotations, validate_features, write_json, write_table
 from test_bad_input import run_script, snapshot
+
+from llmrubric.cli import main as cli_main
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import SPECS, read_table, validate_annotations, validate_features, write_json, write_table
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.encoding import FeatureLayout
+from llmrubric.scoring import cli as score_cli
+from llmrubric.scoring import leaderboard as lb
 
 FAST = {"pretrain_epochs": 1, "finetune_epochs": 1, "patience": 1}
 
 
 def block(probs, text="t1", question="Q0"):
-    return pd.DataFrame({"text_id": text, "source": "llm", "question_id": question, "option": [str(i + 1) for i in range(len(probs))], "prob": probs})
+    return pd.DataFrame(
+        {
+            "text_id": text,
+            "source": "llm",
+            "question_id": question,
+            "option": [str(i + 1) for i in range(len(probs))],
+            "prob": probs,
+        }
+    )
 
 
 def test_probabilities_rounded_to_6_decimals_are_accepted_up_to_options_times_1e6(rubric):
@@ -42,7 +50,9 @@ def test_an_all_zero_block_is_missing_not_an_expected_answer_of_0(simulated, rub
     zero = (feats.text_id == "t0001") & (feats.question_id == "Q0")
     with caplog.at_level(logging.WARNING, "llmrubric"):
         checked = validate_features(feats.assign(prob=np.where(zero, 0.0, feats.prob)), rubric)
-    assert checked.attrs["zero_blocks"] == 1 and "1 blocks of all-zero probabilities are treated as missing" in caplog.text
+    assert (
+        checked.attrs["zero_blocks"] == 1 and "1 blocks of all-zero probabilities are treated as missing" in caplog.text
+    )
     absent = validate_features(feats[~zero], rubric)
     layout = FeatureLayout.from_features(simulated.features, rubric)
     x_zero, x_absent = layout.matrix(checked, ["t0001", "t0002"]), layout.matrix(absent, ["t0001", "t0002"])
@@ -51,13 +61,23 @@ def test_an_all_zero_block_is_missing_not_an_expected_answer_of_0(simulated, rub
 
 
 def test_a_one_option_block_of_0_is_a_value_not_missing():
-    coverage = pd.DataFrame({"text_id": ["t1", "t2"], "source": "llm", "question_id": "self_rating.cov_ge4", "option": "covered", "prob": [0.0, 0.5]})
+    coverage = pd.DataFrame(
+        {
+            "text_id": ["t1", "t2"],
+            "source": "llm",
+            "question_id": "self_rating.cov_ge4",
+            "option": "covered",
+            "prob": [0.0, 0.5],
+        }
+    )
     checked = validate_features(coverage)
     assert list(checked.prob) == [0.0, 0.5] and checked.attrs["zero_blocks"] == 0
 
 
 def test_na_answers_are_absent_rows_and_counted(rubric, tmp_path, caplog):
-    (tmp_path / "ann.csv").write_text("text_id,judge_id,question_id,answer\nt1,J1,Q0,3\nt1,J2,Q0,NA\nt2,J1,Q0,\nt2,J2,Q0,4\n")
+    (tmp_path / "ann.csv").write_text(
+        "text_id,judge_id,question_id,answer\nt1,J1,Q0,3\nt1,J2,Q0,NA\nt2,J1,Q0,\nt2,J2,Q0,4\n"
+    )
     with caplog.at_level(logging.WARNING, "llmrubric"):
         ann = validate_annotations(read_table(tmp_path / "ann.csv", "annotations"), rubric)
     assert list(ann.index) == [1, 4] and list(ann.answer) == ["3", "4"]  # rows keep their file numbers
@@ -65,8 +85,15 @@ def test_na_answers_are_absent_rows_and_counted(rubric, tmp_path, caplog):
 
 
 def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, monkeypatch):
-    args = ["experiment=demo", f"run_dir={tmp_path}", "protocol=cv", "folds=2", "logger=none", "model.ensemble=1",
-            *[f"trainer.{k}={v}" for k, v in FAST.items()]]
+    args = [
+        "experiment=demo",
+        f"run_dir={tmp_path}",
+        "protocol=cv",
+        "folds=2",
+        "logger=none",
+        "model.ensemble=1",
+        *[f"trainer.{k}={v}" for k, v in FAST.items()],
+    ]
     assert run_script("train.py", args) == 0
     before = snapshot(tmp_path)
     assert set(before) >= {"folds.csv", "fold0.safetensors", "fold1.safetensors"}

@@ -6,22 +6,31 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import FAST, ROOT
-from llmrubric.calibrator import Calibrator
+
 from llmrubric.cli import main
-from llmrubric.errors import InputError
 from llmrubric.extract.testbank import Item, read_bank, write_bank
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric
 from llmrubric.ir import autograder as ag
 from llmrubric.ir import nuggets as ng
 from llmrubric.ir.calibrated import calibrated_labels, ir_tables
-from llmrubric.rubric import Rubric
-from llmrubric.splits import holdout_texts
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.training.splits import holdout_texts
 
 GRADES = pd.DataFrame(
-    [("q1", "d1", "i1", 4), ("q1", "d1", "i2", 2), ("q1", "d2", "i1", 1), ("q1", "d2", "i2", 0),
-     ("q1", "d3", "i1", 5), ("q1", "d3", "i2", 5), ("q1", "d4", "i1", 2), ("q1", "d4", "i2", 3),
-     ("q2", "e1", "k1", 4), ("q2", "e2", "k1", 0)],
+    [
+        ("q1", "d1", "i1", 4),
+        ("q1", "d1", "i2", 2),
+        ("q1", "d2", "i1", 1),
+        ("q1", "d2", "i2", 0),
+        ("q1", "d3", "i1", 5),
+        ("q1", "d3", "i2", 5),
+        ("q1", "d4", "i1", 2),
+        ("q1", "d4", "i2", 3),
+        ("q2", "e1", "k1", 4),
+        ("q2", "e2", "k1", 0),
+    ],
     columns=["query_id", "doc_id", "item_id", "grade"],
 )
 
@@ -38,7 +47,9 @@ def test_grades_from_distributions_argmax_and_expected():
     argmax = ag.grades_from_features(feats, texts, mode="argmax").set_index("item_id")
     expected = ag.grades_from_features(feats, texts, mode="expected").set_index("item_id")
     assert argmax.at["i1", "grade"] == 4 and argmax.at["i2", "grade"] == 0
-    assert expected.at["i1", "grade"] == pytest.approx(0.6 + 2.4 + 0.5) and expected.at["i2", "grade"] == pytest.approx(0.5)
+    assert expected.at["i1", "grade"] == pytest.approx(0.6 + 2.4 + 0.5) and expected.at["i2", "grade"] == pytest.approx(
+        0.5
+    )
     assert set(argmax.doc_id) == {"D1"} and set(argmax.query_id) == {"q9"}
     with pytest.raises(InputError, match="not in the texts table"):
         ag.grades_from_features(feats, texts.assign(text_id="other"))
@@ -60,7 +71,9 @@ def test_qrels_and_trec_measures_against_hand_computed_values(tmp_path):
     qrels = ag.read_qrels(tmp_path / "qrels.txt")
     (tmp_path / "run.txt").write_text("q1 Q0 d2 1 4.0 r\nq1 Q0 d1 2 3.0 r\nq1 Q0 d4 3 2.0 r\nq1 Q0 d3 4 1.0 r\n")
     run = ag.read_run(tmp_path / "run.txt", set(qrels.query_id))
-    board, per_query = ag.evaluate_runs(qrels[qrels.query_id == "q1"], {"r": run}, ["AP", "RR", "P@2", "nDCG@3"], threshold=4)
+    board, per_query = ag.evaluate_runs(
+        qrels[qrels.query_id == "q1"], {"r": run}, ["AP", "RR", "P@2", "nDCG@3"], threshold=4
+    )
     row = board.iloc[0]
     assert row["AP(rel=4)"] == pytest.approx((1 / 2 + 2 / 4) / 2)
     assert row["RR(rel=4)"] == pytest.approx(0.5) and row["P(rel=4)@2"] == pytest.approx(0.5)
@@ -89,34 +102,67 @@ def test_run_and_qrels_bad_input(tmp_path):
 
 
 def test_rubric_cover_at_k():
-    run = pd.DataFrame({"query_id": ["q1"] * 4, "doc_id": ["d2", "d1", "d4", "d3"], "rank": [1, 2, 3, 4], "score": [4.0, 3.0, 2.0, 1.0]})
+    run = pd.DataFrame(
+        {
+            "query_id": ["q1"] * 4,
+            "doc_id": ["d2", "d1", "d4", "d3"],
+            "rank": [1, 2, 3, 4],
+            "score": [4.0, 3.0, 2.0, 1.0],
+        }
+    )
     cover = ag.rubric_cover(GRADES, run, k=2, threshold=4).set_index("query_id")
     assert cover.at["q1", "covered"] == 1 and cover.at["q1", "cover"] == 0.5  # d1 covers i1 only
     assert ag.rubric_cover(GRADES, run, k=4, threshold=4).cover.iloc[0] == 1.0
-    with_bank = ag.rubric_cover(GRADES, run.assign(doc_id=["dX", "d1", "d4", "d3"]), k=2, threshold=4, items={"q1": {"i1", "i2", "i3"}})
+    with_bank = ag.rubric_cover(
+        GRADES, run.assign(doc_id=["dX", "d1", "d4", "d3"]), k=2, threshold=4, items={"q1": {"i1", "i2", "i3"}}
+    )
     assert with_bank.cover.iloc[0] == pytest.approx(1 / 3) and with_bank.unjudged.iloc[0] == 1
 
 
 def test_verification_analyses():
-    judgments = pd.DataFrame({"query_id": ["q1", "q1", "q1", "q1"], "doc_id": ["d1", "d2", "d3", "d4"], "relevance": [0, 2, 0, 1]})
+    judgments = pd.DataFrame(
+        {"query_id": ["q1", "q1", "q1", "q1"], "doc_id": ["d1", "d2", "d3", "d4"], "relevance": [0, 2, 0, 1]}
+    )
     spurious = ag.spurious_items(GRADES, judgments, threshold=4)
     top = spurious.iloc[0]
-    assert (top.item_id, top.nonrelevant_covered, top.nonrelevant_judged) == ("i1", 2, 2)  # d1 (4) and d3 (5) are non-relevant
+    assert (top.item_id, top.nonrelevant_covered, top.nonrelevant_judged) == (
+        "i1",
+        2,
+        2,
+    )  # d1 (4) and d3 (5) are non-relevant
     uncovered = ag.uncovered_relevant(GRADES, judgments, threshold=4)
     assert list(uncovered.doc_id) == ["d2", "d4"]
     agree = ag.agreement(ag.passage_labels(GRADES), judgments, threshold=4)
     assert agree["passages"] == 4 and agree["accuracy"] == 0.0
 
 
-BANK = [Item("q1", "n1", "nugget", "a", "vital"), Item("q1", "n2", "nugget", "b", "vital"),
-        Item("q1", "n3", "nugget", "c", "okay"), Item("q1", "n4", "nugget", "d", "okay"),
-        Item("q2", "m1", "nugget", "e", "okay")]
+BANK = [
+    Item("q1", "n1", "nugget", "a", "vital"),
+    Item("q1", "n2", "nugget", "b", "vital"),
+    Item("q1", "n3", "nugget", "c", "okay"),
+    Item("q1", "n4", "nugget", "d", "okay"),
+    Item("q2", "m1", "nugget", "e", "okay"),
+]
 
 
 def test_nugget_scores_by_hand():
     answers = pd.DataFrame({"text_id": ["x", "y", "z"], "query_id": ["q1", "q2", "q1"], "run_id": ["r1", "r1", "r2"]})
-    labels = pd.DataFrame({"text_id": ["x"] * 4 + ["y"] + ["z"] * 3, "item_id": ["n1", "n2", "n3", "n4", "m1", "n1", "n2", "n3"],
-                           "label": ["support", "partial_support", "not_support", "support", "support", "support", "support", "support"]})
+    labels = pd.DataFrame(
+        {
+            "text_id": ["x"] * 4 + ["y"] + ["z"] * 3,
+            "item_id": ["n1", "n2", "n3", "n4", "m1", "n1", "n2", "n3"],
+            "label": [
+                "support",
+                "partial_support",
+                "not_support",
+                "support",
+                "support",
+                "support",
+                "support",
+                "support",
+            ],
+        }
+    )
     scores = ng.answer_scores(ng.support_from_labels(labels), answers, BANK).set_index("text_id")
     x = scores.loc["x"]
     assert (x.A_strict, x.V_strict, x.A_partial, x.V_partial) == (0.5, 0.5, 0.625, 0.75)
@@ -129,9 +175,13 @@ def test_nugget_scores_by_hand():
 
 def test_nugget_scores_from_distributions_are_expectations():
     rows = []
-    for item, dist in zip(["n1", "n2", "n3", "n4"], [(0.8, 0.2, 0.0), (0.0, 1.0, 0.0), (0.1, 0.1, 0.8), (0.5, 0.0, 0.5)]):
+    for item, dist in zip(
+        ["n1", "n2", "n3", "n4"], [(0.8, 0.2, 0.0), (0.0, 1.0, 0.0), (0.1, 0.1, 0.8), (0.5, 0.0, 0.5)]
+    ):
         rows += [("x", "llm", f"nugget_support:{item}", label, p) for label, p in zip(ng.LABELS, dist)]
-    support = ng.support_from_features(pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"]))
+    support = ng.support_from_features(
+        pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"])
+    )
     x = ng.answer_scores(support, pd.DataFrame({"text_id": ["x"], "query_id": ["q1"]}), BANK).iloc[0]
     assert x.A_strict == pytest.approx((0.8 + 0 + 0.1 + 0.5) / 4) and x.V_strict == pytest.approx(0.4)
     assert x.V_partial == pytest.approx((0.8 + 0.1 + 0.5) / 2)
@@ -140,13 +190,21 @@ def test_nugget_scores_from_distributions_are_expectations():
 def test_nugget_bad_input(tmp_path):
     answers = pd.DataFrame({"text_id": ["x"], "query_id": ["q1"]})
     with pytest.raises(InputError, match="assigned twice"):
-        ng.support_from_labels(pd.DataFrame({"text_id": ["x", "x"], "item_id": ["n1", "n1"], "label": ["support", "support"]}))
+        ng.support_from_labels(
+            pd.DataFrame({"text_id": ["x", "x"], "item_id": ["n1", "n1"], "label": ["support", "support"]})
+        )
     with pytest.raises(InputError, match="not one of") as info:
         ng.support_from_labels(pd.DataFrame({"text_id": ["x"], "item_id": ["n1"], "label": ["maybe"]}, index=[1]))
     assert info.value.row == 1 and info.value.column == "label"
     with pytest.raises(InputError, match="not in the test bank of query 'q1'"):
-        ng.answer_scores(ng.support_from_labels(pd.DataFrame({"text_id": ["x"], "item_id": ["m1"], "label": ["support"]})), answers, BANK)
-    (tmp_path / "bank.jsonl").write_text('{"query_id": "q1", "item_id": "n1", "text": "a"}\n{"query_id": "q1", "item_id": "n1", "text": "b"}\n')
+        ng.answer_scores(
+            ng.support_from_labels(pd.DataFrame({"text_id": ["x"], "item_id": ["m1"], "label": ["support"]})),
+            answers,
+            BANK,
+        )
+    (tmp_path / "bank.jsonl").write_text(
+        '{"query_id": "q1", "item_id": "n1", "text": "a"}\n{"query_id": "q1", "item_id": "n1", "text": "b"}\n'
+    )
     with pytest.raises(InputError, match="duplicate item_id") as info:
         read_bank(tmp_path / "bank.jsonl")
     assert info.value.row == 2
@@ -175,9 +233,15 @@ def simulate_passages(seed=0, queries=40, per_query=15):
                 p = np.exp(logits - logits.max())
                 rows += [(text, "llm", f"self_rating:q{q}i{i}", str(g), float(x)) for g, x in zip(grades, p / p.sum())]
             for judge in rng.choice(list(offsets), 2, replace=False):
-                labels.append((text, judge, "relevance", int(np.clip(np.round(r + offsets[judge] + rng.normal(0, 0.4)), 0, 3))))
+                labels.append(
+                    (text, judge, "relevance", int(np.clip(np.round(r + offsets[judge] + rng.normal(0, 0.4)), 0, 3)))
+                )
     feats = pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"])
-    return feats, pd.DataFrame(texts, columns=["text_id", "query_id", "doc_id"]), pd.DataFrame(labels, columns=["text_id", "judge_id", "question_id", "answer"])
+    return (
+        feats,
+        pd.DataFrame(texts, columns=["text_id", "query_id", "doc_id"]),
+        pd.DataFrame(labels, columns=["text_id", "judge_id", "question_id", "answer"]),
+    )
 
 
 def test_calibrated_autograder_beats_the_uncalibrated_max_grade():
@@ -191,7 +255,9 @@ def test_calibrated_autograder_beats_the_uncalibrated_max_grade():
     raw = ag.passage_labels(ag.grades_from_features(feats[feats.text_id.isin(test_texts)], test, mode="expected"))
     human = labels.groupby("text_id").answer.mean().rename("human")
     key = test.set_index(["query_id", "doc_id"]).text_id
-    joined = lambda df: df.assign(text_id=key.reindex(pd.MultiIndex.from_frame(df[["query_id", "doc_id"]])).to_numpy()).join(human, on="text_id")
+    joined = lambda df: df.assign(
+        text_id=key.reindex(pd.MultiIndex.from_frame(df[["query_id", "doc_id"]])).to_numpy()
+    ).join(human, on="text_id")
     cal, unc = joined(calibrated), joined(raw)
     r_cal, r_raw = np.corrcoef(cal.grade, cal.human)[0, 1], np.corrcoef(unc.grade, unc.human)[0, 1]
     assert r_cal > 0.6 and r_cal > r_raw + 0.2
@@ -205,17 +271,57 @@ def test_qrels_and_trec_eval_commands(tmp_path):
     (tmp_path / "sysA.txt").write_text("q1 Q0 d3 1 9 A\nq1 Q0 d1 2 8 A\nq2 Q0 e1 1 5 A\n")
     (tmp_path / "sysB.txt").write_text("q1 Q0 d2 1 9 B\nq1 Q0 d4 2 8 B\nq2 Q0 e2 1 5 B\n")
     (tmp_path / "human.txt").write_text("q1 0 d1 0\nq1 0 d2 2\nq1 0 d3 1\nq1 0 d4 1\n")
-    write_bank(BANK[:0] + [Item("q1", "i1", "question", "x"), Item("q1", "i2", "question", "y"), Item("q2", "k1", "question", "z")], tmp_path / "bank.jsonl")
+    write_bank(
+        BANK[:0]
+        + [Item("q1", "i1", "question", "x"), Item("q1", "i2", "question", "y"), Item("q2", "k1", "question", "z")],
+        tmp_path / "bank.jsonl",
+    )
     out = tmp_path / "eval"
-    code = main(["trec-eval", "--qrels", str(tmp_path / "qrels.txt"), "--runs", str(tmp_path / "sysA.txt"), str(tmp_path / "sysB.txt"),
-                 "--grades", str(tmp_path / "grades.csv"), "--bank", str(tmp_path / "bank.jsonl"), "--judgments", str(tmp_path / "human.txt"),
-                 "--measures", "P@2", "--threshold", "4", "--cover-k", "1", "--out-dir", str(out)])
+    code = main(
+        [
+            "trec-eval",
+            "--qrels",
+            str(tmp_path / "qrels.txt"),
+            "--runs",
+            str(tmp_path / "sysA.txt"),
+            str(tmp_path / "sysB.txt"),
+            "--grades",
+            str(tmp_path / "grades.csv"),
+            "--bank",
+            str(tmp_path / "bank.jsonl"),
+            "--judgments",
+            str(tmp_path / "human.txt"),
+            "--measures",
+            "P@2",
+            "--threshold",
+            "4",
+            "--cover-k",
+            "1",
+            "--out-dir",
+            str(out),
+        ]
+    )
     assert code == 0
     board = pd.read_csv(out / "leaderboard.csv").set_index("run")
     assert board.at["sysA", "P(rel=4)@2"] == pytest.approx((1.0 + 0.5) / 2) and board.at["sysB", "P(rel=4)@2"] == 0.0
-    assert board.at["sysA", "RubricCover@1"] == pytest.approx((1.0 + 1.0) / 2) and board.at["sysB", "RubricCover@1"] == 0.0
+    assert (
+        board.at["sysA", "RubricCover@1"] == pytest.approx((1.0 + 1.0) / 2) and board.at["sysB", "RubricCover@1"] == 0.0
+    )
     report = json.loads((out / "leaderboard.json").read_text())
     assert report["verification"]["spurious_items"][0]["item_id"] == "i1" and (out / "uncovered_relevant.csv").is_file()
     (tmp_path / "bad.txt").write_text("q1 Q0 d3 1 9 A\nq5 Q0 d1 2 8 A\n")
-    assert main(["trec-eval", "--qrels", str(tmp_path / "qrels.txt"), "--runs", str(tmp_path / "bad.txt"), "--out-dir", str(tmp_path / "no")]) == 2
+    assert (
+        main(
+            [
+                "trec-eval",
+                "--qrels",
+                str(tmp_path / "qrels.txt"),
+                "--runs",
+                str(tmp_path / "bad.txt"),
+                "--out-dir",
+                str(tmp_path / "no"),
+            ]
+        )
+        == 2
+    )
     assert not (tmp_path / "no").exists()

@@ -6,20 +6,20 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import FAST
 from layouts_data import SYSTEMS, write_layout_data
-from llmrubric.baselines import expand_baselines, make_method
-from llmrubric.calibrator import Calibrator
-from llmrubric.cli import main as cli
-from llmrubric.errors import InputError
-from llmrubric.experiment import Split
-from llmrubric.metrics import categorical_metrics, evaluate
-from llmrubric.report import ReportBuilder, ReportSettings
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import load_tables
-from llmrubric.splits import holdout_texts
 from test_end_to_end import run
+
+from llmrubric.cli import main as cli
+from llmrubric.evaluation.metrics import categorical_metrics, evaluate
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import load_tables
+from llmrubric.model.baselines import expand_baselines, make_method
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.report.build import ReportBuilder, ReportSettings
+from llmrubric.training.experiment import Split
+from llmrubric.training.splits import holdout_texts
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +27,13 @@ def layout(tmp_path_factory):
     """The generated data set with its summary-only table made by the CLI, and a features table of both."""
     paths = write_layout_data(tmp_path_factory.mktemp("layouts"), texts_per_system=32)
     paths["summary"] = paths["items"].with_name("summary.parquet")
-    assert cli(["extract-summaries", str(paths["items"]), "--family", "self_rating", "--out", str(paths["summary"])]) == 0
+    assert (
+        cli(["extract-summaries", str(paths["items"]), "--family", "self_rating", "--out", str(paths["summary"])]) == 0
+    )
     paths["features"] = paths["items"].with_name("features.parquet")
-    pd.concat([pd.read_parquet(paths["llm_features"]), pd.read_parquet(paths["summary"])]).to_parquet(paths["features"], index=False)
+    pd.concat([pd.read_parquet(paths["llm_features"]), pd.read_parquet(paths["summary"])]).to_parquet(
+        paths["features"], index=False
+    )
     return paths
 
 
@@ -41,9 +45,26 @@ def tables(layout, features="features", main=None):
 
 def test_summary_cli_writes_only_summary_blocks(layout):
     summary = pd.read_parquet(layout["summary"])
-    assert set(summary.question_id) == {"self_rating.mean", "self_rating.max"} | {f"self_rating.cov_ge{g}" for g in range(1, 6)}
-    assert summary.text_id.nunique() == 4 * 32 and (summary.groupby(["text_id", "question_id"]).prob.sum() <= 1 + 1e-9).all()
-    assert cli(["extract-summaries", str(layout["llm_features"]), "--family", "self_rating", "--out", str(layout["summary"]) + ".x"]) == 2
+    assert set(summary.question_id) == {"self_rating.mean", "self_rating.max"} | {
+        f"self_rating.cov_ge{g}" for g in range(1, 6)
+    }
+    assert (
+        summary.text_id.nunique() == 4 * 32
+        and (summary.groupby(["text_id", "question_id"]).prob.sum() <= 1 + 1e-9).all()
+    )
+    assert (
+        cli(
+            [
+                "extract-summaries",
+                str(layout["llm_features"]),
+                "--family",
+                "self_rating",
+                "--out",
+                str(layout["summary"]) + ".x",
+            ]
+        )
+        == 2
+    )
 
 
 def test_rubric_kinds_of_question(layout):
@@ -64,7 +85,12 @@ def test_categorical_metrics_against_hand_computation():
     m = categorical_metrics(probs, answers)
     assert m["accuracy"] == pytest.approx(0.75)
     assert m["macro_f1"] == pytest.approx((2 / 3 + 1 + 2 / 3) / 3)  # option 0: P 1/2, R 1; option 2: P 1, R 1/2
-    brier = ((0.3**2 + 0.2**2 + 0.1**2) + (0.1**2 + 0.4**2 + 0.3**2) + (0.5**2 + 0.1**2 + 0.6**2) + (0.2**2 + 0.3**2 + 0.5**2)) / 4
+    brier = (
+        (0.3**2 + 0.2**2 + 0.1**2)
+        + (0.1**2 + 0.4**2 + 0.3**2)
+        + (0.5**2 + 0.1**2 + 0.6**2)
+        + (0.2**2 + 0.3**2 + 0.5**2)
+    ) / 4
     assert m["brier"] == pytest.approx(brier)
 
 
@@ -73,8 +99,14 @@ def test_categorical_main_question_learned_and_baselines(layout):
     train_texts, test_texts = holdout_texts(data.text_ids, 0.3, seed=0)
     train, test = data.subset(train_texts), data.subset(test_texts)
     names, skipped = expand_baselines(["expected_llm", "constant", "ridge_judge"], rubric, data.features)
-    assert names == ["expected_llm/llm-a", "expected_llm/llm-b", "expected_llm/llm-c", "expected_llm", "constant", "ridge_judge"] and not skipped
-    methods = {"llm_rubric": Calibrator(rubric, {"ensemble": 1, "inputs": "expected", "personalize": "input"}, FAST, seed=0)}
+    assert (
+        names
+        == ["expected_llm/llm-a", "expected_llm/llm-b", "expected_llm/llm-c", "expected_llm", "constant", "ridge_judge"]
+        and not skipped
+    )
+    methods = {
+        "llm_rubric": Calibrator(rubric, {"ensemble": 1, "inputs": "expected", "personalize": "input"}, FAST, seed=0)
+    }
     methods.update({n: make_method(n, rubric) for n in names})
     metrics = {n: evaluate(m.fit(train).predict(test), test.annotations, rubric.main) for n, m in methods.items()}
     for values in metrics.values():
@@ -83,7 +115,10 @@ def test_categorical_main_question_learned_and_baselines(layout):
     # llm-c mislabels 40 % of the topics; the learned methods beat the training marginal and the weak source
     for name in ("llm_rubric", "ridge_judge"):
         assert metrics[name]["accuracy"] > metrics["constant"]["accuracy"] + 0.3
-        assert metrics[name]["nll"] < metrics["expected_llm/llm-c"]["nll"] and metrics[name]["brier"] < metrics["constant"]["brier"]
+        assert (
+            metrics[name]["nll"] < metrics["expected_llm/llm-c"]["nll"]
+            and metrics[name]["brier"] < metrics["constant"]["brier"]
+        )
 
 
 def test_summary_features_as_the_only_inputs(layout):
@@ -103,7 +138,14 @@ def test_summary_features_as_the_only_inputs(layout):
     net = model.nets_[0]
     assert int(net.single_option.sum()) == 5  # the cov_ge blocks enter as their covered fraction
     builder = ReportBuilder(rubric, [Split("fold0", train, test)], ReportSettings(), {}, FAST)
-    assert builder.methods == ["random", "constant", "ridge_judge", "no_personalization", "llm_rubric_paper", "llm_rubric"]
+    assert builder.methods == [
+        "random",
+        "constant",
+        "ridge_judge",
+        "no_personalization",
+        "llm_rubric_paper",
+        "llm_rubric",
+    ]
     assert len(builder.method_notes) == 3 and builder._per_question(kept=False) == ["quality", "correct", "topic"]
 
 
@@ -115,23 +157,46 @@ def test_layouts_end_to_end(layout, tmp_path):
     (conf / "layouts.yaml").write_text(layout["rubric"].read_text())
     run_dir, report_dir = tmp_path / "run", tmp_path / "report"
     args = [
-        f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "rubric=layouts", "name=layouts", f"run_dir={run_dir}", "logger=none",
-        f"data.train.annotations={layout['annotations']}", f"data.train.features={layout['features']}", f"data.train.texts={layout['texts']}",
-        *[f"trainer.{k}={v}" for k, v in FAST.items()], "model.ensemble=2",
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        "rubric=layouts",
+        "name=layouts",
+        f"run_dir={run_dir}",
+        "logger=none",
+        f"data.train.annotations={layout['annotations']}",
+        f"data.train.features={layout['features']}",
+        f"data.train.texts={layout['texts']}",
+        *[f"trainer.{k}={v}" for k, v in FAST.items()],
+        "model.ensemble=2",
     ]
     trained = run("train.py", *args)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    light = ["report.permutations=100", "report.bootstrap=50", "report.calibration_bootstrap=10", "report.diagram_bootstrap=5"]
+    light = [
+        "report.permutations=100",
+        "report.bootstrap=50",
+        "report.calibration_bootstrap=10",
+        "report.diagram_bootstrap=5",
+    ]
     evaluated = run("evaluate.py", *args, "report=fast", f"report.dir={report_dir}", *light)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
 
     methods = json.loads((run_dir / "metrics.json").read_text())["methods"]
     sources = ["llm-a", "llm-b", "llm-c"]
-    assert set(methods) == {"llm_rubric", "constant", "ridge_judge"} | {f"{m}{s}" for m in ("expected_llm", "argmax_llm") for s in ["", *[f"/{x}" for x in sources]]}
+    assert set(methods) == {"llm_rubric", "constant", "ridge_judge"} | {
+        f"{m}{s}" for m in ("expected_llm", "argmax_llm") for s in ["", *[f"/{x}" for x in sources]]
+    }
     for values in methods.values():
-        assert values["n"] == methods["llm_rubric"]["n"] > 100 and np.isfinite(values["rmse"]) and np.isfinite(values["nll"])
-    assert methods["llm_rubric"]["nll"] < methods["constant"]["nll"] and methods["llm_rubric"]["pearson"] > methods["expected_llm/llm-c"]["pearson"]
-    assert methods["expected_llm/llm-a"]["pearson"] > methods["expected_llm/llm-c"]["pearson"]  # the noisier source is worse
+        assert (
+            values["n"] == methods["llm_rubric"]["n"] > 100
+            and np.isfinite(values["rmse"])
+            and np.isfinite(values["nll"])
+        )
+    assert (
+        methods["llm_rubric"]["nll"] < methods["constant"]["nll"]
+        and methods["llm_rubric"]["pearson"] > methods["expected_llm/llm-c"]["pearson"]
+    )
+    assert (
+        methods["expected_llm/llm-a"]["pearson"] > methods["expected_llm/llm-c"]["pearson"]
+    )  # the noisier source is worse
 
     rubric = Rubric.load(layout["rubric"])
     predictions = pd.read_csv(run_dir / "predictions.csv", dtype={"text_id": str, "judge_id": str, "round": str})
@@ -149,16 +214,53 @@ def test_layouts_end_to_end(layout, tmp_path):
 
     scores, preds = tmp_path / "scores.csv", tmp_path / "predictions.parquet"
     checkpoint = run_dir / "fold0.safetensors"
-    assert cli(["score", str(checkpoint), str(layout["features"]), "--texts", str(layout["texts"]), "--out", str(scores),
-                "--predictions", str(preds), "--no-progress"]) == 0
+    assert (
+        cli(
+            [
+                "score",
+                str(checkpoint),
+                str(layout["features"]),
+                "--texts",
+                str(layout["texts"]),
+                "--out",
+                str(scores),
+                "--predictions",
+                str(preds),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     table = pd.read_csv(scores)
     assert set(table.question_id) == {"quality"} and (table.status == "ok").all() and table["mean"].between(0, 3).all()
     board_dir = tmp_path / "board"
-    common = [str(preds), "--rubric", str(layout["rubric"]), "--texts", str(layout["texts"]), "--bootstrap", "100", "--no-plot"]
+    common = [
+        str(preds),
+        "--rubric",
+        str(layout["rubric"]),
+        "--texts",
+        str(layout["texts"]),
+        "--bootstrap",
+        "100",
+        "--no-plot",
+    ]
     assert cli(["leaderboard", *common, "--annotations", str(layout["annotations"]), "--out-dir", str(board_dir)]) == 0
     board = pd.read_csv(board_dir / "leaderboard.csv")
     assert board.system.tolist() == sorted(SYSTEMS, key=SYSTEMS.get, reverse=True)  # systems of rising true quality
     assert (board.low <= board.score).all() and (board.score <= board.high).all()
     assert cli(["leaderboard", *common, "--question", "topic", "--out-dir", str(tmp_path / "topic")]) == 2
-    assert cli(["score", str(checkpoint), str(layout["features"]), "--questions", "topic", "--out", str(tmp_path / "x.csv")]) == 2
+    assert (
+        cli(
+            [
+                "score",
+                str(checkpoint),
+                str(layout["features"]),
+                "--questions",
+                "topic",
+                "--out",
+                str(tmp_path / "x.csv"),
+            ]
+        )
+        == 2
+    )
     assert not (tmp_path / "topic").exists() and not (tmp_path / "x.csv").exists()

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from llmrubric import leaderboard as lb
 from llmrubric.cli import main
-from llmrubric.errors import InputError
-from llmrubric.rubric import Rubric
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric
+from llmrubric.scoring import leaderboard as lb
 
 RUBRIC = Rubric.from_dict({"name": "t", "questions": [{"id": "Q", "main": True, "options": [1, 2, 3, 4]}]})
 Q = RUBRIC.main
@@ -34,7 +34,12 @@ ONE_HOT = {1: (1, 0, 0, 0), 2: (0, 1, 0, 0), 3: (0, 0, 1, 0), 4: (0, 0, 0, 1)}
 def small():
     # system A: texts a1 (judges answer 4, 2) and a2 (3, 3); system B: b1 (1, 2), b2 (2, 2)
     rows = []
-    for text, system, query, answers in (("a1", "A", "q1", (4, 2)), ("a2", "A", "q2", (3, 3)), ("b1", "B", "q1", (1, 2)), ("b2", "B", "q2", (2, 2))):
+    for text, system, query, answers in (
+        ("a1", "A", "q1", (4, 2)),
+        ("a2", "A", "q2", (3, 3)),
+        ("b1", "B", "q1", (1, 2)),
+        ("b2", "B", "q2", (2, 2)),
+    ):
         for judge, y in zip(("j1", "j2"), answers):
             rows.append((text, judge, system, query, *ONE_HOT[y]))
     return predictions(rows)
@@ -72,7 +77,9 @@ def test_paired_comparison_by_query_and_holm(small):
     assert row.p_t == pytest.approx(stats.ttest_rel([3.0, 3.0], [1.5, 2.0]).pvalue)
     assert row.low <= 1.25 <= row.high and 0 <= row.p_bootstrap < 0.5
     unpaired = lb.build(small.drop(columns="query_id"), Q, n_boot=50).comparisons.iloc[0]
-    assert unpaired.test == "unpaired" and unpaired.p_t == pytest.approx(stats.ttest_ind([3.0, 3.0], [1.5, 2.0], equal_var=False).pvalue)
+    assert unpaired.test == "unpaired" and unpaired.p_t == pytest.approx(
+        stats.ttest_ind([3.0, 3.0], [1.5, 2.0], equal_var=False).pvalue
+    )
     assert np.allclose(lb.holm([0.01, 0.04, 0.03]), [0.03, 0.06, 0.06])
 
 
@@ -80,7 +87,9 @@ def test_prediction_powered_estimate_by_hand():
     out = lb.ppi_mean(np.array([3.0, 4.0]), np.array([2.0, 3.0, 4.0]), np.array([3.0, 3.0, 5.0]))
     assert out["ppi"] == pytest.approx(3.5 + 2 / 3)
     half = 1.959964 * math.sqrt(0.5 / 2 + (1 / 3) / 3)
-    assert out["ppi_low"] == pytest.approx(out["ppi"] - half, abs=1e-5) and out["ppi_high"] == pytest.approx(out["ppi"] + half, abs=1e-5)
+    assert out["ppi_low"] == pytest.approx(out["ppi"] - half, abs=1e-5) and out["ppi_high"] == pytest.approx(
+        out["ppi"] + half, abs=1e-5
+    )
     classical = lb.ppi_mean(np.array([]), np.array([1.0, 2.0]), np.array([2.0, 4.0]))
     assert classical["ppi"] == 3.0 and classical["unlabelled"] == 0
 
@@ -126,21 +135,61 @@ def test_texts_without_system_are_an_error(small):
 def test_leaderboard_command_writes_tables_and_plot(small, tmp_path):
     small.to_csv(tmp_path / "pred.csv", index=False)
     (tmp_path / "rubric.yaml").write_text("name: t\nquestions:\n  - {id: Q, main: true, options: [1, 2, 3, 4]}\n")
-    ann = pd.DataFrame({"text_id": ["a1", "a2", "b1", "b2"], "judge_id": "h", "question_id": "Q", "answer": [4, 3, 2, 1], "system_id": ["A", "A", "B", "B"]})
+    ann = pd.DataFrame(
+        {
+            "text_id": ["a1", "a2", "b1", "b2"],
+            "judge_id": "h",
+            "question_id": "Q",
+            "answer": [4, 3, 2, 1],
+            "system_id": ["A", "A", "B", "B"],
+        }
+    )
     ann.to_csv(tmp_path / "ann.csv", index=False)
     pd.DataFrame({"system": ["A", "B"], "score": [0.2, 0.9]}).to_csv(tmp_path / "ref.csv", index=False)
     out = tmp_path / "board"
-    code = main(["leaderboard", str(tmp_path / "pred.csv"), "--rubric", str(tmp_path / "rubric.yaml"), "--annotations", str(tmp_path / "ann.csv"),
-                 "--reference", str(tmp_path / "ref.csv"), "--bootstrap", "100", "--out-dir", str(out)])
+    code = main(
+        [
+            "leaderboard",
+            str(tmp_path / "pred.csv"),
+            "--rubric",
+            str(tmp_path / "rubric.yaml"),
+            "--annotations",
+            str(tmp_path / "ann.csv"),
+            "--reference",
+            str(tmp_path / "ref.csv"),
+            "--bootstrap",
+            "100",
+            "--out-dir",
+            str(out),
+        ]
+    )
     assert code == 0
     board = pd.read_csv(out / "leaderboard.csv")
     assert list(board.system) == ["A", "B"] and list(board.human) == [3.5, 1.5]
     report = json.loads((out / "leaderboard.json").read_text())
     assert report["vs_human"]["kendall"] == 1.0 and report["vs_reference"]["kendall"] == -1.0
-    assert (out / "density.png").read_bytes()[:4] == b"\x89PNG" and "| 1 | A | 3.000" in (out / "leaderboard.md").read_text()
+    assert (out / "density.png").read_bytes()[:4] == b"\x89PNG" and "| 1 | A | 3.000" in (
+        out / "leaderboard.md"
+    ).read_text()
     pd.DataFrame({"system": ["A", "C"], "score": [1, 2]}).to_csv(tmp_path / "other.csv", index=False)
-    assert main(["leaderboard", str(tmp_path / "pred.csv"), "--rubric", str(tmp_path / "rubric.yaml"), "--reference", str(tmp_path / "other.csv"),
-                 "--bootstrap", "10", "--no-plot", "--out-dir", str(tmp_path / "none")]) == 2
+    assert (
+        main(
+            [
+                "leaderboard",
+                str(tmp_path / "pred.csv"),
+                "--rubric",
+                str(tmp_path / "rubric.yaml"),
+                "--reference",
+                str(tmp_path / "other.csv"),
+                "--bootstrap",
+                "10",
+                "--no-plot",
+                "--out-dir",
+                str(tmp_path / "none"),
+            ]
+        )
+        == 2
+    )
     assert not (tmp_path / "none").exists()
 
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from llmrubric.model import CalibrationNet
-from llmrubric.module import masked_nll
+from llmrubric.model.network import CalibrationNet
+from llmrubric.training.module import masked_nll
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from llmrubric.cli import main
-from llmrubric.errors import InputError
 from llmrubric.extract import models
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
+from llmrubric.io.errors import InputError
 
 SMOLLM2 = models.MODELS_DIR.parents[1] / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -68,7 +68,17 @@ def test_bad_models_are_one_line_errors(case, gguf_file, tmp_path, capsys):
     texts = tmp_path / "texts.jsonl"
     texts.write_text('{"text_id": "a", "text": "user: hi\\nassistant: hello"}\n')
     out = tmp_path / "f.csv"
-    argv = ["extract", str(texts), "--rubric", "conf/rubric/llm_rubric.yaml", "--model", str(path), "--out", str(out), "--no-progress"]
+    argv = [
+        "extract",
+        str(texts),
+        "--rubric",
+        "conf/rubric/llm_rubric.yaml",
+        "--model",
+        str(path),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(path) in err and "Traceback" not in err

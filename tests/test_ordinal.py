@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 import torch
+from conftest import FAST
 from scipy import stats
 from scipy.optimize import minimize_scalar
 
-from conftest import FAST
-from llmrubric.calibrator import Calibrator
-from llmrubric.module import predict_proba
-from llmrubric.ordinal import blend, fit_ordinal_weight, ordinal_shape
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.ordinal import blend, fit_ordinal_weight, ordinal_shape
+from llmrubric.training.module import predict_proba
 
 PLAIN = {**FAST, "ordinal_blend": False}
 
@@ -71,7 +71,9 @@ def test_calibrators_blend_by_default_and_the_checkpoint_keeps_the_weights(rubri
     plain = Calibrator(rubric, trainer=PLAIN, seed=0).fit(simulated)
     weights = blended.summaries_[0]["ordinal_weight"]
     assert blended.nets_[0].ordinal_weight.tolist() == weights and any(w > 0 for w in weights)
-    assert plain.nets_[0].ordinal_weight.tolist() == [0.0] * len(weights) and "ordinal_weight" not in plain.summaries_[0]
+    assert (
+        plain.nets_[0].ordinal_weight.tolist() == [0.0] * len(weights) and "ordinal_weight" not in plain.summaries_[0]
+    )
     data = blended.encode(simulated)
     expected = blend(torch.tensor(plain.proba_of(data)), torch.tensor(weights), plain.nets_[0].option_mask)
     assert np.allclose(blended.proba_of(data), expected.numpy(), atol=1e-6)  # same weights, only the blend differs

@@ -17,7 +17,7 @@ from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import assemble, extract, label_mass
-from llmrubric.rubric import Rubric
+from llmrubric.io.rubric import Rubric
 
 pytestmark = pytest.mark.llm
 MIN_MASS = 0.05
@@ -41,7 +41,9 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def tasks(rubric):
-    two = Rubric.from_dict({"name": "two", "questions": [q for q in rubric.to_dict()["questions"] if q["id"] in ("Q0", "Q1")]})
+    two = Rubric.from_dict(
+        {"name": "two", "questions": [q for q in rubric.to_dict()["questions"] if q["id"] in ("Q0", "Q1")]}
+    )
     texts = pd.DataFrame({"text_id": ["good", "bad"], "text": DIALOGUES})
     tasks, skipped = likert_tasks(texts, two, PromptTemplate("llm_rubric"))
     assert len(tasks) == 4 and not skipped
@@ -71,7 +73,9 @@ def chat_run(smollm2, tasks):
     b = backend(smollm2, chat_template=True)
     assert b.answer_prefix == ""
     results = list(b.score(tasks))
-    return results, assemble(tasks, {(r.task.template_hash, r.task.key, r.task.question_id): r for r in results}, "s", (), rubric, MIN_MASS)
+    return results, assemble(
+        tasks, {(r.task.template_hash, r.task.key, r.task.question_id): r for r in results}, "s", (), rubric, MIN_MASS
+    )
 
 
 def test_label_mass_above_threshold_with_chat_template(chat_run):
@@ -94,7 +98,14 @@ def test_blocks_below_the_threshold_are_marked_and_kept(chat_run, tasks):
     results, _ = chat_run
     tasks, rubric = tasks
     lowest = min(label_mass(r) for r in results)
-    ex = assemble(tasks, {(r.task.template_hash, r.task.key, r.task.question_id): r for r in results}, "s", (), rubric, lowest * 1.0001)
+    ex = assemble(
+        tasks,
+        {(r.task.template_hash, r.task.key, r.task.question_id): r for r in results},
+        "s",
+        (),
+        rubric,
+        lowest * 1.0001,
+    )
     assert list(ex.failures.status) == ["low_label_mass"] and "below min_label_mass" in ex.failures.reason.iloc[0]
     assert len(ex.features) == 16  # marked, not dropped
 

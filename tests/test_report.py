@@ -10,26 +10,34 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT
 from hydra import compose, initialize_config_dir
 
-from conftest import ROOT
-from llmrubric import studies
-from llmrubric.baselines import METHODS
-from llmrubric.calibrator import Calibrator
-from llmrubric.errors import InputError
-from llmrubric.experiment import Split
-from llmrubric.oracles import JudgeAnswers, PersonalIsotonic
-from llmrubric.report import ReportSettings, check_report_config, write_report_folder
-from llmrubric.schemas import Tables
-from llmrubric.splits import holdout_texts
-from llmrubric.studies import Variant, ensemble, run_variants
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import Tables
+from llmrubric.model.baselines import METHODS
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
+from llmrubric.report.build import ReportSettings, check_report_config, write_report_folder
+from llmrubric.training import studies
+from llmrubric.training.experiment import Split
+from llmrubric.training.splits import holdout_texts
+from llmrubric.training.studies import Variant, ensemble, run_variants
 
 TINY = {"pretrain_epochs": 4, "finetune_epochs": 4, "patience": 2, "lr": 0.01}
 CHROMIUM = Path("/usr/bin/chromium")
 FAST_REPORT = [
-    "report=fast", "report.workers=1", "report.ablation_questions=[Q1]", "report.per_question=[Q0,Q3]",
-    "report.lc_fractions=[0.5,1.0]", "report.lc_repetitions=1", "report.permutations=300", "report.bootstrap=50",
-    "report.calibration_bootstrap=10", "report.diagram_bootstrap=5", "report.calibration_min_examples=70",
+    "report=fast",
+    "report.workers=1",
+    "report.ablation_questions=[Q1]",
+    "report.per_question=[Q0,Q3]",
+    "report.lc_fractions=[0.5,1.0]",
+    "report.lc_repetitions=1",
+    "report.permutations=300",
+    "report.bootstrap=50",
+    "report.calibration_bootstrap=10",
+    "report.diagram_bootstrap=5",
+    "report.calibration_min_examples=70",
 ]
 
 
@@ -52,7 +60,11 @@ def test_own_answers_are_the_judges_one_hot_answers(rubric, split):
         for q in rubric.ids[1:]:
             block = x[row, [i for i, c in enumerate(columns) if c.startswith(f"own/{q}/")]]
             answer = ann.get((text, judge, q))
-            expected = np.zeros(len(rubric[q].options)) if answer is None else np.eye(len(rubric[q].options))[rubric[q].keys.index(answer)]
+            expected = (
+                np.zeros(len(rubric[q].options))
+                if answer is None
+                else np.eye(len(rubric[q].options))[rubric[q].keys.index(answer)]
+            )
             assert np.array_equal(block, expected), (text, judge, q)
 
 
@@ -128,16 +140,26 @@ def test_isotonic_variant_shares_the_base_models_fit(rubric, split, monkeypatch)
     requests = {Variant("base", model=no_pers): 1, Variant("base_iso", model=no_pers, isotonic=True): 1}
     out = run_variants(requests, rubric, [Split("s", *split)], {}, TINY, workers=1)
     assert calls == ["base_iso"] and set(out) == {("base", 0), ("base_iso", 0)}
-    assert np.allclose(out[("base", 0)].filter(like="p_").to_numpy(), out[("base_iso", 0)].filter(like="p_").to_numpy(), equal_nan=True)
+    assert np.allclose(
+        out[("base", 0)].filter(like="p_").to_numpy(), out[("base_iso", 0)].filter(like="p_").to_numpy(), equal_nan=True
+    )
     assert not np.allclose(out[("base", 0)]["mean"], out[("base_iso", 0)]["mean"])
     with pytest.raises(InputError, match="share a name"):
         run_variants({Variant("x"): 1, Variant("x", method="constant"): 1}, rubric, [Split("s", *split)], {}, TINY)
     with pytest.raises(InputError, match="only be changed for llm_rubric"):
-        run_variants({Variant("x", method="constant", isotonic=False, drop_questions=("Q1",)): 1}, rubric, [Split("s", *split)], {}, TINY)
+        run_variants(
+            {Variant("x", method="constant", isotonic=False, drop_questions=("Q1",)): 1},
+            rubric,
+            [Split("s", *split)],
+            {},
+            TINY,
+        )
 
 
 def test_ensemble_averages_seeds_by_pair(rubric):
-    pairs = pd.DataFrame({"text_id": ["a", "b"], "judge_id": ["J", "J"], "round": ["1", "1"], "question_id": ["Q0", "Q0"]})
+    pairs = pd.DataFrame(
+        {"text_id": ["a", "b"], "judge_id": ["J", "J"], "round": ["1", "1"], "question_id": ["Q0", "Q0"]}
+    )
     one = pairs.assign(p_1=[1.0, 0.0], p_2=0.0, p_3=0.0, p_4=[0.0, 1.0], mean=[1.0, 4.0], var=0.0)
     two = pairs.assign(p_1=[0.0, 0.0], p_2=[1.0, 0.0], p_3=[0.0, 1.0], p_4=0.0, mean=[2.0, 3.0], var=0.0)
     out = ensemble([one, two.iloc[::-1]], rubric, "Q0")
@@ -176,7 +198,13 @@ def test_report_folder_is_replaced_atomically(tmp_path):
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fast_report")
-    args = ["experiment=demo", f"run_dir={run_dir}", "logger=none", *[f"trainer.{k}={v}" for k, v in TINY.items()], *FAST_REPORT]
+    args = [
+        "experiment=demo",
+        f"run_dir={run_dir}",
+        "logger=none",
+        *[f"trainer.{k}={v}" for k, v in TINY.items()],
+        *FAST_REPORT,
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "evaluate.py", *args], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -187,9 +215,22 @@ def report_dir(tmp_path_factory):
 
 def test_fast_report_has_every_section_number_and_figure(report_dir):
     files = {p.relative_to(report_dir).as_posix() for p in report_dir.rglob("*") if p.is_file()}
-    for name in ("report.md", "report.html", "report.json", "table1.csv", "significance.csv", "calibration.csv", "ablations.csv",
-                 "per_question.csv", "oracles.csv", "learning_curve.csv", "learning_curve_summary.csv",
-                 "figures/reliability_all.png", "figures/judge_distributions.png", "figures/learning_curve.png"):
+    for name in (
+        "report.md",
+        "report.html",
+        "report.json",
+        "table1.csv",
+        "significance.csv",
+        "calibration.csv",
+        "ablations.csv",
+        "per_question.csv",
+        "oracles.csv",
+        "learning_curve.csv",
+        "learning_curve_summary.csv",
+        "figures/reliability_all.png",
+        "figures/judge_distributions.png",
+        "figures/learning_curve.png",
+    ):
         assert name in files, name
     numbers = json.loads((report_dir / "report.json").read_text())
     table1 = {r["method"]: r for r in numbers["table1"]["rows"]}
@@ -198,13 +239,25 @@ def test_fast_report_has_every_section_number_and_figure(report_dir):
     assert table1["llm_rubric"]["pearson_low"] < table1["llm_rubric"]["pearson"] < table1["llm_rubric"]["pearson_high"]
     smece = numbers["calibration"]["smece"]
     assert set(smece) == {"1", "2", "3", "4"} and all(v["low"] <= v["value"] <= v["high"] for v in smece.values())
-    assert {r["variant"] for r in numbers["ablations"]["rows"]} == {"llm_rubric", "no_finetuning", "no_pretraining", "no_personalization", "without_Q1"}
+    assert {r["variant"] for r in numbers["ablations"]["rows"]} == {
+        "llm_rubric",
+        "no_finetuning",
+        "no_pretraining",
+        "no_personalization",
+        "without_Q1",
+    }
     assert all(0 < r["p_pearson"] <= 1 for r in numbers["ablations"]["rows"] if r["variant"] != "llm_rubric")
     assert [r["question"] for r in numbers["per_question"]["rows"]] == ["Q0", "Q3"]
     assert [r["label"] for r in numbers["oracles"]["rows"]] == ["a", "b", "c", "d", "e", "f"]
     assert [r["fraction"] for r in numbers["learning_curve"]["summary"]] == [0.5, 1.0]
     md = (report_dir / "report.md").read_text()
-    for caption in ("Table 1: methods", "Table 2: ablations", "Table 3: per question", "Table 1 (oracles)", "Learning curve"):
+    for caption in (
+        "Table 1: methods",
+        "Table 2: ablations",
+        "Table 3: per question",
+        "Table 1 (oracles)",
+        "Learning curve",
+    ):
         assert f"**{caption}**" in md
     for figure in re.findall(r"\]\((figures/[^)]+)\)", md):
         assert (report_dir / figure).is_file()
@@ -213,11 +266,24 @@ def test_fast_report_has_every_section_number_and_figure(report_dir):
     assert html.count("src='data:image/png;base64,") == len(list((report_dir / "figures").glob("*.png")))
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium not installed at /usr/bin/chromium (`make setup` installs it with apt-get when run as root)")
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="headless Chromium not installed at /usr/bin/chromium (`make setup` installs it with apt-get when run as root)",
+)
 def test_report_html_loads_every_figure_in_headless_chromium(report_dir):
     profile = report_dir.parent / "chromium-profile"
-    base = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", f"--user-data-dir={profile}", "--virtual-time-budget=10000"]
+    base = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=10000",
+    ]
     url = (report_dir / "report.html").as_uri()
     dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=180)
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -228,8 +294,17 @@ def test_report_html_loads_every_figure_in_headless_chromium(report_dir):
     for table in ("table1", "calibration", "ablations", "per_question", "oracles", "learning_curve"):
         assert re.search(rf"<table class=\"report-table\" id=\"{table}\">.*?<td>", dom.stdout, re.S), table
     screenshot = report_dir.parent / "report_screenshot.png"
-    shot = subprocess.run([*base, "--window-size=1280,2400", f"--screenshot={screenshot}", url], capture_output=True, text=True, timeout=180)
-    assert shot.returncode == 0 and screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000
+    shot = subprocess.run(
+        [*base, "--window-size=1280,2400", f"--screenshot={screenshot}", url],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert (
+        shot.returncode == 0
+        and screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        and screenshot.stat().st_size > 20_000
+    )
 
 
 def test_real_data_has_one_judge_per_dialogue_so_no_depersonalized_oracle(llm_rubric_data, rubric):

@@ -1,7 +1,7 @@
 import pytest
 
-from llmrubric.errors import InputError
-from llmrubric.rubric import Rubric, option_key
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric, option_key
 
 
 def test_option_key_canonicalises_numbers():
@@ -35,6 +35,8 @@ def test_question_without_options_is_an_error():
 
 def test_unquoted_label_with_a_comma_is_an_error(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text("questions:\n  - id: Q0\n    options:\n      - {value: 1, label: No, never}\n      - {value: 2, label: Yes}\n")
+    path.write_text(
+        "questions:\n  - id: Q0\n    options:\n      - {value: 1, label: No, never}\n      - {value: 2, label: Yes}\n"
+    )
     with pytest.raises(InputError, match="quote labels"):
         Rubric.load(path)

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from extract_fixtures import write_texts
 from extract_server import FakeOpenAI
-from llmrubric.errors import InputError
+
 from llmrubric.extract.backends.openai_backend import EndpointPool, OpenAIBackend
 from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import extract
-from llmrubric.rubric import Rubric
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ["text_id", "question_id", "option"]
@@ -33,8 +33,17 @@ def tasks(tmp_path_factory):
 
 
 def backend(urls, tok, **kw):
-    settings = dict(endpoint="completions", api_key_env=None, top_logprobs=len(tok), concurrency=2, max_retries=4, timeout=5,
-                    backoff=0.02, pause_after=2, pause=0.2)
+    settings = dict(
+        endpoint="completions",
+        api_key_env=None,
+        top_logprobs=len(tok),
+        concurrency=2,
+        max_retries=4,
+        timeout=5,
+        backoff=0.02,
+        pause_after=2,
+        pause=0.2,
+    )
     return OpenAIBackend("tiny", urls, **{**settings, **kw})
 
 
@@ -53,7 +62,11 @@ def reference(tasks, llama, tok):
 
 def test_replicas_answer_every_prompt_once_despite_a_slow_and_a_killed_one(tasks, reference, llama, tok, tmp_path):
     cache = ResultCache(tmp_path / "cache.sqlite")
-    with FakeOpenAI(llama, tok) as fast, FakeOpenAI(llama, tok, latency=0.3) as slow, FakeOpenAI(llama, tok, latency=0.02, die_after=3) as dying:
+    with (
+        FakeOpenAI(llama, tok) as fast,
+        FakeOpenAI(llama, tok, latency=0.3) as slow,
+        FakeOpenAI(llama, tok, latency=0.02, die_after=3) as dying,
+    ):
         client = backend([fast.url, slow.url, dying.url], tok)
         ex = extract(tasks, client, cache, "api", progress=False)
         answered = fast.answered + slow.answered + dying.answered
@@ -75,11 +88,15 @@ def test_endpoints_dying_mid_run_leave_failures_with_reasons_that_resume(tasks, 
         first = extract(tasks, backend(urls, tok, max_retries=2), cache, "api", progress=False)
     assert first.summary["done"] == 12 and first.summary["failed"] == len(tasks) - 12
     assert first.failures.status.eq("failed").all()
-    assert first.failures.reason.str.contains(r"(?:Error|Disconnected) from http://127\.0\.0\.1:\d+/v1: .*\(after 3 attempts\)").all()
+    assert first.failures.reason.str.contains(
+        r"(?:Error|Disconnected) from http://127\.0\.0\.1:\d+/v1: .*\(after 3 attempts\)"
+    ).all()
     with FakeOpenAI(llama, tok, port=ports[0]) as a, FakeOpenAI(llama, tok, port=ports[1]) as b:
         resumed = extract(tasks, backend(urls, tok), cache, "api", progress=False)
         failed = set(zip(first.failures.text_id, first.failures.question_id))
-        assert sorted(a.answered + b.answered) == sorted(t.prompt for t in tasks if (t.text_id, t.question_id) in failed)
+        assert sorted(a.answered + b.answered) == sorted(
+            t.prompt for t in tasks if (t.text_id, t.question_id) in failed
+        )
     assert resumed.summary["cached"] == 12 and resumed.summary["computed"] == len(tasks) - 12 and resumed.failures.empty
     pd.testing.assert_frame_equal(sorted_features(resumed), reference)
 
@@ -122,7 +139,10 @@ def test_bad_endpoint_lists_are_one_line_errors_before_any_request(tasks, tok):
         backend(["http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1/"], tok)
     cache = ResultCache(None)
     down = backend(["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"], tok)
-    with pytest.raises(InputError, match=r"no endpoint is reachable: http://127.0.0.1:1/v1 \(ConnectionRefusedError.*http://127.0.0.1:2/v1"):
+    with pytest.raises(
+        InputError,
+        match=r"no endpoint is reachable: http://127.0.0.1:1/v1 \(ConnectionRefusedError.*http://127.0.0.1:2/v1",
+    ):
         extract(tasks, down, cache, "api", progress=False)
     assert cache.count() == 0 and down.stats["requests"] == 0
 
@@ -131,14 +151,29 @@ def test_cli_takes_an_endpoint_list_and_refuses_a_malformed_one(tmp_path, capsys
     from llmrubric.cli import main
     from llmrubric.extract.cli import load_config, make_backend_from
 
-    config = load_config(ROOT / "conf" / "extract" / "vllm.yaml", ["model=m", "base_url=[http://127.0.0.1:8001/v1,http://127.0.0.1:8002/v1]"])
+    config = load_config(
+        ROOT / "conf" / "extract" / "vllm.yaml",
+        ["model=m", "base_url=[http://127.0.0.1:8001/v1,http://127.0.0.1:8002/v1]"],
+    )
     client = make_backend_from(config)
     assert client.urls == ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1"] and client.pool.limit == 16
     texts = write_texts(tmp_path / "t.jsonl", n=1)
     out = tmp_path / "f.csv"
-    argv = ["extract", str(texts), "--config", str(ROOT / "conf" / "extract" / "vllm.yaml"), "--set", "model=m",
-            "--set", "base_url=[http://127.0.0.1:8001/v1,http//127.0.0.1:8002/v1]", "--rubric", str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"),
-            "--out", str(out), "--no-progress"]
+    argv = [
+        "extract",
+        str(texts),
+        "--config",
+        str(ROOT / "conf" / "extract" / "vllm.yaml"),
+        "--set",
+        "model=m",
+        "--set",
+        "base_url=[http://127.0.0.1:8001/v1,http//127.0.0.1:8002/v1]",
+        "--rubric",
+        str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "base_url[1]: 'http//127.0.0.1:8002/v1' is not an http(s) URL" in err[0]

@@ -10,24 +10,43 @@ import sys
 
 import optuna
 import pytest
-
 from conftest import ROOT
-from llmrubric.search import finished_trials
 from test_end_to_end import TINY_SEARCH
+
+from llmrubric.training.search import finished_trials
 
 
 def test_search_workers_launched_by_submitit_share_one_study(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed (pip install -e '.[scale]')")
+    pytest.importorskip(
+        "hydra_plugins.hydra_submitit_launcher",
+        reason="hydra-submitit-launcher is not installed (pip install -e '.[scale]')",
+    )
     (tmp_path / "conf" / "search").mkdir(parents=True)
     (tmp_path / "conf" / "search" / "tiny.yaml").write_text(TINY_SEARCH)
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     args = [
-        "-m", "hydra/launcher=submitit_local", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.timeout_min=10",
-        f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "experiment=demo", "search=tiny", "search.batch=1", f"search.storage={storage}",
-        "model.ensemble=1", "logger=none", "+worker=0,1", f"run_dir='{tmp_path / 'run'}/${{hydra:job.num}}'",
+        "-m",
+        "hydra/launcher=submitit_local",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "hydra.launcher.timeout_min=10",
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        "experiment=demo",
+        "search=tiny",
+        "search.batch=1",
+        f"search.storage={storage}",
+        "model.ensemble=1",
+        "logger=none",
+        "+worker=0,1",
+        f"run_dir='{tmp_path / 'run'}/${{hydra:job.num}}'",
     ]
-    launched = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-                              capture_output=True, text=True, timeout=600)
+    launched = subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert len(list((tmp_path / "sweep" / ".submitit").glob("*/*_result.pkl"))) == 2  # two submitit jobs ran
     [summary] = optuna.get_all_study_summaries(storage)

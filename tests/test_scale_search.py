@@ -10,11 +10,11 @@ from pathlib import Path
 
 import optuna
 import pytest
-
-from llmrubric.errors import InputError
-from llmrubric.search import create_study, finished_trials, run_search
 from pg_server import PostgresServer, unavailable
 from test_search import BASE, search_config
+
+from llmrubric.io.errors import InputError
+from llmrubric.training.search import create_study, finished_trials, run_search
 
 ROOT = Path(__file__).resolve().parents[1]
 N_TRIALS = 4
@@ -24,9 +24,9 @@ import os, sys, time
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from test_scale_search import config
 from test_search import BASE
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import load_tables
-from llmrubric.search import run_search
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import load_tables
+from llmrubric.training.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"
 tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
@@ -66,18 +66,27 @@ def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgr
     storage = postgres.create_database("shared")
     (tmp_path / "go-first").touch()
     killed = worker(storage, tmp_path / "go-first")
-    workers = [worker(storage, tmp_path / "go"), worker(storage, tmp_path / "go")]  # they start once the first is killed
+    workers = [
+        worker(storage, tmp_path / "go"),
+        worker(storage, tmp_path / "go"),
+    ]  # they start once the first is killed
     try:
         deadline = time.time() + 120
         while time.time() < deadline and killed.poll() is None:
             trials = optuna.load_study(study_name="shared", storage=storage).trials if _exists(storage) else []
             states = [t.state for t in trials]
-            if optuna.trial.TrialState.COMPLETE in states and any(t.state == optuna.trial.TrialState.RUNNING and len(t.params) == 2 for t in trials):
+            if optuna.trial.TrialState.COMPLETE in states and any(
+                t.state == optuna.trial.TrialState.RUNNING and len(t.params) == 2 for t in trials
+            ):
                 break
             time.sleep(0.1)
         killed.kill()
         assert killed.wait() != 0, "the worker finished before it could be killed"
-        interrupted = [t for t in optuna.load_study(study_name="shared", storage=storage).trials if t.state == optuna.trial.TrialState.RUNNING]
+        interrupted = [
+            t
+            for t in optuna.load_study(study_name="shared", storage=storage).trials
+            if t.state == optuna.trial.TrialState.RUNNING
+        ]
         assert len(interrupted) == 1
         (tmp_path / "go").touch()
         errors = [w.communicate(timeout=240)[1] for w in workers]
@@ -103,10 +112,15 @@ def _exists(storage: str) -> bool:
 
 def test_unreachable_database_and_wrong_credentials_are_one_line_errors(postgres):
     postgres.create_database("creds")
-    with pytest.raises(InputError, match=r"search.storage 'postgresql\+psycopg2://llmrubric:\*\*\*@127.0.0.1:\d+/creds' cannot be opened: .*password authentication failed") as e:
+    with pytest.raises(
+        InputError,
+        match=r"search.storage 'postgresql\+psycopg2://llmrubric:\*\*\*@127.0.0.1:\d+/creds' cannot be opened: .*password authentication failed",
+    ) as e:
         create_study(config(postgres.url("creds", password="wrong")), "s")
     assert "wrong" not in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(InputError, match=r"search.storage .*127.0.0.1:1/x' cannot be opened: .*(refused|could not connect)"):
+    with pytest.raises(
+        InputError, match=r"search.storage .*127.0.0.1:1/x' cannot be opened: .*(refused|could not connect)"
+    ):
         create_study(config("postgresql+psycopg2://llmrubric:pw@127.0.0.1:1/x"), "s")
     with pytest.raises(InputError, match="cannot be opened"):
         create_study(config("notadb://x"), "s")

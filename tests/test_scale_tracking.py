@@ -15,10 +15,10 @@ from pathlib import Path
 import mlflow
 import pytest
 from omegaconf import OmegaConf
-
-from llmrubric.tracking import TrackingError, Tracker
 from pg_server import free_port
 from test_tracking import config, script
+
+from llmrubric.training.tracking import Tracker, TrackingError
 
 SPACE = {"trainer.lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True}}
 
@@ -26,8 +26,20 @@ SPACE = {"trainer.lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True}
 def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     command = [
-        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        "--backend-store-uri", f"sqlite:///{tmp / 'server.db'}", "--artifacts-destination", str(tmp / "artifacts"),
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{tmp / 'server.db'}",
+        "--artifacts-destination",
+        str(tmp / "artifacts"),
     ]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -68,7 +80,15 @@ def server(tmp_path_factory):
 def search_config(tmp: Path, experiment: str):
     cfg = config(f"run_dir='{tmp / 'run'}'", "search=optuna", f"logger.experiment={experiment}")
     OmegaConf.set_struct(cfg, False)
-    cfg.search.update(n_trials=2, batch=2, inner_folds=2, startup_trials=2, progress=False, storage=f"sqlite:///{tmp / 'study.db'}", space=SPACE)
+    cfg.search.update(
+        n_trials=2,
+        batch=2,
+        inner_folds=2,
+        startup_trials=2,
+        progress=False,
+        storage=f"sqlite:///{tmp / 'study.db'}",
+        space=SPACE,
+    )
     return cfg
 
 
@@ -99,7 +119,7 @@ def test_train_search_and_evaluate_log_to_a_tracking_server(server, tmp_path):
 def test_a_server_stopped_mid_run_costs_the_logging_not_the_run(server, tmp_path, monkeypatch, caplog):
     process, url, root = server
     cfg = search_config(tmp_path, "stopped")
-    Run = sys.modules["llmrubric.tracking"].Run
+    Run = sys.modules["llmrubric.training.tracking"].Run
     log_config = Run.log_config
 
     def then_stop(self, cfg):  # the train run has started and logged its config: stop the server
@@ -107,13 +127,21 @@ def test_a_server_stopped_mid_run_costs_the_logging_not_the_run(server, tmp_path
         stop_server(process)
 
     monkeypatch.setattr(Run, "log_config", then_stop)
-    with caplog.at_level(logging.WARNING, logger="llmrubric.tracking"):
+    with caplog.at_level(logging.WARNING, logger="llmrubric.training.tracking"):
         score = script("train").main(cfg)
     assert score == score  # finished with a number
-    assert (tmp_path / "run" / "fold0.safetensors").is_file() and (tmp_path / "run" / "search" / "fold0" / "selected.json").is_file()
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "llmrubric.tracking"]
+    assert (tmp_path / "run" / "fold0.safetensors").is_file() and (
+        tmp_path / "run" / "search" / "fold0" / "selected.json"
+    ).is_file()
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "llmrubric.training.tracking"]
     assert f"MLflow server {url} stopped answering" in warning
-    for what in ("run 'trial-", "(never created)", "metrics ['val/nll/fold0'", "artifact fold0.safetensors", "status FINISHED of run 'train'"):
+    for what in (
+        "run 'trial-",
+        "(never created)",
+        "metrics ['val/nll/fold0'",
+        "artifact fold0.safetensors",
+        "status FINISHED of run 'train'",
+    ):
         assert what in warning, what
     client = mlflow.MlflowClient(f"sqlite:///{root / 'server.db'}")  # what the server had stored
     [train] = client.search_runs([client.get_experiment_by_name("stopped").experiment_id])
@@ -124,7 +152,10 @@ def test_an_mlflow_uri_that_is_not_a_server_is_an_error_before_any_run(monkeypat
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     port = free_port()
-    with pytest.raises(TrackingError, match=rf"^MLflow tracking store http://127.0.0.1:{port} cannot be opened: .*Connection refused.*logger=none") as e:
+    with pytest.raises(
+        TrackingError,
+        match=rf"^MLflow tracking store http://127.0.0.1:{port} cannot be opened: .*Connection refused.*logger=none",
+    ) as e:
         with Tracker("x", f"http://127.0.0.1:{port}").run("train"):
             pytest.fail("the run started")
     assert "\n" not in str(e.value)

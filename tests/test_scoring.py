@@ -3,14 +3,14 @@
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import FAST
-from llmrubric.calibrator import Calibrator
+
 from llmrubric.cli import main
-from llmrubric.errors import InputError
-from llmrubric.schemas import Tables
-from llmrubric.scoring import score_texts
-from llmrubric.splits import holdout_texts
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import Tables
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.scoring.scores import score_texts
+from llmrubric.training.splits import holdout_texts
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,9 @@ def model(rubric, split):
 
 
 def _reference(model, test, judges, questions=None):
-    pairs = pd.DataFrame({"text_id": np.repeat(test.text_ids, len(judges)), "judge_id": np.tile(judges, len(test.text_ids))})
+    pairs = pd.DataFrame(
+        {"text_id": np.repeat(test.text_ids, len(judges)), "judge_id": np.tile(judges, len(test.text_ids))}
+    )
     empty = pd.DataFrame(columns=["text_id", "judge_id", "question_id", "answer"])
     return model.predict(Tables(empty, test.features), pairs, questions)
 
@@ -48,13 +50,20 @@ def test_judge_free_scores_match_the_public_predictions(model, split):
 
 def test_an_ensemble_with_judge_input_personalization_scores_on_the_fast_path(rubric, split):
     train, test = split
-    model = Calibrator(rubric, {"personalize": "input", "inputs": "expected", "input_dropout": 0.2, "ensemble": 2}, trainer=FAST, seed=0).fit(train)
+    model = Calibrator(
+        rubric,
+        {"personalize": "input", "inputs": "expected", "input_dropout": 0.2, "ensemble": 2},
+        trainer=FAST,
+        seed=0,
+    ).fit(train)
     judges = ["J02", "J05"]
     result = score_texts(model, test.features, test.texts, judges=judges, keep_predictions=True)
     ref = _reference(model, test, judges)
     assert result.summary["fast_path"]
     p = result.predictions.merge(ref, on=["text_id", "judge_id", "question_id"], suffixes=("", "_ref"))
-    assert len(p) == len(ref) and np.allclose(p[["p_1", "p_2", "mean"]], p[["p_1_ref", "p_2_ref", "mean_ref"]], atol=1e-5)
+    assert len(p) == len(ref) and np.allclose(
+        p[["p_1", "p_2", "mean"]], p[["p_1_ref", "p_2_ref", "mean_ref"]], atol=1e-5
+    )
 
 
 def test_missing_blocks_are_masked_and_flagged_and_featureless_texts_are_not_scored(model, split):
@@ -87,11 +96,11 @@ def test_chunks_and_streamed_predictions_agree(model, split, tmp_path):
 
 
 def test_a_fast_path_that_disagrees_falls_back_to_the_public_predictions(model, split, monkeypatch):
-    import llmrubric.scoring as scoring
+    import llmrubric.scoring.scores as scoring
 
     test = split[1]
     good = score_texts(model, test.features, test.texts, judges=["J04", "J05"], questions=["Q0"])
-    wrong = lambda calibrator, judges: (lambda x: np.full((len(x), len(judges), len(calibrator.rubric.ids), 4), 0.25))
+    wrong = lambda calibrator, judges: lambda x: np.full((len(x), len(judges), len(calibrator.rubric.ids), 4), 0.25)
     monkeypatch.setattr(scoring, "_judge_predictor", wrong)
     fallback = score_texts(model, test.features, test.texts, judges=["J04", "J05"], questions=["Q0"], chunk_texts=3)
     assert not fallback.summary["fast_path"] and good.summary["fast_path"]
@@ -121,11 +130,41 @@ def test_score_command(model, split, tmp_path):
     checkpoint = model.save(tmp_path / "model.safetensors")
     test.features.to_csv(tmp_path / "features.csv", index=False)
     test.texts.to_csv(tmp_path / "texts.csv", index=False)
-    code = main(["score", str(checkpoint), str(tmp_path / "features.csv"), "--texts", str(tmp_path / "texts.csv"), "--out", str(tmp_path / "scores.csv"),
-                 "--predictions", str(tmp_path / "pred.csv"), "--trusted-judges", "J01", "J02", "--questions", "Q0", "--no-progress"])
+    code = main(
+        [
+            "score",
+            str(checkpoint),
+            str(tmp_path / "features.csv"),
+            "--texts",
+            str(tmp_path / "texts.csv"),
+            "--out",
+            str(tmp_path / "scores.csv"),
+            "--predictions",
+            str(tmp_path / "pred.csv"),
+            "--trusted-judges",
+            "J01",
+            "J02",
+            "--questions",
+            "Q0",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     scores = pd.read_csv(tmp_path / "scores.csv")
     assert len(scores) == len(test.text_ids) and set(scores.columns) >= {"mean", "max", "quantile", "status"}
     assert len(pd.read_csv(tmp_path / "pred.csv")) == 2 * len(test.text_ids)
-    assert main(["score", str(checkpoint), str(tmp_path / "features.csv"), "--out", str(tmp_path / "x.csv"), "--trusted-judges", "ghost"]) == 2
+    assert (
+        main(
+            [
+                "score",
+                str(checkpoint),
+                str(tmp_path / "features.csv"),
+                "--out",
+                str(tmp_path / "x.csv"),
+                "--trusted-judges",
+                "ghost",
+            ]
+        )
+        == 2
+    )
     assert not (tmp_path / "x.csv").exists()

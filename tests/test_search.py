@@ -1,24 +1,32 @@
 import json
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import optuna
 import pytest
 from omegaconf import OmegaConf
 
-from llmrubric.errors import InputError
-from llmrubric.search import Objective, Setting, create_study, finished_trials, run_search, setting_of, suggest
-from llmrubric.splits import text_folds
+from llmrubric.io.errors import InputError
+from llmrubric.training.search import Objective, Setting, create_study, finished_trials, run_search, setting_of, suggest
+from llmrubric.training.splits import text_folds
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = Setting({"h1": 6, "h2": 6, "ensemble": 1}, {"pretrain_epochs": 3, "finetune_epochs": 4, "patience": 3, "lr": 0.01})
+BASE = Setting(
+    {"h1": 6, "h2": 6, "ensemble": 1}, {"pretrain_epochs": 3, "finetune_epochs": 4, "patience": 3, "lr": 0.01}
+)
 
 
 def search_config(storage: str, n_trials: int) -> dict:
     config = OmegaConf.load(ROOT / "conf" / "search" / "optuna.yaml")
-    config.storage, config.n_trials, config.inner_folds, config.startup_trials, config.progress = storage, n_trials, 3, 2, False
+    config.storage, config.n_trials, config.inner_folds, config.startup_trials, config.progress = (
+        storage,
+        n_trials,
+        3,
+        2,
+        False,
+    )
     config.space = {
         "model.personalize": {"type": "categorical", "choices": ["input", "none"]},
         "trainer.lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True},
@@ -28,7 +36,10 @@ def search_config(storage: str, n_trials: int) -> dict:
 
 def test_space_keys_map_onto_model_and_trainer_settings():
     trial = optuna.trial.FixedTrial({"model.h1": 50, "trainer.lr": 0.002})
-    space = {"model.h1": {"type": "categorical", "choices": [10, 50]}, "trainer.lr": {"type": "float", "low": 1e-4, "high": 1e-2}}
+    space = {
+        "model.h1": {"type": "categorical", "choices": [10, 50]},
+        "trainer.lr": {"type": "float", "low": 1e-4, "high": 1e-2},
+    }
     setting = suggest(trial, space, BASE)
     assert setting.model["h1"] == 50 and setting.trainer["lr"] == 0.002 and BASE.model["h1"] == 6
     with pytest.raises(InputError, match="must start with"):
@@ -49,7 +60,9 @@ def test_search_selects_by_inner_cv_nll_and_resumes(tmp_path, rubric, simulated)
 
 def test_trials_train_with_the_search_patience_and_the_selection_keeps_the_trainers(rubric, simulated):
     space = search_config(None, 1).space
-    objective = Objective(rubric, simulated, BASE, dict(space), text_folds(simulated.text_ids, 3, 0), seed=0, patience=7)
+    objective = Objective(
+        rubric, simulated, BASE, dict(space), text_folds(simulated.text_ids, 3, 0), seed=0, patience=7
+    )
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
     [setting] = objective.settings([trial])
     assert setting.trainer["patience"] == 7 and setting.model["ensemble"] == 1
@@ -61,9 +74,9 @@ import json, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from omegaconf import OmegaConf
 from test_search import BASE, search_config
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import load_tables
-from llmrubric.search import run_search
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import load_tables
+from llmrubric.training.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"
 tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
@@ -76,7 +89,10 @@ def test_two_workers_share_one_sqlite_study_without_duplicates_or_losses(tmp_pat
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     optuna.create_study(study_name="shared", storage=storage, direction="minimize")
     code = WORKER.format(root=str(ROOT), tests=str(ROOT / "tests"), storage=storage)
-    workers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    workers = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     try:
         outputs = [w.communicate(timeout=300) for w in workers]
     finally:
@@ -100,7 +116,9 @@ def test_a_diverging_trial_is_failed_with_its_reason_and_the_search_goes_on(tmp_
     study.enqueue_trial({"trainer.lr": 0.01})
     setting, study = run_search(rubric, simulated, BASE, config, "nan", seed=0)
     failed, complete = study.trials
-    assert failed.state == optuna.trial.TrialState.FAIL and "non-finite training loss" in failed.user_attrs["fail_reason"]
+    assert (
+        failed.state == optuna.trial.TrialState.FAIL and "non-finite training loss" in failed.user_attrs["fail_reason"]
+    )
     assert complete.state == optuna.trial.TrialState.COMPLETE and setting.trainer["lr"] == 0.01
 
 
@@ -108,9 +126,9 @@ KILLED = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from test_search import BASE, search_config
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import load_tables
-from llmrubric.search import run_search
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import load_tables
+from llmrubric.training.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"
 tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
@@ -124,18 +142,31 @@ def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rub
     storage = f"sqlite:///{tmp_path / 'killed.db'}"
     optuna.create_study(study_name="killed", storage=storage, direction="minimize")
     code = KILLED.format(root=str(ROOT), tests=str(ROOT / "tests"), storage=storage)
-    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 240
     while time.time() < deadline and worker.poll() is None:
         states = [t.state for t in optuna.load_study(study_name="killed", storage=storage).trials]
-        if states.count(optuna.trial.TrialState.COMPLETE) + states.count(optuna.trial.TrialState.PRUNED) >= 2 and optuna.trial.TrialState.RUNNING in states:
+        if (
+            states.count(optuna.trial.TrialState.COMPLETE) + states.count(optuna.trial.TrialState.PRUNED) >= 2
+            and optuna.trial.TrialState.RUNNING in states
+        ):
             break
         time.sleep(0.1)
     worker.kill()
     assert worker.wait() != 0, "the search ended before it could be killed"
     worker.stderr.close()
-    before = {t.number: (t.params, t.value, t.state) for t in optuna.load_study(study_name="killed", storage=storage).trials if t.state.is_finished()}
-    interrupted = [t.number for t in optuna.load_study(study_name="killed", storage=storage).trials if t.state == optuna.trial.TrialState.RUNNING]
+    before = {
+        t.number: (t.params, t.value, t.state)
+        for t in optuna.load_study(study_name="killed", storage=storage).trials
+        if t.state.is_finished()
+    }
+    interrupted = [
+        t.number
+        for t in optuna.load_study(study_name="killed", storage=storage).trials
+        if t.state == optuna.trial.TrialState.RUNNING
+    ]
     assert interrupted
     time.sleep(2.5)  # past the heartbeat grace period (2 × 1 s)
     config = search_config(storage, 8)
@@ -145,15 +176,19 @@ def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rub
     assert all((trials[n].params, trials[n].value, trials[n].state) == value for n, value in before.items())
     assert all(trials[n].state == optuna.trial.TrialState.FAIL for n in interrupted)
     requeued = {t.user_attrs["requeued_from"]: t for t in study.trials if "requeued_from" in t.user_attrs}
-    assert sorted(requeued) == [n for n in interrupted if trials[n].params]  # a trial killed before sampling has nothing to re-run
-    assert all(t.params.items() >= trials[n].params.items() for n, t in requeued.items())  # a kill mid-sampling leaves some unsampled
+    assert sorted(requeued) == [
+        n for n in interrupted if trials[n].params
+    ]  # a trial killed before sampling has nothing to re-run
+    assert all(
+        t.params.items() >= trials[n].params.items() for n, t in requeued.items()
+    )  # a kill mid-sampling leaves some unsampled
     assert len(finished_trials(study)) == 8
 
 
 def test_cross_validation_scores_equal_the_metrics_of_its_predictions(rubric, simulated):
-    from llmrubric.metrics import evaluate
-    from llmrubric.search import cross_validate
-    from llmrubric.splits import text_folds
+    from llmrubric.evaluation.metrics import evaluate
+    from llmrubric.training.search import cross_validate
+    from llmrubric.training.splits import text_folds
 
     metrics, predictions = cross_validate(rubric, simulated, BASE, text_folds(simulated.text_ids, 3, seed=0), seed=0)
     expected = evaluate(predictions, simulated.annotations, rubric.main, per_judge=False)

@@ -5,9 +5,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from llmrubric import significance
-from llmrubric.errors import InputError
-from llmrubric.significance import (
+from llmrubric.evaluation import significance
+from llmrubric.evaluation.significance import (
     _SwapStatistics,
     align_methods,
     bootstrap_intervals,
@@ -15,6 +14,7 @@ from llmrubric.significance import (
     paired_permutation_test,
     superscripts,
 )
+from llmrubric.io.errors import InputError
 
 
 def data(n=200, seed=0, noise_a=0.8, noise_b=1.2):
@@ -50,11 +50,19 @@ def test_p_values_agree_with_scipy_permutation_test():
             if metric == "pearson":
                 return significance._pearson_rows(x1, y) - significance._pearson_rows(x2, y)
             return np.sqrt(np.mean((x2 - y) ** 2, axis=axis)) - np.sqrt(np.mean((x1 - y) ** 2, axis=axis))
+
         return f
 
     for metric in ("pearson", "rmse"):
-        ref = stats.permutation_test((a, b), diff(metric), permutation_type="samples", vectorized=True,
-                                     n_resamples=4000, alternative="greater", rng=1)
+        ref = stats.permutation_test(
+            (a, b),
+            diff(metric),
+            permutation_type="samples",
+            vectorized=True,
+            n_resamples=4000,
+            alternative="greater",
+            rng=1,
+        )
         assert ours[metric]["improvement"] == pytest.approx(ref.statistic, abs=1e-12)
         assert 0.005 < ref.pvalue < 0.9
         assert ours[metric]["p_value"] == pytest.approx(ref.pvalue, abs=0.03)
@@ -70,7 +78,11 @@ def test_clear_improvement_is_significant_and_exchangeable_methods_are_not():
     for seed in range(30):
         rng = np.random.default_rng(100 + seed)
         y = rng.integers(1, 5, 80).astype(float)
-        null_p.append(paired_permutation_test(y, y + rng.normal(0, 1, 80), y + rng.normal(0, 1, 80), ("pearson",), 300, seed)["pearson"]["p_value"])
+        null_p.append(
+            paired_permutation_test(y, y + rng.normal(0, 1, 80), y + rng.normal(0, 1, 80), ("pearson",), 300, seed)[
+                "pearson"
+            ]["p_value"]
+        )
     assert np.mean(np.array(null_p) < 0.05) <= 0.2
     assert 0.3 < np.median(null_p) < 0.7
 
@@ -107,7 +119,10 @@ def test_bootstrap_intervals_bracket_the_estimate_and_shrink_with_data():
     rare = np.full(200, 4.0)
     rare[:3] = 3.0
     ci = bootstrap_intervals(y, rare, None, None, n_resamples=300, seed=0)
-    assert np.isfinite(ci["pearson"]).all() and ci["pearson"][0] <= significance.point_metrics(y, rare)["pearson"] <= ci["pearson"][1]
+    assert (
+        np.isfinite(ci["pearson"]).all()
+        and ci["pearson"][0] <= significance.point_metrics(y, rare)["pearson"] <= ci["pearson"][1]
+    )
     once = np.full(200, 4.0)
     once[0] = 3.0
     assert np.isnan(bootstrap_intervals(y, once, None, None, n_resamples=300, seed=0)["pearson"]).all()
@@ -133,7 +148,9 @@ def test_alignment_is_by_key_not_row_order(rubric, annotated):
     means = np.linspace(1, 4, 30)
     ordered = predictions(pairs, means)
     shuffled = ordered.sample(frac=1.0, random_state=1)
-    extra = pd.concat([shuffled, predictions(pd.DataFrame({"text_id": ["x"], "judge_id": ["J9"], "round": ["1"]}), [2.0])])
+    extra = pd.concat(
+        [shuffled, predictions(pd.DataFrame({"text_id": ["x"], "judge_id": ["J9"], "round": ["1"]}), [2.0])]
+    )
     aligned = align_methods({"a": ordered, "b": extra}, ann, rubric.main)
     assert np.array_equal(aligned.means["a"], aligned.means["b"])
     assert list(aligned.pairs.text_id) == sorted(pairs.text_id)
@@ -160,13 +177,21 @@ def test_compare_methods_and_superscripts(rubric, annotated):
     ann = pairs.assign(question_id="Q0", answer=[str(int(v)) for v in y])
     rng = np.random.default_rng(5)
     c = a + rng.normal(0, 0.01, 200)
-    aligned = align_methods({n: predictions(pairs, m) for n, m in (("good", a), ("bad", b), ("twin", c))}, ann, rubric.main)
-    tests = compare_methods(aligned, [("good", "bad"), ("good", "twin"), ("twin", "bad")], ("rmse", "pearson"), 1000, progress=False)
+    aligned = align_methods(
+        {n: predictions(pairs, m) for n, m in (("good", a), ("bad", b), ("twin", c))}, ann, rubric.main
+    )
+    tests = compare_methods(
+        aligned, [("good", "bad"), ("good", "twin"), ("twin", "bad")], ("rmse", "pearson"), 1000, progress=False
+    )
     assert len(tests) == 6 and set(tests.metric) == {"rmse", "pearson"}
     marks = superscripts(tests, {"bad": "1", "good": "2", "twin": "3"}, "pearson")
     assert marks == {"bad": "", "good": "1", "twin": "1"}
     star = superscripts(tests, {"bad": "1", "twin": "2", "good": "a"}, "pearson", star_group=["bad"])
     assert star == {"bad": "", "twin": "*", "good": "*"}
-    flat = pd.DataFrame([{"method_a": "good", "method_b": "flat", "metric": "pearson", "p_value": np.nan, "p_value_reverse": np.nan}])
-    star = superscripts(pd.concat([tests, flat]), {"bad": "1", "flat": "2", "good": "a"}, "pearson", star_group=["bad", "flat"])
+    flat = pd.DataFrame(
+        [{"method_a": "good", "method_b": "flat", "metric": "pearson", "p_value": np.nan, "p_value_reverse": np.nan}]
+    )
+    star = superscripts(
+        pd.concat([tests, flat]), {"bad": "1", "flat": "2", "good": "a"}, "pearson", star_group=["bad", "flat"]
+    )
     assert star["good"] == "*"

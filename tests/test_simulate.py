@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from llmrubric.cli import main
-from llmrubric.errors import InputError
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import load_tables
-from llmrubric.simulate import CITATION, DEFAULT_RUBRIC, FILES, simulate, simulate_shift, write_simulated
+from llmrubric.data.simulate import CITATION, DEFAULT_RUBRIC, FILES, simulate, simulate_shift, write_simulated
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import load_tables
 
 EMBEDDED = Path(__file__).parents[1] / "data" / "simulated"
 
@@ -42,7 +42,9 @@ def test_same_seed_same_tables_other_seed_differs(rubric):
 def test_written_tables_validate(tmp_path, rubric):
     write_simulated(tmp_path / "sim", seed=3, n_texts=30, n_judges=5)
     assert sorted(p.name for p in (tmp_path / "sim").iterdir()) == sorted(FILES)
-    tables = load_tables(tmp_path / "sim" / "annotations.csv", tmp_path / "sim" / "features.csv", rubric, tmp_path / "sim" / "texts.csv")
+    tables = load_tables(
+        tmp_path / "sim" / "annotations.csv", tmp_path / "sim" / "features.csv", rubric, tmp_path / "sim" / "texts.csv"
+    )
     assert tables.annotations.text_id.nunique() == 30
     assert set(tables.annotations.judge_id) <= {f"J{j:02d}" for j in range(1, 6)}
     assert set(tables.features.question_id) == set(rubric.ids)
@@ -62,7 +64,9 @@ def test_sizes_and_judges_per_text(default):
 def test_embedded_data_is_the_default_regeneration(tmp_path):
     fresh = write_simulated(tmp_path / "sim")
     for name in ("annotations.csv", "texts.csv"):
-        assert (EMBEDDED / name).read_text() == (fresh / name).read_text(), f"data/simulated/{name} is stale: run `llmrubric data simulate data/simulated`"
+        assert (EMBEDDED / name).read_text() == (fresh / name).read_text(), (
+            f"data/simulated/{name} is stale: run `llmrubric data simulate data/simulated`"
+        )
     old, new = (pd.read_csv(d / "features.csv", dtype={"option": str}) for d in (EMBEDDED, fresh))
     pd.testing.assert_frame_equal(old, new, check_exact=False, atol=2e-6)
     assert _close(json.loads((EMBEDDED / "truth.json").read_text()), json.loads((fresh / "truth.json").read_text()))
@@ -83,9 +87,11 @@ def test_idiosyncratic_judge_is_recorded_and_visible(default):
     odd = truth["idiosyncratic_judge"]["judge_id"]
     assert odd in truth["judges"] and truth["idiosyncratic_judge"]["dimension"] == "concision"
     assert truth["judges"][odd]["q0_weights"][2] > 0.9
-    wide = tables.annotations.assign(v=tables.annotations.answer.astype(int)).pivot_table(
-        index=["text_id", "judge_id"], columns="question_id", values="v"
-    ).reset_index()
+    wide = (
+        tables.annotations.assign(v=tables.annotations.answer.astype(int))
+        .pivot_table(index=["text_id", "judge_id"], columns="question_id", values="v")
+        .reset_index()
+    )
     mine, rest = wide[wide.judge_id == odd], wide[wide.judge_id != odd]
     assert len(mine) > 40
     assert mine.Q0.mean() < rest.Q0.mean() - 0.4  # harsh

@@ -4,10 +4,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from llmrubric.errors import InputError
-from llmrubric.experiment import make_folds, splits_from_folds
-from llmrubric.schemas import Tables
-from llmrubric.splits import holdout_texts, system_folds, text_folds
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import Tables
+from llmrubric.training.experiment import make_folds, splits_from_folds
+from llmrubric.training.splits import holdout_texts, system_folds, text_folds
 
 
 def test_folds_partition_texts_evenly_and_deterministically():
@@ -46,7 +46,9 @@ def test_systems_protocol_tests_each_model_on_a_system_it_never_saw(simulated):
 
 
 def test_system_folds_name_the_missing_system_ids(simulated):
-    no_system = Tables(simulated.annotations.drop(columns="system_id"), simulated.features, simulated.texts.drop(columns="system_id"))
+    no_system = Tables(
+        simulated.annotations.drop(columns="system_id"), simulated.features, simulated.texts.drop(columns="system_id")
+    )
     with pytest.raises(InputError, match="system_id"):
         system_folds(no_system)
     one = simulated.subset(simulated.texts.text_id[simulated.texts.system_id == simulated.texts.system_id.iloc[0]])
@@ -67,7 +69,9 @@ def test_the_leave_one_system_out_experiment_tests_each_synthetic_system_alone(l
 def test_system_folds_name_a_system_without_annotations(simulated):
     texts = simulated.texts.copy()
     texts.loc[texts.index[0], "system_id"] = "S9"  # a system whose only text is ...
-    annotated = Tables(simulated.annotations[simulated.annotations.text_id != texts.text_id.iloc[0]], simulated.features, texts)
+    annotated = Tables(
+        simulated.annotations[simulated.annotations.text_id != texts.text_id.iloc[0]], simulated.features, texts
+    )
     with pytest.raises(InputError, match="S9") as e:
         system_folds(annotated)  # ... not annotated
     assert "no annotated text" in str(e.value) and "system_id" in str(e.value)

@@ -1,15 +1,14 @@
 import numpy as np
 import pytest
 import torch
-
-from llmrubric.calibrator import Calibrator
-from llmrubric.data import FeatureLayout, JudgeMap, encode
-from llmrubric.model import CalibrationNet
-from llmrubric.module import TrainConfig, predict_proba, train_network
-from llmrubric.splits import text_folds
-from llmrubric.stacked import train_stacked
-
 from conftest import FAST
+
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.encoding import FeatureLayout, JudgeMap, encode
+from llmrubric.model.network import CalibrationNet
+from llmrubric.training.engine import train_stacked
+from llmrubric.training.module import TrainConfig, predict_proba, train_network
+from llmrubric.training.splits import text_folds
 
 TRAINER = {**FAST, "delta_l2": 0.01, "weight_decay": 0.001, "batch_size": 32}
 
@@ -20,7 +19,12 @@ def _fold_data(rubric, simulated, k_folds=3):
     folds = text_folds(simulated.text_ids, k_folds, seed=0)
     parts = []
     for k in range(k_folds):
-        train = encode(simulated.subset(folds.text_id[(folds.fold != k) & (folds.fold != (k + 1) % k_folds)]), rubric, layout, judges)
+        train = encode(
+            simulated.subset(folds.text_id[(folds.fold != k) & (folds.fold != (k + 1) % k_folds)]),
+            rubric,
+            layout,
+            judges,
+        )
         val = encode(simulated.subset(folds.text_id[folds.fold == (k + 1) % k_folds]), rubric, layout, judges)
         parts.append((train, val))
     return layout, judges, parts
@@ -70,17 +74,23 @@ def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own
     configs = [
         TrainConfig(**TRAINER),
         TrainConfig(**{**TRAINER, "lr": 0.003, "batch_size": 64, "pretrain_epochs": 0, "delta_l2": 0.0}),
-        TrainConfig(**{**TRAINER, "lr": 0.02, "batch_size": 17, "finetune_epochs": 7, "patience": 2, "weight_decay": 0.01}),
+        TrainConfig(
+            **{**TRAINER, "lr": 0.02, "batch_size": 17, "finetune_epochs": 7, "patience": 2, "weight_decay": 0.01}
+        ),
     ]
 
     def make(k, train):
         torch.manual_seed(k)
-        net = CalibrationNet(layout.values, len(judges.judges), [len(q.options) for q in rubric.questions], *sizes[k], inputs=inputs[k])
+        net = CalibrationNet(
+            layout.values, len(judges.judges), [len(q.options) for q in rubric.questions], *sizes[k], inputs=inputs[k]
+        )
         net.standardize_inputs(train.x, train.judge)
         return net
 
     alone = [make(k, tr) for k, (tr, _) in enumerate(parts)]
-    alone_summaries = [train_network(n, tr, va, main, c, k) for k, (n, (tr, va), c) in enumerate(zip(alone, parts, configs))]
+    alone_summaries = [
+        train_network(n, tr, va, main, c, k) for k, (n, (tr, va), c) in enumerate(zip(alone, parts, configs))
+    ]
     together = [make(k, tr) for k, (tr, _) in enumerate(parts)]
     summaries = train_stacked(together, [tr for tr, _ in parts], [va for _, va in parts], main, configs, [0, 1, 2])
     assert "pretrain" not in summaries[1] and "pretrain" not in alone_summaries[1]
@@ -97,8 +107,12 @@ def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, simul
     parts = [*parts, parts[0]]
     nets = [_net(layout, judges, rubric, k, tr) for k, (tr, _) in enumerate(parts)]
     configs = [
-        TrainConfig(**{**TRAINER, "patience": 100}), TrainConfig(**{**TRAINER, "lr": 1e300}), TrainConfig(**{**TRAINER, "patience": 100}),
-        TrainConfig(**{**TRAINER, "patience": 100, "pretrain_epochs": 3}),  # pruned in the epoch that ends its pretraining
+        TrainConfig(**{**TRAINER, "patience": 100}),
+        TrainConfig(**{**TRAINER, "lr": 1e300}),
+        TrainConfig(**{**TRAINER, "patience": 100}),
+        TrainConfig(
+            **{**TRAINER, "patience": 100, "pretrain_epochs": 3}
+        ),  # pruned in the epoch that ends its pretraining
     ]
     seen = []
 
@@ -106,23 +120,36 @@ def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, simul
         seen.append((phase, epoch, val_nll.clone()))
         return torch.tensor([phase == "pretrain" and epoch >= 2, False, False, phase == "pretrain" and epoch == 2])
 
-    summaries = train_stacked(nets, [tr for tr, _ in parts], [va for _, va in parts], main, configs, [0, 1, 2, 3], on_epoch=prune_after_three)
+    summaries = train_stacked(
+        nets, [tr for tr, _ in parts], [va for _, va in parts], main, configs, [0, 1, 2, 3], on_epoch=prune_after_three
+    )
     assert summaries[0]["pretrain"]["stopped"] == "pruned" and summaries[0]["pretrain"]["epochs"] == 3
     assert summaries[3]["pretrain"]["stopped"] == "pruned" and summaries[3]["pretrain"]["epochs"] == 3
     assert summaries[1]["pretrain"]["stopped"] == "diverged"
-    assert "finetune" not in summaries[0] and "finetune" not in summaries[1] and "finetune" not in summaries[3] and "finetune" in summaries[2]
-    assert summaries[2]["pretrain"]["stopped"] == "max_epochs" and summaries[2]["pretrain"]["epochs"] == TRAINER["pretrain_epochs"]
+    assert (
+        "finetune" not in summaries[0]
+        and "finetune" not in summaries[1]
+        and "finetune" not in summaries[3]
+        and "finetune" in summaries[2]
+    )
+    assert (
+        summaries[2]["pretrain"]["stopped"] == "max_epochs"
+        and summaries[2]["pretrain"]["epochs"] == TRAINER["pretrain_epochs"]
+    )
     assert all(torch.isfinite(p).all() for net in nets for p in net.parameters())
     assert torch.isnan(seen[-1][2][0]) and torch.isfinite(seen[-1][2][2])
 
 
 def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, simulated):
-    from llmrubric.calibrator import fit_together
+    from llmrubric.model.calibrator import fit_together
 
     folds = text_folds(simulated.text_ids, 3, seed=0)
     train, test = simulated.subset(folds.text_id[folds.fold != 0]), simulated.subset(folds.text_id[folds.fold == 0])
     kinds = [("expected", "input"), ("probabilities", "none"), ("both", "input"), ("expected", "deltas")]
-    make = lambda: [Calibrator(rubric, {"inputs": i, "personalize": p, "h1": 6 + k, "ensemble": 1}, TRAINER, seed=k) for k, (i, p) in enumerate(kinds)]
+    make = lambda: [
+        Calibrator(rubric, {"inputs": i, "personalize": p, "h1": 6 + k, "ensemble": 1}, TRAINER, seed=k)
+        for k, (i, p) in enumerate(kinds)
+    ]
     judges = JudgeMap.from_annotations(simulated.annotations)
     alone = [fit_together([c], [train], judges)[0] for c in make()]
     together = fit_together(make(), [train] * len(kinds), judges)

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 import torch
+from conftest import FAST
 from scipy.optimize import minimize_scalar
 
-from conftest import FAST
-from llmrubric.calibrator import Calibrator
-from llmrubric.temperature import fit_temperature
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.temperature import fit_temperature
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,11 @@ def test_the_fitted_temperature_minimises_held_out_nll_of_each_question(member, 
     with torch.no_grad():
         net.temperature.fill_(1.0)
         logits = net(val.x, val.judge)[keep, q]
-    best = minimize_scalar(lambda t: float(torch.nn.functional.cross_entropy(logits / t, val.y[keep, q])), bounds=(0.05, 20), method="bounded")
+    best = minimize_scalar(
+        lambda t: float(torch.nn.functional.cross_entropy(logits / t, val.y[keep, q])),
+        bounds=(0.05, 20),
+        method="bounded",
+    )
     net.temperature.copy_(torch.tensor(temps))
     assert temps[q] > 1.5 and temps[q] == pytest.approx(best.x, rel=0.01)
     assert val_nll(net, val, q) == pytest.approx(best.fun, abs=1e-4) and val_nll(net, val, q) < before - 0.05
@@ -60,7 +64,10 @@ def test_calibrators_scale_by_default_and_the_checkpoint_keeps_the_temperatures(
     assert scaled.nets_[0].temperature.tolist() == temps and temps != [1.0] * len(temps)
     assert plain.nets_[0].temperature.tolist() == [1.0] * len(temps) and "temperature" not in plain.summaries_[0]
     q0 = rubric.ids.index("Q0")
-    logits = {name: c.nets_[0](c.encode(simulated).x, c.encode(simulated).judge)[:, q0].detach() for name, c in (("s", scaled), ("p", plain))}
+    logits = {
+        name: c.nets_[0](c.encode(simulated).x, c.encode(simulated).judge)[:, q0].detach()
+        for name, c in (("s", scaled), ("p", plain))
+    }
     assert torch.allclose(logits["s"] * temps[q0], logits["p"], atol=1e-5)  # same weights, only the scale differs
     loaded = Calibrator.load(scaled.save(tmp_path / "scaled.safetensors"))
     assert loaded.nets_[0].temperature.tolist() == temps

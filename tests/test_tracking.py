@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import mlflow
 import pytest
+from conftest import ROOT
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conftest import ROOT
-from llmrubric.tracking import Tracker
+from llmrubric.training.tracking import Tracker
 
 DATA = ROOT / "data" / "simulated"
 TABLES = ("annotations", "features", "texts")
@@ -68,7 +68,9 @@ def test_train_run_logs_config_metrics_history_and_checkpoint(logged, tmp_path):
     run = logged.runs["train"]
     assert run.info.status == "FINISHED" and run.info.run_name == "train"
     params = run.data.params
-    assert params["trainer.pretrain_epochs"] == "3" and params["model.h1"] == "25" and params["data.name"] == "simulated"
+    assert (
+        params["trainer.pretrain_epochs"] == "3" and params["model.h1"] == "25" and params["data.name"] == "simulated"
+    )
     assert params["baselines"] == "[]"
     assert run.data.tags["git_commit"] == git_head()
     assert run.data.tags["data_sha256"] == expected_data_hash()
@@ -83,7 +85,11 @@ def test_train_run_logs_config_metrics_history_and_checkpoint(logged, tmp_path):
     assert checkpoint == (logged.tmp / "run" / "fold0.safetensors").read_bytes()
     logged_config = OmegaConf.create(read_artifact(logged.client, run.info.run_id, "config.yaml", tmp_path).decode())
     assert logged_config.trainer.finetune_epochs == 3 and logged_config.run_dir == str(logged.tmp / "run")
-    assert {a.path for a in logged.client.list_artifacts(run.info.run_id)} >= {"config.yaml", "folds.csv", "checkpoints"}
+    assert {a.path for a in logged.client.list_artifacts(run.info.run_id)} >= {
+        "config.yaml",
+        "folds.csv",
+        "checkpoints",
+    }
 
 
 def test_evaluate_run_logs_test_metrics_and_tables(logged, tmp_path):
@@ -93,7 +99,12 @@ def test_evaluate_run_logs_test_metrics_and_tables(logged, tmp_path):
     for name in ("rmse", "pearson", "spearman", "kendall", "nll"):
         assert run.data.metrics[f"test/{name}"] == pytest.approx(model[name]), name
     assert run.data.metrics["test/per_judge/rmse"] == pytest.approx(model["per_judge"]["rmse"])
-    assert {a.path for a in logged.client.list_artifacts(run.info.run_id)} >= {"predictions.csv", "metrics.json", "metrics.md", "config.yaml"}
+    assert {a.path for a in logged.client.list_artifacts(run.info.run_id)} >= {
+        "predictions.csv",
+        "metrics.json",
+        "metrics.md",
+        "config.yaml",
+    }
     written = json.loads(read_artifact(logged.client, run.info.run_id, "metrics.json", tmp_path))
     assert written["methods"]["llm_rubric"]["rmse"] == pytest.approx(model["rmse"])
 
@@ -143,7 +154,9 @@ def test_nested_runs_record_their_parent_in_the_default_store(tmp_path, monkeypa
     history = tracker.client.get_metric_history(trial.id, "val/nll")
     assert [(m.step, m.value) for m in history] == [(2, 1.5)] and "val/rmse" not in get(trial.id).data.metrics
     assert (tmp_path / "mlruns.db").is_file()
-    assert (tmp_path / "mlartifacts" / "nested" / study.id / "artifacts" / "search" / "space.yaml").read_text() == "x: 1\n"
+    assert (
+        tmp_path / "mlartifacts" / "nested" / study.id / "artifacts" / "search" / "space.yaml"
+    ).read_text() == "x: 1\n"
 
 
 def test_config_then_environment_then_default_store(tmp_path, monkeypatch):
@@ -159,12 +172,14 @@ def test_config_then_environment_then_default_store(tmp_path, monkeypatch):
 def test_logger_none_writes_nothing_and_never_imports_mlflow(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'env.db'}")
-    cfg = config("logger=none", f"run_dir='{tmp_path / 'run'}'", "trainer.pretrain_epochs=1", "trainer.finetune_epochs=1")
+    cfg = config(
+        "logger=none", f"run_dir='{tmp_path / 'run'}'", "trainer.pretrain_epochs=1", "trainer.finetune_epochs=1"
+    )
     script("train").main(cfg)
     assert (tmp_path / "run" / "fold0.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     code = (
-        "import sys; from omegaconf import OmegaConf; from llmrubric.tracking import Tracker\n"
+        "import sys; from omegaconf import OmegaConf; from llmrubric.training.tracking import Tracker\n"
         "cfg = OmegaConf.create({'logger': {'enabled': False}, 'data': {}})\n"
         "with Tracker.from_config(cfg).run('x', nested=True) as run:\n"
         "    run.log_config(cfg); run.log_metrics({'val/nll': 1.0}); run.log_history([]); run.log_artifact('missing')\n"

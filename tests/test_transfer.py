@@ -7,13 +7,13 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT
 from scipy import stats
 
-from conftest import ROOT
-from llmrubric.errors import InputError
-from llmrubric.schemas import write_table
-from llmrubric.simulate import write_simulated
-from llmrubric.transfer import coverage, pair_scores, ppi_intervals, shift_intervals, system_means
+from llmrubric.data.simulate import write_simulated
+from llmrubric.evaluation.transfer import coverage, pair_scores, ppi_intervals, shift_intervals, system_means
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import write_table
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import transfer as bench  # noqa: E402
@@ -25,8 +25,13 @@ def test_shift_interval_is_the_t_interval_of_the_other_systems_errors():
     others = np.array([0.0, -0.2, -1.0])  # the residuals of b, c, d
     half = stats.t.ppf(0.975, df=3) * math.sqrt(np.mean(others**2))
     assert out.loc["a", "low"] == pytest.approx(1.5 - half) and out.loc["a", "high"] == pytest.approx(1.5 + half)
-    assert out.loc["d", "high"] - out.loc["d", "low"] < out.loc["a", "high"] - out.loc["a", "low"]  # d's own big miss does not widen d
-    assert coverage(out) == (pytest.approx(np.mean([(r.low <= r.human <= r.high) for r in out.itertuples()])), pytest.approx((out.high - out.low).mean()))
+    assert (
+        out.loc["d", "high"] - out.loc["d", "low"] < out.loc["a", "high"] - out.loc["a", "low"]
+    )  # d's own big miss does not widen d
+    assert coverage(out) == (
+        pytest.approx(np.mean([(r.low <= r.human <= r.high) for r in out.itertuples()])),
+        pytest.approx((out.high - out.low).mean()),
+    )
     with pytest.raises(InputError, match="at least 2 systems"):
         shift_intervals(means.iloc[:1])
 
@@ -34,7 +39,9 @@ def test_shift_interval_is_the_t_interval_of_the_other_systems_errors():
 def test_ppi_corrects_a_biased_prediction_and_refuses_more_labels_than_pairs():
     rng = np.random.default_rng(0)
     y = rng.normal(3.0, 0.5, 200)
-    pairs = pd.DataFrame({"system_id": "s", "text_id": [f"t{i}" for i in range(200)], "y": y, "yhat": y - 0.8 + rng.normal(0, 0.1, 200)})
+    pairs = pd.DataFrame(
+        {"system_id": "s", "text_id": [f"t{i}" for i in range(200)], "y": y, "yhat": y - 0.8 + rng.normal(0, 0.1, 200)}
+    )
     draws = ppi_intervals(pairs, 20, draws=40, seed=1)
     assert len(draws) == 40 and abs(draws.estimate.mean() - y.mean()) < 0.05  # the bias of 0.8 is removed
     assert coverage(draws)[0] >= 0.85
@@ -58,9 +65,18 @@ def test_benchmark_bad_input_is_one_line_and_exit_2(tmp_path):
     write_table(texts, data / "texts.csv")
     write_table(pd.read_csv(data / "annotations.csv", dtype=str).drop(columns="system_id"), data / "annotations.csv")
     (data / "truth.json").unlink()
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--sets", "--out", str(tmp_path / "t.json"), *a], capture_output=True, text=True)
+    run = lambda *a: subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--sets", "--out", str(tmp_path / "t.json"), *a],
+        capture_output=True,
+        text=True,
+    )
     done = run("--data", str(data))
-    assert done.returncode == 2 and "system_id" in done.stderr and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert (
+        done.returncode == 2
+        and "system_id" in done.stderr
+        and "Traceback" not in done.stderr
+        and len(done.stderr.strip().splitlines()) == 1
+    )
     one = write_simulated(tmp_path / "few", n_texts=8, n_judges=4)
     done = run("--data", str(one))
     assert done.returncode == 2 and "k=20" in done.stderr and "Traceback" not in done.stderr

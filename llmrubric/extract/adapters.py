@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from llmrubric.errors import InputError
+from llmrubric.io.errors import InputError
 
 
 def render_dialogue(messages: list[dict], references: str = "") -> str:
@@ -43,12 +43,21 @@ def llm_rubric_real_texts(path: str | Path) -> pd.DataFrame:
             try:
                 messages = ast.literal_eval(messages)
             except (ValueError, SyntaxError) as e:
-                raise InputError(f"messages is not a Python-literal list ({e})", file=str(path), row=n, column="messages") from e
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
+                raise InputError(
+                    f"messages is not a Python-literal list ({e})", file=str(path), row=n, column="messages"
+                ) from e
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages
+        ):
             raise InputError("messages must be a list of {role, content}", file=str(path), row=n, column="messages")
         ref = record.get("ref") or ""
         rows.append(
-            {"text_id": str(record["_id"]), "query_id": str(record.get("topic", "")), "text": render_dialogue(messages, ref), "has_references": bool(ref.strip())}
+            {
+                "text_id": str(record["_id"]),
+                "query_id": str(record.get("topic", "")),
+                "text": render_dialogue(messages, ref),
+                "has_references": bool(ref.strip()),
+            }
         )
     texts = pd.DataFrame(rows)
     texts.index = pd.RangeIndex(1, len(texts) + 1)

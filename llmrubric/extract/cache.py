@@ -46,16 +46,33 @@ class ResultCache:
         if row is None:
             return None
         status, probs, reason, warning, prompt_tokens, computed_tokens = row
-        return Result(task, json.loads(probs) if probs else None, status, reason or "", prompt_tokens or 0, computed_tokens or 0, warning or "")
+        return Result(
+            task,
+            json.loads(probs) if probs else None,
+            status,
+            reason or "",
+            prompt_tokens or 0,
+            computed_tokens or 0,
+            warning or "",
+        )
 
     def put(self, model_id: str, result: Result) -> None:
         t = result.task
         self.db.execute(
             "INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
-                model_id, t.template_hash, t.key, t.question_id, t.text_id, result.status,
+                model_id,
+                t.template_hash,
+                t.key,
+                t.question_id,
+                t.text_id,
+                result.status,
                 json.dumps(result.probs) if result.probs is not None else None,
-                result.reason, result.warning, result.prompt_tokens, result.computed_tokens, time.time(),
+                result.reason,
+                result.warning,
+                result.prompt_tokens,
+                result.computed_tokens,
+                time.time(),
             ),
         )
         self.db.commit()

@@ -14,18 +14,48 @@ from pathlib import Path
 
 import pandas as pd
 
-from llmrubric.errors import InputError
-from llmrubric.schemas import read_table, write_json, write_table
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import read_table, write_json, write_table
 
 log = logging.getLogger(__name__)
 BACKEND_KEYS = {
     "transformers": (
-        "gguf_file", "device", "dtype", "threads", "batch_size", "prefix_reuse", "max_length", "overflow", "label_prefix", "chat_template",
+        "gguf_file",
+        "device",
+        "dtype",
+        "threads",
+        "batch_size",
+        "prefix_reuse",
+        "max_length",
+        "overflow",
+        "label_prefix",
+        "chat_template",
     ),
-    "openai": ("base_url", "endpoint", "api_key_env", "azure_api_version", "top_logprobs", "concurrency", "max_retries", "timeout", "backoff",
-               "max_backoff", "pause_after", "pause", "max_pause"),
+    "openai": (
+        "base_url",
+        "endpoint",
+        "api_key_env",
+        "azure_api_version",
+        "top_logprobs",
+        "concurrency",
+        "max_retries",
+        "timeout",
+        "backoff",
+        "max_backoff",
+        "pause_after",
+        "pause",
+        "max_pause",
+    ),
 }
-DEFAULTS = {"backend": "transformers", "family": "likert", "template": None, "rubric": None, "model": None, "min_label_mass": 0.05, "orders": 1}
+DEFAULTS = {
+    "backend": "transformers",
+    "family": "likert",
+    "template": None,
+    "rubric": None,
+    "model": None,
+    "min_label_mass": 0.05,
+    "orders": 1,
+}
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:
@@ -52,11 +82,22 @@ def register(subparsers) -> None:
     p.add_argument("texts", help="texts table (text_id, text, …): .jsonl/.csv/.tsv/.parquet")
     p.add_argument("--out", required=True, help="features table to write (.parquet/.csv/.tsv/.jsonl)")
     p.add_argument("--config", help="a conf/extract/*.yaml file (composed by Hydra); flags override it")
-    p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="Hydra override of the config (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        help="Hydra override of the config (repeatable)",
+    )
     p.add_argument("--rubric")
     p.add_argument("--family", choices=["likert", "self_rating", "nugget_support", "answer_quality"])
     p.add_argument("--bank", help="test bank JSONL (item families)")
-    p.add_argument("--bank-errors", choices=["raise", "skip"], default="raise", help="a malformed bank line: error, or skip and record")
+    p.add_argument(
+        "--bank-errors",
+        choices=["raise", "skip"],
+        default="raise",
+        help="a malformed bank line: error, or skip and record",
+    )
     p.add_argument("--template", help="template name under conf/prompts/ (default: the family's)")
     p.add_argument("--backend", choices=["transformers", "openai"])
     p.add_argument("--model")
@@ -64,9 +105,21 @@ def register(subparsers) -> None:
     p.add_argument("--cache", help="SQLite result store (default: <out>.cache.sqlite)")
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--cached-only", action="store_true", help="compute nothing: write what the cache holds (the rest listed as 'no result')")
-    p.add_argument("--orders", type=int, help="likert: ask each question with the options in this many rotated orders, averaged (default 1)")
-    p.add_argument("--min-label-mass", type=float, help="blocks whose labels get less total probability are marked low_label_mass (default 0.05)")
+    p.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="compute nothing: write what the cache holds (the rest listed as 'no result')",
+    )
+    p.add_argument(
+        "--orders",
+        type=int,
+        help="likert: ask each question with the options in this many rotated orders, averaged (default 1)",
+    )
+    p.add_argument(
+        "--min-label-mass",
+        type=float,
+        help="blocks whose labels get less total probability are marked low_label_mass (default 0.05)",
+    )
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
         flag = "--" + key.replace("_", "-")
         if key in ("prefix_reuse", "chat_template"):
@@ -81,7 +134,9 @@ def register(subparsers) -> None:
     t.set_defaults(run=run_texts)
 
     b = subparsers.add_parser("extract-bank", help="generate a test bank (questions or nuggets) to edit")
-    b.add_argument("queries", help="table with query_id, query (and passages: passage text rows with query_id for nuggets)")
+    b.add_argument(
+        "queries", help="table with query_id, query (and passages: passage text rows with query_id for nuggets)"
+    )
     b.add_argument("--kind", choices=["question", "nugget"], default="question")
     b.add_argument("--passages", help="texts table (text_id, query_id, text) for nuggetization")
     b.add_argument("--n", type=int, default=10)
@@ -92,9 +147,12 @@ def register(subparsers) -> None:
     b.add_argument("--out", required=True)
     b.set_defaults(run=run_bank)
 
-    m = subparsers.add_parser("extract-summaries", help="per-item features of a test bank → summary-only features table",
-                              description="Fixed-size summary blocks (.mean, .max, .cov_ge<g>, …) of one item family, "
-                                          "the only blocks of the table written (llmrubric.extract.summaries).")
+    m = subparsers.add_parser(
+        "extract-summaries",
+        help="per-item features of a test bank → summary-only features table",
+        description="Fixed-size summary blocks (.mean, .max, .cov_ge<g>, …) of one item family, "
+        "the only blocks of the table written (llmrubric.extract.summaries).",
+    )
     m.add_argument("features", help="features table with the family's per-item blocks (question_id <family>:<item_id>)")
     m.add_argument("--family", required=True, choices=["self_rating", "nugget_support", "answer_quality"])
     m.add_argument("--bank", help="test bank JSONL: nugget importance for .vital_support")
@@ -134,7 +192,11 @@ def make_backend_from(settings: dict):
         try:
             return make_backend(name, path=settings["model"], **kwargs)
         except OSError as e:
-            raise InputError(f"cannot load the model (not a model folder or a reachable Hugging Face id): {' '.join(str(e).split())[:300]}", file=str(settings["model"]), setting="--model") from e
+            raise InputError(
+                f"cannot load the model (not a model folder or a reachable Hugging Face id): {' '.join(str(e).split())[:300]}",
+                file=str(settings["model"]),
+                setting="--model",
+            ) from e
     return make_backend(name, model=settings["model"], **kwargs)
 
 
@@ -145,7 +207,7 @@ def run(args) -> int:
     from llmrubric.extract.runner import extract
     from llmrubric.extract.summaries import summarise
     from llmrubric.extract.testbank import read_bank
-    from llmrubric.rubric import Rubric
+    from llmrubric.io.rubric import Rubric
 
     settings = _settings(args)
     out = Path(settings["out"])
@@ -172,7 +234,14 @@ def run(args) -> int:
     cache = ResultCache(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
     try:
         result = extract(
-            tasks, backend, cache, source, skipped, rubric, progress=not settings.get("no_progress"), min_label_mass=float(settings["min_label_mass"]),
+            tasks,
+            backend,
+            cache,
+            source,
+            skipped,
+            rubric,
+            progress=not settings.get("no_progress"),
+            min_label_mass=float(settings["min_label_mass"]),
             compute=not settings.get("cached_only"),
         )
     finally:
@@ -182,7 +251,12 @@ def run(args) -> int:
     if settings.get("summaries") and family != "likert":
         features = pd.concat([features, summarise(features, family, importance)], ignore_index=True)
     failures_path = out.with_name(out.stem + ".failures" + out.suffix)
-    summary = {**result.summary, "bank_warnings": len(bank_warnings), "features": str(out), "failures": str(failures_path)}
+    summary = {
+        **result.summary,
+        "bank_warnings": len(bank_warnings),
+        "features": str(out),
+        "failures": str(failures_path),
+    }
     write_table(result.failures, failures_path)
     write_json(summary, out.with_name(out.stem + ".summary.json"))
     if features.empty:
@@ -212,7 +286,11 @@ def run_bank(args) -> int:
         gen = lambda prompt: generate(backend, prompt)
     else:
         gen = backend.generate
-    queries = pd.read_json(args.queries, lines=True) if str(args.queries).endswith(".jsonl") else read_table(args.queries, "texts")
+    queries = (
+        pd.read_json(args.queries, lines=True)
+        if str(args.queries).endswith(".jsonl")
+        else read_table(args.queries, "texts")
+    )
     for column in ("query_id", "query"):
         if column not in queries.columns:
             raise InputError(f"the queries table needs a {column!r} column", file=str(args.queries), column=column)
@@ -237,14 +315,20 @@ def run_bank(args) -> int:
 def run_summaries(args) -> int:
     from llmrubric.extract.summaries import summarise
     from llmrubric.extract.testbank import read_bank
-    from llmrubric.schemas import validate_features
+    from llmrubric.io.schemas import validate_features
 
     features = validate_features(read_table(args.features, "features"))
     importance = {i.item_id: i.importance for i in read_bank(args.bank)[0]} if args.bank else None
     summary = summarise(features, args.family, importance)
     if summary.empty:
-        raise InputError(f"no {args.family} item blocks (question_id {args.family}:<item_id>) to summarise", file=str(args.features), column="question_id")
+        raise InputError(
+            f"no {args.family} item blocks (question_id {args.family}:<item_id>) to summarise",
+            file=str(args.features),
+            column="question_id",
+        )
     summary.attrs["source"] = str(args.out)
     write_table(validate_features(summary), args.out)
-    print(f"{summary.text_id.nunique()} texts, {summary.groupby(['source', 'question_id']).ngroups} summary blocks → {args.out}")
+    print(
+        f"{summary.text_id.nunique()} texts, {summary.groupby(['source', 'question_id']).ngroups} summary blocks → {args.out}"
+    )
     return 0

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from llmrubric.errors import InputError
 from llmrubric.extract.prompts import PromptTemplate, text_hash
 from llmrubric.extract.tasks import Task
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import source_of
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import source_of
 
 
 def _has_references(row: dict) -> bool:
@@ -36,7 +36,9 @@ def _check_texts(texts: pd.DataFrame, columns: Sequence[str] = ("text_id", "text
     src = source_of(texts)
     for column in columns:
         if column not in texts.columns:
-            raise InputError(f"the texts table needs a {column!r} column (has {list(texts.columns)})", file=src, column=column)
+            raise InputError(
+                f"the texts table needs a {column!r} column (has {list(texts.columns)})", file=src, column=column
+            )
     empty = texts["text"].isna() | (texts["text"].astype(str).str.strip() == "")
     if empty.any():
         row = texts.index[empty.argmax()]
@@ -47,7 +49,9 @@ def _check_texts(texts: pd.DataFrame, columns: Sequence[str] = ("text_id", "text
         raise InputError(f"duplicate text_id {texts.at[row, 'text_id']!r}", file=src, row=int(row), column="text_id")
 
 
-def likert_tasks(texts: pd.DataFrame, rubric: Rubric, template: PromptTemplate, orders: int = 1) -> tuple[list[Task], list[dict]]:
+def likert_tasks(
+    texts: pd.DataFrame, rubric: Rubric, template: PromptTemplate, orders: int = 1
+) -> tuple[list[Task], list[dict]]:
     """One task per (text, applicable rubric question); also the skipped (masked) blocks.
 
     The options offered are the question's ``llm_options`` (e.g. '1'..'4'); their labels are
@@ -62,13 +66,23 @@ def likert_tasks(texts: pd.DataFrame, rubric: Rubric, template: PromptTemplate, 
         if not q.llm_options:
             raise InputError(f"rubric question {q.id!r} has no options", file=rubric.source)
         if q.applicable_if and q.applicable_if not in RULES:
-            raise InputError(f"question {q.id!r}: unknown applicability rule {q.applicable_if!r} (known: {sorted(RULES)})", file=rubric.source)
+            raise InputError(
+                f"question {q.id!r}: unknown applicability rule {q.applicable_if!r} (known: {sorted(RULES)})",
+                file=rubric.source,
+            )
     tasks, skipped = [], []
     for row in texts.to_dict("records"):
         text_id, text = str(row["text_id"]), str(row["text"])
         for q in rubric.questions:
             if q.applicable_if and not RULES[q.applicable_if](row):
-                skipped.append({"text_id": text_id, "question_id": q.id, "status": "not_applicable", "reason": f"{q.applicable_if} is false"})
+                skipped.append(
+                    {
+                        "text_id": text_id,
+                        "question_id": q.id,
+                        "status": "not_applicable",
+                        "reason": f"{q.applicable_if} is false",
+                    }
+                )
                 continue
             labels = {o.key: o.label for o in q.options}
             keys = list(q.llm_options)
@@ -76,7 +90,19 @@ def likert_tasks(texts: pd.DataFrame, rubric: Rubric, template: PromptTemplate, 
                 order = keys[shift:] + keys[:shift]
                 options = [{"label": key, "text": labels.get(key, "")} for key in order]
                 prompt = template.render(text=text, question=q.prompt, options=options, labels=order)
-                tasks.append(Task(text_id, q.id, prompt, tuple(order), tuple(order), text_id, template.hash, text_hash(prompt, *order), text))
+                tasks.append(
+                    Task(
+                        text_id,
+                        q.id,
+                        prompt,
+                        tuple(order),
+                        tuple(order),
+                        text_id,
+                        template.hash,
+                        text_hash(prompt, *order),
+                        text,
+                    )
+                )
     return tasks, skipped
 
 
@@ -118,9 +144,27 @@ def item_tasks(family: str, texts: pd.DataFrame, bank, template: PromptTemplate 
         text_id, text = str(row["text_id"]), str(row["text"])
         for item in by_query.get(str(row["query_id"]), []):
             variables = {"passage": text, "item": item.text, "kind": item.kind, "labels": list(spec.labels)}
-            variables.update({k: v for k, v in row.items() if k not in ("text", "text_id") and not (isinstance(v, float) and pd.isna(v))})
+            variables.update(
+                {
+                    k: v
+                    for k, v in row.items()
+                    if k not in ("text", "text_id") and not (isinstance(v, float) and pd.isna(v))
+                }
+            )
             variables.update(item.extra)
             prompt = template.render(**variables)
             qid = f"{family}:{item.item_id}"
-            tasks.append(Task(text_id, qid, prompt, spec.options, spec.labels, text_id, template.hash, text_hash(prompt, *spec.labels), text))
+            tasks.append(
+                Task(
+                    text_id,
+                    qid,
+                    prompt,
+                    spec.options,
+                    spec.labels,
+                    text_id,
+                    template.hash,
+                    text_hash(prompt, *spec.labels),
+                    text,
+                )
+            )
     return tasks

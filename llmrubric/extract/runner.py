@@ -15,8 +15,8 @@ from tqdm.auto import tqdm
 from llmrubric.extract.backends.base import Backend
 from llmrubric.extract.cache import FINAL, ResultCache
 from llmrubric.extract.tasks import Result, Task
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import validate_features
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import validate_features
 
 log = logging.getLogger(__name__)
 FAILURE_COLUMNS = ["text_id", "source", "question_id", "status", "reason"]
@@ -59,7 +59,14 @@ def extract(
         else:
             todo.append(t)
     cached = len(results)
-    bar = tqdm(total=len(tasks), initial=cached, desc=f"extract {source}", unit="prompt", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(tasks),
+        initial=cached,
+        desc=f"extract {source}",
+        unit="prompt",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     computed_tokens = prompt_tokens = 0
     try:
         for r in backend.score(todo if compute else []):
@@ -89,7 +96,10 @@ def extract(
     if extraction.summary["low_label_mass"]:
         log.warning(
             "%s: %d blocks have label mass below min_label_mass %g (marked low_label_mass in the failures table); "
-            "check the prompt's answer format, label_prefix and chat_template", source, extraction.summary["low_label_mass"], min_label_mass,
+            "check the prompt's answer format, label_prefix and chat_template",
+            source,
+            extraction.summary["low_label_mass"],
+            min_label_mass,
         )
     log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
     return extraction
@@ -123,7 +133,12 @@ def merge(tasks: Sequence[Task], results: Sequence[Result | None]) -> Result | N
 
 
 def assemble(
-    tasks: Sequence[Task], results: dict, source: str, skipped: Sequence[dict], rubric: Rubric | None, min_label_mass: float = 0.0
+    tasks: Sequence[Task],
+    results: dict,
+    source: str,
+    skipped: Sequence[dict],
+    rubric: Rubric | None,
+    min_label_mass: float = 0.0,
 ) -> Extraction:
     """Features rows from ``ok`` results (a block asked in several prompts gets their mean);
     every other outcome, warning or low label mass as a failures row."""
@@ -144,7 +159,13 @@ def assemble(
             failures.append({**where, "status": "truncated", "reason": r.warning})
         mass = label_mass(r)
         if mass is not None and mass < min_label_mass:
-            failures.append({**where, "status": "low_label_mass", "reason": f"label mass {mass:.3g} below min_label_mass {min_label_mass:g}"})
+            failures.append(
+                {
+                    **where,
+                    "status": "low_label_mass",
+                    "reason": f"label mass {mass:.3g} below min_label_mass {min_label_mass:g}",
+                }
+            )
         rows.extend({**where, "option": o, "prob": r.probs[o]} for o in block[0].options)
     features = pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"])
     if len(features):

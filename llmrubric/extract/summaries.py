@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-
 # Options in increasing grade order, per family.
 ORDER = {
     "self_rating": ("0", "1", "2", "3", "4", "5"),
@@ -35,7 +34,9 @@ def summarise(features: pd.DataFrame, family: str, importance: dict[str, str] | 
     items = features[features.question_id.str.startswith(prefix)]
     if items.empty:
         return pd.DataFrame(columns=["text_id", "source", "question_id", "option", "prob"])
-    wide = items.pivot_table(index=["text_id", "source", "question_id"], columns="option", values="prob", aggfunc="first")
+    wide = items.pivot_table(
+        index=["text_id", "source", "question_id"], columns="option", values="prob", aggfunc="first"
+    )
     wide = wide.reindex(columns=list(order))
     p = wide.to_numpy(dtype=float)
     p = p / p.sum(axis=1, keepdims=True)  # (items, options), each row sums to 1
@@ -55,11 +56,8 @@ def summarise(features: pd.DataFrame, family: str, importance: dict[str, str] | 
             support = dist[:, order.index("support")]
             add("all_support", "support", support.mean())
             if importance is not None:
-                ids = [q[len(prefix):] for q in block.index.get_level_values("question_id")]
+                ids = [q[len(prefix) :] for q in block.index.get_level_values("question_id")]
                 vital = np.array([importance.get(i) == "vital" for i in ids])
                 if vital.any():
                     add("vital_support", "support", support[vital].mean())
     return pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"])
-
-
-

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmrubric.errors import InputError
 from llmrubric.extract.prompts import PromptTemplate
-from llmrubric.schemas import write_text
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import write_text
 
 log = logging.getLogger(__name__)
 KINDS = ("question", "nugget")
@@ -47,7 +47,14 @@ class Item:
         return cls(str(query_id), item_id(str(query_id), text), kind, text.strip(), importance, extra)
 
     def to_dict(self) -> dict:
-        return {"query_id": self.query_id, "item_id": self.item_id, "kind": self.kind, "text": self.text, "importance": self.importance, **self.extra}
+        return {
+            "query_id": self.query_id,
+            "item_id": self.item_id,
+            "kind": self.kind,
+            "text": self.text,
+            "importance": self.importance,
+            **self.extra,
+        }
 
 
 def write_bank(items: Iterable[Item], path: str | Path) -> Path:
@@ -79,7 +86,12 @@ def read_bank(path: str | Path, on_error: str = "raise") -> tuple[list[Item], li
             continue
         prev = seen.setdefault(items[-1].item_id, n)
         if prev != n:
-            raise InputError(f"duplicate item_id {items[-1].item_id!r} (also on line {prev})", file=str(path), row=n, column="item_id")
+            raise InputError(
+                f"duplicate item_id {items[-1].item_id!r} (also on line {prev})",
+                file=str(path),
+                row=n,
+                column="item_id",
+            )
     if not items:
         raise InputError("the test bank has no valid items", file=str(path))
     return items, warnings
@@ -125,7 +137,9 @@ def parse_list(output: str) -> list[str]:
 Generate = Callable[[str], str]
 
 
-def generate_questions(generate: Generate, query_id: str, query: str, n: int = 10, template: PromptTemplate | None = None) -> list[Item]:
+def generate_questions(
+    generate: Generate, query_id: str, query: str, n: int = 10, template: PromptTemplate | None = None
+) -> list[Item]:
     """Exam questions for one query (RUBRIC Table 1, TREC DL prompt)."""
     template = template or PromptTemplate("generate_questions")
     texts = parse_list(generate(template.render(query=query, n=n)))
@@ -148,11 +162,15 @@ def nuggetize(
     update, label = PromptTemplate("nuggetize"), PromptTemplate("nugget_importance")
     nuggets: list[str] = []
     for start in range(0, len(passages), per_turn):
-        prompt = update.render(query=query, passages=list(passages[start : start + per_turn]), nuggets=nuggets, max_nuggets=max_nuggets)
+        prompt = update.render(
+            query=query, passages=list(passages[start : start + per_turn]), nuggets=nuggets, max_nuggets=max_nuggets
+        )
         try:
             nuggets = parse_list(generate(prompt))[:max_nuggets]
         except ValueError as e:
-            log.warning("query %s: nuggetization turn %d kept the previous list: %s", query_id, start // per_turn + 1, e)
+            log.warning(
+                "query %s: nuggetization turn %d kept the previous list: %s", query_id, start // per_turn + 1, e
+            )
     labels: list[str] = []
     for start in range(0, len(nuggets), 10):
         chunk = nuggets[start : start + 10]
@@ -161,7 +179,9 @@ def nuggetize(
         except ValueError:
             got = []
         if len(got) != len(chunk) or any(v not in IMPORTANCE for v in got):
-            log.warning("query %s: importance labels %s do not match %d nuggets; labelled okay", query_id, got, len(chunk))
+            log.warning(
+                "query %s: importance labels %s do not match %d nuggets; labelled okay", query_id, got, len(chunk)
+            )
             got = ["okay"] * len(chunk)
         labels.extend(got)
     items = [Item.new(query_id, "nugget", t, imp) for t, imp in zip(nuggets, labels)]

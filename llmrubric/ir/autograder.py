@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import cohen_kappa_score
 
-from llmrubric.errors import InputError
-from llmrubric.schemas import _read_raw, source_of, write_text
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import _read_raw, source_of, write_text
 
 log = logging.getLogger(__name__)
 GRADES = ["query_id", "doc_id", "item_id", "grade"]
@@ -36,23 +36,41 @@ def _item_blocks(features: pd.DataFrame, family: str, source: str | None) -> tup
     prefix = f"{family}:"
     rows = features[features.question_id.astype(str).str.startswith(prefix)]
     if rows.empty:
-        raise InputError(f"no {family!r} item blocks (question ids '{prefix}<item_id>') in the features", file=source_of(features), column="question_id")
+        raise InputError(
+            f"no {family!r} item blocks (question ids '{prefix}<item_id>') in the features",
+            file=source_of(features),
+            column="question_id",
+        )
     sources = sorted(rows.source.unique())
     if source is None and len(sources) > 1:
-        raise InputError(f"{family} blocks come from several sources {sources}; choose one", file=source_of(features), column="source")
+        raise InputError(
+            f"{family} blocks come from several sources {sources}; choose one",
+            file=source_of(features),
+            column="source",
+        )
     rows = rows[rows.source == (source or sources[0])]
     if rows.empty:
-        raise InputError(f"no {family} blocks from source {source!r} (sources: {sources})", file=source_of(features), column="source")
-    wide = rows.pivot_table(index=["text_id", "question_id"], columns="option", values="prob", aggfunc="first").fillna(0.0)
+        raise InputError(
+            f"no {family} blocks from source {source!r} (sources: {sources})", file=source_of(features), column="source"
+        )
+    wide = rows.pivot_table(index=["text_id", "question_id"], columns="option", values="prob", aggfunc="first").fillna(
+        0.0
+    )
     total = wide.sum(axis=1)
     if (total <= 0).any():
         text, qid = total.index[(total <= 0).to_numpy().argmax()]
-        raise InputError(f"block (text {text!r}, question {qid!r}) has no probability mass", file=source_of(features), column="prob")
+        raise InputError(
+            f"block (text {text!r}, question {qid!r}) has no probability mass", file=source_of(features), column="prob"
+        )
     return wide.div(total, axis=0), list(wide.columns)
 
 
 def grades_from_features(
-    features: pd.DataFrame, texts: pd.DataFrame, family: str = "self_rating", mode: str = "argmax", source: str | None = None
+    features: pd.DataFrame,
+    texts: pd.DataFrame,
+    family: str = "self_rating",
+    mode: str = "argmax",
+    source: str | None = None,
 ) -> pd.DataFrame:
     """Grades ``query_id, doc_id, item_id, grade`` from extracted item distributions.
 
@@ -72,14 +90,20 @@ def grades_from_features(
     info = texts.drop_duplicates("text_id").set_index("text_id")
     unknown = ~text_ids.isin(info.index)
     if unknown.any():
-        raise InputError(f"{int(unknown.sum())} graded texts are not in the texts table (first: {text_ids[unknown.argmax()]!r})", file=source_of(texts), column="text_id")
+        raise InputError(
+            f"{int(unknown.sum())} graded texts are not in the texts table (first: {text_ids[unknown.argmax()]!r})",
+            file=source_of(texts),
+            column="text_id",
+        )
     doc = info["doc_id"] if "doc_id" in info.columns else pd.Series(info.index, index=info.index)
-    out = pd.DataFrame({
-        "query_id": info.query_id.reindex(text_ids).astype(str).to_numpy(),
-        "doc_id": doc.reindex(text_ids).astype(str).to_numpy(),
-        "item_id": dist.index.get_level_values("question_id").str.slice(len(family) + 1).to_numpy(),
-        "grade": grade,
-    })
+    out = pd.DataFrame(
+        {
+            "query_id": info.query_id.reindex(text_ids).astype(str).to_numpy(),
+            "doc_id": doc.reindex(text_ids).astype(str).to_numpy(),
+            "item_id": dist.index.get_level_values("question_id").str.slice(len(family) + 1).to_numpy(),
+            "grade": grade,
+        }
+    )
     return check_grades(out)
 
 
@@ -100,7 +124,12 @@ def check_grades(grades: pd.DataFrame) -> pd.DataFrame:
     dup = grades.duplicated(GRADES[:3])
     if dup.any():
         row = grades.index[dup.argmax()]
-        raise InputError(f"(query {grades.at[row, 'query_id']!r}, doc {grades.at[row, 'doc_id']!r}, item {grades.at[row, 'item_id']!r}) is graded twice", file=src, row=_row(row), column="item_id")
+        raise InputError(
+            f"(query {grades.at[row, 'query_id']!r}, doc {grades.at[row, 'doc_id']!r}, item {grades.at[row, 'item_id']!r}) is graded twice",
+            file=src,
+            row=_row(row),
+            column="item_id",
+        )
     grades.attrs["source"] = src
     return grades
 
@@ -146,16 +175,25 @@ def write_qrels(labels: pd.DataFrame, path: str | Path) -> Path:
 def read_qrels(path: str | Path) -> pd.DataFrame:
     """TREC qrels (``qid iter docid rel``) → ``query_id, doc_id, relevance``; a (query, doc) twice is an error."""
     rows = _read_columns(path, 4, "qrels")
-    df = pd.DataFrame([(r[0], r[2], r[3]) for _, r in rows], columns=["query_id", "doc_id", "relevance"], index=[n for n, _ in rows])
+    df = pd.DataFrame(
+        [(r[0], r[2], r[3]) for _, r in rows], columns=["query_id", "doc_id", "relevance"], index=[n for n, _ in rows]
+    )
     rel = pd.to_numeric(df.relevance, errors="coerce")
     if rel.isna().any() or (rel != rel.round()).any():
         row = df.index[(rel.isna() | (rel != rel.round())).to_numpy().argmax()]
-        raise InputError(f"relevance {df.at[row, 'relevance']!r} is not an integer", file=str(path), row=int(row), column="relevance")
+        raise InputError(
+            f"relevance {df.at[row, 'relevance']!r} is not an integer", file=str(path), row=int(row), column="relevance"
+        )
     df["relevance"] = rel.astype(int)
     dup = df.duplicated(["query_id", "doc_id"])
     if dup.any():
         row = df.index[dup.argmax()]
-        raise InputError(f"(query {df.at[row, 'query_id']!r}, doc {df.at[row, 'doc_id']!r}) is judged twice", file=str(path), row=int(row), column="doc_id")
+        raise InputError(
+            f"(query {df.at[row, 'query_id']!r}, doc {df.at[row, 'doc_id']!r}) is judged twice",
+            file=str(path),
+            row=int(row),
+            column="doc_id",
+        )
     df.attrs["source"] = str(path)
     return df
 
@@ -167,22 +205,38 @@ def read_run(path: str | Path, queries: set[str] | None = None) -> pd.DataFrame:
     queries of the qrels or test bank) is an error naming the line.
     """
     rows = _read_columns(path, 6, "run")
-    df = pd.DataFrame([(r[0], r[2], r[3], r[4]) for _, r in rows], columns=["query_id", "doc_id", "rank", "score"], index=[n for n, _ in rows])
+    df = pd.DataFrame(
+        [(r[0], r[2], r[3], r[4]) for _, r in rows],
+        columns=["query_id", "doc_id", "rank", "score"],
+        index=[n for n, _ in rows],
+    )
     for column in ("rank", "score"):
         values = pd.to_numeric(df[column], errors="coerce")
         if values.isna().any():
             row = df.index[values.isna().to_numpy().argmax()]
-            raise InputError(f"{column} {df.at[row, column]!r} is not a number", file=str(path), row=int(row), column=column)
+            raise InputError(
+                f"{column} {df.at[row, column]!r} is not a number", file=str(path), row=int(row), column=column
+            )
         df[column] = values
     dup = df.duplicated(["query_id", "doc_id"])
     if dup.any():
         row = df.index[dup.argmax()]
-        raise InputError(f"(query {df.at[row, 'query_id']!r}, doc {df.at[row, 'doc_id']!r}) is listed twice", file=str(path), row=int(row), column="doc_id")
+        raise InputError(
+            f"(query {df.at[row, 'query_id']!r}, doc {df.at[row, 'doc_id']!r}) is listed twice",
+            file=str(path),
+            row=int(row),
+            column="doc_id",
+        )
     if queries is not None:
         unknown = ~df.query_id.isin(queries)
         if unknown.any():
             row = df.index[unknown.to_numpy().argmax()]
-            raise InputError(f"unknown query {df.at[row, 'query_id']!r} (not in the qrels / test bank)", file=str(path), row=int(row), column="query_id")
+            raise InputError(
+                f"unknown query {df.at[row, 'query_id']!r} (not in the qrels / test bank)",
+                file=str(path),
+                row=int(row),
+                column="query_id",
+            )
     df.attrs["source"] = str(path)
     return df
 
@@ -197,7 +251,11 @@ def _read_columns(path: str | Path, n: int, kind: str) -> list[tuple[int, list[s
             continue
         parts = line.split()
         if len(parts) != n:
-            raise InputError(f"a {kind} line has {n} whitespace-separated fields, this one has {len(parts)}", file=str(path), row=number)
+            raise InputError(
+                f"a {kind} line has {n} whitespace-separated fields, this one has {len(parts)}",
+                file=str(path),
+                row=number,
+            )
         rows.append((number, parts))
     if not rows:
         raise InputError(f"the {kind} file is empty", file=str(path))
@@ -226,7 +284,9 @@ def thresholded(measure_names: list[str], threshold: int, labels: list[int]):
     return out
 
 
-def evaluate_runs(qrels: pd.DataFrame, runs: dict[str, pd.DataFrame], measures: list[str], threshold: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+def evaluate_runs(
+    qrels: pd.DataFrame, runs: dict[str, pd.DataFrame], measures: list[str], threshold: int = 1
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(leaderboard: one row per run, one column per measure; per-query values) via ir-measures.
 
     Queries in the qrels that a run does not answer score 0 (ir-measures' convention, as
@@ -239,10 +299,15 @@ def evaluate_runs(qrels: pd.DataFrame, runs: dict[str, pd.DataFrame], measures: 
     for name, run in runs.items():
         unknown = sorted(set(run.query_id) - set(qrels.query_id))
         if unknown:
-            raise InputError(f"run {name!r} names queries without judgments {unknown[:5]}", file=source_of(run), column="query_id")
+            raise InputError(
+                f"run {name!r} names queries without judgments {unknown[:5]}", file=source_of(run), column="query_id"
+            )
         docs = [ir_measures.ScoredDoc(a, b, float(c)) for a, b, c in zip(run.query_id, run.doc_id, run.score)]
         values = {str(m): math.nan for m in objs}
-        rows = [{"run": name, "query_id": x.query_id, "measure": str(x.measure), "value": float(x.value)} for x in ir_measures.iter_calc(objs, q, docs)]
+        rows = [
+            {"run": name, "query_id": x.query_id, "measure": str(x.measure), "value": float(x.value)}
+            for x in ir_measures.iter_calc(objs, q, docs)
+        ]
         per_query.extend(rows)
         if rows:
             values.update(pd.DataFrame(rows).groupby("measure").value.mean().to_dict())
@@ -253,7 +318,9 @@ def evaluate_runs(qrels: pd.DataFrame, runs: dict[str, pd.DataFrame], measures: 
     return pd.DataFrame(board), pd.DataFrame(per_query, columns=["run", "query_id", "measure", "value"])
 
 
-def rubric_cover(grades: pd.DataFrame, run: pd.DataFrame, k: int, threshold: float, items: dict[str, set[str]] | None = None) -> pd.DataFrame:
+def rubric_cover(
+    grades: pd.DataFrame, run: pd.DataFrame, k: int, threshold: float, items: dict[str, set[str]] | None = None
+) -> pd.DataFrame:
     """Rubric-Cover@k per query: ``query_id, items, covered, cover, unjudged``.
 
     ``items``: query → its test-bank item ids (default: the items graded for the query). A
@@ -270,10 +337,20 @@ def rubric_cover(grades: pd.DataFrame, run: pd.DataFrame, k: int, threshold: flo
         docs = set(part.doc_id)
         covered = set(good.item_id[(good.query_id == query) & good.doc_id.isin(docs)]) & bank
         unjudged = sum((query, d) not in graded for d in docs)
-        rows.append({"query_id": query, "items": len(bank), "covered": len(covered), "cover": len(covered) / len(bank) if bank else math.nan, "unjudged": unjudged})
+        rows.append(
+            {
+                "query_id": query,
+                "items": len(bank),
+                "covered": len(covered),
+                "cover": len(covered) / len(bank) if bank else math.nan,
+                "unjudged": unjudged,
+            }
+        )
     out = pd.DataFrame(rows, columns=["query_id", "items", "covered", "cover", "unjudged"])
     if out.unjudged.sum():
-        log.warning("%d passages in the first %d of the run have no grades (they cover nothing)", int(out.unjudged.sum()), k)
+        log.warning(
+            "%d passages in the first %d of the run have no grades (they cover nothing)", int(out.unjudged.sum()), k
+        )
     return out
 
 
@@ -286,24 +363,36 @@ def spurious_items(grades: pd.DataFrame, judgments: pd.DataFrame, threshold: flo
     joined = grades.merge(judgments, on=["query_id", "doc_id"], how="inner")
     joined["hit"] = joined.grade >= threshold
     joined["rel"] = joined.relevance >= relevant
-    out = joined.groupby(["query_id", "item_id"]).apply(
-        lambda g: pd.Series({
-            "nonrelevant_covered": int((g.hit & ~g.rel).sum()),
-            "nonrelevant_judged": int((~g.rel).sum()),
-            "relevant_covered": int((g.hit & g.rel).sum()),
-        }),
-        include_groups=False,
-    ).reset_index()
-    return out.sort_values(["nonrelevant_covered", "query_id", "item_id"], ascending=[False, True, True], kind="stable").reset_index(drop=True)
+    out = (
+        joined.groupby(["query_id", "item_id"])
+        .apply(
+            lambda g: pd.Series(
+                {
+                    "nonrelevant_covered": int((g.hit & ~g.rel).sum()),
+                    "nonrelevant_judged": int((~g.rel).sum()),
+                    "relevant_covered": int((g.hit & g.rel).sum()),
+                }
+            ),
+            include_groups=False,
+        )
+        .reset_index()
+    )
+    return out.sort_values(
+        ["nonrelevant_covered", "query_id", "item_id"], ascending=[False, True, True], kind="stable"
+    ).reset_index(drop=True)
 
 
-def uncovered_relevant(grades: pd.DataFrame, judgments: pd.DataFrame, threshold: float, relevant: int = 1) -> pd.DataFrame:
+def uncovered_relevant(
+    grades: pd.DataFrame, judgments: pd.DataFrame, threshold: float, relevant: int = 1
+) -> pd.DataFrame:
     """Judged relevant passages that no item covers (best grade < τ, or no grades):
     ``query_id, doc_id, relevance, max_grade`` (workbench "missing in test bank")."""
     best = grades.groupby(["query_id", "doc_id"]).grade.max().rename("max_grade").reset_index()
     rel = judgments[judgments.relevance >= relevant].merge(best, on=["query_id", "doc_id"], how="left")
     out = rel[rel.max_grade.isna() | (rel.max_grade < threshold)]
-    return out[["query_id", "doc_id", "relevance", "max_grade"]].sort_values(["query_id", "doc_id"]).reset_index(drop=True)
+    return (
+        out[["query_id", "doc_id", "relevance", "max_grade"]].sort_values(["query_id", "doc_id"]).reset_index(drop=True)
+    )
 
 
 def agreement(labels: pd.DataFrame, judgments: pd.DataFrame, threshold: int, relevant: int = 1) -> dict:
@@ -313,5 +402,10 @@ def agreement(labels: pd.DataFrame, judgments: pd.DataFrame, threshold: int, rel
         return {"passages": 0, "kappa": math.nan, "accuracy": math.nan}
     a, h = joined.relevance_auto >= threshold, joined.relevance_human >= relevant
     kappa = cohen_kappa_score(a, h) if a.nunique() > 1 or h.nunique() > 1 else math.nan
-    return {"passages": int(len(joined)), "kappa": float(kappa), "accuracy": float((a == h).mean()),
-            "auto_relevant": int(a.sum()), "human_relevant": int(h.sum())}
+    return {
+        "passages": int(len(joined)),
+        "kappa": float(kappa),
+        "accuracy": float((a == h).mean()),
+        "auto_relevant": int(a.sum()),
+        "human_relevant": int(h.sum()),
+    }

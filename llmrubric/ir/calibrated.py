@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from llmrubric.calibrator import Calibrator
 from llmrubric.extract.summaries import summarise
-from llmrubric.rubric import Rubric
-from llmrubric.schemas import Tables, validate_annotations, validate_features
-from llmrubric.scoring import score_texts
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import Tables, validate_annotations, validate_features
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.scoring.scores import score_texts
 
 
 def summary_features(features: pd.DataFrame, family: str, importance: dict[str, str] | None = None) -> pd.DataFrame:
@@ -27,7 +27,13 @@ def summary_features(features: pd.DataFrame, family: str, importance: dict[str, 
     return validate_features(summary)
 
 
-def ir_tables(features: pd.DataFrame, family: str, judgments: pd.DataFrame, rubric: Rubric, importance: dict[str, str] | None = None) -> Tables:
+def ir_tables(
+    features: pd.DataFrame,
+    family: str,
+    judgments: pd.DataFrame,
+    rubric: Rubric,
+    importance: dict[str, str] | None = None,
+) -> Tables:
     """Calibration tables: summaries of ``features`` as x, ``judgments`` (``text_id, judge_id,
     question_id, answer``) as targets; texts without summaries are dropped from the judgments."""
     feats = summary_features(features, family, importance)
@@ -37,19 +43,29 @@ def ir_tables(features: pd.DataFrame, family: str, judgments: pd.DataFrame, rubr
     return Tables(kept, feats)
 
 
-def calibrated_labels(calibrator: Calibrator, features: pd.DataFrame, family: str, texts: pd.DataFrame,
-                      importance: dict[str, str] | None = None, judges: list[str] | None = None) -> pd.DataFrame:
+def calibrated_labels(
+    calibrator: Calibrator,
+    features: pd.DataFrame,
+    family: str,
+    texts: pd.DataFrame,
+    importance: dict[str, str] | None = None,
+    judges: list[str] | None = None,
+) -> pd.DataFrame:
     """``query_id, doc_id, grade, relevance``: the judge-free expected label of each passage
     (``grade``) and its rounding half up (``relevance``), ready for ``write_qrels``."""
     feats = summary_features(features, family, importance)
-    scored = score_texts(calibrator, feats, texts[["text_id"]], judges=judges, questions=[calibrator.rubric.main.id]).scores
+    scored = score_texts(
+        calibrator, feats, texts[["text_id"]], judges=judges, questions=[calibrator.rubric.main.id]
+    ).scores
     scored = scored[scored.status != "no_features"]
     info = texts.drop_duplicates("text_id").set_index("text_id")
     doc = info["doc_id"] if "doc_id" in info.columns else pd.Series(info.index, index=info.index)
-    out = pd.DataFrame({
-        "query_id": info.query_id.reindex(scored.text_id).astype(str).to_numpy(),
-        "doc_id": doc.reindex(scored.text_id).astype(str).to_numpy(),
-        "grade": scored["mean"].to_numpy(),
-    })
+    out = pd.DataFrame(
+        {
+            "query_id": info.query_id.reindex(scored.text_id).astype(str).to_numpy(),
+            "doc_id": doc.reindex(scored.text_id).astype(str).to_numpy(),
+            "grade": scored["mean"].to_numpy(),
+        }
+    )
     out["relevance"] = np.floor(out.grade.to_numpy() + 0.5).astype(int)
     return out

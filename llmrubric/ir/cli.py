@@ -8,21 +8,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmrubric.errors import InputError
-from llmrubric.guards import check_outputs, check_range, check_writable_dir
-from llmrubric.score_cli import CONF, _override, load_settings
+from llmrubric.io.errors import InputError
+from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
+from llmrubric.scoring.cli import CONF, _override, load_settings
 
 
 def register(subparsers) -> None:
     q = subparsers.add_parser("qrels", help="RUBRIC qrels from self-rating grades (or a calibrated autograder)")
     _grade_inputs(q)
-    q.add_argument("--checkpoint", help="calibrated autograder (trained on test-bank summaries): qrels of its judge-free expected label")
+    q.add_argument(
+        "--checkpoint",
+        help="calibrated autograder (trained on test-bank summaries): qrels of its judge-free expected label",
+    )
     q.add_argument("--bank", help="test bank JSONL (nugget importance for the summaries)")
     q.add_argument("--out", required=True, help="qrels file to write")
     q.add_argument("--labels-out", help="also write the passage labels with their (real-valued) grades as a table")
     q.set_defaults(run=run_qrels)
 
-    e = subparsers.add_parser("trec-eval", help="evaluate TREC runs on qrels (ir-measures), Rubric-Cover@k, verification analyses")
+    e = subparsers.add_parser(
+        "trec-eval", help="evaluate TREC runs on qrels (ir-measures), Rubric-Cover@k, verification analyses"
+    )
     e.add_argument("--qrels", required=True)
     e.add_argument("--runs", nargs="+", required=True, help="TREC run files (the file stem names the run)")
     _grade_inputs(e, required=False)
@@ -34,7 +39,9 @@ def register(subparsers) -> None:
     e.add_argument("--out-dir", required=True)
     e.set_defaults(run=run_trec_eval)
 
-    n = subparsers.add_parser("nuggets", help="AutoNuggetizer All/Vital strict and partial scores per answer and per run")
+    n = subparsers.add_parser(
+        "nuggets", help="AutoNuggetizer All/Vital strict and partial scores per answer and per run"
+    )
     n.add_argument("--answers", required=True, help="answers table: text_id, query_id, run_id (or system_id)")
     n.add_argument("--bank", required=True, help="nugget test bank JSONL (importance vital/okay)")
     src = n.add_mutually_exclusive_group(required=True)
@@ -76,8 +83,8 @@ def _settings(args, section: str, keys: list[str]) -> dict:
 
 
 def _grades(args, settings: dict):
+    from llmrubric.io.schemas import read_table, validate_features
     from llmrubric.ir.autograder import grades_from_features, read_grades
-    from llmrubric.schemas import read_table, validate_features
 
     if args.grades:
         grades = read_grades(args.grades)
@@ -85,51 +92,70 @@ def _grades(args, settings: dict):
         outside = (grades.grade < low) | (grades.grade > high)
         if outside.any():
             row = grades.index[outside.to_numpy().argmax()]
-            raise InputError(f"grade {grades.at[row, 'grade']:g} is outside the scale [{low}, {high}] (autograder.grade_range)", file=str(args.grades), row=int(row), column="grade")
+            raise InputError(
+                f"grade {grades.at[row, 'grade']:g} is outside the scale [{low}, {high}] (autograder.grade_range)",
+                file=str(args.grades),
+                row=int(row),
+                column="grade",
+            )
         return grades
     if args.features:
         if not args.texts:
             raise InputError("grades from --features need --texts (text_id → query_id, doc_id)")
         features = validate_features(read_table(args.features, "features"))
-        return grades_from_features(features, read_table(args.texts, "texts"), settings["family"], settings["grade"], args.source)
+        return grades_from_features(
+            features, read_table(args.texts, "texts"), settings["family"], settings["grade"], args.source
+        )
     if args.grades_required:
         raise InputError("give --grades or --features with --texts")
     return None
 
 
 def run_qrels(args) -> int:
+    from llmrubric.io.schemas import check_table_path, read_table, validate_features, write_table
     from llmrubric.ir.autograder import passage_labels, write_qrels
-    from llmrubric.schemas import check_table_path, read_table, validate_features, write_table
 
     settings = _settings(args, "autograder", ["grade", "rule", "m"])
-    check_outputs({"--out": args.out, "--labels-out": args.labels_out},
-                  {"--grades": args.grades, "--features": args.features, "--texts": args.texts, "--checkpoint": args.checkpoint, "--bank": args.bank})
+    check_outputs(
+        {"--out": args.out, "--labels-out": args.labels_out},
+        {
+            "--grades": args.grades,
+            "--features": args.features,
+            "--texts": args.texts,
+            "--checkpoint": args.checkpoint,
+            "--bank": args.bank,
+        },
+    )
     if args.labels_out:
         check_table_path(args.labels_out, "--labels-out")
     if args.checkpoint:
-        from llmrubric.calibrator import Calibrator
         from llmrubric.extract.testbank import read_bank
         from llmrubric.ir.calibrated import calibrated_labels
+        from llmrubric.model.calibrator import Calibrator
 
         if not (args.features and args.texts):
             raise InputError("calibrated qrels need --features and --texts")
         importance = {i.item_id: i.importance for i in read_bank(args.bank)[0]} if args.bank else None
         features = validate_features(read_table(args.features, "features"))
-        labels = calibrated_labels(Calibrator.load(args.checkpoint), features, settings["family"], read_table(args.texts, "texts"), importance)
+        labels = calibrated_labels(
+            Calibrator.load(args.checkpoint), features, settings["family"], read_table(args.texts, "texts"), importance
+        )
     else:
         labels = passage_labels(_grades(args, settings), settings["rule"], int(settings["m"]))
     if args.labels_out:
         write_table(labels, args.labels_out)
     write_qrels(labels, args.out)
-    print(f"{len(labels)} passages, {labels.query_id.nunique()} queries, label counts {labels.relevance.value_counts().sort_index().to_dict()} → {args.out}")
+    print(
+        f"{len(labels)} passages, {labels.query_id.nunique()} queries, label counts {labels.relevance.value_counts().sort_index().to_dict()} → {args.out}"
+    )
     return 0
 
 
 def run_trec_eval(args) -> int:
+    from llmrubric.evaluation.metrics import markdown_table
     from llmrubric.extract.testbank import read_bank
+    from llmrubric.io.schemas import write_json, write_table, write_text
     from llmrubric.ir import autograder as ag
-    from llmrubric.metrics import markdown_table
-    from llmrubric.schemas import write_json, write_table, write_text
 
     settings = _settings(args, "autograder", ["grade", "rule", "m", "measures", "threshold", "cover_k"])
     qrels = ag.read_qrels(args.qrels)
@@ -155,12 +181,18 @@ def run_trec_eval(args) -> int:
         if args.judgments:
             judgments = ag.read_qrels(args.judgments)
             rel = int(settings.get("judged_relevant", 1))
-            spurious, uncovered = ag.spurious_items(grades, judgments, threshold, rel), ag.uncovered_relevant(grades, judgments, threshold, rel)
+            spurious, uncovered = (
+                ag.spurious_items(grades, judgments, threshold, rel),
+                ag.uncovered_relevant(grades, judgments, threshold, rel),
+            )
             write_table(spurious, Path(args.out_dir) / "spurious_items.csv")
             write_table(uncovered, Path(args.out_dir) / "uncovered_relevant.csv")
             labels = ag.passage_labels(grades, settings["rule"], int(settings["m"]))
             report["agreement"] = ag.agreement(labels, judgments, int(threshold), rel)
-            report["verification"] = {"spurious_items": spurious.head(20).to_dict("records"), "uncovered_relevant": int(len(uncovered))}
+            report["verification"] = {
+                "spurious_items": spurious.head(20).to_dict("records"),
+                "uncovered_relevant": int(len(uncovered)),
+            }
     report["leaderboard"] = board.to_dict("records")
     out = Path(args.out_dir)
     write_table(per_query, out / "per_query.csv")
@@ -174,10 +206,10 @@ def run_trec_eval(args) -> int:
 
 
 def run_nuggets(args) -> int:
+    from llmrubric.evaluation.metrics import markdown_table
     from llmrubric.extract.testbank import read_bank
+    from llmrubric.io.schemas import read_table, validate_features, write_json, write_table, write_text
     from llmrubric.ir import nuggets as ng
-    from llmrubric.metrics import markdown_table
-    from llmrubric.schemas import read_table, validate_features, write_json, write_table, write_text
 
     settings = _settings(args, "nuggets", ["partial_weight"])
     partial_weight = check_range("--partial-weight", settings["partial_weight"], 0, 1)
@@ -186,14 +218,16 @@ def run_nuggets(args) -> int:
     bank = read_bank(args.bank)[0]
     answers = read_table(args.answers, "texts")
     if args.assignments:
-        from llmrubric.schemas import _read_raw
+        from llmrubric.io.schemas import _read_raw
 
         raw = _read_raw(Path(args.assignments))
         raw.index = range(1, len(raw) + 1)
         raw.attrs["source"] = str(args.assignments)
         support = ng.support_from_labels(raw)
     else:
-        support = ng.support_from_features(validate_features(read_table(args.features, "features")), settings["family"], args.source)
+        support = ng.support_from_features(
+            validate_features(read_table(args.features, "features")), settings["family"], args.source
+        )
     per_answer = ng.answer_scores(support, answers, bank, partial_weight)
     per_run = ng.run_scores(per_answer)
     write_table(per_answer, out / "answers.csv")
@@ -206,22 +240,40 @@ def run_nuggets(args) -> int:
 
 
 def run_grounded_qa(args) -> int:
+    from llmrubric.io.schemas import json_safe, read_table, validate_features, write_json
     from llmrubric.ir import grounded_qa as gq
-    from llmrubric.schemas import json_safe, read_table, validate_features, write_json
 
     settings = _settings(args, "grounded_qa", [])
     lam = check_range("--lambda", args.lam if args.lam is not None else settings.get("lambda", 0.5), 0, 1)
     if args.docs is not None and not Path(args.docs).is_dir():
         raise InputError("the documents folder does not exist", file=str(args.docs), setting="--docs")
-    check_outputs({"--out": args.out}, {"questions": args.questions, "predictions": args.predictions, "--features": args.features,
-                                        "--failures": args.failures, "--config": args.config})
+    check_outputs(
+        {"--out": args.out},
+        {
+            "questions": args.questions,
+            "predictions": args.predictions,
+            "--features": args.features,
+            "--failures": args.failures,
+            "--config": args.config,
+        },
+    )
     questions = gq.read_questions(args.questions)
     predictions = gq.read_predictions(args.predictions, {q["question_id"] for q in questions})
     quality = None
     if args.features:
         failures = read_table(args.failures, "texts") if args.failures else None
-        quality = gq.answer_quality(validate_features(read_table(args.features, "features")), settings.get("family", "answer_quality"), failures)
-    result = gq.evaluate(questions, predictions, quality, args.docs, lam, tuple(settings.get("recall_at", [1, 5])), progress=not args.no_progress)
+        quality = gq.answer_quality(
+            validate_features(read_table(args.features, "features")), settings.get("family", "answer_quality"), failures
+        )
+    result = gq.evaluate(
+        questions,
+        predictions,
+        quality,
+        args.docs,
+        lam,
+        tuple(settings.get("recall_at", [1, 5])),
+        progress=not args.no_progress,
+    )
     write_json(result, args.out)
     print(json.dumps(json_safe(result["summary"]), indent=2))
     return 0

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from llmrubric.errors import InputError
-from llmrubric.schemas import source_of
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import source_of
 
 log = logging.getLogger(__name__)
 WORD = re.compile(r"\w+")
@@ -53,10 +53,14 @@ def read_questions(path: str | Path) -> list[dict]:
             raise InputError("a questions line must be a JSON object", file=str(path), row=n)
         qid = str(q.get("question_id") or q.get("id") or f"q{len(out) + 1:03d}")
         if qid in seen:
-            raise InputError(f"question id {qid!r} also on line {seen[qid]}", file=str(path), row=n, column="question_id")
+            raise InputError(
+                f"question id {qid!r} also on line {seen[qid]}", file=str(path), row=n, column="question_id"
+            )
         evidence = q.get("evidence_sentences") or []
         if not isinstance(evidence, list):
-            raise InputError("evidence_sentences must be a list of sentence ids", file=str(path), row=n, column="evidence_sentences")
+            raise InputError(
+                "evidence_sentences must be a list of sentence ids", file=str(path), row=n, column="evidence_sentences"
+            )
         seen[qid] = n
         out.append({**q, "question_id": qid, "evidence_sentences": [str(s) for s in evidence], "line": n})
     if not out:
@@ -77,33 +81,53 @@ def read_predictions(path: str | Path, question_ids: set[str]) -> dict[str, dict
         raise InputError("predictions must be a JSON object: question id → prediction", file=str(path))
     unknown = sorted(set(map(str, data)) - question_ids)
     if unknown:
-        raise InputError(f"{len(unknown)} predicted question ids are not in the questions file (first: {unknown[0]!r})", file=str(path), column=unknown[0])
+        raise InputError(
+            f"{len(unknown)} predicted question ids are not in the questions file (first: {unknown[0]!r})",
+            file=str(path),
+            column=unknown[0],
+        )
     for qid, pred in data.items():
         if not isinstance(pred, dict):
             raise InputError(f"prediction of {qid!r} is not an object", file=str(path), column=str(qid))
         for key in ("evidence_sentences", "retrieved_docs"):
             if pred.get(key) is not None and not isinstance(pred[key], list):
-                raise InputError(f"{key} of {qid!r} must be a list, not {type(pred[key]).__name__} {pred[key]!r:.40}", file=str(path), column=key)
+                raise InputError(
+                    f"{key} of {qid!r} must be a list, not {type(pred[key]).__name__} {pred[key]!r:.40}",
+                    file=str(path),
+                    column=key,
+                )
     return {str(k): v for k, v in data.items()}
 
 
-def answer_quality(features: pd.DataFrame, family: str = "answer_quality", failures: pd.DataFrame | None = None) -> dict[str, dict]:
+def answer_quality(
+    features: pd.DataFrame, family: str = "answer_quality", failures: pd.DataFrame | None = None
+) -> dict[str, dict]:
     """question id → ``{"A": expected 1–5 grade}`` or ``{"A": None, "reason": …}`` for failed blocks."""
     prefix = f"{family}:"
     rows = features[features.question_id.astype(str).str.startswith(prefix)]
     out: dict[str, dict] = {}
     if len(rows):
-        wide = rows.pivot_table(index=["text_id", "question_id"], columns="option", values="prob", aggfunc="first").fillna(0.0)
+        wide = rows.pivot_table(
+            index=["text_id", "question_id"], columns="option", values="prob", aggfunc="first"
+        ).fillna(0.0)
         twice = wide.index.get_level_values("text_id").duplicated()
         if twice.any():
-            raise InputError(f"answer {wide.index[twice.argmax()][0]!r} has several {family} blocks", file=source_of(features), column="question_id")
+            raise InputError(
+                f"answer {wide.index[twice.argmax()][0]!r} has several {family} blocks",
+                file=source_of(features),
+                column="question_id",
+            )
         values = np.array([float(c) for c in wide.columns])
         p = wide.to_numpy()
         total = p.sum(axis=1)
         for (text_id, _), t, row in zip(wide.index, total, p):
-            out[str(text_id)] = {"A": float(row @ values / t)} if t > 0 else {"A": None, "reason": "no probability mass on 1-5"}
+            out[str(text_id)] = (
+                {"A": float(row @ values / t)} if t > 0 else {"A": None, "reason": "no probability mass on 1-5"}
+            )
     if failures is not None and len(failures):
-        for text_id, qid, status, reason in zip(failures.text_id, failures.question_id, failures.status, failures.get("reason", [""] * len(failures))):
+        for text_id, qid, status, reason in zip(
+            failures.text_id, failures.question_id, failures.status, failures.get("reason", [""] * len(failures))
+        ):
             if str(qid).startswith(prefix) and str(text_id) not in out:
                 out[str(text_id)] = {"A": None, "reason": f"{status}: {reason}".strip(": ")}
     return out
@@ -160,7 +184,9 @@ def gold_rank(gold_doc: str, retrieved) -> int | None:
     """1-based rank of the gold document among the retrieved ones (by ``rank``, else list order)."""
     if not retrieved:
         return None
-    docs = sorted(enumerate(retrieved), key=lambda x: (x[1].get("rank", x[0] + 1) if isinstance(x[1], dict) else x[0] + 1))
+    docs = sorted(
+        enumerate(retrieved), key=lambda x: x[1].get("rank", x[0] + 1) if isinstance(x[1], dict) else x[0] + 1
+    )
     for position, (_, d) in enumerate(docs, start=1):
         if str(d.get("doc_id") if isinstance(d, dict) else d) == str(gold_doc):
             return position
@@ -211,17 +237,26 @@ def summarise(rows: list[dict], recall_at, n_questions: int) -> dict:
     scored = [r for r in rows if r["status"] == "ok"]
     cited = [r["citation"] for r in scored if r["citation"] is not None]
     judged = [r for r in scored if r["answer"]["a"] is not None]
-    missing = [{"question_id": r["question_id"], "reason": r["answer"]["reason"]} for r in scored if r["answer"]["a"] is None]
+    missing = [
+        {"question_id": r["question_id"], "reason": r["answer"]["reason"]} for r in scored if r["answer"]["a"] is None
+    ]
     missing += [{"question_id": r["question_id"], "reason": r["status"]} for r in rows if r["status"] != "ok"]
     if missing:
-        log.warning("%d questions have no answer-quality score (left out of its means): %s", len(missing), "; ".join(f"{m['question_id']}: {m['reason']}" for m in missing[:5]))
+        log.warning(
+            "%d questions have no answer-quality score (left out of its means): %s",
+            len(missing),
+            "; ".join(f"{m['question_id']}: {m['reason']}" for m in missing[:5]),
+        )
     mean = lambda xs: float(np.mean(xs)) if len(xs) else math.nan
     return {
         "questions": n_questions,
         "with_prediction": len(scored),
         "retrieval": {f"recall@{k}": mean([r["retrieval"][f"hit@{k}"] for r in scored]) for k in recall_at},
         "retrieval_hits": {f"hit@{k}": int(sum(r["retrieval"][f"hit@{k}"] for r in scored)) for k in recall_at},
-        "citation": {"questions_with_evidence": len(cited), **{m: mean([c[m] for c in cited]) for m in ("precision", "recall", "f1")}},
+        "citation": {
+            "questions_with_evidence": len(cited),
+            **{m: mean([c[m] for c in cited]) for m in ("precision", "recall", "f1")},
+        },
         "answer_score_raw": mean([r["answer"]["A"] for r in judged]),
         "answer_score": mean([r["answer"]["a"] for r in judged]),
         "evidence_score": mean([r["evidence"] for r in scored]),

@@ -21,8 +21,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from llmrubric.errors import InputError
-from llmrubric.schemas import source_of
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import source_of
 
 log = logging.getLogger(__name__)
 LABELS = ("support", "partial_support", "not_support")
@@ -39,18 +39,25 @@ def support_from_labels(assignments: pd.DataFrame) -> pd.DataFrame:
     bad = ~labels.isin(LABELS)
     if bad.any():
         row = assignments.index[bad.to_numpy().argmax()]
-        raise InputError(f"label {assignments.at[row, 'label']!r} is not one of {LABELS}", file=src, row=_row(row), column="label")
-    out = pd.DataFrame({
-        "text_id": assignments.text_id.astype(str).to_numpy(),
-        "item_id": assignments.item_id.astype(str).to_numpy(),
-        "p_support": (labels == "support").astype(float).to_numpy(),
-        "p_partial": (labels == "partial_support").astype(float).to_numpy(),
-    }, index=assignments.index)
+        raise InputError(
+            f"label {assignments.at[row, 'label']!r} is not one of {LABELS}", file=src, row=_row(row), column="label"
+        )
+    out = pd.DataFrame(
+        {
+            "text_id": assignments.text_id.astype(str).to_numpy(),
+            "item_id": assignments.item_id.astype(str).to_numpy(),
+            "p_support": (labels == "support").astype(float).to_numpy(),
+            "p_partial": (labels == "partial_support").astype(float).to_numpy(),
+        },
+        index=assignments.index,
+    )
     out.attrs["source"] = src
     return _no_duplicates(out)
 
 
-def support_from_features(features: pd.DataFrame, family: str = "nugget_support", source: str | None = None) -> pd.DataFrame:
+def support_from_features(
+    features: pd.DataFrame, family: str = "nugget_support", source: str | None = None
+) -> pd.DataFrame:
     """Extracted ``<family>:<item_id>`` blocks → expected ``p_support, p_partial`` (normalised over the three labels)."""
     prefix = f"{family}:"
     rows = features[features.question_id.astype(str).str.startswith(prefix)]
@@ -58,20 +65,32 @@ def support_from_features(features: pd.DataFrame, family: str = "nugget_support"
     if rows.empty:
         raise InputError(f"no {family!r} blocks in the features", file=source_of(features), column="question_id")
     if source is None and len(sources) > 1:
-        raise InputError(f"{family} blocks come from several sources {sources}; choose one", file=source_of(features), column="source")
+        raise InputError(
+            f"{family} blocks come from several sources {sources}; choose one",
+            file=source_of(features),
+            column="source",
+        )
     rows = rows[rows.source == (source or sources[0])]
-    wide = rows.pivot_table(index=["text_id", "question_id"], columns="option", values="prob", aggfunc="first").reindex(columns=list(LABELS)).fillna(0.0)
+    wide = (
+        rows.pivot_table(index=["text_id", "question_id"], columns="option", values="prob", aggfunc="first")
+        .reindex(columns=list(LABELS))
+        .fillna(0.0)
+    )
     total = wide.sum(axis=1).to_numpy()
     if (total <= 0).any():
         text, qid = wide.index[(total <= 0).argmax()]
-        raise InputError(f"block (text {text!r}, question {qid!r}) has no mass on {LABELS}", file=source_of(features), column="prob")
+        raise InputError(
+            f"block (text {text!r}, question {qid!r}) has no mass on {LABELS}", file=source_of(features), column="prob"
+        )
     p = wide.to_numpy() / total[:, None]
-    return pd.DataFrame({
-        "text_id": wide.index.get_level_values("text_id").astype(str),
-        "item_id": wide.index.get_level_values("question_id").str.slice(len(prefix)),
-        "p_support": p[:, 0],
-        "p_partial": p[:, 1],
-    })
+    return pd.DataFrame(
+        {
+            "text_id": wide.index.get_level_values("text_id").astype(str),
+            "item_id": wide.index.get_level_values("question_id").str.slice(len(prefix)),
+            "p_support": p[:, 0],
+            "p_partial": p[:, 1],
+        }
+    )
 
 
 def _row(label) -> int | None:
@@ -82,8 +101,12 @@ def _no_duplicates(support: pd.DataFrame) -> pd.DataFrame:
     dup = support.duplicated(["text_id", "item_id"])
     if dup.any():
         row = support.index[dup.argmax()]
-        raise InputError(f"nugget {support.at[row, 'item_id']!r} is assigned twice for answer {support.at[row, 'text_id']!r}",
-                         file=source_of(support), row=_row(row), column="item_id")
+        raise InputError(
+            f"nugget {support.at[row, 'item_id']!r} is assigned twice for answer {support.at[row, 'text_id']!r}",
+            file=source_of(support),
+            row=_row(row),
+            column="item_id",
+        )
     return support
 
 
@@ -99,15 +122,26 @@ def answer_scores(support: pd.DataFrame, answers: pd.DataFrame, bank, partial_we
         if column not in answers.columns:
             raise InputError(f"the answers table needs a {column!r} column", file=src, column=column)
     run_col = "run_id" if "run_id" in answers.columns else "system_id" if "system_id" in answers.columns else None
-    answers = answers.assign(run_id=answers[run_col].astype(str) if run_col else "run", text_id=answers.text_id.astype(str), query_id=answers.query_id.astype(str))
+    answers = answers.assign(
+        run_id=answers[run_col].astype(str) if run_col else "run",
+        text_id=answers.text_id.astype(str),
+        query_id=answers.query_id.astype(str),
+    )
     dup = answers.duplicated("text_id")
     if dup.any():
         row = answers.index[dup.argmax()]
-        raise InputError(f"answer {answers.at[row, 'text_id']!r} is listed twice", file=src, row=_row(row), column="text_id")
+        raise InputError(
+            f"answer {answers.at[row, 'text_id']!r} is listed twice", file=src, row=_row(row), column="text_id"
+        )
     dup = answers.duplicated(["run_id", "query_id"])
     if dup.any():
         row = answers.index[dup.argmax()]
-        raise InputError(f"run {answers.at[row, 'run_id']!r} has two answers for query {answers.at[row, 'query_id']!r}", file=src, row=_row(row), column="query_id")
+        raise InputError(
+            f"run {answers.at[row, 'run_id']!r} has two answers for query {answers.at[row, 'query_id']!r}",
+            file=src,
+            row=_row(row),
+            column="query_id",
+        )
     nuggets: dict[str, list] = {}
     for item in bank:
         nuggets.setdefault(item.query_id, []).append(item)
@@ -115,34 +149,70 @@ def answer_scores(support: pd.DataFrame, answers: pd.DataFrame, bank, partial_we
     unknown_answer = ~support.text_id.isin(query_of)
     if unknown_answer.any():
         i = int(unknown_answer.to_numpy().argmax())
-        raise InputError(f"assignment for answer {support.text_id.iloc[i]!r}, which is not in the answers table", file=source_of(support), row=_row(support.index[i]), column="text_id")
+        raise InputError(
+            f"assignment for answer {support.text_id.iloc[i]!r}, which is not in the answers table",
+            file=source_of(support),
+            row=_row(support.index[i]),
+            column="text_id",
+        )
     bank_ids = {(i.query_id, i.item_id) for i in bank}
     foreign = [(query_of[t], n) not in bank_ids for t, n in zip(support.text_id, support.item_id)]
     if any(foreign):
         i = int(np.argmax(foreign))
-        raise InputError(f"nugget {support.item_id.iloc[i]!r} is not in the test bank of query {query_of[support.text_id.iloc[i]]!r}",
-                         file=source_of(support), row=_row(support.index[i]), column="item_id")
-    lookup = {(t, n): (s, p) for t, n, s, p in zip(support.text_id, support.item_id, support.p_support, support.p_partial)}
+        raise InputError(
+            f"nugget {support.item_id.iloc[i]!r} is not in the test bank of query {query_of[support.text_id.iloc[i]]!r}",
+            file=source_of(support),
+            row=_row(support.index[i]),
+            column="item_id",
+        )
+    lookup = {
+        (t, n): (s, p) for t, n, s, p in zip(support.text_id, support.item_id, support.p_support, support.p_partial)
+    }
     rows = []
     for text_id, run_id, query_id in zip(answers.text_id, answers.run_id, answers.query_id):
         items = nuggets.get(query_id, [])
-        row = {"text_id": text_id, "run_id": run_id, "query_id": query_id, "nuggets": len(items), "vital": sum(i.importance == "vital" for i in items)}
+        row = {
+            "text_id": text_id,
+            "run_id": run_id,
+            "query_id": query_id,
+            "nuggets": len(items),
+            "vital": sum(i.importance == "vital" for i in items),
+        }
         got = [lookup.get((text_id, i.item_id)) for i in items]
         if not items:
             rows.append({**row, "status": "no_nuggets", **dict.fromkeys(SCORES, math.nan)})
             continue
         if any(g is None for g in got):
-            rows.append({**row, "status": f"incomplete ({sum(g is None for g in got)} of {len(items)} nuggets unassigned)", **dict.fromkeys(SCORES, math.nan)})
+            rows.append(
+                {
+                    **row,
+                    "status": f"incomplete ({sum(g is None for g in got)} of {len(items)} nuggets unassigned)",
+                    **dict.fromkeys(SCORES, math.nan),
+                }
+            )
             continue
         strict = np.array([g[0] for g in got])
         partial = strict + partial_weight * np.array([g[1] for g in got])
         vital = np.array([i.importance == "vital" for i in items])
         v = (lambda x: float(x[vital].mean())) if vital.any() else (lambda x: math.nan)
-        rows.append({**row, "status": "ok", "A_strict": float(strict.mean()), "V_strict": v(strict), "A_partial": float(partial.mean()), "V_partial": v(partial)})
+        rows.append(
+            {
+                **row,
+                "status": "ok",
+                "A_strict": float(strict.mean()),
+                "V_strict": v(strict),
+                "A_partial": float(partial.mean()),
+                "V_partial": v(partial),
+            }
+        )
     out = pd.DataFrame(rows)
     bad = out[out.status != "ok"]
     if len(bad):
-        log.warning("%d answers are left out of the nugget scores: %s", len(bad), "; ".join(f"{t}: {s}" for t, s in zip(bad.text_id[:5], bad.status[:5])))
+        log.warning(
+            "%d answers are left out of the nugget scores: %s",
+            len(bad),
+            "; ".join(f"{t}: {s}" for t, s in zip(bad.text_id[:5], bad.status[:5])),
+        )
     return out
 
 
@@ -151,6 +221,13 @@ def run_scores(scores: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for run_id, part in scores.groupby("run_id", sort=True):
         ok = part[part.status == "ok"]
-        rows.append({"run_id": run_id, **{s: float(ok[s].mean()) if ok[s].notna().any() else math.nan for s in SCORES},
-                     "answers": int(len(ok)), "left_out": int(len(part) - len(ok)), "no_vital": int(ok.V_strict.isna().sum())})
+        rows.append(
+            {
+                "run_id": run_id,
+                **{s: float(ok[s].mean()) if ok[s].notna().any() else math.nan for s in SCORES},
+                "answers": int(len(ok)),
+                "left_out": int(len(part) - len(ok)),
+                "no_vital": int(ok.V_strict.isna().sum()),
+            }
+        )
     return pd.DataFrame(rows).sort_values("V_strict", ascending=False, kind="stable").reset_index(drop=True)

@@ -15,6 +15,6 @@ def make_backend(name: str, **kwargs) -> Backend:
         from llmrubric.extract.backends.openai_backend import OpenAIBackend
 
         return OpenAIBackend(**kwargs)
-    from llmrubric.errors import InputError
+    from llmrubric.io.errors import InputError
 
     raise InputError(f"unknown backend {name!r} (use 'transformers' or 'openai')")

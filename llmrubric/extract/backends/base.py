@@ -5,8 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
-from llmrubric.errors import InputError
 from llmrubric.extract.tasks import Result, Task
+from llmrubric.io.errors import InputError
 
 
 class Backend(ABC):

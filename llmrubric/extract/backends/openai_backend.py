@@ -35,9 +35,9 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
-from llmrubric.errors import InputError
 from llmrubric.extract.backends.base import Backend
 from llmrubric.extract.tasks import Result, Task
+from llmrubric.io.errors import InputError
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -69,9 +69,10 @@ def map_top_logprobs(top: dict[str, float], labels: Sequence[str]) -> tuple[list
             probs.append(mass[i])
     reason = ""
     if unknown:
-        reason = f"mass unknown for {unknown}: absent from the {len(top)} top logprobs (each below {floor:.3g}) or ambiguous"
+        reason = (
+            f"mass unknown for {unknown}: absent from the {len(top)} top logprobs (each below {floor:.3g}) or ambiguous"
+        )
     return probs, reason
-
 
 
 def check_urls(base_url: str | Sequence[str]) -> list[str]:
@@ -88,10 +89,14 @@ def check_urls(base_url: str | Sequence[str]) -> list[str]:
         except ValueError as e:
             raise InputError(f"extract setting {where}: {url!r} is not a valid URL ({e})") from e
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InputError(f"extract setting {where}: {url!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1")
+            raise InputError(
+                f"extract setting {where}: {url!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1"
+            )
         out.append(str(url).rstrip("/"))
     if len(set(out)) != len(out):
-        raise InputError(f"extract setting base_url: an endpoint is listed twice: {sorted({u for u in out if out.count(u) > 1})}")
+        raise InputError(
+            f"extract setting base_url: an endpoint is listed twice: {sorted({u for u in out if out.count(u) > 1})}"
+        )
     return out
 
 
@@ -116,9 +121,16 @@ class EndpointPool:
     ``pause`` seconds, doubled at each further pause up to ``max_pause``; once the pause is over
     it takes one request at a time until one succeeds."""
 
-    def __init__(self, urls: Sequence[str], limit: int, pause_after: int = 3, pause: float = 10.0, max_pause: float = 300.0):
+    def __init__(
+        self, urls: Sequence[str], limit: int, pause_after: int = 3, pause: float = 10.0, max_pause: float = 300.0
+    ):
         self.endpoints = [Endpoint(u) for u in urls]
-        self.limit, self.pause_after, self.pause, self.max_pause = max(1, int(limit)), max(1, int(pause_after)), float(pause), float(max_pause)
+        self.limit, self.pause_after, self.pause, self.max_pause = (
+            max(1, int(limit)),
+            max(1, int(pause_after)),
+            float(pause),
+            float(max_pause),
+        )
         self.cond = threading.Condition()
         self.last_failure = ""
 
@@ -164,7 +176,13 @@ class EndpointPool:
                     seconds = min(self.max_pause, self.pause * 2**e.pauses)
                     e.pauses += 1
                     e.paused_until, e.throttled = now + seconds, False
-                    log.warning("endpoint %s paused for %.1f s after %d failures in a row (last: %s)", e.url, seconds, e.failures, reason)
+                    log.warning(
+                        "endpoint %s paused for %.1f s after %d failures in a row (last: %s)",
+                        e.url,
+                        seconds,
+                        e.failures,
+                        reason,
+                    )
             self.cond.notify_all()
 
 
@@ -242,7 +260,9 @@ class OpenAIBackend(Backend):
     def _body(self, prompt: str) -> dict:
         body = {"model": self.model, "max_tokens": 1, "temperature": 0}
         if self.endpoint == "chat":
-            messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [{"role": "user", "content": prompt}]
+            messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [
+                {"role": "user", "content": prompt}
+            ]
             body.update(messages=messages, logprobs=True, top_logprobs=self.top_logprobs)
         else:
             body.update(prompt=prompt, logprobs=self.top_logprobs)
@@ -251,8 +271,12 @@ class OpenAIBackend(Backend):
     def _post(self, body: dict, base_url: str | None = None) -> dict:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
-            headers["api-key" if self.azure_api_version else "Authorization"] = self.api_key if self.azure_api_version else f"Bearer {self.api_key}"
-        request = urllib.request.Request(self._url(base_url), data=json.dumps(body).encode(), headers=headers, method="POST")
+            headers["api-key" if self.azure_api_version else "Authorization"] = (
+                self.api_key if self.azure_api_version else f"Bearer {self.api_key}"
+            )
+        request = urllib.request.Request(
+            self._url(base_url), data=json.dumps(body).encode(), headers=headers, method="POST"
+        )
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
             return json.loads(response.read())
 
@@ -284,7 +308,11 @@ class OpenAIBackend(Backend):
             retry_after = float(header) if header and header.replace(".", "", 1).isdigit() else None
             self.pool.release(endpoint, ok=False, retry_after=retry_after, reason=error)
             return None, error, retry_after
-        except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:  # refused, dropped, timed out, cut short
+        except (
+            OSError,
+            http.client.HTTPException,
+            json.JSONDecodeError,
+        ) as e:  # refused, dropped, timed out, cut short
             error = f"{type(e).__name__} from {endpoint.url}: {getattr(e, 'reason', e)}"
             self.pool.release(endpoint, ok=False, reason=error)
             return None, error, None
@@ -295,7 +323,11 @@ class OpenAIBackend(Backend):
             return Result(task, None, "failed", f"response without logprobs ({type(e).__name__}: {e})"), "", None
         probs, reason = map_top_logprobs(top, task.labels)
         tokens = int(response.get("usage", {}).get("prompt_tokens", 0))
-        return Result(task, dict(zip(task.options, probs)), "incomplete" if reason else "ok", reason, tokens, tokens), "", None
+        return (
+            Result(task, dict(zip(task.options, probs)), "incomplete" if reason else "ok", reason, tokens, tokens),
+            "",
+            None,
+        )
 
     def request(self, task: Task) -> Result:
         """One task, with retries on the least busy live endpoint; never raises for a server or network failure.
@@ -314,7 +346,11 @@ class OpenAIBackend(Backend):
                     return result
                 previous = endpoint
             if attempt < self.max_retries:
-                delay = retry_after if retry_after is not None else random.uniform(0.5, 1.0) * min(self.max_backoff, self.backoff * 2**attempt)
+                delay = (
+                    retry_after
+                    if retry_after is not None
+                    else random.uniform(0.5, 1.0) * min(self.max_backoff, self.backoff * 2**attempt)
+                )
                 log.debug("task %s/%s: %s; retry in %.2fs", task.text_id, task.question_id, last, delay)
                 time.sleep(delay)
         return Result(task, None, "failed", f"{last} (after {self.max_retries + 1} attempts)")
@@ -323,7 +359,10 @@ class OpenAIBackend(Backend):
         """Before any request: an InputError if no endpoint accepts a connection; unreachable ones are paused."""
         down = {u: why for u in self.urls if (why := reachable(u, min(self.timeout, 5.0)))}
         if len(down) == len(self.urls):
-            raise InputError("extract setting base_url: no endpoint is reachable: " + "; ".join(f"{u} ({why})" for u, why in down.items()))
+            raise InputError(
+                "extract setting base_url: no endpoint is reachable: "
+                + "; ".join(f"{u} ({why})" for u, why in down.items())
+            )
         for e in self.pool.endpoints:
             if e.url in down:
                 e.failures, e.paused_until = self.pool.pause_after, time.monotonic() + self.pool.pause
@@ -346,7 +385,7 @@ class OpenAIBackend(Backend):
         endpoint = self.pool.acquire()
         try:
             response = self._post(body, endpoint.url)
-        except (urllib.error.URLError, socket.timeout, TimeoutError) as e:
+        except (urllib.error.URLError, TimeoutError) as e:
             raise InputError(f"generation request to {self._url(endpoint.url)} failed: {e}") from e
         finally:
             self.pool.release(endpoint, ok=True)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from llmrubric.errors import InputError
 from llmrubric.extract import models
 from llmrubric.extract.backends.base import Backend, check_labels
 from llmrubric.extract.tasks import Result, Task
+from llmrubric.io.errors import InputError
 
 log = logging.getLogger(__name__)
 MARKER = " [...] "
@@ -122,7 +122,12 @@ class TransformersBackend(Backend):
         self.seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
         self.batch_size = int(batch_size)
         self.prefix_reuse = bool(prefix_reuse) and not self.seq2seq
-        self.max_length = int(max_length or getattr(model.config, "max_position_embeddings", 0) or getattr(model.config, "n_positions", 0) or 512)
+        self.max_length = int(
+            max_length
+            or getattr(model.config, "max_position_embeddings", 0)
+            or getattr(model.config, "n_positions", 0)
+            or 512
+        )
         self.overflow = overflow
         self.chat_template = bool(chat_template)
         if self.chat_template and not getattr(tokenizer, "chat_template", None):
@@ -132,7 +137,9 @@ class TransformersBackend(Backend):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.head_only = not self.seq2seq and "logits_to_keep" in inspect.signature(self.model.forward).parameters
         name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
-        self._model_id = f"{name}|{dtype}|max{self.max_length}|{overflow}|lp={self.answer_prefix!r}|chat={self.chat_template}"
+        self._model_id = (
+            f"{name}|{dtype}|max{self.max_length}|{overflow}|lp={self.answer_prefix!r}|chat={self.chat_template}"
+        )
         self.stats = {"prefill_tokens": 0, "prompt_tokens": 0, "forward_passes": 0, "prefix_passes": 0}
 
     @property
@@ -144,7 +151,9 @@ class TransformersBackend(Backend):
     def _prompt_text(self, prompt: str) -> str:
         if not self.chat_template:
             return prompt
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
 
     def _answer_prefix(self) -> str:
         """What the model's own format puts between the prompt and the answer.
@@ -162,7 +171,9 @@ class TransformersBackend(Backend):
             return " "
         sentinel, user = "\u2063ANSWER\u2063", [{"role": "user", "content": "?"}]
         opened = self.tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-        answered = self.tokenizer.apply_chat_template(user + [{"role": "assistant", "content": sentinel}], tokenize=False)
+        answered = self.tokenizer.apply_chat_template(
+            user + [{"role": "assistant", "content": sentinel}], tokenize=False
+        )
         at = answered.find(sentinel)
         if at < 0 or not answered[:at].startswith(opened):
             raise InputError(
@@ -184,7 +195,7 @@ class TransformersBackend(Backend):
                 f"label {label!r} merges with the end of the prompt into other tokens, so its answer position cannot be "
                 f"found; change label_prefix (now {self.answer_prefix!r}) or the template's last line"
             )
-        return full[len(ids):]
+        return full[len(ids) :]
 
     def _prepare(self, task: Task) -> _Prepared:
         text = self._prompt_text(task.prompt)
@@ -214,7 +225,11 @@ class TransformersBackend(Backend):
             keep = len(text_ids) - cut
             if keep < 2:
                 return [], [Result(t, None, "failed", reason + " even with the text removed") for t in tasks]
-            short = self.tokenizer.decode(text_ids[: keep // 2]) + MARKER + self.tokenizer.decode(text_ids[len(text_ids) - (keep - keep // 2):])
+            short = (
+                self.tokenizer.decode(text_ids[: keep // 2])
+                + MARKER
+                + self.tokenizer.decode(text_ids[len(text_ids) - (keep - keep // 2) :])
+            )
             prepared = [self._prepare(replace(t, prompt=t.prompt.replace(text, short, 1))) for t in tasks]
             excess = max(self._needed(p) for p in prepared) - self.max_length
             if excess <= 0:
@@ -298,12 +313,17 @@ class TransformersBackend(Backend):
         reads = [1 if r.label is None else max(len(r.tokens) - r.start, 1) for r in batch]
         if self.head_only:
             width = max(reads)
-            keep = torch.tensor([[r.start + min(j, n - 1) for j in range(width)] for r, n in zip(batch, reads)], device=self.device)
+            keep = torch.tensor(
+                [[r.start + min(j, n - 1) for j in range(width)] for r, n in zip(batch, reads)], device=self.device
+            )
             logits = self.model(**inputs, logits_to_keep=keep).logits  # (B, width, V)
             lp = torch.log_softmax(logits.float(), dim=-1)
             return [lp[b, :n] for b, n in enumerate(reads)]
         logits = self.model(**inputs).logits
-        return [torch.log_softmax(logits[b, r.start : r.start + n].float(), dim=-1) for b, (r, n) in enumerate(zip(batch, reads))]
+        return [
+            torch.log_softmax(logits[b, r.start : r.start + n].float(), dim=-1)
+            for b, (r, n) in enumerate(zip(batch, reads))
+        ]
 
     def _prefix_cache(self, ids: torch.Tensor, mask: torch.Tensor | None = None):
         kwargs = {"logits_to_keep": 1} if self.head_only else {}
@@ -313,7 +333,9 @@ class TransformersBackend(Backend):
         """A new cache with the given batch rows of ``cache`` (which is left as it is)."""
         from transformers import DynamicCache
 
-        return DynamicCache([(layer.keys[rows], layer.values[rows]) for layer in cache.layers], config=self.model.config)
+        return DynamicCache(
+            [(layer.keys[rows], layer.values[rows]) for layer in cache.layers], config=self.model.config
+        )
 
     @torch.inference_mode()
     def _score_causal(self, prepared: list[_Prepared], reuse: bool) -> Iterator[Result]:
@@ -333,8 +355,12 @@ class TransformersBackend(Backend):
             ids, mask = self._pad([r.tokens for r in batch])
             kwargs = {}
             if cache is not None:
-                kwargs["past_key_values"] = self._select(cache, torch.zeros(len(batch), dtype=torch.long, device=self.device))
-                mask = torch.cat([torch.ones((len(batch), prefix_len), dtype=mask.dtype, device=mask.device), mask], dim=1)
+                kwargs["past_key_values"] = self._select(
+                    cache, torch.zeros(len(batch), dtype=torch.long, device=self.device)
+                )
+                mask = torch.cat(
+                    [torch.ones((len(batch), prefix_len), dtype=mask.dtype, device=mask.device), mask], dim=1
+                )
             lps = self._logprobs(batch, input_ids=ids, attention_mask=mask, use_cache=cache is not None, **kwargs)
             self.stats["prefill_tokens"] += sum(len(r.tokens) for r in batch)
             self.stats["forward_passes"] += 1
@@ -358,7 +384,8 @@ class TransformersBackend(Backend):
         self.stats["forward_passes"] += 1
         self.stats["prefix_passes"] += 1
         rows = sorted(
-            ((gi, row) for gi, (g, n) in enumerate(zip(groups, lengths)) for row in self._rows(g, n)), key=lambda r: len(r[1].tokens)
+            ((gi, row) for gi, (g, n) in enumerate(zip(groups, lengths)) for row in self._rows(g, n)),
+            key=lambda r: len(r[1].tokens),
         )
         logprobs: list[dict[int, dict[int | None, torch.Tensor]]] = [defaultdict(dict) for _ in groups]
         offsets = torch.tensor(lengths, device=self.device)
@@ -368,8 +395,12 @@ class TransformersBackend(Backend):
             ids, mask = self._pad([r.tokens for _, r in batch])
             positions = offsets[owner][:, None] + torch.arange(ids.shape[1], device=self.device)[None, :]
             lps = self._logprobs(
-                [r for _, r in batch], input_ids=ids, attention_mask=torch.cat([prefix_mask[owner], mask], dim=1),
-                position_ids=positions, past_key_values=self._select(cache, owner), use_cache=True,
+                [r for _, r in batch],
+                input_ids=ids,
+                attention_mask=torch.cat([prefix_mask[owner], mask], dim=1),
+                position_ids=positions,
+                past_key_values=self._select(cache, owner),
+                use_cache=True,
             )
             self.stats["prefill_tokens"] += sum(len(r.tokens) for _, r in batch)
             self.stats["forward_passes"] += 1
@@ -415,7 +446,10 @@ class TransformersBackend(Backend):
             dec_ids, dec_mask = self._pad([f[3] for f in flat])
             pick = torch.tensor([f[0] for f in flat], device=self.device)
             logits = self.model(
-                encoder_outputs=(hidden[pick],), attention_mask=mask[pick], decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask
+                encoder_outputs=(hidden[pick],),
+                attention_mask=mask[pick],
+                decoder_input_ids=dec_ids,
+                decoder_attention_mask=dec_mask,
             ).logits
             self.stats["forward_passes"] += 1
             lp = torch.log_softmax(logits.float(), dim=-1)
@@ -429,6 +463,8 @@ def generate(backend: TransformersBackend, prompt: str, max_new_tokens: int = 25
     text = backend._prompt_text(prompt)
     ids = torch.tensor([backend._encode(text)], device=backend.device)
     with torch.inference_mode():
-        out = backend.model.generate(input_ids=ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=backend.pad_id)
-    new = out[0] if backend.seq2seq else out[0, ids.shape[1]:]
+        out = backend.model.generate(
+            input_ids=ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=backend.pad_id
+        )
+    new = out[0] if backend.seq2seq else out[0, ids.shape[1] :]
     return backend.tokenizer.decode(new, skip_special_tokens=True)

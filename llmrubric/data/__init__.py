@@ -1,0 +1,1 @@
+"""Data sets: fetch, read and simulate."""

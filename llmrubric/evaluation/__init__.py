@@ -1,0 +1,1 @@
+"""Metrics, calibration measures, significance tests and transfer intervals."""

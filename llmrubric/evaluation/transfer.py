@@ -1,0 +1,107 @@
+"""System means of calibrated scores for systems no model saw, with intervals that include the
+model's own error under system shift.
+
+A held-out system's score is the mean, over its annotated (text, judge) pairs, of the calibrated
+expected answers. Sampling alone makes that mean precise, but on a new system the model is
+biased by an unknown amount (it saturates, or its calibration does not carry over), so an
+interval from sampling alone is far too narrow. :func:`shift_intervals` widens it by the error
+the model made on other systems when they were held out (leave-one-system-out over the
+training systems, a jackknife over systems): with residuals e_t = predicted − human mean of
+the K other systems, the interval is ``estimate ± t_{K, 1-α/2} · sqrt(mean e_t²)`` (a
+prediction interval for one more system, assuming the shift errors of systems are
+exchangeable and roughly normal). :func:`ppi_intervals` instead corrects the estimate with k
+human labels of the new system (prediction-powered inference, :func:`llmrubric.scoring.leaderboard.ppi_mean`),
+averaged over random draws of the k labelled pairs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from llmrubric.evaluation.metrics import align
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Question
+from llmrubric.io.schemas import source_of
+from llmrubric.scoring.leaderboard import ppi_mean
+
+
+def pair_scores(
+    predictions: pd.DataFrame, annotations: pd.DataFrame, question: Question, systems: pd.Series
+) -> pd.DataFrame:
+    """One row per annotated pair of ``question``: ``system_id``, human value ``y``, predicted expected answer ``yhat``.
+
+    ``systems``: text id → system id; every annotated text needs one."""
+    merged = align(predictions, annotations, question)
+    system = merged.text_id.map(systems)
+    if system.isna().any():
+        raise InputError(
+            f"{int(system.isna().sum())} annotated texts have no system_id (first: {merged.text_id[system.isna()].iloc[0]!r})",
+            file=source_of(annotations),
+            column="system_id",
+        )
+    y = np.asarray(question.values, float)[pd.Index(question.keys).get_indexer(merged.answer)]
+    return pd.DataFrame(
+        {
+            "system_id": system.to_numpy(),
+            "text_id": merged.text_id.to_numpy(),
+            "y": y,
+            "yhat": merged["mean"].to_numpy(float),
+        }
+    )
+
+
+def system_means(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per system: ``human`` and ``predicted`` means over its pairs and the number of ``pairs``."""
+    g = pairs.groupby("system_id")
+    return pd.DataFrame({"human": g.y.mean(), "predicted": g.yhat.mean(), "pairs": g.size()})
+
+
+def shift_intervals(means: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """``means`` (from :func:`system_means`, each system's prediction by a model that did not see it)
+    with ``low``/``high``: the interval of each system from the residuals of the others (module doc)."""
+    if len(means) < 2:
+        raise InputError(f"shift intervals need at least 2 systems, got {len(means)}", column="system_id")
+    residual = (means.predicted - means.human).to_numpy()
+    half = []
+    for i in range(len(means)):
+        others = np.delete(residual, i)
+        half.append(stats.t.ppf(1 - alpha / 2, df=len(others)) * math.sqrt(float(np.mean(others**2))))
+    return means.assign(low=means.predicted - half, high=means.predicted + half)
+
+
+def ppi_intervals(pairs: pd.DataFrame, k: int, draws: int = 50, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
+    """Per system and draw: the PPI estimate of the human mean from ``k`` randomly labelled pairs of
+    the system plus the predictions of the others (``estimate, low, high, human``)."""
+    rows = []
+    rng = np.random.default_rng(seed)
+    for system, part in pairs.groupby("system_id"):
+        if k > len(part):
+            raise InputError(
+                f"k={k} human labels requested but system {system!r} has only {len(part)} labelled pairs", column="k"
+            )
+        for d in range(draws):
+            labelled = np.zeros(len(part), dtype=bool)
+            labelled[rng.choice(len(part), k, replace=False)] = True
+            y, yhat = part.y.to_numpy(), part.yhat.to_numpy()
+            est = ppi_mean(yhat[~labelled], yhat[labelled], y[labelled], alpha)
+            rows.append(
+                {
+                    "system_id": system,
+                    "draw": d,
+                    "estimate": est["ppi"],
+                    "low": est["ppi_low"],
+                    "high": est["ppi_high"],
+                    "human": y.mean(),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def coverage(intervals: pd.DataFrame, truth: str = "human") -> tuple[float, float]:
+    """Share of intervals holding the truth, and their mean width."""
+    covered = (intervals.low <= intervals[truth]) & (intervals[truth] <= intervals.high)
+    return float(covered.mean()), float((intervals.high - intervals.low).mean())

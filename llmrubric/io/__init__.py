@@ -1,0 +1,1 @@
+"""Tables, rubrics, predictions and the checks that guard them."""

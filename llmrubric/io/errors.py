@@ -1,0 +1,69 @@
+"""The one exception type for bad input (it names the file, row and column) and the
+one-line error reporting shared by every entry point."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+
+class InputError(ValueError):
+    """Bad input data or configuration, with where it was found."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        row: int | None = None,
+        column: str | None = None,
+        setting: str | None = None,
+    ):
+        self.file, self.row, self.column, self.setting = file, row, column, setting
+        where = ", ".join(
+            part
+            for part in (
+                str(file) if file else "",
+                f"row {row}" if row is not None else "",
+                f"column {column!r}" if column else "",
+                f"setting {setting}" if setting else "",
+            )
+            if part
+        )
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class TrainingDiverged(RuntimeError):
+    """A network's training loss became non-finite (e.g. a learning rate that is too high)."""
+
+
+USER_ERRORS = (InputError, TrainingDiverged)
+
+
+def report(error: BaseException) -> int:
+    """Print a user error (``error: <what is wrong>``) or Ctrl-C on one line and return the
+    exit code (2 or 130); anything else, or ``HYDRA_FULL_ERROR=1``, is re-raised with its traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1" or not isinstance(error, (*USER_ERRORS, KeyboardInterrupt)):
+        raise error
+    if isinstance(error, KeyboardInterrupt):
+        print(
+            "interrupted (Ctrl-C): finished outputs are kept, nothing partial was written; run again to resume",
+            file=sys.stderr,
+        )
+        return 130
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    return 2
+
+
+def reports_errors(func):
+    """Wrap an entry point (``train.py``, ``evaluate.py``): see :func:`report`; exits with its code."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except (*USER_ERRORS, KeyboardInterrupt) as e:
+            sys.exit(report(e))
+
+    return wrapper

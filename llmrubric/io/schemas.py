@@ -1,0 +1,543 @@
+"""The canonical long tables (DESIGN.md): read, validate and write them.
+
+Row numbers in errors are 1-based data rows (the header is not counted); frames keep
+them as their index so that errors raised after a join still point into the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric, option_key
+
+PROB_TOLERANCE = 1e-6  # per option: probabilities written with 6 decimals may sum to 1 + options × 1e-6
+NA_ANSWERS = ("", "NA")  # an answer cell that is empty or NA: the row is absent (dropped and counted)
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table contract: required and optional columns, which are ids (read as strings), and
+    what each column holds (``columns``: name → type and what NA means), shown by ``llmrubric schema``."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+    columns: tuple[tuple[str, str], ...] = ()
+    na_absent: tuple[str, ...] = ()  # NA in these columns: the row is absent (dropped, counted, warned)
+
+
+SPECS = {
+    "annotations": TableSpec(
+        ("text_id", "judge_id", "question_id", "answer"),
+        ("system_id", "round"),
+        ("text_id", "judge_id", "question_id", "system_id", "round"),
+        (
+            ("text_id", "string id; NA is an error"),
+            ("judge_id", "string id; NA is an error"),
+            ("question_id", "string, a rubric question id; NA is an error"),
+            (
+                "answer",
+                "an option value or label of the question; empty or NA: the row is absent (dropped, counted in a warning)",
+            ),
+            ("system_id", "string id; NA: system unknown"),
+            ("round", "string, a judge's repeated annotation of a text; NA: round 1"),
+        ),
+        ("answer",),
+    ),
+    "features": TableSpec(
+        ("text_id", "source", "question_id", "option", "prob"),
+        (),
+        ("text_id", "source", "question_id", "option"),
+        (
+            ("text_id", "string id; NA is an error"),
+            ("source", "string, the LLM (model, prompt variant) that answered; NA is an error"),
+            ("question_id", "string, a rubric question id or any other block name; NA is an error"),
+            ("option", "an option of the question (a rubric question's llm_options); NA is an error"),
+            (
+                "prob",
+                f"float >= 0; a block (text, source, question) sums to at most 1 + options × {PROB_TOLERANCE:g} "
+                "(unnormalised); an absent block, or a block of 2+ options that are all 0, is missing (masked, counted in a warning); "
+                "a one-option block is a value, 0 included; NA is an error",
+            ),
+        ),
+    ),
+    "texts": TableSpec(
+        ("text_id",),
+        ("system_id", "query_id", "text"),
+        ("text_id", "system_id", "query_id"),
+        (
+            ("text_id", "string id; NA is an error"),
+            ("system_id", "string id; NA: system unknown"),
+            ("query_id", "string id; NA: not paired by query"),
+            ("text", "string, the text itself; NA: not given"),
+        ),
+    ),
+    "predictions": TableSpec(
+        ("text_id", "judge_id", "question_id", "mean", "var"),
+        ("system_id",),
+        ("text_id", "judge_id", "question_id"),
+        (
+            ("text_id", "string id; NA is an error"),
+            ("judge_id", "string id; NA is an error"),
+            ("question_id", "string id; NA is an error"),
+            (
+                "p_<option>",
+                "float in [0, 1], one column per option; a question's columns sum to 1 (± 1e-3); NA: not an option of that question",
+            ),
+            ("mean", "float, the expected answer; NA is an error"),
+            ("var", "float, the variance of the distribution; NA is an error"),
+            ("system_id", "string id; NA: system unknown"),
+            ("round", "string; NA: round 1"),
+        ),
+    ),
+}
+
+
+def schema_text() -> str:
+    """The table contracts as Markdown, from :data:`SPECS` (the validators' own specs)."""
+    lines = []
+    for kind, spec in SPECS.items():
+        lines += [f"## {kind}", "", "| column | required | type and NA |", "| --- | --- | --- |"]
+        lines += [f"| {name} | {'yes' if name in spec.required else 'no'} | {text} |" for name, text in spec.columns]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def source_of(df: pd.DataFrame) -> str:
+    return str(df.attrs.get("source", "<table>"))
+
+
+def _read_raw(path: Path) -> pd.DataFrame:
+    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    try:
+        if suffix in (".csv", ".csv.gz"):
+            return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+        if suffix in (".tsv", ".tsv.gz"):
+            return pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, na_values=[""])
+        if suffix == ".parquet":
+            return pd.read_parquet(path)
+        if suffix in (".jsonl", ".jsonl.gz"):
+            return pd.read_json(path, lines=True, dtype=False)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+    except (ValueError, OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot be parsed: {' '.join(str(e).split())}", file=str(path)) from e
+    except Exception as e:  # pyarrow and parser errors of a damaged file
+        raise InputError(f"cannot be parsed ({type(e).__name__}): {' '.join(str(e).split())}", file=str(path)) from e
+    raise InputError(f"unknown table format {suffix!r} (use .csv, .tsv, .parquet or .jsonl)", file=str(path))
+
+
+def read_table(path: str | Path, kind: str) -> pd.DataFrame:
+    """Read a canonical table of ``kind`` and check its columns; ids become strings."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{kind} file not found", file=str(path))
+    df = _read_raw(path)
+    if df.empty:
+        raise InputError(f"the {kind} table is empty", file=str(path))
+    df.index = pd.RangeIndex(1, len(df) + 1)
+    df.attrs["source"] = str(path)
+    return check_columns(df, kind)
+
+
+def _map_unique(values: pd.Series, func) -> pd.Series:
+    """``values.map(func)`` computed once per distinct value (NA kept); ``values`` itself
+    when it is a string column that ``func`` leaves unchanged."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    mapped = [func(v) for v in uniques]
+    if pd.api.types.is_string_dtype(values.dtype) and all(
+        isinstance(u, str) and m == u for m, u in zip(mapped, uniques)
+    ):
+        return values
+    return pd.Series(np.array(mapped + [np.nan], dtype=object)[codes], index=values.index, name=values.name)
+
+
+def _id_key(value) -> str:
+    return option_key(value) if isinstance(value, (int, float, np.integer, np.floating)) else str(value).strip()
+
+
+def _is_na(values: pd.Series) -> np.ndarray:
+    """NA cells: missing, or (as text) empty or ``NA``."""
+    na = values.isna().to_numpy()
+    if values.dtype == object or pd.api.types.is_string_dtype(values.dtype):
+        text = _map_unique(values, lambda v: str(v).strip()).to_numpy()
+        na = na | np.isin(text, NA_ANSWERS)
+    return na
+
+
+def check_columns(df: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """Required columns present and non-null; id columns as stripped strings.
+
+    NA in a ``na_absent`` column (the annotations' ``answer``) makes the row absent: it is
+    dropped, counted in ``df.attrs["absent_rows"]`` and in a warning.
+    """
+    spec = SPECS[kind]
+    src = source_of(df)
+    missing = [c for c in spec.required if c not in df.columns]
+    if missing:
+        raise InputError(
+            f"missing required column(s) {missing} in the {kind} table (has {list(df.columns)})",
+            file=src,
+            column=missing[0],
+        )
+    absent = np.zeros(len(df), dtype=bool)
+    for column in spec.na_absent:
+        absent |= _is_na(df[column])
+    for column in spec.required:
+        null = df[column].isna().to_numpy() & ~absent
+        if null.any():
+            raise InputError(
+                f"empty value in required column ({int(null.sum())} such rows)",
+                file=src,
+                row=int(df.index[null.argmax()]),
+                column=column,
+            )
+    df = df[~absent].copy() if absent.any() else df.copy()
+    df.attrs["source"] = src
+    df.attrs["absent_rows"] = int(absent.sum())
+    if absent.any():
+        log.warning(
+            "%s: %d rows with an NA %s are absent rows (dropped)", src, int(absent.sum()), "/".join(spec.na_absent)
+        )
+    for column in spec.ids:
+        if column in df.columns:
+            df[column] = _ids(df[column])
+    return df
+
+
+def _ids(values: pd.Series) -> pd.Series:
+    """Id cells as stripped strings (numbers by :func:`option_key`); string columns vectorised."""
+    if pd.api.types.is_string_dtype(values.dtype) and values.dtype != object:
+        stripped = values.str.strip()
+        return stripped if (stripped != values).any() else values
+    return _map_unique(values, _id_key)
+
+
+def validate_annotations(df: pd.DataFrame, rubric: Rubric) -> pd.DataFrame:
+    """Check questions and answers against the rubric; ``answer`` becomes the option key.
+
+    An empty or ``NA`` answer is an absent row (dropped and counted, see :func:`check_columns`).
+    Exact duplicate rows are dropped; the same (text, judge, question, round) with
+    different answers is an error naming both rows. The optional ``round`` column marks a
+    judge's repeated annotation of a text (a separate observation); it defaults to "1".
+    """
+    absent = int(df.attrs.get("absent_rows", 0))
+    df = check_columns(df, "annotations")
+    df.attrs["absent_rows"] = absent + df.attrs["absent_rows"]
+    src = source_of(df)
+    if df.empty:
+        raise InputError("every annotation is NA (absent)", file=src, column="answer")
+    unknown = ~df["question_id"].isin(rubric.ids)
+    if unknown.any():
+        row = df.index[unknown.argmax()]
+        raise InputError(
+            f"unknown question id {df.at[row, 'question_id']!r} (rubric {rubric.name!r} has {rubric.ids})",
+            file=src,
+            row=int(row),
+            column="question_id",
+        )
+    pairs = pd.MultiIndex.from_arrays([df["question_id"], df["answer"].astype(object)])
+    codes, uniques = pd.factorize(pairs)
+    keys = []
+    for qid, answer in uniques:
+        question = rubric[qid]
+        index = question.index_of(answer)
+        if index is None:
+            row = df.index[(codes == len(keys)).argmax()]
+            raise InputError(
+                f"answer {answer!r} is not an option of {qid} (options {list(question.keys)})",
+                file=src,
+                row=int(row),
+                column="answer",
+            )
+        keys.append(question.options[index].key)
+    df["answer"] = np.array(keys, dtype=object)[codes]
+    df["round"] = df["round"].fillna("1").astype(str) if "round" in df.columns else "1"
+    cell = ["text_id", "judge_id", "question_id", "round"]
+    dup = df.duplicated(cell, keep=False)
+    if dup.any():
+        groups = df[dup].groupby(cell, sort=False)["answer"]
+        conflicting = groups.nunique()
+        conflicting = conflicting[conflicting > 1]
+        if len(conflicting):
+            text, judge, qid, rnd = conflicting.index[0]
+            rows = df[
+                dup & (df.text_id == text) & (df.judge_id == judge) & (df.question_id == qid) & (df["round"] == rnd)
+            ].index.tolist()
+            raise InputError(
+                f"duplicate (text {text!r}, judge {judge!r}, question {qid!r}, round {rnd!r}) with different answers in rows {rows}",
+                file=src,
+                row=int(rows[1]),
+                column="answer",
+            )
+        df = df[~df.duplicated(cell, keep="first")]
+    df.attrs["source"] = src
+    return df
+
+
+def _option_hash(options) -> np.ndarray:
+    return pd.util.hash_array(np.asarray(options, dtype=object))
+
+
+def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.DataFrame:
+    """Check probabilities and block shapes; ``option`` becomes the option key.
+
+    A block is one (text, source, question). Probabilities must be finite and >= 0; a
+    block sums to at most 1 + options × 1e-6 (6-decimal rounding; they are kept
+    unnormalised). A distribution block (2+ options) whose probabilities are all 0 is missing:
+    it is dropped (masked like an absent block) and counted in ``df.attrs["zero_blocks"]`` and
+    a warning; a one-option block is a value (e.g. a summary's coverage fraction), 0 included. Blocks
+    of a rubric question must offer exactly that question's ``llm_options``; blocks of other
+    questions must all offer the same options. Checks are vectorised (1.5M rows in about a second).
+    """
+    df = check_columns(df, "features")
+    src = source_of(df)
+    df["option"] = _map_unique(df["option"], option_key)
+    prob = df["prob"] if pd.api.types.is_float_dtype(df["prob"]) else pd.to_numeric(df["prob"], errors="coerce")
+    values = prob.to_numpy(dtype=float, na_value=np.nan)
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        row = df.index[bad.argmax()]
+        raise InputError(
+            f"probability {df.at[row, 'prob']!r} is not a finite number >= 0", file=src, row=int(row), column="prob"
+        )
+    df["prob"] = values
+    factors = [pd.factorize(df[c]) for c in ("text_id", "source", "question_id")]
+    codes = [f[0].astype(np.int64) for f in factors]
+    sizes = [len(f[1]) for f in factors]
+    pair_code, pair_values = pd.factorize(codes[1] * sizes[2] + codes[2])
+    block_code = np.unique(codes[0] * (sizes[1] * sizes[2]) + codes[1] * sizes[2] + codes[2], return_inverse=True)[1]
+    option_code, option_values = pd.factorize(df["option"])
+    dup = pd.Series(block_code * len(option_values) + option_code).duplicated(keep=False).to_numpy()
+    if dup.any():
+        first = block_code[dup.argmax()]
+        rows = df.index[(block_code == first) & dup].tolist()[:2]
+        raise InputError(
+            f"option listed twice in one (text, source, question) block, rows {rows}",
+            file=src,
+            row=int(rows[1]),
+            column="option",
+        )
+    n_blocks = int(block_code.max()) + 1
+    sums = np.bincount(block_code, weights=values, minlength=n_blocks)
+    counts = np.bincount(block_code, minlength=n_blocks)
+    over = sums > 1 + counts * PROB_TOLERANCE + 1e-12
+    if over.any():
+        b = int(over.argmax())
+        row = df.index[(block_code == b).argmax()]
+        raise InputError(
+            f"probabilities of block (text {df.at[row, 'text_id']!r}, source {df.at[row, 'source']!r}, question {df.at[row, 'question_id']!r}) "
+            f"sum to {sums[b]:.6f} > 1 + {counts[b]} options × {PROB_TOLERANCE:g}",
+            file=src,
+            row=int(row),
+            column="prob",
+        )
+    order = np.argsort(block_code, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(block_code[order]) != 0])
+    signature = np.add.reduceat(
+        _option_hash(option_values)[option_code][order], starts
+    )  # order-free hash of each block's option set
+    block_pair = np.zeros(n_blocks, dtype=np.int64)
+    block_pair[block_code] = pair_code
+    blocks = pd.DataFrame({"pair": block_pair, "signature": signature, "count": counts})
+    for pair, part in blocks.groupby("pair", sort=False):
+        source, qid = factors[1][1][pair_values[pair] // sizes[2]], factors[2][1][pair_values[pair] % sizes[2]]
+        if rubric is not None and qid in rubric:
+            keys = list(rubric[qid].llm_options)
+            expected_sig, expected = np.add.reduce(_option_hash(keys)), keys
+        else:
+            expected_sig = part.signature.value_counts().index[0]
+            expected = None
+        wrong = part.index[part.signature.to_numpy() != expected_sig]
+        if len(wrong):
+            rows = block_code == wrong[0]
+            row = df.index[rows.argmax()]
+            found = sorted(df["option"].to_numpy()[rows])
+            if expected is None:
+                model = part.index[part.signature.to_numpy() == expected_sig][0]
+                expected = sorted(df["option"].to_numpy()[block_code == model])
+            raise InputError(
+                f"features block (text {df.at[row, 'text_id']!r}, source {source!r}, question {qid!r}) has {len(found)} options "
+                f"{found}, expected {len(expected)} {sorted(expected)}",
+                file=src,
+                row=int(row),
+                column="option",
+            )
+    zero = (sums <= 0) & (counts >= 2)  # a one-option block is a value (e.g. a coverage fraction): its 0 is data
+    if zero.any():
+        b = int(zero.argmax())
+        row = df.index[(block_code == b).argmax()]
+        log.warning(
+            "%s: %d blocks of all-zero probabilities are treated as missing (masked), e.g. text %r, source %r, question %r (row %d)",
+            src,
+            int(zero.sum()),
+            df.at[row, "text_id"],
+            df.at[row, "source"],
+            df.at[row, "question_id"],
+            int(row),
+        )
+        df = df[~zero[block_code]].copy()
+    df.attrs["source"] = src
+    df.attrs["zero_blocks"] = int(zero.sum())
+    return df
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success,
+    with the permissions the user's umask gives a new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")
+
+
+def check_table_path(path: str | Path, name: str) -> Path:
+    """An output table path with a known format suffix (checked before any work)."""
+    path = Path(path)
+    if path.suffix not in TABLE_SUFFIXES:
+        raise InputError(
+            f"unknown table format {path.suffix!r} (use {', '.join(TABLE_SUFFIXES)})", file=str(path), setting=name
+        )
+    return path
+
+
+def write_table(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write a table by its suffix, atomically: a failure leaves no partial file."""
+    path = Path(path)
+    writers = {
+        ".parquet": lambda t: df.to_parquet(t, index=False),
+        ".csv": lambda t: df.to_csv(t, index=False),
+        ".tsv": lambda t: df.to_csv(t, sep="\t", index=False),
+        ".jsonl": lambda t: df.to_json(t, orient="records", lines=True),
+    }
+    if path.suffix not in writers:
+        raise InputError(f"unknown table format {path.suffix!r} (use .csv, .tsv, .parquet or .jsonl)", file=str(path))
+    with atomic_path(path) as tmp:
+        writers[path.suffix](tmp)
+    return path
+
+
+def write_text(text: str, path: str | Path) -> Path:
+    """Write a text file atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def write_json(data: dict, path: str | Path) -> Path:
+    """Write JSON atomically (NumPy scalars converted, non-finite floats as null: never a bare NaN)."""
+    return write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n", path)
+
+
+def json_safe(value):
+    """``value`` with NumPy scalars and arrays as Python values and non-finite floats as None."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist())
+    if isinstance(value, (float, np.floating)):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (str, int)) or value is None:
+        return value
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return _json_default(value)
+
+
+def _json_default(value):
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat()
+    raise TypeError(f"not JSON serialisable: {type(value)}")
+
+
+@dataclass
+class Tables:
+    """One data set in canonical form: annotations, features and (optionally) texts."""
+
+    annotations: pd.DataFrame
+    features: pd.DataFrame
+    texts: pd.DataFrame | None = None
+
+    def subset(self, text_ids) -> Tables:
+        """The rows of these texts only."""
+        keep = set(text_ids)
+        pick = lambda df: None if df is None else _keep_source(df, df[df.text_id.isin(keep)])
+        return Tables(pick(self.annotations), pick(self.features), pick(self.texts))
+
+    @property
+    def text_ids(self) -> list[str]:
+        return sorted(self.annotations.text_id.unique())
+
+
+def _keep_source(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    new.attrs["source"] = source_of(old)
+    return new
+
+
+def require_features(annotations: pd.DataFrame, features: pd.DataFrame, drop: bool) -> pd.DataFrame:
+    """Annotations whose text has no features: an error, or dropped with a warning if ``drop``."""
+    missing = ~annotations.text_id.isin(set(features.text_id))
+    if not missing.any():
+        return annotations
+    texts = annotations.text_id[missing].nunique()
+    message = f"{int(missing.sum())} annotations on {texts} texts have no features (first: text {annotations.text_id[missing].iloc[0]!r})"
+    if not drop:
+        raise InputError(
+            message + "; set data.drop_unfeatured=true to drop them",
+            file=source_of(annotations),
+            row=int(annotations.index[missing.argmax()]),
+            column="text_id",
+        )
+    log.warning("%s: dropped %s", source_of(annotations), message)
+    return _keep_source(annotations, annotations[~missing])
+
+
+def load_tables(
+    annotations: str | Path,
+    features: str | Path,
+    rubric: Rubric,
+    texts: str | Path | None = None,
+    drop_unfeatured: bool = False,
+) -> Tables:
+    """Read and validate the canonical tables from files."""
+    ann = validate_annotations(read_table(annotations, "annotations"), rubric)
+    feat = validate_features(read_table(features, "features"), rubric)
+    ann = require_features(ann, feat, drop_unfeatured)
+    txt = read_table(texts, "texts") if texts else None
+    return Tables(ann, feat, txt)

@@ -1,0 +1,1 @@
+"""The calibrator and the models it is compared with."""

@@ -1,0 +1,387 @@
+"""LLM-Rubric as an estimator: fit on canonical tables, predict every judge's distributions, save/load.
+
+Checkpoints are single safetensors files: the network weights plus JSON metadata holding
+the rubric, judge map, feature layout and hyperparameters (no pickles).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from llmrubric.io.errors import InputError, TrainingDiverged
+from llmrubric.io.guards import check_range
+from llmrubric.io.integrity import check_finite_predictions, tensors_digest, texts_fingerprint, verify_tensors
+from llmrubric.io.predictions import predictions_frame
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import Tables, atomic_path
+from llmrubric.model.cumulative import HEADS, CumulativeNet, train_cumulative
+from llmrubric.model.encoding import Encoded, FeatureLayout, JudgeMap, encode
+from llmrubric.model.network import INPUTS, PERSONALIZATION, CalibrationNet
+from llmrubric.model.ordinal import fit_ordinal_weight
+from llmrubric.model.temperature import fit_temperature
+from llmrubric.training.engine import train_stacked
+from llmrubric.training.module import TrainConfig, predict_proba, train_network
+from llmrubric.training.splits import holdout_texts
+
+log = logging.getLogger(__name__)
+FORMAT = "llmrubric-calibrator/5"
+MODEL_KEYS = ("h1", "h2", "personalize", "inputs", "input_dropout", "ensemble", "head", "monotone")
+
+
+def check_model(model: dict) -> None:
+    """Network settings in range (converted in place), each error naming ``model.<key>``."""
+    for key in ("h1", "h2", "ensemble"):
+        model[key] = check_range(f"model.{key}", model[key], 1, integer=True)
+    model["input_dropout"] = check_range("model.input_dropout", model["input_dropout"], 0, 1, open_high=True)
+    if model["inputs"] not in INPUTS:
+        raise InputError(f"{model['inputs']!r} is not one of {list(INPUTS)}", setting="model.inputs")
+    if model["personalize"] not in (*PERSONALIZATION, True, False):
+        raise InputError(f"{model['personalize']!r} is not one of {list(PERSONALIZATION)}", setting="model.personalize")
+
+
+class Calibrator:
+    """The calibration network with the data plumbing around it.
+
+    Args:
+        rubric: questions and answer scales; its main question is finetuned.
+        model: network settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`),
+            ``ensemble``: the number of networks (seeds ``seed, seed + 1, …``, each with its
+            own early-stopping split) whose average distribution is the prediction, and ``head``:
+            ``softmax`` (the network's heads), or ``ordinal`` / ``combined`` with ``monotone``
+            (:mod:`llmrubric.model.cumulative`: cumulative-link heads on a learned score).
+        trainer: :class:`TrainConfig` fields.
+        seed: seeds initialisation, the early-stopping split and the batch order.
+        feature_questions: use only the feature blocks of these questions (e.g. ``[Q0]``).
+        drop_questions: leave out the feature blocks of these questions (ablations).
+        pair_features: optional per-(text, judge) input columns appended to x, an object with
+            ``fit(tables)``, ``dim`` and ``transform(tables, pairs) -> (pairs, dim)`` (the
+            oracle studies' :class:`llmrubric.model.oracles.JudgeAnswers`); such a model is not saved.
+        llm_features: False keeps only the ``pair_features`` as input (the oracle without LLM probabilities).
+    """
+
+    name = "llm_rubric"
+
+    def __init__(
+        self,
+        rubric: Rubric,
+        model: dict | None = None,
+        trainer: dict | TrainConfig | None = None,
+        seed: int = 0,
+        feature_questions: list[str] | None = None,
+        drop_questions: list[str] | None = None,
+        pair_features=None,
+        llm_features: bool = True,
+    ):
+        self.rubric = rubric
+        self.model = {
+            "h1": 25,
+            "h2": 25,
+            "personalize": "deltas",
+            "inputs": "probabilities",
+            "input_dropout": 0.0,
+            "ensemble": 1,
+            **(model or {}),
+        }
+        unknown = sorted(set(self.model) - set(MODEL_KEYS))
+        if unknown:
+            raise InputError(
+                f"unknown model setting(s) {unknown}; known: {list(MODEL_KEYS)}", setting=f"model.{unknown[0]}"
+            )
+        check_model(self.model)
+        head = self.model.setdefault("head", "softmax")
+        if head not in HEADS:
+            raise InputError(f"model.head must be one of {list(HEADS)}, not {head!r}", setting="model.head")
+        if head != "softmax" and (
+            self.model["personalize"] not in ("none", False) or self.model["inputs"] == "probabilities"
+        ):
+            raise InputError(
+                f"model.head={head} personalizes by judge cut points and scores expected answers: it needs model.personalize=none "
+                f"and model.inputs=expected or both (got {self.model['personalize']!r}, {self.model['inputs']!r})",
+                setting="model.head",
+            )
+        unordered = [q.id for q in rubric.questions if not q.ordered]
+        if head != "softmax" and unordered:
+            raise InputError(
+                f"model.head={head} needs ordered answer scales; question(s) {unordered} are categorical",
+                file=rubric.source,
+                setting="model.head",
+            )
+        self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
+        self.seed = seed
+        self.feature_questions, self.drop_questions = feature_questions, drop_questions
+        if not llm_features and pair_features is None:
+            raise InputError("llm_features=False needs pair_features as the input")
+        self.pair_features, self.llm_features = pair_features, llm_features
+
+    def _net(self) -> CalibrationNet:
+        extra = self.pair_features.dim if self.pair_features is not None else 0
+        args = (
+            self._block_values() if self.llm_features else [],
+            len(self.judges_.judges),
+            [len(q.options) for q in self.rubric.questions],
+        )
+        settings = {k: v for k, v in self.model.items() if k not in ("ensemble", "head", "monotone")}
+        if self.model["head"] == "softmax":
+            return CalibrationNet(*args, extra_dim=extra, **settings)
+        blocks = [b.question_id for b in self.layout_.blocks] if self.llm_features else []
+        return CumulativeNet(
+            *args,
+            head=self.model["head"],
+            block_questions=blocks,
+            question_ids=self.rubric.ids,
+            monotone=bool(self.model.get("monotone", False)),
+            extra_dim=extra,
+            **settings,
+        )
+
+    def _block_values(self) -> list[list[float]]:
+        """Option values of each feature block (:attr:`Block.values`); NaN for a block of a
+        categorical rubric question (one that is not ``ordered``)."""
+        categorical = lambda b: b.question_id in self.rubric and not self.rubric[b.question_id].ordered
+        return [[math.nan] * len(b.options) if categorical(b) else b.values for b in self.layout_.blocks]
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + i for i in range(int(self.model["ensemble"]))]
+
+    @property
+    def net_(self) -> CalibrationNet:
+        """The network of a single-member calibrator."""
+        if len(self.nets_) != 1:
+            raise AttributeError(f"an ensemble of {len(self.nets_)} networks has no single net_; use nets_")
+        return self.nets_[0]
+
+    @property
+    def val_nll_(self) -> float:
+        """Best held-out NLL of the last phase, averaged over members (nan without a validation split)."""
+        values = [(s.get("finetune") or s.get("pretrain") or {}).get("val_nll") for s in self.summaries_]
+        values = [v for v in values if v is not None]
+        return float(np.mean(values)) if values else float("nan")
+
+    def _split(self, data: Encoded, seed: int) -> tuple[Encoded, Encoded | None]:
+        """Training rows and the early-stopping rows (``val_fraction`` of the texts, drawn with ``seed``)."""
+        if self.trainer.val_fraction <= 0:
+            return data, None
+        _, val_texts = holdout_texts(data.pairs.text_id, self.trainer.val_fraction, seed)
+        is_val = data.pairs.text_id.isin(val_texts).to_numpy()
+        return data.take(np.flatnonzero(~is_val)), data.take(np.flatnonzero(is_val))
+
+    def fit(self, tables: Tables) -> Calibrator:
+        """Train on ``tables``; a fraction of its texts is held out for early stopping."""
+        return fit_together([self], [tables])[0]
+
+    def _members(self, tables: Tables, judges: JudgeMap | None = None, data: Encoded | None = None):
+        """Set layout and judge map (``judges`` or those of ``tables``); untrained members with their
+        training and early-stopping data, and the encoded ``tables`` (``data`` when given: ``tables``
+        already encoded with this layout and judge map)."""
+        layout = FeatureLayout.from_features(tables.features, self.rubric)
+        if self.feature_questions is not None or self.drop_questions:
+            layout = layout.restrict(self.feature_questions, self.drop_questions)
+        self.layout_, self.judges_ = layout, judges or JudgeMap.from_annotations(tables.annotations)
+        if self.pair_features is not None:
+            self.pair_features.fit(tables)
+        data = data if data is not None else self.encode(tables)
+        trains, vals, nets = [], [], []
+        for seed in self.seeds:
+            train, val = self._split(data, seed)
+            torch.manual_seed(seed)
+            net = self._net()
+            net.standardize_inputs(train.x, train.judge)
+            trains.append(train), vals.append(val), nets.append(net)
+        return nets, trains, vals, data
+
+    def encode(self, tables: Tables, pairs: pd.DataFrame | None = None) -> Encoded:
+        data = encode(tables, self.rubric, self.layout_, self.judges_, pairs)
+        if self.pair_features is None:
+            return data
+        extra = torch.from_numpy(np.asarray(self.pair_features.transform(tables, data.pairs), dtype=np.float32))
+        x = torch.cat([data.x, extra], dim=1) if self.llm_features else extra
+        return Encoded(x, data.judge, data.y, data.pairs)
+
+    def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> tuple[Encoded, np.ndarray]:
+        """Encoded pairs and their probabilities (pairs, questions, max options)."""
+        data = self.encode(tables, pairs)
+        return data, self.proba_of(data)
+
+    def proba_of(self, data: Encoded) -> np.ndarray:
+        """Probabilities (pairs, questions, max options) of encoded pairs: the members' average."""
+        probs = torch.stack([predict_proba(net, data) for net in self.nets_]).mean(dim=0).numpy()
+        check_finite_predictions(probs, getattr(self, "source_", "<model>"))
+        return probs
+
+    def predict(
+        self,
+        tables: Tables,
+        pairs: pd.DataFrame | None = None,
+        questions: list[str] | None = None,
+        data: Encoded | None = None,
+    ) -> pd.DataFrame:
+        """Predictions table for the annotated pairs of ``tables`` (or ``pairs``, or the already
+        encoded ``data``), all questions by default."""
+        if data is None:
+            data, probs = self.predict_proba(tables, pairs)
+        else:
+            probs = self.proba_of(data)
+        ids = questions or self.rubric.ids
+        index = [self.rubric.ids.index(q) for q in ids]
+        return predictions_frame(data.pairs, [self.rubric[q] for q in ids], probs[:, index])
+
+    def save(self, path: str | Path) -> Path:
+        """Write one safetensors file with weights and everything needed to predict."""
+        if self.pair_features is not None:
+            raise InputError("a calibrator with pair features (an oracle study model) cannot be saved", file=str(path))
+        meta = {
+            "format": FORMAT,
+            "rubric": self.rubric.to_dict(),
+            "main_question": self.rubric.main.id,
+            "judges": list(self.judges_.judges),
+            "layout": self.layout_.to_dict(),
+            "model": self.model,
+            "trainer": vars(self.trainer),
+            "seed": self.seed,
+            "summaries": self.summaries_,
+            "train_texts": self.train_texts_,
+        }
+        tensors = {
+            f"{m}.{k}": v.detach().contiguous() for m, net in enumerate(self.nets_) for k, v in net.state_dict().items()
+        }
+        meta["tensors_sha256"] = tensors_digest(tensors)
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata={"llmrubric": json.dumps(meta)})
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibrator:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError("checkpoint not found", file=str(path))
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = json.loads((f.metadata() or {}).get("llmrubric", "{}"))
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as e:
+            raise InputError(f"not a readable safetensors checkpoint: {e}", file=str(path)) from e
+        if meta.get("format") != FORMAT:
+            raise InputError(
+                f"not an llmrubric calibrator checkpoint of format {FORMAT!r} (format {meta.get('format')!r}); retrain it",
+                file=str(path),
+            )
+        missing = [
+            k for k in ("rubric", "main_question", "model", "trainer", "seed", "layout", "judges") if k not in meta
+        ]
+        if missing:
+            raise InputError(f"checkpoint metadata lacks {missing}", file=str(path))
+        verify_tensors(tensors, meta.get("tensors_sha256"), str(path))
+        rubric = Rubric.from_dict(meta["rubric"], str(path)).with_main(meta["main_question"])
+        self = cls(rubric, meta["model"], meta["trainer"], meta["seed"])
+        self.layout_ = FeatureLayout.from_dict(meta["layout"])
+        self.judges_ = JudgeMap(tuple(meta["judges"]))
+        self.summaries_ = meta.get("summaries", [])
+        self.train_texts_, self.source_ = meta.get("train_texts"), str(path)
+        self.nets_ = []
+        for m in range(len(self.seeds)):
+            net = self._net()
+            try:
+                net.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == str(m)})
+            except RuntimeError as e:
+                raise InputError(
+                    f"checkpoint weights do not fit its own metadata: {' '.join(str(e).split())[:300]}", file=str(path)
+                ) from e
+            self.nets_.append(net.eval())
+        return self
+
+
+def fit_together(
+    calibrators: list[Calibrator],
+    tables: list[Tables],
+    judges: JudgeMap | None = None,
+    on_epoch=None,
+    tolerate_divergence: bool = False,
+) -> list[Calibrator]:
+    """Fit each calibrator on its tables; with the stacked engine all their members train as one
+    program (two when some are personalized by judge deltas and others not).
+
+    Calibrators may differ in hidden sizes, input dropout, ensemble size and trainer numbers
+    (e.g. the fold models of several search trials). ``judges`` fixes one judge map for all
+    (needed to stack models whose training sets see different judges). ``on_epoch(phase,
+    epoch, main_nll)``, with ``main_nll`` a dict {calibrator index: its members' held-out NLL
+    of the main question this epoch (nan where stopped)}, is called after every epoch of a
+    stacked program and may return calibrator indices to stop now (pruning). A calibrator whose training loss
+    turned non-finite raises :class:`TrainingDiverged`, or with ``tolerate_divergence`` gets
+    ``diverged_`` set to the reason. ``pruned_`` tells whether a calibrator was stopped.
+    Members with a cumulative head (``model.head`` ordinal or combined) are fitted one by one by
+    :func:`llmrubric.model.cumulative.train_cumulative` (never pruned: ``on_epoch`` is not called for them).
+    With ``trainer.temperature_scaling``, each member of a calibrator that finished then gets
+    its per-question temperatures from its early-stopping split (:mod:`llmrubric.model.temperature`),
+    and with ``trainer.ordinal_blend`` its per-question ordinal weights (:mod:`llmrubric.model.ordinal`).
+    """
+    engines = {c.trainer.engine for c in calibrators}
+    if len(engines) != 1:
+        raise ValueError(f"fit_together needs one trainer engine, got {sorted(engines)}")
+    cache: dict[tuple, Encoded] = {}
+    members = []
+    for i, (c, t) in enumerate(zip(calibrators, tables)):
+        c.train_texts_ = texts_fingerprint(t.text_ids)
+        key = (id(t), tuple(c.feature_questions or ()), c.feature_questions is None, tuple(c.drop_questions or ()))
+        shareable = c.pair_features is None and judges is not None
+        nets, trains, vals, data = c._members(t, judges, cache.get(key) if shareable else None)
+        if shareable:
+            cache[key] = data
+        members += [(i, n, tr, v, s) for n, tr, v, s in zip(nets, trains, vals, c.seeds)]
+    main = calibrators[0].rubric.ids.index(calibrators[0].rubric.main.id)
+    summaries: list[dict] = [{}] * len(members)
+    kinds: dict[bool | str, list[int]] = {}
+    for m, (_, net, *_) in enumerate(members):
+        kinds.setdefault("cumulative" if isinstance(net, CumulativeNet) else net.has_deltas, []).append(m)
+    for kind, group in kinds.items():
+        owner = torch.tensor([members[m][0] for m in group])
+        nets, trains, vals, seeds = ([members[m][k] for m in group] for k in (1, 2, 3, 4))
+        configs = [calibrators[members[m][0]].trainer for m in group]
+        if kind == "cumulative":
+            result = [
+                train_cumulative(n, t, v, main, c, s) for n, t, v, c, s in zip(nets, trains, vals, configs, seeds)
+            ]
+        elif engines == {"stacked"}:
+
+            def member_epoch(phase, epoch, val_nll, owner=owner):
+                if on_epoch is None:
+                    return None
+                stop = on_epoch(phase, epoch, {int(i): val_nll[owner == i] for i in owner.unique()})
+                return torch.tensor([int(i) in set(stop or ()) for i in owner])
+
+            result = train_stacked(nets, trains, vals, main, configs, seeds, on_epoch=member_epoch)
+        else:
+            result = [train_network(n, t, v, main, c, s) for n, t, v, c, s in zip(nets, trains, vals, configs, seeds)]
+        for m, summary in zip(group, result):
+            summaries[m] = summary
+    for i, c in enumerate(calibrators):
+        mine = [m for m, member in enumerate(members) if member[0] == i]
+        c.nets_, c.summaries_ = [members[m][1] for m in mine], [summaries[m] for m in mine]
+        stops = [
+            (phase, s["stopped"], s["epochs"]) for m in mine for phase, s in summaries[m].items() if "stopped" in s
+        ]
+        c.pruned_ = any(reason == "pruned" for _, reason, _ in stops)
+        diverged = [f"{phase} epoch {epochs}" for phase, reason, epochs in stops if reason == "diverged"]
+        c.diverged_ = f"non-finite training loss ({', '.join(diverged)}; lr {c.trainer.lr:g})" if diverged else None
+        if c.diverged_ and not tolerate_divergence:
+            raise TrainingDiverged(f"training diverged: {c.diverged_}; lower trainer.lr")
+        if c.pruned_ or c.diverged_:
+            continue
+        for m in mine:
+            net, val = members[m][1], members[m][3]
+            if val is None or not len(val):
+                continue
+            if c.trainer.temperature_scaling:
+                summaries[m]["temperature"] = fit_temperature(net, val)
+            if c.trainer.ordinal_blend:
+                summaries[m]["ordinal_weight"] = fit_ordinal_weight(net, val, [q.ordered for q in c.rubric.questions])
+    return calibrators

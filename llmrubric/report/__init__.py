@@ -1,0 +1,1 @@
+"""The HTML report: sections, rendering and plots."""

@@ -1,0 +1,1 @@
+"""Per-text, per-judge and per-system scores and leaderboards."""

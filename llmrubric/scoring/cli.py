@@ -1,0 +1,218 @@
+"""``llmrubric score``, ``llmrubric leaderboard`` and ``llmrubric rank-correlation``.
+
+Settings come from ``conf/scoring/default.yaml`` (or ``--config``); flags override them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import yaml
+
+from llmrubric.io.errors import InputError
+from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
+
+log = logging.getLogger(__name__)
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def load_settings(path: str | Path | None, default: Path) -> dict:
+    """A YAML settings file (``default`` when ``path`` is None)."""
+    path = Path(path) if path else default
+    if not path.is_file():
+        raise InputError("settings file not found", file=str(path))
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise InputError(f"not valid YAML: {' '.join(str(e).split())}", file=str(path)) from e
+    if not isinstance(data, dict):
+        raise InputError("a settings file must be a YAML mapping", file=str(path))
+    return data
+
+
+def _override(settings: dict, args: argparse.Namespace, keys: list[str]) -> dict:
+    out = dict(settings)
+    for key in keys:
+        value = getattr(args, key, None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def register(subparsers) -> None:
+    s = subparsers.add_parser(
+        "score", help="score new texts with a trained calibrator (judge-free scores)", description=__doc__
+    )
+    s.add_argument("checkpoint", help="calibrator checkpoint (.safetensors)")
+    s.add_argument("features", help="features table of the new texts")
+    s.add_argument("--texts", help="texts table (text_id, system_id): which texts, and their systems")
+    s.add_argument(
+        "--out", required=True, help="scores table: one row per (text, question) (.csv/.tsv/.parquet/.jsonl)"
+    )
+    s.add_argument(
+        "--predictions", help="also write the predictions table of every (text, trusted judge, question) here"
+    )
+    s.add_argument("--config", help="settings YAML (default: conf/scoring/default.yaml)")
+    s.add_argument("--trusted-judges", dest="trusted_judges", nargs="+")
+    s.add_argument("--questions", nargs="+")
+    s.add_argument("--quantile", type=float)
+    s.add_argument("--chunk-texts", dest="chunk_texts", type=int)
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(run=run_score)
+
+    b = subparsers.add_parser(
+        "leaderboard", help="system leaderboard with bootstrap intervals, paired tests, PPI and a density plot"
+    )
+    b.add_argument("predictions", help="predictions table (from `llmrubric score --predictions` or evaluate.py)")
+    b.add_argument("--out-dir", required=True)
+    b.add_argument("--rubric", help="rubric YAML of the predictions (default: conf/rubric/llm_rubric.yaml)")
+    b.add_argument("--texts", help="texts table with system_id (and query_id to pair systems by query)")
+    b.add_argument(
+        "--annotations", help="human annotations: adds the human leaderboard, its rank correlation and the PPI estimate"
+    )
+    b.add_argument("--reference", help="reference leaderboard file (system, score) to rank-correlate with")
+    b.add_argument("--config", help="settings YAML (default: conf/scoring/default.yaml)")
+    b.add_argument("--question")
+    b.add_argument("--trusted-judges", dest="trusted_judges", nargs="+")
+    b.add_argument("--bootstrap", type=int)
+    b.add_argument("--seed", type=int)
+    b.add_argument("--alpha", type=float)
+    b.add_argument("--missing-systems", dest="missing_systems", choices=["error", "drop"])
+    b.add_argument("--no-plot", action="store_true")
+    b.set_defaults(run=run_leaderboard)
+
+    r = subparsers.add_parser("rank-correlation", help="Spearman and Kendall tau between two leaderboard files")
+    r.add_argument("a")
+    r.add_argument("b")
+    r.add_argument("--missing-systems", dest="missing_systems", choices=["error", "drop"], default="error")
+    r.set_defaults(run=run_rank_correlation)
+
+
+def run_score(args) -> int:
+    from llmrubric.io.schemas import check_table_path, json_safe, read_table, validate_features, write_json, write_table
+    from llmrubric.model.calibrator import Calibrator
+    from llmrubric.scoring.scores import score_texts
+
+    settings = _override(
+        load_settings(args.config, CONF / "scoring" / "default.yaml"),
+        args,
+        ["trusted_judges", "questions", "quantile", "chunk_texts"],
+    )
+    quantile = check_range("--quantile", settings.get("quantile", 0.9), 0, 1)
+    chunk_texts = check_range("--chunk-texts", settings.get("chunk_texts", 4096), 1, integer=True)
+    out = Path(args.out)
+    summary = out.with_name(out.stem + ".summary.json")
+    check_outputs(
+        {"--out": out, "summary": summary, "--predictions": args.predictions},
+        {"checkpoint": args.checkpoint, "features": args.features, "--texts": args.texts, "--config": args.config},
+    )
+    check_table_path(out, "--out")
+    if args.predictions:
+        check_table_path(args.predictions, "--predictions")
+    model = Calibrator.load(args.checkpoint)
+    features = validate_features(read_table(args.features, "features"), model.rubric)
+    texts = read_table(args.texts, "texts") if args.texts else None
+    result = score_texts(
+        model,
+        features,
+        texts,
+        judges=settings.get("trusted_judges"),
+        questions=settings.get("questions"),
+        quantile=quantile,
+        chunk_texts=chunk_texts,
+        predictions_out=args.predictions,
+        progress=not args.no_progress,
+    )
+    write_table(result.scores, out)
+    write_json(result.summary, summary)
+    print(json.dumps(json_safe({k: v for k, v in result.summary.items() if k != "judges"})))
+    return 0
+
+
+def run_leaderboard(args) -> int:
+    from llmrubric.io.rubric import Rubric
+    from llmrubric.io.schemas import read_table, validate_annotations
+    from llmrubric.scoring import leaderboard as lb
+
+    settings = load_settings(args.config, CONF / "scoring" / "default.yaml")
+    board_settings = _override(
+        settings.get("leaderboard", {}), args, ["question", "bootstrap", "seed", "alpha", "missing_systems"]
+    )
+    judges = args.trusted_judges or settings.get("trusted_judges")
+    rubric = Rubric.load(args.rubric or CONF / "rubric" / "llm_rubric.yaml")
+    if board_settings.get("question") and board_settings["question"] not in rubric:
+        raise InputError(
+            f"question {board_settings['question']!r} is not in rubric {rubric.name!r} {rubric.ids}",
+            setting="--question",
+        )
+    question = rubric[board_settings["question"]] if board_settings.get("question") else rubric.main
+    n_boot = check_range("--bootstrap", board_settings.get("bootstrap", 1000), 1, integer=True)
+    seed = check_range("--seed", board_settings.get("seed", 0), integer=True)
+    alpha = check_range("--alpha", board_settings.get("alpha", 0.05), 0, 1, open_low=True, open_high=True)
+    band_replicates = check_range("band_replicates", board_settings.get("band_replicates", 200), 1, integer=True)
+    if board_settings.get("missing_systems", "error") not in ("error", "drop"):
+        raise InputError(f"{board_settings['missing_systems']!r} is not error or drop", setting="missing_systems")
+    out_dir = Path(args.out_dir)
+    check_writable_dir(out_dir, "--out-dir")
+    check_outputs(
+        {
+            name: out_dir / name
+            for name in ("leaderboard.csv", "comparisons.csv", "leaderboard.json", "leaderboard.md", "density.png")
+        },
+        {
+            "predictions": args.predictions,
+            "--texts": args.texts,
+            "--annotations": args.annotations,
+            "--reference": args.reference,
+            "--config": args.config,
+            "--rubric": args.rubric,
+        },
+    )
+    predictions = lb.read_predictions(args.predictions)
+    texts = read_table(args.texts, "texts") if args.texts else None
+    annotations = (
+        validate_annotations(read_table(args.annotations, "annotations"), rubric) if args.annotations else None
+    )
+    result = lb.build(
+        predictions,
+        question,
+        texts,
+        judges,
+        n_boot=n_boot,
+        seed=seed,
+        alpha=alpha,
+        sample_answers=bool(board_settings.get("sample_answers", True)),
+        labels=lb.human_labels(annotations, question) if annotations is not None else None,
+        band_replicates=band_replicates,
+    )
+    scores = result.board.set_index("system").score
+    extra: dict = {}
+    missing = board_settings.get("missing_systems", "error")
+    if annotations is not None:
+        human = lb.human_leaderboard(annotations, question, texts)
+        result.board["human"] = result.board.system.map(human)
+        extra["vs_human"] = lb.rank_correlation(scores, human, missing, "predictions", str(args.annotations))
+    if args.reference:
+        extra["vs_reference"] = lb.rank_correlation(
+            scores, lb.read_leaderboard(args.reference), missing, str(args.predictions), str(args.reference)
+        )
+    paths = lb.write(result, args.out_dir, plot=not args.no_plot, extra=extra)
+    print(lb.markdown(result.board, f"{question.id} leaderboard"))
+    for name, corr in extra.items():
+        print(f"{name}: Spearman {corr['spearman']:.3f}, Kendall {corr['kendall']:.3f} over {corr['systems']} systems")
+    print("written: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def run_rank_correlation(args) -> int:
+    from llmrubric.io.schemas import json_safe
+    from llmrubric.scoring.leaderboard import rank_correlation, read_leaderboard
+
+    result = rank_correlation(
+        read_leaderboard(args.a), read_leaderboard(args.b), args.missing_systems, str(args.a), str(args.b)
+    )
+    print(json.dumps(json_safe(result)))
+    return 0

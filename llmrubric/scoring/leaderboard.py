@@ -1,0 +1,577 @@
+"""System leaderboards from calibrated predictions, with uncertainty (LLM-Rubric Appendix A).
+
+A system's score is the mean over its texts of the judge-free score ŷ(T) = mean over the
+trusted judges A of the expected answer ŷ^a(T). Its 95 % interval comes from a bootstrap
+that, in every replicate, resamples the judges A (shared by all systems, so that
+differences are paired by judge), resamples each system's texts, and replaces each
+ŷ^a(T) by an answer drawn from the predicted distribution p̂_a(y | T). The same replicates
+give intervals on differences between systems and the density bands of the plot.
+
+Also: paired tests between systems (by ``query_id`` where texts share queries, else
+unpaired), the prediction-powered estimate (PPI, Angelopoulos et al. 2023) when some
+texts have human labels, and rank correlations between leaderboards.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from llmrubric.io.errors import InputError
+from llmrubric.io.predictions import probabilities
+from llmrubric.io.rubric import Question
+from llmrubric.io.schemas import _read_raw, source_of, write_json, write_table, write_text
+
+log = logging.getLogger(__name__)
+LEADERBOARD_COLUMNS = ["rank", "system", "score", "low", "high", "texts"]
+SUM_TOLERANCE = 1e-3  # a predicted distribution sums to 1 within this (tables written with few decimals)
+MEMORY_CELLS = 20_000_000  # float64 cells one bootstrap block may hold (about 160 MB)
+
+
+@dataclass
+class SystemData:
+    """Predicted distributions of one question on one system's texts.
+
+    probs: (texts, judges, options) with NaN rows where a (text, judge) has no prediction;
+    ``text_ids`` and ``query_ids`` (or None) label the rows; ``values`` the options.
+    """
+
+    system: str
+    text_ids: np.ndarray
+    query_ids: np.ndarray | None
+    probs: np.ndarray
+    values: np.ndarray
+
+    @property
+    def present(self) -> np.ndarray:
+        """(texts, judges) bool: a prediction exists."""
+        return ~np.isnan(self.probs[:, :, 0])
+
+    def text_scores(self) -> np.ndarray:
+        """(texts,) judge-free score: mean over present judges of the expected answer."""
+        means = np.where(self.present, np.nan_to_num(self.probs) @ self.values, np.nan)
+        return np.nanmean(means, axis=1)
+
+
+def system_data(
+    predictions: pd.DataFrame, question: Question, texts: pd.DataFrame | None = None, judges: list[str] | None = None
+) -> tuple[list[SystemData], list[str]]:
+    """Split a predictions table into per-system arrays over the judges ``judges`` (default: all).
+
+    System ids come from the predictions' ``system_id`` column or from ``texts``. A text
+    without a system id is an error naming the row.
+    """
+    if not question.ordered:
+        raise InputError(
+            f"question {question.id!r} is categorical: a leaderboard needs ordered numeric options", column="question"
+        )
+    pred = predictions[predictions.question_id == question.id]
+    src = source_of(predictions)
+    if pred.empty:
+        raise InputError(f"no predictions of question {question.id!r}", file=src, column="question_id")
+    if texts is not None and "system_id" in texts.columns:
+        info = texts.drop_duplicates("text_id").set_index("text_id")
+        pred = pred.drop(columns=["system_id"], errors="ignore").assign(system_id=pred.text_id.map(info["system_id"]))
+        if "query_id" in info.columns:
+            pred = pred.assign(query_id=pred.text_id.map(info["query_id"]))
+    if "system_id" not in pred.columns or pred.system_id.isna().any():
+        bad = pred.index[pred.system_id.isna().to_numpy()][0] if "system_id" in pred.columns else pred.index[0]
+        raise InputError(
+            f"text {pred.at[bad, 'text_id']!r} has no system_id (give it in the predictions or a texts table)",
+            file=src,
+            row=int(bad),
+            column="system_id",
+        )
+    all_judges = sorted(pred.judge_id.unique())
+    judges = [str(j) for j in judges] if judges else all_judges
+    unknown = sorted(set(judges) - set(all_judges))
+    if unknown:
+        raise InputError(
+            f"trusted judge(s) {unknown} have no predictions (predicted judges: {all_judges})",
+            file=src,
+            column="judge_id",
+        )
+    pred = pred[pred.judge_id.isin(judges)]
+    if "round" in pred.columns and pred.duplicated(["text_id", "judge_id"]).any():
+        pred = pred.groupby(
+            ["text_id", "judge_id"], sort=False, as_index=False
+        ).first()  # repeated rounds share x and judge
+    dup = pred.duplicated(["text_id", "judge_id"])
+    if dup.any():
+        row = pred.index[dup.argmax()]
+        raise InputError(
+            f"two predictions for (text {pred.at[row, 'text_id']!r}, judge {pred.at[row, 'judge_id']!r})",
+            file=src,
+            row=int(row),
+            column="judge_id",
+        )
+    p = check_distributions(pred, question, src)
+    out = []
+    judge_index = {j: i for i, j in enumerate(judges)}
+    for system, pos in sorted(pred.groupby("system_id").indices.items()):
+        part = pred.iloc[pos]
+        text_ids = np.array(sorted(part.text_id.unique()), dtype=object)
+        rows = part.text_id.map({t: i for i, t in enumerate(text_ids)}).to_numpy()
+        cols = part.judge_id.map(judge_index).to_numpy()
+        probs = np.full((len(text_ids), len(judges), len(question.options)), np.nan)
+        probs[rows, cols] = p[pos]
+        queries = None
+        if "query_id" in part.columns and part.query_id.notna().all():
+            queries = part.drop_duplicates("text_id").set_index("text_id").query_id.reindex(text_ids).to_numpy()
+        out.append(SystemData(str(system), text_ids, queries, probs, np.asarray(question.values, dtype=float)))
+    return out, judges
+
+
+def check_distributions(pred: pd.DataFrame, question: Question, src: str) -> np.ndarray:
+    """(rows, options) probabilities of ``question``: each a number in [0, 1], each row summing
+    to 1 within :data:`SUM_TOLERANCE`, else an error naming the row and column."""
+    missing = [f"p_{k}" for k in question.keys if f"p_{k}" not in pred.columns]
+    if missing:
+        raise InputError(f"predictions of {question.id} need the columns {missing}", file=src, column=missing[0])
+    p = probabilities(pred, question)
+    bad = ~np.isfinite(p) | (p < 0) | (p > 1 + SUM_TOLERANCE)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise InputError(
+            f"probability {p[r, c]!r} of {question.id} is not a number in [0, 1]",
+            file=src,
+            row=int(pred.index[r]),
+            column=f"p_{question.keys[c]}",
+        )
+    off = np.abs(p.sum(axis=1) - 1) > SUM_TOLERANCE
+    if off.any():
+        r = int(off.argmax())
+        raise InputError(
+            f"probabilities of {question.id} sum to {p[r].sum():.6f}, not 1 (± {SUM_TOLERANCE:g})",
+            file=src,
+            row=int(pred.index[r]),
+            column=f"p_{question.keys[0]}",
+        )
+    return p
+
+
+def _replicate_text_scores(
+    data: SystemData, text_idx: np.ndarray, judge_idx: np.ndarray, rng: np.random.Generator, sample: bool
+) -> np.ndarray:
+    """(B, n) judge-free text scores of replicates: texts ``text_idx`` (B, n), judges ``judge_idx`` (B, m).
+
+    With ``sample`` every (text, judge) expected answer is replaced by a draw from p̂_a.
+    """
+    p = data.probs[text_idx[:, :, None], judge_idx[:, None, :]]  # (B, n, m, K)
+    present = ~np.isnan(p[..., 0])
+    p = np.nan_to_num(p)
+    if sample:
+        cdf = np.cumsum(p, axis=-1)
+        u = rng.random(cdf.shape[:-1])[..., None] * cdf[..., -1:]
+        y = data.values[np.minimum((u >= cdf).sum(axis=-1), len(data.values) - 1)]
+    else:
+        y = p @ data.values
+    with np.errstate(invalid="ignore"):
+        return np.where(present, y, 0).sum(axis=-1) / present.sum(axis=-1)
+
+
+def bootstrap(
+    systems: list[SystemData], n_boot: int = 1000, seed: int = 0, sample_answers: bool = True, keep_text_scores: int = 0
+) -> dict:
+    """Bootstrap replicates of every system's mean score.
+
+    Returns ``{"means": {system: (n_boot,)}, "text_scores": {system: [(n,) arrays]}}``; the
+    judges drawn in a replicate are the same for all systems. ``keep_text_scores`` keeps the
+    text scores of the first replicates (for density bands).
+    """
+    if n_boot < 1:
+        raise InputError(f"bootstrap samples must be >= 1, got {n_boot}", column="bootstrap")
+    rng = np.random.default_rng(seed)
+    m = systems[0].probs.shape[1]
+    judge_idx = rng.integers(0, m, (n_boot, m))
+    means = {s.system: np.empty(n_boot) for s in systems}
+    kept: dict[str, list] = {s.system: [] for s in systems}
+    for s in systems:
+        n, k = s.probs.shape[0], s.probs.shape[2]
+        block = max(1, MEMORY_CELLS // max(1, n * m * k * 3))
+        srng = np.random.default_rng([seed, len(s.system), *map(ord, s.system)])
+        for lo in range(0, n_boot, block):
+            hi = min(n_boot, lo + block)
+            text_idx = srng.integers(0, n, (hi - lo, n))
+            scores = _replicate_text_scores(s, text_idx, judge_idx[lo:hi], srng, sample_answers)
+            with np.errstate(invalid="ignore"):
+                means[s.system][lo:hi] = np.nanmean(scores, axis=1)
+            for row in scores[: max(0, keep_text_scores - lo)]:
+                kept[s.system].append(row[~np.isnan(row)])
+    return {"means": means, "text_scores": kept}
+
+
+def interval(values: np.ndarray, alpha: float = 0.05) -> tuple[float, float]:
+    """Percentile interval of bootstrap values (NaN replicates ignored)."""
+    v = values[~np.isnan(values)]
+    if not len(v):
+        return math.nan, math.nan
+    return float(np.quantile(v, alpha / 2)), float(np.quantile(v, 1 - alpha / 2))
+
+
+def leaderboard(systems: list[SystemData], boot: dict, alpha: float = 0.05) -> pd.DataFrame:
+    """``rank, system, score, low, high, texts`` sorted by score (ties share the average rank)."""
+    rows = []
+    for s in systems:
+        low, high = interval(boot["means"][s.system], alpha)
+        rows.append(
+            {
+                "system": s.system,
+                "score": float(np.nanmean(s.text_scores())),
+                "low": low,
+                "high": high,
+                "texts": len(s.text_ids),
+            }
+        )
+    board = (
+        pd.DataFrame(rows)
+        .sort_values(["score", "system"], ascending=[False, True], kind="stable")
+        .reset_index(drop=True)
+    )
+    board.insert(0, "rank", stats.rankdata(-board.score.to_numpy(), method="average"))
+    return board
+
+
+def compare_systems(systems: list[SystemData], boot: dict, alpha: float = 0.05) -> pd.DataFrame:
+    """Every pair of systems: score difference, its bootstrap interval and p-value, and a test.
+
+    Texts of two systems that share ``query_id`` values are paired by query (mean text score
+    per query): paired t-test and Wilcoxon signed-rank test on the common queries. Otherwise
+    the test is Welch's t-test and the Mann-Whitney U test on text scores. ``p_holm`` is the
+    Holm-adjusted t-test p-value over all pairs.
+    """
+    rows = []
+    scores = {s.system: s.text_scores() for s in systems}
+    for i, a in enumerate(systems):
+        for b in systems[i + 1 :]:
+            diff = boot["means"][a.system] - boot["means"][b.system]
+            low, high = interval(diff, alpha)
+            d = diff[~np.isnan(diff)]
+            p_boot = float(min(1.0, 2 * min((d <= 0).mean(), (d >= 0).mean()))) if len(d) else math.nan
+            row = {
+                "system_a": a.system,
+                "system_b": b.system,
+                "diff": float(np.nanmean(scores[a.system]) - np.nanmean(scores[b.system])),
+                "low": low,
+                "high": high,
+                "p_bootstrap": p_boot,
+            }
+            row.update(_test(a, b, scores[a.system], scores[b.system]))
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["p_holm"] = holm(out["p_t"].to_numpy())
+    return out
+
+
+def _test(a: SystemData, b: SystemData, sa: np.ndarray, sb: np.ndarray) -> dict:
+    if a.query_ids is not None and b.query_ids is not None:
+        qa = pd.Series(sa, index=a.query_ids).groupby(level=0).mean()
+        qb = pd.Series(sb, index=b.query_ids).groupby(level=0).mean()
+        common = qa.index.intersection(qb.index)
+        if len(common) >= 2:
+            x, y = qa[common].to_numpy(), qb[common].to_numpy()
+            t = stats.ttest_rel(x, y)
+            w = stats.wilcoxon(x, y) if np.any(x != y) else None
+            return {
+                "test": "paired",
+                "n": int(len(common)),
+                "p_t": float(t.pvalue) if np.isfinite(t.pvalue) else 1.0,
+                "p_rank": float(w.pvalue) if w is not None else 1.0,
+            }
+    x, y = sa[~np.isnan(sa)], sb[~np.isnan(sb)]
+    t = stats.ttest_ind(x, y, equal_var=False)
+    u = stats.mannwhitneyu(x, y, alternative="two-sided")
+    return {
+        "test": "unpaired",
+        "n": int(min(len(x), len(y))),
+        "p_t": float(t.pvalue) if np.isfinite(t.pvalue) else 1.0,
+        "p_rank": float(u.pvalue),
+    }
+
+
+def holm(p: np.ndarray) -> np.ndarray:
+    """Holm step-down adjusted p-values."""
+    p = np.asarray(p, dtype=float)
+    order = np.argsort(p)
+    adjusted = np.empty_like(p)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def human_labels(annotations: pd.DataFrame, question: Question) -> pd.Series:
+    """text id → mean human answer (as the option value) on ``question``."""
+    ann = annotations[annotations.question_id == question.id]
+    values = ann.answer.map({k: v for k, v in zip(question.keys, question.values)}).astype(float)
+    return values.groupby(ann.text_id).mean()
+
+
+def human_leaderboard(annotations: pd.DataFrame, question: Question, texts: pd.DataFrame | None = None) -> pd.Series:
+    """system → mean human answer over all annotations (as in LLM-Rubric Tables 4–5)."""
+    ann = annotations[annotations.question_id == question.id]
+    systems = ann.system_id if "system_id" in ann.columns else None
+    if texts is not None and "system_id" in texts.columns:
+        systems = ann.text_id.map(texts.drop_duplicates("text_id").set_index("text_id").system_id)
+    if systems is None or systems.isna().any():
+        raise InputError(
+            "annotations need a system_id (column or texts table) for a human leaderboard",
+            file=source_of(annotations),
+            column="system_id",
+        )
+    values = ann.answer.map({k: v for k, v in zip(question.keys, question.values)}).astype(float)
+    return values.groupby(systems.to_numpy()).mean().rename_axis("system")
+
+
+def ppi_mean(predicted: np.ndarray, labelled_predicted: np.ndarray, labels: np.ndarray, alpha: float = 0.05) -> dict:
+    """Prediction-powered estimate of a mean (Angelopoulos et al. 2023).
+
+    θ̂ = mean f(unlabelled) + mean (Y − f(labelled)), with the normal interval from
+    var f / N + var(Y − f) / n. ``predicted``: f on the N unlabelled texts. Without
+    unlabelled texts it is the classical mean of Y.
+    """
+    n, big_n = len(labels), len(predicted)
+    if n < 2:
+        return {"ppi": math.nan, "ppi_low": math.nan, "ppi_high": math.nan, "labelled": n, "unlabelled": big_n}
+    rect = labels - labelled_predicted
+    if big_n == 0:
+        est, var = float(labels.mean()), float(labels.var(ddof=1) / n)
+    else:
+        est = float(predicted.mean() + rect.mean())
+        var = float((predicted.var(ddof=1) if big_n > 1 else 0.0) / big_n + rect.var(ddof=1) / n)
+    z = stats.norm.ppf(1 - alpha / 2)
+    half = z * math.sqrt(var)
+    return {"ppi": est, "ppi_low": est - half, "ppi_high": est + half, "labelled": n, "unlabelled": big_n}
+
+
+def ppi_leaderboard(systems: list[SystemData], labels: pd.Series, alpha: float = 0.05) -> pd.DataFrame:
+    """Per system: PPI estimate and interval from judge-free scores corrected by ``labels`` (text id → human mean)."""
+    rows = []
+    for s in systems:
+        f = pd.Series(s.text_scores(), index=s.text_ids)
+        has = f.index.isin(labels.index)
+        rows.append(
+            {
+                "system": s.system,
+                **ppi_mean(f[~has].to_numpy(), f[has].to_numpy(), labels.reindex(f.index[has]).to_numpy(), alpha),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def rank_correlation(a: pd.Series, b: pd.Series, missing: str = "error", name_a: str = "a", name_b: str = "b") -> dict:
+    """Spearman ρ and Kendall τ-b (ties get average ranks) between two system → score maps.
+
+    Systems in only one of them: an :class:`InputError` (``missing="error"``), or left out
+    and counted (``missing="drop"``, with a logged warning).
+    """
+    only_a, only_b = sorted(set(a.index) - set(b.index)), sorted(set(b.index) - set(a.index))
+    if only_a or only_b:
+        message = f"systems only in {name_a}: {only_a}; only in {name_b}: {only_b}"
+        if missing == "error":
+            raise InputError(message, file=name_b if only_a else name_a, column="system")
+        log.warning("%s (left out of the rank correlation)", message)
+    common = sorted(set(a.index) & set(b.index))
+    x, y = a.reindex(common).to_numpy(float), b.reindex(common).to_numpy(float)
+    out = {"systems": len(common), "left_out": only_a + only_b}
+    if len(common) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        reason = (
+            f"undefined: {len(common)} common system(s)"
+            if len(common) < 2
+            else f"undefined: constant scores in {name_a if np.ptp(x) == 0 else name_b}"
+        )
+        return {
+            **out,
+            "spearman": math.nan,
+            "spearman_p": math.nan,
+            "kendall": math.nan,
+            "kendall_p": math.nan,
+            "reason": reason,
+        }
+    rho, tau = stats.spearmanr(x, y), stats.kendalltau(x, y)
+    return {
+        **out,
+        "spearman": float(rho.statistic),
+        "spearman_p": float(rho.pvalue),
+        "kendall": float(tau.statistic),
+        "kendall_p": float(tau.pvalue),
+    }
+
+
+def read_predictions(path: str | Path) -> pd.DataFrame:
+    """A predictions table file; ``p_<option>``, ``mean`` and ``var`` become numbers (bad cells are errors)."""
+    from llmrubric.io.schemas import read_table
+
+    pred = read_table(path, "predictions")
+    for column in [c for c in pred.columns if c.startswith("p_")] + ["mean", "var"]:
+        values = pd.to_numeric(pred[column], errors="coerce")
+        bad = values.isna() & pred[column].notna() & (pred[column].astype(str).str.strip() != "")
+        if bad.any():
+            row = pred.index[bad.to_numpy().argmax()]
+            raise InputError(f"{pred.at[row, column]!r} is not a number", file=str(path), row=int(row), column=column)
+        pred[column] = values.astype(float)
+    return pred
+
+
+def read_leaderboard(path: str | Path) -> pd.Series:
+    """A reference leaderboard file (CSV, TSV, JSONL, Parquet) with ``system`` (or ``system_id``) and ``score``."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("leaderboard file not found", file=str(path))
+    df = _read_raw(path)
+    if df.empty:
+        raise InputError("the leaderboard is empty", file=str(path))
+    df.index = pd.RangeIndex(1, len(df) + 1)
+    system = "system" if "system" in df.columns else "system_id" if "system_id" in df.columns else None
+    if system is None or "score" not in df.columns:
+        raise InputError(
+            f"a leaderboard needs 'system' and 'score' columns (has {list(df.columns)})",
+            file=str(path),
+            column="system" if system is None else "score",
+        )
+    score = pd.to_numeric(df["score"], errors="coerce")
+    if score.isna().any():
+        row = df.index[score.isna().argmax()]
+        raise InputError(f"score {df.at[row, 'score']!r} is not a number", file=str(path), row=int(row), column="score")
+    names = df[system].astype(str).str.strip()
+    dup = names.duplicated()
+    if dup.any():
+        row = df.index[dup.argmax()]
+        raise InputError(f"system {names[row]!r} is listed twice", file=str(path), row=int(row), column=system)
+    return pd.Series(score.to_numpy(), index=names.to_numpy(), name="score").rename_axis("system")
+
+
+def markdown(board: pd.DataFrame, title: str = "") -> str:
+    """A markdown leaderboard table."""
+    extra = [c for c in ("ppi", "ppi_low", "ppi_high", "human") if c in board.columns]
+    head = ["rank", "system", "score", "95% interval", "texts"] + [c for c in extra if c not in ("ppi_low", "ppi_high")]
+    lines = ([f"### {title}", ""] if title else []) + ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for r in board.itertuples():
+        cells = [f"{r.rank:g}", str(r.system), f"{r.score:.3f}", f"[{r.low:.3f}, {r.high:.3f}]", str(r.texts)]
+        if "ppi" in extra:
+            cells.append(f"{r.ppi:.3f} [{r.ppi_low:.3f}, {r.ppi_high:.3f}]")
+        if "human" in extra:
+            cells.append(f"{r.human:.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class LeaderboardResult:
+    board: pd.DataFrame
+    comparisons: pd.DataFrame
+    boot: dict
+    systems: list
+    settings: dict = field(default_factory=dict)
+
+
+def build(
+    predictions: pd.DataFrame,
+    question: Question,
+    texts: pd.DataFrame | None = None,
+    judges: list[str] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    sample_answers: bool = True,
+    labels: pd.Series | None = None,
+    band_replicates: int = 200,
+) -> LeaderboardResult:
+    """Leaderboard, pairwise comparisons and (with human ``labels``) PPI columns of one question."""
+    systems, judges = system_data(predictions, question, texts, judges)
+    boot = bootstrap(systems, n_boot, seed, sample_answers, keep_text_scores=band_replicates)
+    board = leaderboard(systems, boot, alpha)
+    if labels is not None:
+        board = board.merge(ppi_leaderboard(systems, labels, alpha), on="system", how="left")
+    settings = {
+        "question": question.id,
+        "judges": judges,
+        "bootstrap": n_boot,
+        "seed": seed,
+        "alpha": alpha,
+        "sample_answers": sample_answers,
+    }
+    return LeaderboardResult(board, compare_systems(systems, boot, alpha), boot, systems, settings)
+
+
+def write(
+    result: LeaderboardResult, out_dir: str | Path, plot: bool = True, extra: dict | None = None
+) -> dict[str, Path]:
+    """``leaderboard.{md,csv,json}``, ``comparisons.csv`` and ``density.png`` in ``out_dir``."""
+    out_dir = Path(out_dir)
+    title = f"{result.settings['question']}: mean judge-free score over {len(result.settings['judges'])} judges"
+    paths = {
+        "csv": write_table(result.board, out_dir / "leaderboard.csv"),
+        "comparisons": write_table(result.comparisons, out_dir / "comparisons.csv"),
+        "json": write_json(
+            {
+                "settings": result.settings,
+                "leaderboard": result.board.to_dict("records"),
+                "comparisons": result.comparisons.to_dict("records"),
+                **(extra or {}),
+            },
+            out_dir / "leaderboard.json",
+        ),
+        "md": write_text(markdown(result.board, title), out_dir / "leaderboard.md"),
+    }
+    if plot:
+        paths["plot"] = density_plot(result.systems, result.boot, out_dir / "density.png", title)
+    return paths
+
+
+def density_plot(
+    systems: list[SystemData], boot: dict, path: str | Path, title: str = "", grid_points: int = 200
+) -> Path:
+    """Per-system density (Gaussian KDE) of judge-free text scores with a 95 % band over replicates.
+
+    The band is pointwise over the kept bootstrap replicates (resampled texts and judges,
+    answers drawn from the predicted distributions), as the LLM-Rubric dashboard suggests.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from llmrubric.io.schemas import atomic_path
+
+    values = systems[0].values
+    grid = np.linspace(np.nanmin(values) - 0.5, np.nanmax(values) + 0.5, grid_points)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for s in systems:
+        scores = s.text_scores()
+        curve = _kde(scores[~np.isnan(scores)], grid)
+        label = f"{s.system} (n={len(s.text_ids)})"
+        line = (
+            ax.axvline(float(np.nanmean(scores)), label=label)
+            if curve is None
+            else ax.plot(grid, curve, label=label)[0]
+        )
+        reps = [c for c in (_kde(r, grid) for r in boot["text_scores"].get(s.system, [])) if c is not None]
+        if reps:
+            low, high = np.quantile(np.stack(reps), [0.025, 0.975], axis=0)
+            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel("judge-free score (mean over trusted judges)")
+    ax.set_ylabel("density over texts")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _kde(x: np.ndarray, grid: np.ndarray) -> np.ndarray | None:
+    """Gaussian KDE on ``grid``; None when it is undefined (fewer than 2 distinct values)."""
+    if len(x) < 2 or np.ptp(x) == 0:
+        return None
+    return stats.gaussian_kde(x)(grid)

@@ -1,0 +1,1 @@
+"""Training, cross-validation, search and tracking."""

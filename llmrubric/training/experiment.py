@@ -1,0 +1,139 @@
+"""From a composed Hydra config to data splits, shared by train.py, evaluate.py and benchmarks.
+
+Protocols: ``cv`` (k folds of the training texts), ``systems`` (leave one system out: each
+system's texts are one fold, so every model is tested on a system it never saw),
+``holdout`` (train on ``data.train``, test on ``data.test``, or on a seeded
+``test_fraction`` of the training texts when there is no test set). Folds are saved beside
+the checkpoints so that evaluation uses exactly the texts the models did not see.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from hydra.experimental.callback import Callback
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from llmrubric.io.errors import USER_ERRORS, InputError, report
+from llmrubric.io.guards import check_range, check_writable_dir
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import Tables
+from llmrubric.training.splits import holdout_texts, load_folds, save_folds, system_folds, text_folds
+
+log = logging.getLogger(__name__)
+FOLDS_FILE = "folds.csv"
+
+
+@dataclass
+class Split:
+    """One model to train: its name (checkpoint stem), training and test tables."""
+
+    name: str
+    train: Tables
+    test: Tables
+
+
+def load_rubric(cfg: DictConfig) -> Rubric:
+    rubric = Rubric.from_dict(
+        OmegaConf.to_container(cfg.rubric, resolve=True), source=f"rubric={cfg.rubric.get('name', '?')}"
+    )
+    return rubric.with_main(cfg.main_question) if cfg.get("main_question") else rubric
+
+
+def load_data(cfg: DictConfig, rubric: Rubric) -> tuple[Tables, Tables | None]:
+    train = instantiate(cfg.data.train, _partial_=True)(rubric=rubric)
+    test = instantiate(cfg.data.test, _partial_=True)(rubric=rubric) if cfg.data.get("test") else None
+    return train, test
+
+
+def make_folds(cfg: DictConfig, train: Tables) -> pd.DataFrame | None:
+    """Fold of each training text (None when an explicit test set is used)."""
+    if cfg.protocol == "cv":
+        return text_folds(train.text_ids, cfg.folds, cfg.seed)
+    if cfg.protocol == "systems":
+        return system_folds(train)
+    if cfg.protocol == "holdout":
+        if cfg.data.get("test"):
+            return None
+        kept, held = holdout_texts(train.text_ids, cfg.test_fraction, cfg.seed)
+        return pd.DataFrame({"text_id": held + kept, "fold": [0] * len(held) + [1] * len(kept)})
+    raise InputError(f"unknown protocol {cfg.protocol!r} (use cv, systems or holdout)")
+
+
+def splits_from_folds(cfg: DictConfig, folds: pd.DataFrame | None, train: Tables, test: Tables | None) -> list[Split]:
+    if folds is None:
+        if test is None:
+            raise InputError("holdout without data.test needs a folds file")
+        return [Split("model", train, test)]
+    evaluated = sorted(folds.fold.unique()) if cfg.protocol in ("cv", "systems") else [0]
+    out = []
+    for k in evaluated:
+        held = folds.text_id[folds.fold == k]
+        rest = folds.text_id[folds.fold != k]
+        out.append(Split(f"fold{k}", train.subset(rest), train.subset(held)))
+    return out
+
+
+def prepare(cfg: DictConfig, create_folds: bool, folds_dir: str | Path | None = None) -> tuple[Rubric, list[Split]]:
+    """Rubric and splits of an experiment; ``create_folds`` writes the folds (to ``folds_dir``,
+    default ``run_dir``), else reads them from ``run_dir``."""
+    rubric = load_rubric(cfg)
+    train, test = load_data(cfg, rubric)
+    path = Path(cfg.run_dir) / FOLDS_FILE
+    if create_folds:
+        folds = make_folds(cfg, train)
+        if folds is not None:
+            save_folds(folds, Path(folds_dir or cfg.run_dir) / FOLDS_FILE)
+    else:
+        folds = load_folds(path) if path.exists() else None
+        if folds is None and not cfg.data.get("test"):
+            raise InputError("no folds file; run train.py with the same config first", file=str(path))
+    return rubric, splits_from_folds(cfg, folds, train, test)
+
+
+PREDICTION_FORMATS = ("csv", "parquet", "tsv", "jsonl")
+
+
+def check_settings(cfg: DictConfig) -> Rubric:
+    """Every setting of train.py and evaluate.py, checked before any work; an error names the setting."""
+    from llmrubric.model.baselines import make_method
+    from llmrubric.model.calibrator import Calibrator
+
+    rubric = load_rubric(cfg)
+    seed = check_range("seed", cfg.seed, integer=True)
+    Calibrator(
+        rubric, OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.trainer, resolve=True), seed
+    )
+    if cfg.protocol not in ("cv", "systems", "holdout"):
+        raise InputError(f"{cfg.protocol!r} is not a protocol (cv, systems or holdout)", setting="protocol")
+    if cfg.protocol == "cv":
+        check_range("folds", cfg.folds, 2, integer=True)
+    if cfg.protocol == "holdout" and not cfg.data.get("test"):
+        check_range("test_fraction", cfg.test_fraction, 0, 1, open_low=True, open_high=True)
+    if cfg.predictions_format not in PREDICTION_FORMATS:
+        raise InputError(
+            f"{cfg.predictions_format!r} is not an output format ({', '.join(PREDICTION_FORMATS)})",
+            setting="predictions_format",
+        )
+    for name in cfg.get("baselines") or []:
+        try:
+            make_method(name, rubric, seed)
+        except InputError as e:
+            raise InputError(str(e), setting="baselines") from None
+    check_writable_dir(cfg.run_dir, "run_dir")
+    return rubric
+
+
+class CheckSettings(Callback):
+    """Hydra callback: :func:`check_settings` before Hydra creates ``run_dir`` or writes anything."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        try:
+            check_settings(config)
+        except (*USER_ERRORS, KeyboardInterrupt) as e:
+            sys.exit(report(e))

@@ -1,0 +1,509 @@
+"""Hyperparameter search: Optuna (TPE, pruning) over k-fold cross-validation split by text.
+
+A configuration's score is the pooled held-out NLL of the main question over ``inner_folds``
+folds of the training texts (the paper's criterion); RMSE and correlations are recorded as
+trial attributes, not optimised. Trials are asked in batches (TPE with the constant liar) and
+the fold models of a whole batch train as one stacked program
+(:func:`llmrubric.model.calibrator.fit_together`), so a batch costs about one fit. Trials are pruned
+(asynchronous successive halving or the median rule) on the mean
+held-out NLL of the main question of their fold models.
+
+The study lives in ``storage`` (SQLite by default, any SQLAlchemy URL such as PostgreSQL
+for many machines): several workers started with the same storage and study name share
+it, and a search interrupted and started again resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+from optuna.storages._rdb import models
+from optuna.storages._rdb.storage import _create_scoped_session
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from tqdm.auto import tqdm
+
+from llmrubric.evaluation.metrics import nll, point_metrics
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import Tables, write_json, write_table
+from llmrubric.model.calibrator import Calibrator, fit_together
+from llmrubric.model.encoding import JudgeMap
+from llmrubric.training.splits import text_folds
+from llmrubric.training.tracking import Tracker
+
+log = logging.getLogger(__name__)
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+@dataclass
+class Setting:
+    """A configuration: network and trainer settings."""
+
+    model: dict
+    trainer: dict
+
+
+def suggest(trial: optuna.Trial, space: dict, base: Setting) -> Setting:
+    """Sample every parameter of ``space`` (keys ``model.x`` / ``trainer.x``) on top of ``base``."""
+    model, trainer = dict(base.model), dict(base.trainer)
+    for key, spec in space.items():
+        group, _, name = key.partition(".")
+        target = {"model": model, "trainer": trainer}.get(group)
+        if target is None or not name:
+            raise InputError(f"search space key {key!r} must start with 'model.' or 'trainer.'")
+        kind = spec.get("type")
+        try:
+            if kind == "categorical":
+                value = trial.suggest_categorical(key, list(spec["choices"]))
+            elif kind == "int":
+                value = trial.suggest_int(
+                    key, spec["low"], spec["high"], step=spec.get("step", 1), log=spec.get("log", False)
+                )
+            elif kind == "float":
+                value = trial.suggest_float(key, spec["low"], spec["high"], log=spec.get("log", False))
+            else:
+                raise InputError(f"unknown type {kind!r} (categorical, int, float)")
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputError(f"search space {key!r}: {e}") from e
+        target[name] = value
+    return Setting(model, trainer)
+
+
+def setting_of(params: dict, base: Setting) -> Setting:
+    """The configuration of a finished trial's ``params``."""
+    model, trainer = dict(base.model), dict(base.trainer)
+    for key, value in params.items():
+        group, _, name = key.partition(".")
+        {"model": model, "trainer": trainer}[group][name] = value
+    return Setting(model, trainer)
+
+
+def cross_validate(
+    rubric: Rubric, tables: Tables, setting: Setting, folds: pd.DataFrame, seed: int, on_epoch=None
+) -> tuple[dict, pd.DataFrame]:
+    """Train the fold models of ``setting`` together; pooled metrics of their held-out predictions.
+
+    Returns the metrics (``nll``, ``rmse``, correlations, ``fold_nll``) and the predictions.
+    """
+    cv = _FoldData(rubric, tables, folds)
+    models = cv.calibrators(setting, seed)
+    fit_together(models, cv.trains, cv.judges, on_epoch=on_epoch)
+    return cv.score(models)
+
+
+class _FoldData:
+    """The k training/test splits of one set of folds, encoded once for every configuration."""
+
+    def __init__(self, rubric: Rubric, tables: Tables, folds: pd.DataFrame):
+        self.rubric, self.tables = rubric, tables
+        self.judges = JudgeMap.from_annotations(tables.annotations)
+        self.ks = sorted(folds.fold.unique())
+        self.trains = [tables.subset(folds.text_id[folds.fold != k]) for k in self.ks]
+        self.tests = [tables.subset(folds.text_id[folds.fold == k]) for k in self.ks]
+        self._encoded: list | None = None
+
+    def calibrators(self, setting: Setting, seed: int) -> list[Calibrator]:
+        return [Calibrator(self.rubric, setting.model, setting.trainer, seed) for _ in self.ks]
+
+    def score(self, models: list[Calibrator], frames: bool = True) -> tuple[dict, pd.DataFrame | None]:
+        """Pooled held-out metrics of fitted fold models on the main question (and each fold's NLL),
+        computed from the encoded test pairs; with ``frames``, also their predictions table."""
+        if self._encoded is None:
+            self._encoded = [m.encode(t) for m, t in zip(models, self.tests)]
+        main = self.rubric.main
+        q = self.rubric.ids.index(main.id)
+        values = np.asarray(main.values, float)
+        probs, answers = [], []
+        for model, data in zip(models, self._encoded):
+            observed = (data.y[:, q] >= 0).numpy()
+            probs.append(model.proba_of(data)[observed, q, : len(values)])
+            answers.append(data.y[observed, q].numpy())
+        fold_nll = [nll(p, a) for p, a in zip(probs, answers)]
+        p, a = np.concatenate(probs), np.concatenate(answers)
+        metrics = {**point_metrics(values[a], p @ values), "nll": nll(p, a), "n": len(a), "fold_nll": fold_nll}
+        if not frames:
+            return metrics, None
+        parts = [m.predict(t, questions=[main.id], data=d) for m, t, d in zip(models, self.tests, self._encoded)]
+        return metrics, pd.concat(parts, ignore_index=True)
+
+
+class Objective:
+    """Scores a batch of trials: the inner-fold models of every trial train as one stacked program.
+
+    A trial's value is the pooled held-out NLL of the main question over the inner folds; its
+    RMSE, correlations and per-fold NLL are trial attributes. After every epoch a trial reports
+    the mean held-out NLL of the main question of its fold models (one step per epoch, across
+    both phases) and may be pruned from step ``warmup`` on; a trial whose training diverges is
+    failed with the reason. Trials train with ``ensemble`` networks per fold model and, when
+    given, early-stopping ``patience`` (search budgets; the selection keeps the base's).
+    """
+
+    def __init__(
+        self,
+        rubric,
+        tables,
+        base: Setting,
+        space: dict,
+        folds,
+        seed: int,
+        ensemble: int = 1,
+        warmup: int = 10,
+        tracker=None,
+        parent=None,
+        patience: int | None = None,
+    ):
+        self.cv = _FoldData(rubric, tables, folds)
+        self.base, self.space, self.seed, self.ensemble, self.warmup = base, space, seed, ensemble, warmup
+        self.tracker, self.parent, self.patience = tracker, parent, patience
+
+    def settings(self, trials: list[optuna.Trial]) -> list[Setting]:
+        settings = [suggest(t, self.space, self.base) for t in trials]
+        for setting in settings:
+            setting.model["ensemble"] = self.ensemble
+            if self.patience is not None:
+                setting.trainer["patience"] = self.patience
+        return settings
+
+    def run(self, study: optuna.Study, trials: list[optuna.Trial]) -> None:
+        """Train, score and tell every trial of the batch."""
+        settings = self.settings(trials)
+        models = [self.cv.calibrators(s, self.seed) for s in settings]
+        owner = [t for t, fold_models in enumerate(models) for _ in fold_models]
+        pruned: dict[int, str] = {}
+        steps, last = [0] * len(trials), [math.nan] * len(trials)
+
+        def report(phase, epoch, main_nll):
+            reported = []
+            for t, trial in enumerate(trials):
+                values = [v for i, v in main_nll.items() if owner[i] == t]
+                if t in pruned or not values:
+                    continue
+                live = torch.cat(values)
+                live = live[~live.isnan()]
+                if not len(live):
+                    continue
+                steps[t], last[t] = steps[t] + 1, float(live.mean())
+                trial.report(last[t], steps[t])
+                reported.append(t)
+            stop = []
+            for t in reported:  # judged once the whole batch has reported this step
+                if steps[t] >= self.warmup and trials[t].should_prune():
+                    pruned[t] = f"pruned at {phase} epoch {epoch} (held-out NLL {last[t]:.4f})"
+                    stop += [i for i, o in enumerate(owner) if o == t]
+            return stop
+
+        flat = [m for fold_models in models for m in fold_models]
+        fit_together(
+            flat, [t for _ in models for t in self.cv.trains], self.cv.judges, on_epoch=report, tolerate_divergence=True
+        )
+        for t, (trial, fold_models) in enumerate(zip(trials, models)):
+            diverged = [m.diverged_ for m in fold_models if m.diverged_]
+            if t in pruned:
+                trial.set_user_attr("pruned", pruned[t])
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            elif diverged:
+                trial.set_user_attr("fail_reason", diverged[0])
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                metrics, _ = self.cv.score(fold_models, frames=False)
+                for key in ("rmse", "pearson", "spearman", "kendall"):
+                    trial.set_user_attr(key, float(metrics[key]))
+                trial.set_user_attr("fold_nll", [float(v) for v in metrics["fold_nll"]])
+                study.tell(trial, float(metrics["nll"]))
+                self._track(trial, metrics)
+
+    def _track(self, trial: optuna.Trial, metrics: dict) -> None:
+        if self.tracker is None:
+            return
+        with self.tracker.run(f"trial-{trial.number}", nested=True, parent=self.parent, tags={"job": "trial"}) as run:
+            run.log_params(trial.params)
+            run.log_metrics({f"val/{k}": float(metrics[k]) for k in ("nll", "rmse", "pearson", "spearman", "kendall")})
+            for k, value in enumerate(metrics["fold_nll"]):
+                run.log_metrics({"val/fold_nll": float(value)}, step=k)
+
+
+def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
+    """The study of ``search`` (sampler, pruner, storage), created or loaded to resume.
+
+    With a database storage, running trials send heartbeats; trials of a killed search stop
+    beating, and a search that resumes fails them and queues their configurations again."""
+    search = OmegaConf.create(search) if isinstance(search, dict) else search
+    sampler = TrialSeededTPE(seed=search.seed, n_startup_trials=search.startup_trials, constant_liar=True)
+    if search.get("pruner", "median") == "successive_halving":
+        pruner = optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=search.pruner_warmup_epochs, reduction_factor=search.reduction_factor
+        )
+    elif search.get("pruner", "median") == "median":
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=search.startup_trials)
+    else:
+        raise InputError(f"search.pruner must be successive_halving or median, not {search.pruner!r}")
+    storage = search.storage
+    if storage:
+        beat = int(search.get("heartbeat_seconds", 60))
+        try:
+            storage = HeartbeatStorage(
+                storage, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue
+            )
+        except (SQLAlchemyError, ImportError, ValueError) as e:
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+            raise InputError(f"search.storage {_hide_password(storage)!r} cannot be opened: {reason}") from e
+    return optuna.create_study(
+        study_name=study_name,
+        storage=storage,
+        sampler=sampler,
+        pruner=pruner,
+        direction="minimize",
+        load_if_exists=True,
+    )
+
+
+def _hide_password(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (SQLAlchemyError, ValueError):
+        return url
+
+
+class TrialSeededTPE(optuna.samplers.TPESampler):
+    """TPE whose random draws for a parameter of a trial are seeded by ``seed``, the parameter's
+    name and the trial's draw index: its number less the re-runs of killed trials numbered
+    before it (they draw nothing). Workers sharing a study therefore draw different
+    configurations (equally seeded samplers would repeat each other's), and the random start-up
+    configurations depend neither on which worker drew them nor on the order of the draws: a
+    search spread over workers and kills runs those of a one-worker search."""
+
+    def __init__(self, seed: int | None = None, **kwargs):
+        super().__init__(seed=seed, **kwargs)
+        self._base_seed, self._index = seed, {}
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        super().before_trial(study, trial)
+        earlier = study.get_trials(deepcopy=False)[: trial.number]
+        skipped = sum("requeued_from" in t.user_attrs or t.user_attrs.get("fail_reason") == "surplus" for t in earlier)
+        self._index[trial.number] = trial.number - skipped
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        if self._base_seed is not None:
+            key = [int(self._base_seed), self._index.get(trial.number, trial.number), zlib.crc32(param_name.encode())]
+            state = np.random.SeedSequence(key).generate_state(1)[0]
+            self._rng.rng.seed(state)
+            self._random_sampler._rng.rng.seed(state)
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+
+class HeartbeatStorage(optuna.storages.RDBStorage):
+    """RDB storage whose stale check also fails running trials that never sent a heartbeat and
+    started more than the grace period ago. A worker killed between asking a trial and its first
+    heartbeat leaves such a trial; Optuna's own check skips it, so a resumed search would wait
+    on it for ever."""
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        stale = super()._get_stale_trial_ids(study_id)
+        started_before = datetime.now() - timedelta(seconds=self.grace_period)
+        running = self.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        silent = [t._trial_id for t in running if t._trial_id not in stale and t.datetime_start < started_before]
+        if silent:
+            with _create_scoped_session(self.scoped_session) as session:
+                beating = {
+                    m.trial_id
+                    for m in session.query(models.TrialHeartbeatModel).filter(
+                        models.TrialHeartbeatModel.trial_id.in_(silent)
+                    )
+                }
+            stale += [i for i in silent if i not in beating]
+        return stale
+
+
+def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """A trial of a killed search (failed without a reason): the parameters it had sampled before
+    the kill are queued to run again; any the kill cut off are sampled afresh when it reruns."""
+    if trial.params:
+        study.enqueue_trial(trial.params, user_attrs={"requeued_from": trial.number})
+
+
+def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that count towards ``n_trials``: complete, pruned, or failed for a reason other than an
+    interruption (or being surplus)."""
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=FINISHED)
+        if not (
+            t.state == optuna.trial.TrialState.FAIL
+            and t.user_attrs.get("fail_reason", "interrupted") in ("interrupted", "surplus")
+        )
+    ]
+
+
+def run_search(
+    rubric: Rubric,
+    tables: Tables,
+    base: Setting,
+    search: DictConfig,
+    study_name: str,
+    seed: int,
+    tracker=None,
+    parent=None,
+) -> tuple[Setting, optuna.Study]:
+    """Select a configuration by ``search.inner_folds``-fold CV on ``tables``; runs until the
+    study holds ``search.n_trials`` finished trials (so a resumed search does not start over),
+    ``search.batch`` trials at a time as one stacked program; trials running in other workers
+    count, so several workers on one storage run ``n_trials`` in all. With a
+    :class:`llmrubric.training.tracking.Tracker`, each trial is an MLflow run nested under ``parent``."""
+    space = OmegaConf.to_container(search.space, resolve=True)
+    _check_space(space, base)
+    study = create_study(search, study_name)
+    optuna.storages.fail_stale_trials(study)
+    folds = text_folds(tables.text_ids, search.inner_folds, seed)
+    patience = search.get("patience")
+    objective = Objective(
+        rubric,
+        tables,
+        base,
+        space,
+        folds,
+        seed,
+        int(search.get("ensemble", 1)),
+        int(search.pruner_warmup_epochs),
+        tracker,
+        parent,
+        None if patience is None else int(patience),
+    )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    n_trials = int(search.n_trials)
+    with tqdm(total=n_trials, desc=f"search {study_name}", unit="trial", disable=not search.progress) as bar:
+        while True:
+            optuna.storages.fail_stale_trials(study)
+            done = len(finished_trials(study))
+            bar.n = min(done, n_trials)
+            bar.refresh()
+            if done >= n_trials:
+                break
+            trials = []
+            while len(trials) < int(search.batch) and _started(study) < n_trials:  # one ask at a time
+                trial = study.ask()
+                if _surplus(study, trial, n_trials):  # another worker asked the last one first
+                    trial.set_user_attr("fail_reason", "surplus")
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    break
+                trials.append(trial)
+                _beat(study, trial)
+            if not trials:  # the rest is running in other workers (or in a killed one, until its heartbeat expires)
+                time.sleep(1.0)
+                continue
+            with _heartbeats(study, trials):
+                objective.run(study, trials)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not complete:
+        raise InputError(f"study {study_name!r} has no completed trial to select from")
+    return setting_of(study.best_trial.params, base), study
+
+
+def _started(study: optuna.Study) -> int:
+    """Finished trials that count plus the running ones (of every worker)."""
+    return len(finished_trials(study)) + len(
+        study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    )
+
+
+def _surplus(study: optuna.Study, trial: optuna.Trial, n_trials: int) -> bool:
+    """Whether ``n_trials`` counting trials were already started (finished or running) before ``trial``
+    was numbered: workers asking at once each see room for one more; trial numbers settle who was first."""
+    earlier = study.get_trials(deepcopy=False)[: trial.number]
+    running = [t for t in earlier if t.state == optuna.trial.TrialState.RUNNING]
+    counted = {t.number for t in finished_trials(study) if t.number < trial.number}
+    return len(counted) + len(running) >= n_trials
+
+
+def _check_space(space: dict, base: Setting) -> None:
+    """Sample the space once without training: a bad key, type or bound fails before any training."""
+    suggest(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask(), space, base)
+
+
+def _heartbeat_interval(study: optuna.Study) -> int | None:
+    """Seconds between heartbeats of the study's storage; None where it keeps none."""
+    storage = study._storage
+    return storage.get_heartbeat_interval() if hasattr(storage, "record_heartbeat") else None
+
+
+def _beat(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Record a heartbeat for ``trial`` now (database storages with heartbeats)."""
+    if _heartbeat_interval(study):
+        study._storage.record_heartbeat(trial._trial_id)
+
+
+@contextmanager
+def _heartbeats(study: optuna.Study, trials: list[optuna.Trial]):
+    """Record a heartbeat for each running trial every heartbeat interval (database storages)."""
+    storage, interval = study._storage, _heartbeat_interval(study)
+    if not interval:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat():
+        while True:
+            for trial in trials:
+                storage.record_heartbeat(trial._trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """One row per trial: number, state, value (mean held-out NLL), parameters and reported metrics."""
+    return study.trials_dataframe(attrs=("number", "state", "value", "params", "user_attrs", "duration"))
+
+
+def select_for_split(cfg: DictConfig, rubric: Rubric, split, run=None) -> Setting:
+    """Search on one training split (``train.py search=optuna``); writes
+    ``<run_dir>/search/<split>/selected.json`` and ``trials.csv`` and returns the selection."""
+    base = Setting(OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.trainer, resolve=True))
+    tracker = Tracker.from_config(cfg) if run is not None else None
+    setting, study = run_search(
+        rubric, split.train, base, cfg.search, f"{cfg.name}-{split.name}", cfg.seed, tracker, run
+    )
+    out = Path(cfg.run_dir) / "search" / split.name
+    best = study.best_trial
+    write_json(
+        {
+            "model": setting.model,
+            "trainer": setting.trainer,
+            "trial": best.number,
+            "nll": best.value,
+            **best.user_attrs,
+        },
+        out / "selected.json",
+    )
+    write_table(trials_frame(study), out / "trials.csv")
+    if run is not None:
+        run.log_artifacts(out, f"search/{split.name}")
+    log.info(
+        "%s: selected trial %d of %d (inner-CV NLL %.4f): %s",
+        split.name,
+        best.number,
+        len(study.trials),
+        best.value,
+        best.params,
+    )
+    return setting

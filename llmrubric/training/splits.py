@@ -1,0 +1,82 @@
+"""Splits grouped by text: no text appears on both sides of any split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import read_table, source_of, write_table
+
+
+def text_folds(text_ids, k: int, seed: int) -> pd.DataFrame:
+    """Assign each text to one of ``k`` folds (sizes differ by at most one), seeded."""
+    texts = np.array(sorted(set(text_ids)))
+    if k < 2 or k > len(texts):
+        raise InputError(f"cannot make {k} folds of {len(texts)} texts")
+    order = np.random.default_rng(seed).permutation(len(texts))
+    folds = np.empty(len(texts), dtype=int)
+    folds[order] = np.arange(len(texts)) % k
+    return pd.DataFrame({"text_id": texts, "fold": folds})
+
+
+def system_folds(tables) -> pd.DataFrame:
+    """Leave-one-system-out folds: each system's texts form one fold (systems in sorted order).
+
+    The system of a text comes from the texts table or, without one, from the annotations."""
+    source = tables.texts if tables.texts is not None and "system_id" in tables.texts else tables.annotations
+    if "system_id" not in source or source.system_id.isna().all():
+        raise InputError(
+            "leave-one-system-out needs a system_id for every text", file=source_of(source), column="system_id"
+        )
+    systems = source.drop_duplicates("text_id").set_index("text_id").system_id.reindex(tables.text_ids)
+    if systems.isna().any():
+        missing = systems.index[systems.isna()]
+        raise InputError(
+            f"{len(missing)} text(s) have no system_id (first: {missing[0]!r})",
+            file=source_of(source),
+            column="system_id",
+        )
+    names = sorted(systems.unique())
+    unannotated = sorted(set(source.system_id.dropna()) - set(names))
+    if unannotated:
+        raise InputError(
+            f"{len(unannotated)} system(s) have no annotated text to test on (first: {unannotated[0]!r})",
+            file=source_of(source),
+            column="system_id",
+        )
+    if len(names) < 2:
+        raise InputError(
+            f"leave-one-system-out needs at least 2 systems, found {names}", file=source_of(source), column="system_id"
+        )
+    return pd.DataFrame(
+        {
+            "text_id": systems.index,
+            "fold": systems.map({n: k for k, n in enumerate(names)}).to_numpy(),
+            "system_id": systems.to_numpy(),
+        }
+    )
+
+
+def holdout_texts(text_ids, fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """(kept, held out) text ids, holding out ``fraction`` of the texts (at least one)."""
+    texts = np.array(sorted(set(text_ids)))
+    if not 0 < fraction < 1 or len(texts) < 2:
+        raise InputError(f"cannot hold out a fraction {fraction} of {len(texts)} texts")
+    n_out = max(1, int(round(fraction * len(texts))))
+    order = np.random.default_rng(seed).permutation(len(texts))
+    return sorted(texts[order[n_out:]]), sorted(texts[order[:n_out]])
+
+
+def save_folds(folds: pd.DataFrame, path: str | Path) -> Path:
+    return write_table(folds, path)
+
+
+def load_folds(path: str | Path) -> pd.DataFrame:
+    folds = read_table(path, "texts")
+    if "fold" not in folds.columns:
+        raise InputError("folds file has no 'fold' column", file=str(path), column="fold")
+    folds["fold"] = folds["fold"].astype(int)
+    return folds

@@ -1,4 +1,13 @@
-"""The ``llmrubric`` command: each sub-command group registers itself from its own module."""
+"""The ``llmrubric`` command: ``llmrubric <noun> <verb>``, each noun registered by its own module.
+
+llmrubric data fetch | simulate | summary | texts
+llmrubric models fetch
+llmrubric extract features | bank | summaries
+llmrubric score texts
+llmrubric leaderboard build | correlate
+llmrubric ir qrels | trec-eval | nuggets | grounded-qa
+llmrubric schema show
+"""
 
 from __future__ import annotations
 
@@ -10,32 +19,40 @@ import sys
 
 from llmrubric.io.errors import USER_ERRORS, report
 
-GROUPS = {
-    "data": "llmrubric.data.cli",
-    "extract": "llmrubric.extract.cli",
-    "models": "llmrubric.extract.models_cli",
-    "score": "llmrubric.scoring.cli",
-    "ir": "llmrubric.ir.cli",
-}
+COMMAND_MODULES = (
+    "llmrubric.data.cli",
+    "llmrubric.extract.models_cli",
+    "llmrubric.extract.cli",
+    "llmrubric.scoring.cli",
+    "llmrubric.ir.cli",
+)
+
+
+def add_noun(subparsers, name: str, help: str):
+    """The noun ``name`` under ``subparsers``; returns the subparsers its verbs are added to."""
+    noun = subparsers.add_parser(name, help=help, description=help)
+    return noun.add_subparsers(dest="verb", required=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmrubric", description=__doc__)
-    sub = parser.add_subparsers(dest="group", required=True)
-    for _name, module in GROUPS.items():
-        try:
-            importlib.import_module(module).register(sub)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-    schema = sub.add_parser(
-        "schema", help="print the table contracts (columns, types, what NA means) that the validators check"
+    """The root parser; a command module that fails to import is an error, never a missing noun."""
+    parser = argparse.ArgumentParser(
+        prog="llmrubric", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    schema.set_defaults(run=_print_schema)
+    sub = parser.add_subparsers(dest="noun", required=True)
+    for module in COMMAND_MODULES:
+        try:
+            commands = importlib.import_module(module)
+        except ImportError as e:
+            raise RuntimeError(f"cannot load the commands of {module}: {e}") from e
+        commands.register(sub)
+    schema = add_noun(sub, "schema", "the table contracts that the validators check")
+    show = schema.add_parser("show", help="print the columns, types and what NA means of every table")
+    show.set_defaults(run=_show_schema)
     return parser
 
 
-def _print_schema(args) -> int:
+def _show_schema(args) -> int:
     from llmrubric.io.schemas import schema_text
 
     print(schema_text())
@@ -49,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except (*USER_ERRORS, KeyboardInterrupt) as e:
         return report(e)
-    except BrokenPipeError:  # the reader of stdout went away (``llmrubric schema | head``)
+    except BrokenPipeError:  # the reader of stdout went away (``llmrubric schema show | head``)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
 

@@ -76,6 +76,7 @@ def world(tmp_path_factory):
         cli_main(
             [
                 "score",
+                "texts",
                 str(w / "model.safetensors"),
                 str(w / "feats.csv"),
                 "--texts",
@@ -210,12 +211,13 @@ class Case:
 
 
 def score(features=None, **flags):
-    """A ``llmrubric score`` case: ``features(world, d)`` gives the features path; flags are extra args."""
+    """A ``llmrubric score texts`` case: ``features(world, d)`` gives the features path; flags are extra args."""
 
     def make(w, d):
         ckpt = flags.get("_ckpt")
         args = [
             "score",
+            "texts",
             ckpt(w, d) if ckpt else copy(w, "model.safetensors", d),
             features(w, d) if features else copy(w, "feats.csv", d),
         ]
@@ -232,7 +234,17 @@ def feats_case(change, suffix=None):
 def board(pred_change=None, extra=lambda w, d: []):
     def make(w, d):
         preds = table(w / "preds.csv", d / "preds.csv", pred_change)
-        return ["leaderboard", preds, "--out-dir", str(d / "board"), "--bootstrap", "5", "--no-plot", *extra(w, d)]
+        return [
+            "leaderboard",
+            "build",
+            preds,
+            "--out-dir",
+            str(d / "board"),
+            "--bootstrap",
+            "5",
+            "--no-plot",
+            *extra(w, d),
+        ]
 
     return make
 
@@ -262,11 +274,12 @@ def block_rows(df, text, question):
 
 
 def qrels(change=None, extra=lambda w, d: ["--out", str(d / "qrels.txt")]):
-    return lambda w, d: ["qrels", "--grades", table(w / "grades.csv", d / "grades.csv", change), *extra(w, d)]
+    return lambda w, d: ["ir", "qrels", "--grades", table(w / "grades.csv", d / "grades.csv", change), *extra(w, d)]
 
 
 def nuggets(*flags):
     return lambda w, d: [
+        "ir",
         "nuggets",
         "--answers",
         copy(w, "answers.csv", d),
@@ -285,6 +298,7 @@ def gqa(preds=None, *flags, out=lambda w, d: str(d / "gqa.json")):
         p = d / "gqa_preds.json"
         p.write_text(preds) if preds is not None else shutil.copy(w / "gqa_preds.json", p)
         return [
+            "ir",
             "grounded-qa",
             copy(w, "questions.jsonl", d),
             str(p),
@@ -305,7 +319,7 @@ def file_at(d: Path, name: str, text: str) -> str:
 
 
 CASES = [
-    # features table given to `llmrubric score`
+    # features table given to `llmrubric score texts`
     Case(
         "features-missing-prob-column",
         "cli",
@@ -410,7 +424,7 @@ CASES = [
         feats_case(lambda df: df.drop(columns="option"), ".tsv"),
         ("feats.tsv", "option"),
     ),
-    # `llmrubric score`: settings, outputs, checkpoints
+    # `llmrubric score texts`: settings, outputs, checkpoints
     Case(
         "score-out-is-predictions",
         "cli",
@@ -573,7 +587,7 @@ CASES = [
         ),
         ("model.ensemble",),
     ),
-    # `llmrubric leaderboard` and `rank-correlation`
+    # `llmrubric leaderboard build` and `leaderboard correlate`
     Case("leaderboard-unknown-question", "cli", board(extra=lambda w, d: ["--question", "Q99"]), ("--question", "Q99")),
     Case("leaderboard-alpha-2", "cli", board(extra=lambda w, d: ["--alpha", "2"]), ("--alpha", "outside")),
     Case("leaderboard-alpha-0", "cli", board(extra=lambda w, d: ["--alpha", "0"]), ("--alpha",)),
@@ -608,13 +622,27 @@ CASES = [
     Case(
         "leaderboard-out-dir-is-a-file",
         "cli",
-        lambda w, d: ["leaderboard", copy(w, "preds.csv", d), "--out-dir", file_at(d, "afile", "x"), "--no-plot"],
+        lambda w, d: [
+            "leaderboard",
+            "build",
+            copy(w, "preds.csv", d),
+            "--out-dir",
+            file_at(d, "afile", "x"),
+            "--no-plot",
+        ],
         ("afile", "folder"),
     ),
     Case(
         "leaderboard-out-dir-holds-the-input",
         "cli",
-        lambda w, d: ["leaderboard", table(w / "preds.csv", d / "leaderboard.csv"), "--out-dir", str(d), "--no-plot"],
+        lambda w, d: [
+            "leaderboard",
+            "build",
+            table(w / "preds.csv", d / "leaderboard.csv"),
+            "--out-dir",
+            str(d),
+            "--no-plot",
+        ],
         ("leaderboard.csv", "input predictions"),
     ),
     Case(
@@ -662,7 +690,8 @@ CASES = [
         "rank-correlation-no-score-column",
         "cli",
         lambda w, d: [
-            "rank-correlation",
+            "leaderboard",
+            "correlate",
             copy(w, "ref.csv", d),
             table(w / "ref.csv", d / "b.csv", lambda df: df.drop(columns="score")),
         ],
@@ -672,7 +701,8 @@ CASES = [
         "rank-correlation-duplicate-system",
         "cli",
         lambda w, d: [
-            "rank-correlation",
+            "leaderboard",
+            "correlate",
             copy(w, "ref.csv", d),
             table(w / "ref.csv", d / "b.csv", lambda df: cell(df, 2, "system", "S1")),
         ],

@@ -201,6 +201,7 @@ def test_cli_end_to_end(model_dir, tmp_path):
     out = tmp_path / "features.parquet"
     argv = [
         "extract",
+        "features",
         str(texts),
         "--rubric",
         str(RUBRIC),
@@ -227,7 +228,19 @@ def test_cli_end_to_end(model_dir, tmp_path):
         f"backend: transformers\nmodel: {model_dir}\nrubric: {RUBRIC}\noverflow: refuse\nmax_length: 64\n"
     )
     assert (
-        main(["extract", str(texts), "--config", str(config), "--out", str(tmp_path / "f2.csv"), "--no-progress"]) == 2
+        main(
+            [
+                "extract",
+                "features",
+                str(texts),
+                "--config",
+                str(config),
+                "--out",
+                str(tmp_path / "f2.csv"),
+                "--no-progress",
+            ]
+        )
+        == 2
     )
     assert not (tmp_path / "f2.csv").exists()  # nothing half-written
     refused = pd.read_csv(tmp_path / "f2.failures.csv")
@@ -339,10 +352,10 @@ def test_cli_extract_texts_writes_the_real_dialogues(tmp_path):
     from llmrubric.cli import main
 
     out = tmp_path / "texts.csv"
-    assert main(["extract-texts", str(REAL), "--out", str(out)]) == 0
+    assert main(["data", "texts", str(REAL), "--out", str(out)]) == 0
     texts = read_table(out, "texts")
     assert len(texts) == 223 and texts.text_id.is_unique and texts.text.str.contains("\nuser: ").all()
-    assert main(["extract-texts", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x.csv")]) != 0
+    assert main(["data", "texts", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x.csv")]) != 0
     assert not (tmp_path / "x.csv").exists()
 
 
@@ -353,7 +366,8 @@ def test_cli_extract_bank_reports_unusable_model_output_and_bad_queries(model_di
     queries.write_text(json.dumps({"query_id": "q1", "query": "how do I reset my password"}) + "\n")
     out = tmp_path / "bank.jsonl"
     argv = [
-        "extract-bank",
+        "extract",
+        "bank",
         str(queries),
         "--backend",
         "transformers",

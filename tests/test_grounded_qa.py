@@ -142,6 +142,7 @@ def test_grounded_qa_command_with_documents(tmp_path):
     )
     code = main(
         [
+            "ir",
             "grounded-qa",
             str(tmp_path / "questions.jsonl"),
             str(tmp_path / "pred.json"),

@@ -146,7 +146,7 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys, tmp_path):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(score_cli, "run_rank_correlation", interrupted)
-    assert cli_main(["rank-correlation", "a.csv", "b.csv"]) == 130
+    assert cli_main(["leaderboard", "correlate", "a.csv", "b.csv"]) == 130
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "interrupted" in err and "Traceback" not in err
 
@@ -156,11 +156,11 @@ def test_hydra_full_error_shows_the_traceback(monkeypatch, tmp_path):
     with pytest.raises(InputError, match="trainer.lr"):
         run_script("train.py", ["experiment=demo", f"run_dir={tmp_path}", "logger=none", "trainer.lr=abc"])
     with pytest.raises(InputError, match="not found"):
-        cli_main(["rank-correlation", str(tmp_path / "a.csv"), str(tmp_path / "b.csv")])
+        cli_main(["leaderboard", "correlate", str(tmp_path / "a.csv"), str(tmp_path / "b.csv")])
 
 
 def test_schema_command_prints_the_validators_specs(capsys):
-    assert cli_main(["schema"]) == 0
+    assert cli_main(["schema", "show"]) == 0
     out = capsys.readouterr().out
     for kind, spec in SPECS.items():
         assert f"## {kind}" in out

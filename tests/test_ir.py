@@ -266,7 +266,7 @@ def test_calibrated_autograder_beats_the_uncalibrated_max_grade():
 
 def test_qrels_and_trec_eval_commands(tmp_path):
     GRADES.to_csv(tmp_path / "grades.csv", index=False)
-    assert main(["qrels", "--grades", str(tmp_path / "grades.csv"), "--out", str(tmp_path / "qrels.txt")]) == 0
+    assert main(["ir", "qrels", "--grades", str(tmp_path / "grades.csv"), "--out", str(tmp_path / "qrels.txt")]) == 0
     assert len((tmp_path / "qrels.txt").read_text().splitlines()) == 6
     (tmp_path / "sysA.txt").write_text("q1 Q0 d3 1 9 A\nq1 Q0 d1 2 8 A\nq2 Q0 e1 1 5 A\n")
     (tmp_path / "sysB.txt").write_text("q1 Q0 d2 1 9 B\nq1 Q0 d4 2 8 B\nq2 Q0 e2 1 5 B\n")
@@ -279,6 +279,7 @@ def test_qrels_and_trec_eval_commands(tmp_path):
     out = tmp_path / "eval"
     code = main(
         [
+            "ir",
             "trec-eval",
             "--qrels",
             str(tmp_path / "qrels.txt"),
@@ -313,6 +314,7 @@ def test_qrels_and_trec_eval_commands(tmp_path):
     assert (
         main(
             [
+                "ir",
                 "trec-eval",
                 "--qrels",
                 str(tmp_path / "qrels.txt"),

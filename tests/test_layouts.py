@@ -28,7 +28,8 @@ def layout(tmp_path_factory):
     paths = write_layout_data(tmp_path_factory.mktemp("layouts"), texts_per_system=32)
     paths["summary"] = paths["items"].with_name("summary.parquet")
     assert (
-        cli(["extract-summaries", str(paths["items"]), "--family", "self_rating", "--out", str(paths["summary"])]) == 0
+        cli(["extract", "summaries", str(paths["items"]), "--family", "self_rating", "--out", str(paths["summary"])])
+        == 0
     )
     paths["features"] = paths["items"].with_name("features.parquet")
     pd.concat([pd.read_parquet(paths["llm_features"]), pd.read_parquet(paths["summary"])]).to_parquet(
@@ -55,7 +56,8 @@ def test_summary_cli_writes_only_summary_blocks(layout):
     assert (
         cli(
             [
-                "extract-summaries",
+                "extract",
+                "summaries",
                 str(layout["llm_features"]),
                 "--family",
                 "self_rating",
@@ -151,7 +153,7 @@ def test_summary_features_as_the_only_inputs(layout):
 
 def test_layouts_end_to_end(layout, tmp_path):
     """Three LLM sources, a 0..3 scale, a yes/no and a categorical question and summary blocks through
-    train.py, evaluate.py (default baselines, report=fast), llmrubric score and llmrubric leaderboard."""
+    train.py, evaluate.py (default baselines, report=fast), llmrubric score texts and llmrubric leaderboard build."""
     conf = tmp_path / "conf" / "rubric"
     conf.mkdir(parents=True)
     (conf / "layouts.yaml").write_text(layout["rubric"].read_text())
@@ -218,6 +220,7 @@ def test_layouts_end_to_end(layout, tmp_path):
         cli(
             [
                 "score",
+                "texts",
                 str(checkpoint),
                 str(layout["features"]),
                 "--texts",
@@ -244,15 +247,19 @@ def test_layouts_end_to_end(layout, tmp_path):
         "100",
         "--no-plot",
     ]
-    assert cli(["leaderboard", *common, "--annotations", str(layout["annotations"]), "--out-dir", str(board_dir)]) == 0
+    assert (
+        cli(["leaderboard", "build", *common, "--annotations", str(layout["annotations"]), "--out-dir", str(board_dir)])
+        == 0
+    )
     board = pd.read_csv(board_dir / "leaderboard.csv")
     assert board.system.tolist() == sorted(SYSTEMS, key=SYSTEMS.get, reverse=True)  # systems of rising true quality
     assert (board.low <= board.score).all() and (board.score <= board.high).all()
-    assert cli(["leaderboard", *common, "--question", "topic", "--out-dir", str(tmp_path / "topic")]) == 2
+    assert cli(["leaderboard", "build", *common, "--question", "topic", "--out-dir", str(tmp_path / "topic")]) == 2
     assert (
         cli(
             [
                 "score",
+                "texts",
                 str(checkpoint),
                 str(layout["features"]),
                 "--questions",

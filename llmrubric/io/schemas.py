@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TableSpec:
     """A table contract: required and optional columns, which are ids (read as strings), and
-    what each column holds (``columns``: name → type and what NA means), shown by ``llmrubric schema``."""
+    what each column holds (``columns``: name → type and what NA means), shown by ``llmrubric schema show``."""
 
     required: tuple[str, ...]
     optional: tuple[str, ...] = ()
@@ -118,7 +118,17 @@ def source_of(df: pd.DataFrame) -> str:
     return str(df.attrs.get("source", "<table>"))
 
 
-def _read_raw(path: Path) -> pd.DataFrame:
+def read_raw(path: str | Path) -> pd.DataFrame:
+    """A table file as read, unchecked (CSV/TSV cells as strings); rows numbered from 1 as in error
+    messages, ``attrs["source"]`` the path."""
+    path = Path(path)
+    df = _parse(path)
+    df.index = pd.RangeIndex(1, len(df) + 1)
+    df.attrs["source"] = str(path)
+    return df
+
+
+def _parse(path: Path) -> pd.DataFrame:
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     try:
         if suffix in (".csv", ".csv.gz"):
@@ -143,11 +153,9 @@ def read_table(path: str | Path, kind: str) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{kind} file not found", file=str(path))
-    df = _read_raw(path)
+    df = read_raw(path)
     if df.empty:
         raise InputError(f"the {kind} table is empty", file=str(path))
-    df.index = pd.RangeIndex(1, len(df) + 1)
-    df.attrs["source"] = str(path)
     return check_columns(df, kind)
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 from sklearn.metrics import cohen_kappa_score
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import _read_raw, source_of, write_text
+from llmrubric.io.schemas import read_raw, source_of, write_text
 
 log = logging.getLogger(__name__)
 GRADES = ["query_id", "doc_id", "item_id", "grade"]
@@ -143,10 +143,7 @@ def read_grades(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise InputError("grades file not found", file=str(path))
-    df = _read_raw(path)
-    df.index = pd.RangeIndex(1, len(df) + 1)
-    df.attrs["source"] = str(path)
-    return check_grades(df)
+    return check_grades(read_raw(path))
 
 
 def passage_labels(grades: pd.DataFrame, rule: str = "max", m: int = 1) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""``llmrubric qrels``, ``trec-eval``, ``nuggets`` and ``grounded-qa``: the IR evaluations.
+"""``llmrubric ir qrels | trec-eval | nuggets | grounded-qa``: the IR evaluations.
 
 Settings come from ``conf/ir/default.yaml`` (or ``--config``); flags override them.
 """
@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from llmrubric.cli import add_noun
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
-from llmrubric.scoring.cli import CONF, _override, load_settings
+from llmrubric.scoring.cli import CONF, load_settings, with_flags
 
 
 def register(subparsers) -> None:
-    q = subparsers.add_parser("qrels", help="RUBRIC qrels from self-rating grades (or a calibrated autograder)")
+    sub = add_noun(subparsers, "ir", "IR evaluations: RUBRIC qrels, TREC runs, AutoNuggetizer, grounded QA")
+    q = sub.add_parser("qrels", help="RUBRIC qrels from self-rating grades (or a calibrated autograder)")
     _grade_inputs(q)
     q.add_argument(
         "--checkpoint",
@@ -25,7 +27,7 @@ def register(subparsers) -> None:
     q.add_argument("--labels-out", help="also write the passage labels with their (real-valued) grades as a table")
     q.set_defaults(run=run_qrels)
 
-    e = subparsers.add_parser(
+    e = sub.add_parser(
         "trec-eval", help="evaluate TREC runs on qrels (ir-measures), Rubric-Cover@k, verification analyses"
     )
     e.add_argument("--qrels", required=True)
@@ -39,9 +41,7 @@ def register(subparsers) -> None:
     e.add_argument("--out-dir", required=True)
     e.set_defaults(run=run_trec_eval)
 
-    n = subparsers.add_parser(
-        "nuggets", help="AutoNuggetizer All/Vital strict and partial scores per answer and per run"
-    )
+    n = sub.add_parser("nuggets", help="AutoNuggetizer All/Vital strict and partial scores per answer and per run")
     n.add_argument("--answers", required=True, help="answers table: text_id, query_id, run_id (or system_id)")
     n.add_argument("--bank", required=True, help="nugget test bank JSONL (importance vital/okay)")
     src = n.add_mutually_exclusive_group(required=True)
@@ -53,7 +53,7 @@ def register(subparsers) -> None:
     n.add_argument("--out-dir", required=True)
     n.set_defaults(run=run_nuggets)
 
-    g = subparsers.add_parser("grounded-qa", help="retrieval, citation, answer-quality, evidence and combined scores")
+    g = sub.add_parser("grounded-qa", help="retrieval, citation, answer-quality, evidence and combined scores")
     g.add_argument("questions", help="gold questions JSONL")
     g.add_argument("predictions", help="predictions JSON (question id → answer, evidence_sentences, retrieved_docs)")
     g.add_argument("--features", help="extracted answer_quality distributions of the answers (text_id = question id)")
@@ -79,7 +79,7 @@ def _grade_inputs(p, required: bool = True) -> None:
 
 
 def _settings(args, section: str, keys: list[str]) -> dict:
-    return _override(load_settings(args.config, CONF / "ir" / "default.yaml").get(section, {}), args, keys)
+    return with_flags(load_settings(args.config, CONF / "ir" / "default.yaml").get(section, {}), args, keys)
 
 
 def _grades(args, settings: dict):
@@ -218,12 +218,9 @@ def run_nuggets(args) -> int:
     bank = read_bank(args.bank)[0]
     answers = read_table(args.answers, "texts")
     if args.assignments:
-        from llmrubric.io.schemas import _read_raw
+        from llmrubric.io.schemas import read_raw
 
-        raw = _read_raw(Path(args.assignments))
-        raw.index = range(1, len(raw) + 1)
-        raw.attrs["source"] = str(args.assignments)
-        support = ng.support_from_labels(raw)
+        support = ng.support_from_labels(read_raw(args.assignments))
     else:
         support = ng.support_from_features(
             validate_features(read_table(args.features, "features")), settings["family"], args.source

@@ -1,4 +1,4 @@
-"""``llmrubric score``, ``llmrubric leaderboard`` and ``llmrubric rank-correlation``.
+"""``llmrubric score texts`` and ``llmrubric leaderboard build | correlate``.
 
 Settings come from ``conf/scoring/default.yaml`` (or ``--config``); flags override them.
 """
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from llmrubric.cli import add_noun
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
 
@@ -33,7 +34,8 @@ def load_settings(path: str | Path | None, default: Path) -> dict:
     return data
 
 
-def _override(settings: dict, args: argparse.Namespace, keys: list[str]) -> dict:
+def with_flags(settings: dict, args: argparse.Namespace, keys: list[str]) -> dict:
+    """``settings`` with the value of each flag of ``keys`` that was given on the command line."""
     out = dict(settings)
     for key in keys:
         value = getattr(args, key, None)
@@ -43,8 +45,9 @@ def _override(settings: dict, args: argparse.Namespace, keys: list[str]) -> dict
 
 
 def register(subparsers) -> None:
-    s = subparsers.add_parser(
-        "score", help="score new texts with a trained calibrator (judge-free scores)", description=__doc__
+    score = add_noun(subparsers, "score", "judge-free scores of new texts from a trained calibrator")
+    s = score.add_parser(
+        "texts", help="score new texts with a trained calibrator (judge-free scores)", description=__doc__
     )
     s.add_argument("checkpoint", help="calibrator checkpoint (.safetensors)")
     s.add_argument("features", help="features table of the new texts")
@@ -63,10 +66,11 @@ def register(subparsers) -> None:
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(run=run_score)
 
-    b = subparsers.add_parser(
-        "leaderboard", help="system leaderboard with bootstrap intervals, paired tests, PPI and a density plot"
+    board = add_noun(subparsers, "leaderboard", "system leaderboards and their rank correlations")
+    b = board.add_parser(
+        "build", help="system leaderboard with bootstrap intervals, paired tests, PPI and a density plot"
     )
-    b.add_argument("predictions", help="predictions table (from `llmrubric score --predictions` or evaluate.py)")
+    b.add_argument("predictions", help="predictions table (from `llmrubric score texts --predictions` or evaluate.py)")
     b.add_argument("--out-dir", required=True)
     b.add_argument("--rubric", help="rubric YAML of the predictions (default: conf/rubric/llm_rubric.yaml)")
     b.add_argument("--texts", help="texts table with system_id (and query_id to pair systems by query)")
@@ -84,7 +88,7 @@ def register(subparsers) -> None:
     b.add_argument("--no-plot", action="store_true")
     b.set_defaults(run=run_leaderboard)
 
-    r = subparsers.add_parser("rank-correlation", help="Spearman and Kendall tau between two leaderboard files")
+    r = board.add_parser("correlate", help="Spearman and Kendall tau between two leaderboard files")
     r.add_argument("a")
     r.add_argument("b")
     r.add_argument("--missing-systems", dest="missing_systems", choices=["error", "drop"], default="error")
@@ -96,7 +100,7 @@ def run_score(args) -> int:
     from llmrubric.model.calibrator import Calibrator
     from llmrubric.scoring.scores import score_texts
 
-    settings = _override(
+    settings = with_flags(
         load_settings(args.config, CONF / "scoring" / "default.yaml"),
         args,
         ["trusted_judges", "questions", "quantile", "chunk_texts"],
@@ -138,7 +142,7 @@ def run_leaderboard(args) -> int:
     from llmrubric.scoring import leaderboard as lb
 
     settings = load_settings(args.config, CONF / "scoring" / "default.yaml")
-    board_settings = _override(
+    board_settings = with_flags(
         settings.get("leaderboard", {}), args, ["question", "bootstrap", "seed", "alpha", "missing_systems"]
     )
     judges = args.trusted_judges or settings.get("trusted_judges")

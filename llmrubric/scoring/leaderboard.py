@@ -26,7 +26,7 @@ from scipy import stats
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import probabilities
 from llmrubric.io.rubric import Question
-from llmrubric.io.schemas import _read_raw, source_of, write_json, write_table, write_text
+from llmrubric.io.schemas import read_raw, source_of, write_json, write_table, write_text
 
 log = logging.getLogger(__name__)
 LEADERBOARD_COLUMNS = ["rank", "system", "score", "low", "high", "texts"]
@@ -426,10 +426,9 @@ def read_leaderboard(path: str | Path) -> pd.Series:
     path = Path(path)
     if not path.is_file():
         raise InputError("leaderboard file not found", file=str(path))
-    df = _read_raw(path)
+    df = read_raw(path)
     if df.empty:
         raise InputError("the leaderboard is empty", file=str(path))
-    df.index = pd.RangeIndex(1, len(df) + 1)
     system = "system" if "system" in df.columns else "system_id" if "system_id" in df.columns else None
     if system is None or "score" not in df.columns:
         raise InputError(

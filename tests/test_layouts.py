@@ -17,7 +17,8 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
 from llmrubric.model.baselines import expand_baselines, make_method
 from llmrubric.model.calibrator import Calibrator
-from llmrubric.report.build import ReportBuilder, ReportSettings
+from llmrubric.report.plan import ReportPlan
+from llmrubric.report.settings import ReportSettings
 from llmrubric.training.experiment import Split
 from llmrubric.training.splits import holdout_texts
 
@@ -139,8 +140,8 @@ def test_summary_features_as_the_only_inputs(layout):
     assert ridge["pearson"] > 0.6 and learned["pearson"] > 0.6 and learned["nll"] < constant["nll"]
     net = model.nets_[0]
     assert int(net.single_option.sum()) == 5  # the cov_ge blocks enter as their covered fraction
-    builder = ReportBuilder(rubric, [Split("fold0", train, test)], ReportSettings(), {}, FAST)
-    assert builder.methods == [
+    plan = ReportPlan(rubric, [Split("fold0", train, test)], ReportSettings())
+    assert plan.methods == [
         "random",
         "constant",
         "ridge_judge",
@@ -148,7 +149,7 @@ def test_summary_features_as_the_only_inputs(layout):
         "llm_rubric_paper",
         "llm_rubric",
     ]
-    assert len(builder.method_notes) == 3 and builder._per_question(kept=False) == ["quality", "correct", "topic"]
+    assert len(plan.method_notes) == 3 and plan.table3_questions(kept=False) == ["quality", "correct", "topic"]
 
 
 def test_layouts_end_to_end(layout, tmp_path):

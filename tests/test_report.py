@@ -14,11 +14,12 @@ from conftest import ROOT
 from hydra import compose, initialize_config_dir
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import Tables
+from llmrubric.io.schemas import Tables, write_folder
 from llmrubric.model.baselines import METHODS
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
-from llmrubric.report.build import ReportSettings, check_report_config, write_report_folder
+from llmrubric.report.build import check_report_config
+from llmrubric.report.settings import ReportSettings
 from llmrubric.training import studies
 from llmrubric.training.experiment import Split
 from llmrubric.training.splits import holdout_texts
@@ -186,11 +187,11 @@ def test_report_settings_name_the_bad_key(rubric):
 
 def test_report_folder_is_replaced_atomically(tmp_path):
     out = tmp_path / "report"
-    write_report_folder(out, {"report.md": b"old", "figures/a.png": b"x"})
+    write_folder(out, {"report.md": b"old", "figures/a.png": b"x"})
     with pytest.raises(TypeError):
-        write_report_folder(out, {"report.md": b"new", "figures/b.png": "not bytes"})
+        write_folder(out, {"report.md": b"new", "figures/b.png": "not bytes"})
     assert (out / "report.md").read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["report"]
-    write_report_folder(out, {"report.md": b"new"})
+    write_folder(out, {"report.md": b"new"})
     assert (out / "report.md").read_bytes() == b"new" and not (out / "figures").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 

@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -422,6 +423,37 @@ def atomic_path(path: str | Path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_folder(out_dir: str | Path, files: dict[str, bytes]) -> Path:
+    """Write ``files`` (relative path → bytes) as the folder ``out_dir``, atomically.
+
+    Everything goes to a temporary sibling folder that is renamed onto ``out_dir``; an
+    existing folder there is replaced only once the new one is complete.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    old = None
+    try:
+        for rel, data in files.items():
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        os.chmod(tmp, 0o777 & ~_umask())
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+            os.rename(out, old / out.name)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and (old / out.name).exists() and not out.exists():
+            os.rename(old / out.name, out)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return out
 
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")

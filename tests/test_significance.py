@@ -7,7 +7,7 @@ from scipy import stats
 
 from llmrubric.evaluation import significance
 from llmrubric.evaluation.significance import (
-    _SwapStatistics,
+    SwapStatistics,
     align_methods,
     bootstrap_intervals,
     compare_methods,
@@ -29,7 +29,7 @@ def data(n=200, seed=0, noise_a=0.8, noise_b=1.2):
 def test_swap_statistics_equal_scipy_on_every_permutation(monkeypatch, pairwise_max):
     monkeypatch.setattr(significance, "PAIRWISE_MAX", pairwise_max)
     y, a, b = data(150)
-    stat = _SwapStatistics(y, a, b, significance.POINT_METRICS)
+    stat = SwapStatistics(y, a, b, significance.POINT_METRICS)
     assert stat.pairwise == (pairwise_max > 150)
     s = (np.random.default_rng(1).random((6, len(y))) < 0.5).astype(np.float32)
     first, second = stat(s)
@@ -48,7 +48,7 @@ def test_p_values_agree_with_scipy_permutation_test():
     def diff(metric):
         def f(x1, x2, axis=-1):
             if metric == "pearson":
-                return significance._pearson_rows(x1, y) - significance._pearson_rows(x2, y)
+                return significance.pearson_rows(x1, y) - significance.pearson_rows(x2, y)
             return np.sqrt(np.mean((x2 - y) ** 2, axis=axis)) - np.sqrt(np.mean((x1 - y) ** 2, axis=axis))
 
         return f

@@ -126,7 +126,7 @@ def pair_nll(probs: np.ndarray, answer_index: np.ndarray) -> np.ndarray:
         return -np.log(probs[np.arange(len(answer_index)), answer_index])
 
 
-def _pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Pearson correlation of each row of x (R, n) with y (n,) or row-wise with y (R, n); NaN where either is constant."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     xc = x - x.mean(axis=-1, keepdims=True)
@@ -141,7 +141,7 @@ def _sign(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.sign(u[:, None] - v[None, :])
 
 
-class _SwapStatistics:
+class SwapStatistics:
     """Metrics of both swapped predictions for batches of swap indicators S (R, n) in {0, 1}.
 
     ``x' = b where S=1 else a`` (method a's slot) and ``x'' = a where S=1 else b`` (b's slot).
@@ -202,7 +202,7 @@ class _SwapStatistics:
             if "rmse" in self.metrics:
                 o["rmse"] = np.sqrt(((x - self.y) ** 2).mean(axis=1))
             if "pearson" in self.metrics:
-                o["pearson"] = _pearson_rows(x, self.y)
+                o["pearson"] = pearson_rows(x, self.y)
         if "spearman" in self.metrics:
             if self.pairwise:
                 p00, p01, p10, p11 = (s @ t.T for t in self.rank_terms)
@@ -215,7 +215,7 @@ class _SwapStatistics:
             else:
                 ranks = tuple(stats.rankdata(x, axis=1) for x in xs)
             for o, r in zip(out, ranks):
-                o["spearman"] = _pearson_rows(r, self.y_rank)
+                o["spearman"] = pearson_rows(r, self.y_rank)
         if "kendall" in self.metrics:
             if self.pairwise:
                 scores, ties = self._forms(self.concordance, s), self._forms(self.ties, s)
@@ -253,7 +253,7 @@ def paired_permutation_test(
     unknown = sorted(set(metrics) - set(POINT_METRICS))
     if unknown:
         raise InputError(f"unknown metric(s) {unknown}; known: {list(POINT_METRICS)}")
-    stat = _SwapStatistics(y, a, b, tuple(metrics))
+    stat = SwapStatistics(y, a, b, tuple(metrics))
     sign = {m: -1.0 if m in LOWER_IS_BETTER else 1.0 for m in metrics}
     observed_a = point_metrics(y, a)
     observed_b = point_metrics(y, b)
@@ -298,7 +298,7 @@ def _metric_functions():
         return np.sqrt(np.mean((np.asarray(x) - np.asarray(y)) ** 2, axis=axis))
 
     def pearson(y, x, axis=-1):
-        return _pearson_rows(np.moveaxis(np.asarray(x, float), axis, -1), np.moveaxis(np.asarray(y, float), axis, -1))
+        return pearson_rows(np.moveaxis(np.asarray(x, float), axis, -1), np.moveaxis(np.asarray(y, float), axis, -1))
 
     def spearman(y, x, axis=-1):
         return pearson(stats.rankdata(y, axis=axis), stats.rankdata(x, axis=axis), axis=axis)

@@ -80,7 +80,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:
 
 def register(subparsers) -> None:
     sub = add_noun(subparsers, "extract", "the LLM's answer distributions: features tables and test banks")
-    p = sub.add_parser("features", help="texts (+ rubric or test bank) → features table, cached and resumable")
+    p = sub.add_parser(
+        "features", help="texts (+ rubric or test bank) → features table, cached and resumable", description=__doc__
+    )
     p.add_argument("texts", help="texts table (text_id, text, …): .jsonl/.csv/.tsv/.parquet")
     p.add_argument("--out", required=True, help="features table to write (.parquet/.csv/.tsv/.jsonl)")
     p.add_argument("--config", help="a conf/extract/*.yaml file (composed by Hydra); flags override it")

@@ -89,8 +89,8 @@ def register(subparsers) -> None:
     b.set_defaults(run=run_leaderboard)
 
     r = board.add_parser("correlate", help="Spearman and Kendall tau between two leaderboard files")
-    r.add_argument("a")
-    r.add_argument("b")
+    r.add_argument("a", help="leaderboard file with system (or system_id) and score columns")
+    r.add_argument("b", help="the other leaderboard file")
     r.add_argument("--missing-systems", dest="missing_systems", choices=["error", "drop"], default="error")
     r.set_defaults(run=run_rank_correlation)
 

@@ -4,7 +4,7 @@ In the fenced shell blocks of README.md and docs/*.md, an ``llmrubric`` line is 
 parser (its noun/verb ``--help`` exits 0 and the whole line parses); a ``train.py``/``evaluate.py`` line's
 overrides compose with the app's config (an unknown group, option or key fails); any other Python script,
 ``make`` target and ``conf/``/``benchmarks/`` path a command names exists. An inline ``llmrubric ...`` in the
-prose names an existing noun/verb. Markdown links of README.md, docs/*.md and benchmarks/README.md point at
+prose names an existing noun/verb; a Python example parses and imports only what llmrubric has. Markdown links of README.md, docs/*.md and benchmarks/README.md point at
 existing files (and headings, for ``#anchor`` links).
 """
 
@@ -112,6 +112,15 @@ def _by(kind: str) -> list:
     return [pytest.param(c, id=str(c)[:120]) for c in COMMANDS if _program(c) == kind]
 
 
+def _app_commands() -> list:
+    """``python train.py|evaluate.py ...`` lines, and ``llmrubric train|evaluate ...`` as the same apps."""
+    out = [pytest.param(c, id=str(c)[:120]) for c in COMMANDS if _program(c) == "app"]
+    for c in COMMANDS:
+        if _program(c) == "cli" and c.argv[1:2] and f"{c.argv[1]}.py" in APPS:
+            out.append(pytest.param(Command(c.where, ("python", f"{c.argv[1]}.py", *c.argv[2:])), id=str(c)[:120]))
+    return out
+
+
 def _words(args) -> list[str]:
     """The noun and verb of an ``llmrubric`` command: its leading non-option words (at most two)."""
     words = []
@@ -153,7 +162,7 @@ def _check_repo_paths(cmd: Command) -> None:
 def test_cli_command_parses(cmd: Command):
     args = list(cmd.argv[1:])
     words = _words(args)
-    assert len(words) == 2, f"{cmd}: not `llmrubric <noun> <verb> ...`"
+    assert words, f"{cmd}: not `llmrubric <noun> <verb> ...`"
     code, text = _run_cli([*words, "--help"])
     assert code == 0, f"{cmd}: `llmrubric {' '.join(words)} --help` exited {code}\n{text[-800:]}"
     code, text = _parse_cli(args)
@@ -191,25 +200,42 @@ def _app_config(script: Path) -> tuple[str | None, str]:
 @pytest.fixture(scope="module")
 def compose_app():
     """Compose a Hydra app's config as it would (its ``@hydra.main`` source; its imports register any
-    structured configs), without running it."""
+    structured configs), without running it. One Hydra initialisation serves every app with the same source,
+    and a repeated override list (train.py and evaluate.py share their config) is composed once."""
     from hydra import compose, initialize_config_dir, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    imported, active, composed = set(), {"source": None, "context": None}, {}
+
+    def close():
+        if active["context"] is not None:
+            active["context"].__exit__(None, None, None)
+        GlobalHydra.instance().clear()
+
     def run(script: str, overrides: list[str]):
         path = ROOT / script
-        spec = importlib.util.spec_from_file_location(f"_docs_app_{path.stem}", path)
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        if path not in imported:
+            spec = importlib.util.spec_from_file_location(f"_docs_app_{path.stem}", path)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            imported.add(path)
         config_path, config_name = _app_config(path)
-        GlobalHydra.instance().clear()
-        if config_path and config_path.startswith("pkg://"):
-            init = initialize_config_module(config_path.removeprefix("pkg://"), version_base="1.3")
-        else:
-            init = initialize_config_dir(str((path.parent / (config_path or ".")).resolve()), version_base="1.3")
-        with init:
-            return compose(config_name, overrides=overrides, return_hydra_config=True)
+        source = (path.parent, config_path)
+        key = (source, config_name, tuple(overrides))
+        if key in composed:
+            return composed[key]
+        if active["source"] != source:
+            close()
+            if config_path and config_path.startswith("pkg://"):
+                context = initialize_config_module(config_path.removeprefix("pkg://"), version_base="1.3")
+            else:
+                context = initialize_config_dir(str((path.parent / (config_path or ".")).resolve()), version_base="1.3")
+            context.__enter__()
+            active.update(source=source, context=context)
+        composed[key] = compose(config_name, overrides=overrides, return_hydra_config=True)
+        return composed[key]
 
     yield run
-    GlobalHydra.instance().clear()
+    close()
 
 
 def _single_run(overrides: list[str]) -> list[str]:
@@ -222,7 +248,7 @@ def _single_run(overrides: list[str]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("cmd", _by("app"))
+@pytest.mark.parametrize("cmd", _app_commands())
 def test_app_overrides_compose(cmd: Command, compose_app):
     args = list(cmd.argv[1:])
     script = args.pop(0)
@@ -236,6 +262,35 @@ def test_app_overrides_compose(cmd: Command, compose_app):
     except Exception as e:  # Hydra's composition errors name the override
         pytest.fail(f"{cmd}: {type(e).__name__}: {e}")
     _check_repo_paths(cmd)
+
+
+def _python_blocks() -> list:
+    found = []
+    for path in GUIDES:
+        block, start = None, 0
+        for n, line, fence, lang in _lines(path):
+            if fence is not None and lang in ("python", "py"):
+                if block is None:
+                    block, start = [], n
+                block.append(line)
+            elif block is not None:
+                found.append(pytest.param("\n".join(block), id=f"{path.relative_to(ROOT)}:{start}"))
+                block = None
+    return found
+
+
+@pytest.mark.parametrize("code", _python_blocks())
+def test_python_example_names_exist(code: str):
+    """A Python example is valid syntax and everything it imports from llmrubric exists."""
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "llmrubric":
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                assert hasattr(module, alias.name), f"{node.module} has no {alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "llmrubric":
+                    importlib.import_module(alias.name)
 
 
 @pytest.mark.parametrize("cmd", _by("python"))

@@ -1,6 +1,6 @@
 """The user docs stay true: every command in them parses and every relative link resolves.
 
-In the fenced shell blocks of README.md and docs/*.md, an ``llmrubric`` line is parsed by the CLI's own
+In the fenced shell blocks of README.md, docs/*.md and the data READMEs, an ``llmrubric`` line is parsed by the CLI's own
 parser (its noun/verb ``--help`` exits 0 and the whole line parses); a ``train.py``/``evaluate.py`` line's
 overrides compose with the app's config (an unknown group, option or key fails); any other Python script,
 ``make`` target and ``conf/``/``benchmarks/`` path a command names exists. An inline ``llmrubric ...`` in the
@@ -24,7 +24,7 @@ import pytest
 from llmrubric import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-GUIDES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+GUIDES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "data").glob("**/README.md"))]
 LINKED = [*GUIDES, ROOT / "benchmarks" / "README.md"]
 SHELL = {"bash", "sh", "shell", "console", "zsh"}
 APPS = {"train.py", "evaluate.py"}

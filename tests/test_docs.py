@@ -1,11 +1,11 @@
 """The user docs stay true: every command in them parses and every relative link resolves.
 
-In the fenced shell blocks of README.md, docs/*.md and the data READMEs, an ``llmrubric`` line is parsed by the CLI's own
-parser (its noun/verb ``--help`` exits 0 and the whole line parses); a ``train.py``/``evaluate.py`` line's
-overrides compose with the app's config (an unknown group, option or key fails); any other Python script,
-``make`` target and ``conf/``/``benchmarks/`` path a command names exists. An inline ``llmrubric ...`` in the
-prose names an existing noun/verb; a Python example parses and imports only what llmrubric has. Markdown links of README.md, docs/*.md and benchmarks/README.md point at
-existing files (and headings, for ``#anchor`` links).
+Pages: README.md, docs/*.md, benchmarks/README.md and the data READMEs. In their fenced shell blocks an
+``llmrubric`` line is parsed by the CLI's own parser (its noun/verb ``--help`` exits 0 and the whole line
+parses); a ``train.py``/``evaluate.py`` line's overrides compose with the app's config (an unknown group,
+option or key fails); any other Python script, ``make`` target and ``conf/``/``benchmarks/`` path a command
+names exists. An inline ``llmrubric ...`` in the prose names an existing noun/verb; a Python example parses and
+imports only what llmrubric has. Markdown links point at existing files (and headings, for ``#anchor`` links).
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ import pytest
 from llmrubric import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-GUIDES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "data").glob("**/README.md"))]
-LINKED = [*GUIDES, ROOT / "benchmarks" / "README.md"]
+GUIDES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "benchmarks" / "README.md",
+    *sorted((ROOT / "data").glob("**/README.md")),
+]
 SHELL = {"bash", "sh", "shell", "console", "zsh"}
 APPS = {"train.py", "evaluate.py"}
 REPO_PATH = re.compile(r"^(conf|benchmarks)/[^*?${}<>\[\]]+$")
@@ -322,7 +326,7 @@ def _anchors(path: Path) -> set[str]:
 
 def _links() -> list:
     found = []
-    for path in LINKED:
+    for path in GUIDES:
         for n, line, fence, _ in _lines(path):
             if fence is not None:
                 continue

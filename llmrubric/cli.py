@@ -16,6 +16,8 @@ GROUPS = {
     "models": "llmrubric.extract.models_cli",
     "score": "llmrubric.scoring.cli",
     "ir": "llmrubric.ir.cli",
+    "train": "llmrubric.training.cli",
+    "evaluate": "llmrubric.evaluation.cli",
 }
 
 

@@ -4,7 +4,8 @@ import torch
 from llmrubric.model.network import CalibrationNet
 from llmrubric.training.module import masked_nll
 
-PAPER_NET = {"inputs": "probabilities", "personalize": "deltas", "input_dropout": 0.0}  # the paper's network (conf/model/paper.yaml)
+# the paper's network (conf/model/paper.yaml)
+PAPER_NET = {"inputs": "probabilities", "personalize": "deltas", "input_dropout": 0.0}
 
 
 @pytest.fixture

@@ -29,7 +29,8 @@ import warnings
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
+
+from llmrubric.config import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -51,8 +52,7 @@ def cpu_seconds() -> float:
 
 def run(experiment: str, overrides: list[str]) -> tuple[Path, float, float]:
     """Report folder, wall seconds and CPU seconds of one full report."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment={experiment}", "report=full", *overrides])
+    cfg = compose("config", [f"experiment={experiment}", "report=full", *overrides])
     start, cpu = time.perf_counter(), cpu_seconds()
     rubric, splits = experiment_splits(cfg)
     path = report_from_config(cfg, rubric, splits)

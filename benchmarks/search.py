@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from llmrubric.config import compose, group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.evaluation.metrics import METRICS, evaluate  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
@@ -100,15 +100,13 @@ def speedup(rubric, tables, setting: Setting, folds) -> dict:
 
 
 def search_config(trials: int, batch: int, seed: int = 0):
-    search = OmegaConf.load(ROOT / "conf" / "search" / "optuna.yaml")
+    search = compose("config", ["search=optuna"]).search
     search.storage, search.n_trials, search.progress, search.batch, search.seed = None, trials, True, batch, seed
     return search
 
 
 def default_setting() -> Setting:
-    return Setting(
-        *(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / g / "default.yaml")) for g in ("model", "trainer"))
-    )
+    return Setting(group("model"), group("trainer"))
 
 
 def outer_fold(args: tuple) -> dict:

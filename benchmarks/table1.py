@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.evaluation.metrics import METRICS, evaluate, markdown_table  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
@@ -66,9 +66,7 @@ def data(root: str):
 @lru_cache(maxsize=1)
 def settings() -> tuple[dict, dict]:
     """The network and trainer settings of conf/ (the defaults ``train.py`` uses)."""
-    return tuple(
-        OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / "default.yaml")) for group in ("model", "trainer")
-    )
+    return group("model"), group("trainer")
 
 
 def make(name: str, rubric, seed: int):

@@ -42,12 +42,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
 from llmrubric.evaluation.metrics import evaluate  # noqa: E402
@@ -66,8 +66,8 @@ KS = (0, 5, 10, 20)
 SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")
 
 
-def config(group: str, name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml"))
+def config(name: str, option: str) -> dict:
+    return group(name, option)
 
 
 def find_table(directory: Path, stem: str) -> Path:

@@ -7,6 +7,7 @@ llmrubric score texts
 llmrubric leaderboard build | correlate
 llmrubric ir qrels | trec-eval | nuggets | grounded-qa
 llmrubric schema show
+llmrubric train | evaluate [key=value ...]   (the Hydra apps behind train.py and evaluate.py)
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ COMMAND_MODULES = (
     "llmrubric.extract.cli",
     "llmrubric.scoring.cli",
     "llmrubric.ir.cli",
+    "llmrubric.training.cli",
+    "llmrubric.evaluation.cli",
 )
 
 

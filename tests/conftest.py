@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from llmrubric.config import group
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "llm-rubric"
 FAST = {"pretrain_epochs": 15, "finetune_epochs": 15, "patience": 5, "lr": 0.01}
+PAPER = group("model", "paper")  # the paper's network; tests that need it say so (the default is the shipped model)
 
 logging.getLogger("llmrubric").setLevel(logging.INFO)
 

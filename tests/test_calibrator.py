@@ -3,7 +3,7 @@ import logging
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST
+from conftest import FAST, PAPER
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import Tables
@@ -49,7 +49,8 @@ def test_checkpoint_round_trip_is_exact_and_pickle_free(fitted, split, tmp_path)
     assert loaded.layout_ == fitted.layout_ and loaded.judges_ == fitted.judges_
 
 
-def test_unseen_judge_gets_shared_weights_and_a_warning(fitted, split, caplog):
+def test_unseen_judge_gets_shared_weights_and_a_warning(rubric, split, caplog):
+    fitted = Calibrator(rubric, PAPER, FAST, seed=3).fit(split[0])  # the paper's judge deltas
     test = split[1]
     pairs = pd.DataFrame({"text_id": [test.text_ids[0]] * 2, "judge_id": ["J01", "NEWJUDGE"]})
     with caplog.at_level(logging.WARNING):

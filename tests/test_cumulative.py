@@ -5,17 +5,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
-from conftest import FAST, ROOT
+from conftest import FAST
 
+from llmrubric.config import group
 from llmrubric.data.simulate import simulate_shift
 from llmrubric.evaluation.metrics import evaluate
 from llmrubric.io.errors import InputError
 from llmrubric.model.calibrator import Calibrator, fit_together
 from llmrubric.model.cumulative import CumulativeNet
 
-ORDINAL = yaml.safe_load((ROOT / "conf" / "model" / "ordinal.yaml").read_text())
-COMBINED = yaml.safe_load((ROOT / "conf" / "model" / "combined.yaml").read_text())
+ORDINAL, COMBINED = group("model", "ordinal"), group("model", "combined")
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,14 @@ import torch
 from llmrubric.model.network import CalibrationNet
 from llmrubric.training.module import masked_nll
 
+# the paper's network (conf/model/paper.yaml)
+PAPER_NET = {"inputs": "probabilities", "personalize": "deltas", "input_dropout": 0.0}
+
 
 @pytest.fixture
 def net():
     torch.manual_seed(0)
-    return CalibrationNet([[1, 2, 3], [0, 1]], n_judges=3, option_counts=[4, 3], h1=5, h2=4)
+    return CalibrationNet([[1, 2, 3], [0, 1]], n_judges=3, option_counts=[4, 3], h1=5, h2=4, **PAPER_NET)
 
 
 def test_shapes_and_padding(net):
@@ -56,7 +59,7 @@ def test_expected_inputs_are_block_means_and_absent_blocks_are_zero():
 
 def test_judge_input_personalizes_through_the_first_layer():
     torch.manual_seed(0)
-    net = CalibrationNet([[1, 2, 3], [0, 1]], 3, [4], personalize="input")
+    net = CalibrationNet([[1, 2, 3], [0, 1]], 3, [4], inputs="probabilities", personalize="input")
     assert net.layer1.in_features == 5 + 2 + 3 and sum(p.numel() for p in net.delta_parameters()) == 0
     out = net(torch.rand(1, 7).repeat(3, 1), torch.tensor([0, 1, -1]))
     assert not torch.allclose(out[0], out[1])

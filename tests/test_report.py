@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import ROOT
-from hydra import compose, initialize_config_dir
 
+from llmrubric.config import compose
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import Tables, write_folder
 from llmrubric.model.baselines import METHODS
@@ -175,14 +175,13 @@ def test_report_settings_name_the_bad_key(rubric):
         ReportSettings.from_dict({"lc_fractions": [0.0, 1.0]})
     with pytest.raises(InputError, match="report.colour"):
         ReportSettings.from_dict({"colour": "red"})
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["report=fast", "report.per_question=[Q0,Q42]"])
-        assert cfg.report.seeds == 1 and cfg.report.permutations == 1000 and cfg.report.sections[0] == "table1"
-        with pytest.raises(InputError, match=r"report.per_question.*Q42"):
-            check_report_config(cfg, rubric)
-        full = compose("config", overrides=["report=full"])
-        assert full.report.permutations >= 10_000
-        assert compose("config").report.enabled is False
+    cfg = compose("config", ["report=fast", "report.per_question=[Q0,Q42]"])
+    assert cfg.report.seeds == 1 and cfg.report.permutations == 1000 and cfg.report.sections[0] == "table1"
+    with pytest.raises(InputError, match=r"report.per_question.*Q42"):
+        check_report_config(cfg, rubric)
+    full = compose("config", ["report=full"])
+    assert full.report.permutations >= 10_000
+    assert compose("config").report.enabled is False
 
 
 def test_report_folder_is_replaced_atomically(tmp_path):

@@ -1,9 +1,7 @@
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from llmrubric.config import compose
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import Tables
 from llmrubric.training.experiment import make_folds, splits_from_folds
@@ -58,8 +56,7 @@ def test_system_folds_name_the_missing_system_ids(simulated):
 
 def test_the_leave_one_system_out_experiment_tests_each_synthetic_system_alone(llm_rubric_data):
     synthetic, _ = llm_rubric_data
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["experiment=llm_rubric_systems"])
+    cfg = compose("config", ["experiment=llm_rubric_systems"])
     splits = splits_from_folds(cfg, make_folds(cfg, synthetic), synthetic, None)
     held = [sorted({t.split("_")[0] for t in split.test.text_ids}) for split in splits]
     assert cfg.protocol == "systems" and held == [["V1"], ["V2"], ["V3"], ["V4"], ["V5"]]

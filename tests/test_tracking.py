@@ -1,7 +1,6 @@
 """MLflow tracking: train/evaluate runs in a temporary store, nested runs, the default store, logger=none."""
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,28 +12,22 @@ from types import SimpleNamespace
 import mlflow
 import pytest
 from conftest import ROOT
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from llmrubric.config import compose
+from llmrubric.evaluation.app import evaluate_app
+from llmrubric.training.app import train_app
 from llmrubric.training.tracking import Tracker
 
 DATA = ROOT / "data" / "simulated"
 TABLES = ("annotations", "features", "texts")
 
 
-def script(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def config(*overrides: str):
     """The demo experiment, shrunk, with absolute data paths (runs from any working directory)."""
     data = [f"data.train.{t}='{DATA / f'{t}.csv'}'" for t in TABLES]
     small = ["trainer.pretrain_epochs=3", "trainer.finetune_epochs=3", "++model.ensemble=1", "baselines=[]"]
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", ["experiment=demo", *small, *data, *overrides])
+    return compose("config", ["experiment=demo", *small, *data, *overrides])
 
 
 def expected_data_hash() -> str:
@@ -52,8 +45,8 @@ def logged(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tracked")
     uri = f"sqlite:///{tmp / 'store.db'}"
     cfg = config(f"run_dir='{tmp / 'run'}'", f"logger.tracking_uri='{uri}'")
-    score = script("train").main(cfg)
-    metrics = script("evaluate").main(cfg)
+    score = train_app(cfg)
+    metrics = evaluate_app(cfg)
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("demo")
     runs = {r.data.tags["job"]: r for r in client.search_runs([experiment.experiment_id])}
@@ -175,7 +168,7 @@ def test_logger_none_writes_nothing_and_never_imports_mlflow(tmp_path, monkeypat
     cfg = config(
         "logger=none", f"run_dir='{tmp_path / 'run'}'", "trainer.pretrain_epochs=1", "trainer.finetune_epochs=1"
     )
-    script("train").main(cfg)
+    train_app(cfg)
     assert (tmp_path / "run" / "fold0.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     code = (

@@ -38,11 +38,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import Tables, validate_annotations, validate_features, write_json, write_table
 
-DEFAULT_RUBRIC = Path(__file__).resolve().parents[2] / "conf" / "rubric" / "llm_rubric.yaml"
+DEFAULT_RUBRIC = conf_path("rubric", "llm_rubric.yaml")
 SOURCE = "simulated-llm"
 FILES = ("annotations.csv", "features.csv", "texts.csv", "truth.json")
 DIMS = ("naturalness", "grounding", "concision", "efficiency")

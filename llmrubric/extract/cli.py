@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from llmrubric.cli import add_noun
+from llmrubric.config import load_file
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import read_table, write_json, write_table
 
@@ -62,20 +63,7 @@ DEFAULTS = {
 def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:
     """A config of the ``conf/extract/`` group composed by Hydra (its ``defaults`` list pulls in
     sibling files), with Hydra ``overrides`` such as ``batch_size=8``."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    path = Path(path).resolve()
-    if not path.is_file():
-        raise InputError("extract config not found", file=str(path))
-    try:
-        with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
-            cfg = compose(config_name=path.stem, overrides=list(overrides or []))
-        return OmegaConf.to_container(cfg, resolve=True)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise InputError(f"cannot compose the extract config: {e}", file=str(path)) from e
+    return load_file(path, overrides or [], "extract config")
 
 
 def register(subparsers) -> None:

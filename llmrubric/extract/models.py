@@ -20,10 +20,11 @@ from pathlib import Path
 
 import yaml
 
+from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import atomic_path
 
-MODELS_DIR = Path(__file__).resolve().parents[2] / "conf" / "models"
+MODELS_DIR = conf_path("models")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, IndexError, struct.error)
 

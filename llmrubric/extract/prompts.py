@@ -13,9 +13,10 @@ from pathlib import Path
 import jinja2
 import jinja2.meta
 
+from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
 
-PROMPTS_DIR = Path(__file__).resolve().parents[2] / "conf" / "prompts"
+PROMPTS_DIR = conf_path("prompts")
 
 
 class PromptTemplate:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from llmrubric.config import ModelConfig, model_settings
 from llmrubric.io.errors import InputError, TrainingDiverged
 from llmrubric.io.guards import check_range
 from llmrubric.io.integrity import check_finite_predictions, tensors_digest, texts_fingerprint, verify_tensors
@@ -34,7 +36,7 @@ from llmrubric.training.splits import holdout_texts
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
-MODEL_KEYS = ("h1", "h2", "personalize", "inputs", "input_dropout", "ensemble", "head", "monotone")
+MODEL_KEYS = tuple(f.name for f in fields(ModelConfig))
 
 
 def check_model(model: dict) -> None:
@@ -51,9 +53,15 @@ def check_model(model: dict) -> None:
 class Calibrator:
     """The calibration network with the data plumbing around it.
 
+    ``Calibrator(rubric).fit(tables)`` is the shipped model (``llm_rubric``): every setting not
+    given takes its default from :class:`llmrubric.config.ModelConfig` and :class:`TrainConfig`,
+    as ``conf/`` does; the paper's network is ``Calibrator(rubric, group("model", "paper"))``
+    (:func:`llmrubric.config.group`).
+
     Args:
         rubric: questions and answer scales; its main question is finetuned.
-        model: network settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`),
+        model: a :class:`ModelConfig` or a dict of some of its fields (the rest default): network
+            settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`),
             ``ensemble``: the number of networks (seeds ``seed, seed + 1, …``, each with its
             own early-stopping split) whose average distribution is the prediction, and ``head``:
             ``softmax`` (the network's heads), or ``ordinal`` / ``combined`` with ``monotone``
@@ -73,7 +81,7 @@ class Calibrator:
     def __init__(
         self,
         rubric: Rubric,
-        model: dict | None = None,
+        model: dict | ModelConfig | None = None,
         trainer: dict | TrainConfig | None = None,
         seed: int = 0,
         feature_questions: list[str] | None = None,
@@ -82,22 +90,14 @@ class Calibrator:
         llm_features: bool = True,
     ):
         self.rubric = rubric
-        self.model = {
-            "h1": 25,
-            "h2": 25,
-            "personalize": "deltas",
-            "inputs": "probabilities",
-            "input_dropout": 0.0,
-            "ensemble": 1,
-            **(model or {}),
-        }
+        self.model = model_settings(model)
         unknown = sorted(set(self.model) - set(MODEL_KEYS))
         if unknown:
             raise InputError(
                 f"unknown model setting(s) {unknown}; known: {list(MODEL_KEYS)}", setting=f"model.{unknown[0]}"
             )
         check_model(self.model)
-        head = self.model.setdefault("head", "softmax")
+        head = self.model["head"]
         if head not in HEADS:
             raise InputError(f"model.head must be one of {list(HEADS)}, not {head!r}", setting="model.head")
         if head != "softmax" and (

@@ -7,6 +7,8 @@ import copy
 import torch
 from torch import nn
 
+from llmrubric.config import ModelConfig
+
 PERSONALIZATION = ("deltas", "input", "none")
 INPUTS = ("probabilities", "expected", "both")
 
@@ -66,7 +68,7 @@ class CalibrationNet(nn.Module):
             values mark a categorical block.
         n_judges: number of known judges.
         option_counts: number of answer options of each question, in rubric order.
-        h1, h2: hidden sizes.
+        h1, h2: hidden sizes (defaults: :class:`llmrubric.config.ModelConfig`, as for the other settings).
         personalize: one of :data:`PERSONALIZATION` (or a bool, see :func:`personalization_mode`).
         inputs: one of :data:`INPUTS`.
         input_dropout: dropout probability on the standardised features during training.
@@ -78,11 +80,11 @@ class CalibrationNet(nn.Module):
         block_values: list[list[float]],
         n_judges: int,
         option_counts: list[int],
-        h1: int = 25,
-        h2: int = 25,
-        personalize: bool | str = "deltas",
-        inputs: str = "probabilities",
-        input_dropout: float = 0.0,
+        h1: int = ModelConfig.h1,
+        h2: int = ModelConfig.h2,
+        personalize: bool | str = ModelConfig.personalize,
+        inputs: str = ModelConfig.inputs,
+        input_dropout: float = ModelConfig.input_dropout,
         extra_dim: int = 0,
     ):
         super().__init__()

@@ -10,28 +10,18 @@ import json
 import logging
 from pathlib import Path
 
-import yaml
-
 from llmrubric.cli import add_noun
+from llmrubric.config import conf_path, load_file
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
 
 log = logging.getLogger(__name__)
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = conf_path()
 
 
 def load_settings(path: str | Path | None, default: Path) -> dict:
-    """A YAML settings file (``default`` when ``path`` is None)."""
-    path = Path(path) if path else default
-    if not path.is_file():
-        raise InputError("settings file not found", file=str(path))
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise InputError(f"not valid YAML: {' '.join(str(e).split())}", file=str(path)) from e
-    if not isinstance(data, dict):
-        raise InputError("a settings file must be a YAML mapping", file=str(path))
-    return data
+    """Settings from a YAML file (``default`` when ``path`` is None), composed by :func:`llmrubric.config.load_file`."""
+    return load_file(path or default)
 
 
 def with_flags(settings: dict, args: argparse.Namespace, keys: list[str]) -> dict:

@@ -28,14 +28,15 @@ warnings.filterwarnings("ignore", ".*LeafSpec.*is deprecated.*")
 
 @dataclass
 class TrainConfig:
-    """Optimisation settings; epochs are maxima, each phase stops early on held-out NLL."""
+    """Optimisation settings (``trainer.*``, the one definition of their defaults); epochs are maxima,
+    each phase stops early on held-out NLL."""
 
     batch_size: int = 64
-    lr: float = 1e-3
+    lr: float = 3e-3
     weight_decay: float = 0.0
-    delta_l2: float = 0.0
-    pretrain_epochs: int = 200
-    finetune_epochs: int = 200
+    delta_l2: float = 0.01
+    pretrain_epochs: int = 100
+    finetune_epochs: int = 100
     patience: int = 20
     val_fraction: float = 0.2
     temperature_scaling: bool = True

@@ -1,0 +1,163 @@
+"""Settings: typed defaults, the shipped ``conf/`` over them, and one loader for every entry point.
+
+Each default is defined once, in a dataclass: :class:`ModelConfig` (the calibration network) and
+:class:`llmrubric.training.module.TrainConfig` (optimisation). Both are registered in Hydra's
+ConfigStore as ``schemas/model`` and ``schemas/trainer``; the YAML files of ``conf/model/`` and
+``conf/trainer/`` start from them (``defaults: [/schemas/model@_here_, _self_]``) and override
+what differs (``conf/model/paper.yaml``: the paper's architecture). ``conf/`` ships inside the
+package as ``llmrubric.conf`` (:func:`conf_path`), so an installed wheel has its settings,
+prompts, rubrics and model manifests.
+
+:func:`compose` is the loader: the Hydra apps (``llmrubric train|evaluate``, ``train.py``,
+``evaluate.py``), the CLI's ``--config`` files (:func:`load_file`) and the Python API (:func:`group`)
+all read settings through it, and a bad override or file is an :class:`InputError` naming the setting.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from llmrubric.io.errors import InputError, report
+
+CONF_PACKAGE = "llmrubric.conf"
+CONF_PATH = f"pkg://{CONF_PACKAGE}"
+VERSION_BASE = "1.3"
+
+
+@dataclass
+class ModelConfig:
+    """The calibration network and its ensemble (``model.*``), defaults chosen by synthetic
+    5-fold CV (``benchmarks/table1.py``, NLL of the main question on training texts only).
+
+    Attributes:
+        h1, h2: hidden layer sizes.
+        inputs: ``expected`` (each feature block's expected answer), ``probabilities`` (the raw
+            distributions, the paper's) or ``both``.
+        personalize: ``input`` (a judge one-hot on the input), ``deltas`` (per-judge layer
+            deltas, eq. 3-5 of the paper) or ``none``.
+        input_dropout: dropout on the inputs while training (0.2 beat 0.0: NLL 1.0557 vs 1.0594).
+        ensemble: networks whose average distribution is predicted.
+        head: ``softmax`` (the network's heads), ``ordinal`` or ``combined``
+            (:mod:`llmrubric.model.cumulative`); ``monotone`` applies to the latter two.
+    """
+
+    h1: int = 25
+    h2: int = 25
+    inputs: str = "expected"
+    personalize: str = "input"
+    input_dropout: float = 0.2
+    ensemble: int = 5
+    head: str = "softmax"
+    monotone: bool = False
+
+
+def model_settings(model: dict | ModelConfig | None = None) -> dict:
+    """:class:`ModelConfig`'s defaults updated by ``model`` (unknown keys are kept, for the caller to reject)."""
+    given = asdict(model) if isinstance(model, ModelConfig) else dict(model or {})
+    return {**asdict(ModelConfig()), **given}
+
+
+def conf_path(*parts: str) -> Path:
+    """A file or folder of the shipped ``conf/`` (``conf_path("rubric", "llm_rubric.yaml")``),
+    found with :mod:`importlib.resources` in a checkout and in an installed wheel alike."""
+    return Path(str(importlib.resources.files(CONF_PACKAGE).joinpath(*parts)))
+
+
+def register_configs() -> None:
+    """Store the structured configs in Hydra's ConfigStore (done before every composition)."""
+    from hydra.core.config_store import ConfigStore
+
+    from llmrubric.training.module import TrainConfig
+
+    store = ConfigStore.instance()
+    store.store(group="schemas", name="model", node=ModelConfig)
+    store.store(group="schemas", name="trainer", node=TrainConfig)
+
+
+def compose(
+    config_name: str = "config", overrides: list[str] | tuple[str, ...] = (), config_dir: str | Path | None = None
+):
+    """The composed settings (a DictConfig) of ``config_name`` with Hydra ``overrides``.
+
+    ``config_dir``: compose a file of that folder (its ``defaults`` may name sibling files) instead
+    of the shipped ``conf/``. Errors name the setting.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_configs()
+    if config_dir is not None:
+        context = initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=VERSION_BASE)
+    else:
+        context = initialize_config_module(CONF_PACKAGE, version_base=VERSION_BASE)
+    try:
+        with context:
+            return hydra_compose(config_name=config_name, overrides=list(overrides))
+    except OmegaConfBaseException as e:
+        raise settings_error(e) from None
+    except HydraException as e:
+        cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else None
+        raise (settings_error(cause) if cause is not None else InputError(" ".join(str(e).split()))) from None
+
+
+def settings_error(e: Exception) -> InputError:
+    """An OmegaConf validation error as an :class:`InputError` naming the setting."""
+    message = str(getattr(e, "msg", None) or e).splitlines()[0]
+    key = getattr(e, "full_key", None)
+    return InputError(message, setting=key) if key else InputError(message)
+
+
+def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = (), what: str = "settings file") -> dict:
+    """A settings file of the user's (``--config``) composed like the shipped ones, as a plain dict:
+    its ``defaults`` list may name files of its folder, ``overrides`` apply on top."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{what} not found", file=str(path))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise InputError(f"not valid YAML: {' '.join(str(e).split())}", file=str(path)) from None
+    if not isinstance(data, dict | None):
+        raise InputError(f"a {what} must be a YAML mapping (key: value lines)", file=str(path))
+    try:
+        cfg = compose(path.stem, overrides, config_dir=path.parent)
+    except InputError as e:
+        raise InputError(f"cannot compose the {what}: {e}", file=str(path)) from None
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def group(name: str, option: str = "default", overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """One group's settings as a plain dict, as the apps see them: ``group("model", "paper")``."""
+    from omegaconf import OmegaConf
+
+    cfg = compose("config", [f"{name}={option}", *(f"{name}.{o}" for o in overrides)])
+    return OmegaConf.to_container(cfg[name], resolve=True)
+
+
+def run_app(task, name: str, argv: list[str] | None = None) -> None:
+    """Run the Hydra app ``task`` (a ``hydra.main`` function) as ``llmrubric <name> argv…``.
+
+    Plain overrides are composed first, so that a bad one is one ``error:`` line (exit 2) like
+    every other bad setting; Hydra's flags (``--cfg job``, ``--multirun``, ``--help``) pass through.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    register_configs()
+    if not any(a.startswith("-") for a in argv):
+        try:
+            compose("config", argv)
+        except InputError as e:
+            sys.exit(report(e))
+    saved = sys.argv
+    sys.argv = [name, *argv, f"hydra.job.name={name}"]
+    try:
+        task()
+    finally:
+        sys.argv = saved

@@ -1,0 +1,125 @@
+"""Evaluate trained checkpoints on held-out texts; print and write the metric table.
+
+    llmrubric evaluate experiment=llm_rubric_real
+    llmrubric evaluate experiment=llm_rubric_real report=full   # + the evaluation report
+
+Writes to ``run_dir``: the predictions table (every question, every (text, judge) pair),
+``metrics.json`` and ``metrics.md`` (main question: the model and the configured baselines;
+an LLM baseline runs once per LLM source and on their mean when there are several, and is
+skipped, with the reason recorded, when no source answered the main question).
+With ``report=fast|full`` it also writes the report folder (``report.dir``, see
+:mod:`llmrubric.report.build`), which trains its own models, so checkpoints are then optional.
+Each finished evaluation is logged as an MLflow run (:mod:`llmrubric.training.tracking`; ``logger=none``: off).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+
+import hydra
+import pandas as pd
+from omegaconf import DictConfig
+
+from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
+from llmrubric.evaluation.metrics import evaluate, markdown_table, metric_names
+from llmrubric.io.errors import InputError, reports_errors
+from llmrubric.io.integrity import check_fits
+from llmrubric.io.schemas import write_json, write_table, write_text
+from llmrubric.model.baselines import expand_baselines, make_method
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.report.build import check_report_config, experiment_splits, report_from_config
+from llmrubric.training.experiment import check_settings, prepare
+from llmrubric.training.tracking import Tracker, metric_keys
+
+log = logging.getLogger("evaluate")
+
+
+@hydra.main(config_path=CONF_PATH, config_name="config", version_base=VERSION_BASE)
+@reports_errors
+def evaluate_app(cfg: DictConfig) -> dict | None:
+    started = time.time()
+    check_settings(cfg)
+    run_dir = Path(cfg.run_dir)
+    report = bool(cfg.report.enabled)
+    rubric, splits = experiment_splits(cfg) if report else prepare(cfg, create_folds=False)
+    if report:
+        check_report_config(cfg, rubric)
+    metrics = None
+    if not report or all((run_dir / f"{s.name}.safetensors").is_file() for s in splits):
+        metrics = evaluate_checkpoints(cfg, rubric, splits)
+    else:
+        log.info("no checkpoints in %s: only the report's own models are evaluated", run_dir)
+    if report:
+        print(f"report written to {report_from_config(cfg, rubric, splits)}/")
+    track(cfg, metrics, started)
+    return metrics
+
+
+def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
+    run_dir = Path(cfg.run_dir)
+    predictions = {"llm_rubric": []}
+    features = pd.concat(
+        [t.features[t.features.question_id == rubric.main.id] for s in splits for t in (s.train, s.test)],
+        ignore_index=True,
+    )
+    baselines, skipped = expand_baselines(list(cfg.baselines), rubric, features)
+    for name, reason in skipped.items():
+        log.warning("baseline %s skipped: %s", name, reason)
+    for split in splits:
+        path = run_dir / f"{split.name}.safetensors"
+        if not path.is_file():
+            raise InputError("checkpoint not found; run train.py with the same config first", file=str(path))
+        model = Calibrator.load(path)
+        check_fits(model, rubric, split.train.text_ids, str(path))
+        predictions["llm_rubric"].append(model.predict(split.test))
+        for name in baselines:
+            method = make_method(name, rubric, cfg.seed).fit(split.train)
+            predictions.setdefault(name, []).append(method.predict(split.test))
+    tables = {name: pd.concat(parts, ignore_index=True) for name, parts in predictions.items()}
+    annotations = pd.concat([s.test.annotations for s in splits], ignore_index=True)
+    metrics = {name: evaluate(table, annotations, rubric.main) for name, table in tables.items()}
+    table = markdown_table(metrics, metric_names(rubric.main))
+    header = (
+        f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
+    )
+    write_table(tables["llm_rubric"], run_dir / f"predictions.{cfg.predictions_format}")
+    notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())
+    write_json(
+        {
+            "experiment": cfg.name,
+            "question": rubric.main.id,
+            "protocol": cfg.protocol,
+            "methods": metrics,
+            "skipped": skipped,
+        },
+        run_dir / "metrics.json",
+    )
+    write_text(f"# {header}\n\n{table}\n" + (f"{notes}\n" if notes else ""), run_dir / "metrics.md")
+    print(f"\n{header}\n{table}\n{notes}\nwritten to {run_dir}/")
+    return metrics
+
+
+def track(cfg: DictConfig, metrics: dict | None, started: float) -> None:
+    """Log the finished evaluation to MLflow (``logger=none``: off): config, ``test/<metric>``
+    (baselines: ``test/<metric>/<method>``, characters MLflow refuses replaced by ``_``), predictions and metric tables, the report folder."""
+    run_dir = Path(cfg.run_dir)
+    with Tracker.from_config(cfg).run("evaluate", nested=True, tags={"job": "evaluate"}, start_time=started) as run:
+        run.log_config(cfg)
+        if metrics is not None:
+            for name, values in metrics.items():
+                run.log_metrics(
+                    metric_keys(values, "test", None if name == "llm_rubric" else re.sub(r"[^\w\-. /]", "_", name))
+                )
+            for file in (f"predictions.{cfg.predictions_format}", "metrics.json", "metrics.md"):
+                run.log_artifact(run_dir / file)
+        report = cfg.get("report")
+        if report is not None and report.get("enabled") and Path(report.dir).is_dir():
+            run.log_artifacts(report.dir, "report")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``llmrubric evaluate [overrides…]`` (and ``python evaluate.py``): Hydra overrides and flags in ``argv``."""
+    run_app(evaluate_app, "evaluate", argv)

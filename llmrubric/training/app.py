@@ -1,0 +1,106 @@
+"""Train the calibration network(s) of an experiment and save checkpoints.
+
+    llmrubric train experiment=llm_rubric_real      # synthetic → real
+    llmrubric train experiment=llm_rubric_cv        # 5 fold models
+    llmrubric train model.h1=50 trainer.lr=0.001    # any setting from conf/
+    llmrubric train search=optuna experiment=llm_rubric_real   # select by 5-fold CV, then refit
+
+Returns the mean held-out (early-stopping) NLL of the main question, the value a
+hyperparameter search minimises. Logs an MLflow run (``logger=none``: off): config, per-split
+``val/nll/<split>`` and per-epoch histories, the checkpoints and folds as artifacts.
+
+The run directory changes as a whole: folds and checkpoints are written to a staging folder
+and moved into ``run_dir`` only when every model is trained, so a failed or interrupted
+training leaves the previous run intact (checkpoints also carry their training texts'
+fingerprint, which evaluate.py checks against the folds).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
+from llmrubric.io.errors import reports_errors
+from llmrubric.model.calibrator import Calibrator
+from llmrubric.training.experiment import FOLDS_FILE, check_settings, prepare
+from llmrubric.training.search import Setting, select_for_split
+from llmrubric.training.tracking import Tracker
+
+log = logging.getLogger("train")
+
+
+@hydra.main(config_path=CONF_PATH, config_name="config", version_base=VERSION_BASE)
+@reports_errors
+def train_app(cfg: DictConfig) -> float:
+    check_settings(cfg)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=run_dir, prefix=".train-", suffix=".tmp"))
+    try:
+        score = train(cfg, run_dir, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return score
+
+
+def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
+    rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)
+    with Tracker.from_config(cfg).run("train", nested=True, tags={"job": "train"}) as run:
+        run.log_config(cfg)
+        scores, seconds = [], []
+        for split in tqdm(splits, desc="training", unit="model", disable=len(splits) == 1):
+            start = time.perf_counter()
+            setting = (
+                select_for_split(cfg, rubric, split, run)
+                if cfg.search.enabled
+                else Setting(dict(cfg.model), dict(cfg.trainer))
+            )
+            model = Calibrator(rubric, setting.model, setting.trainer, cfg.seed).fit(split.train)
+            model.save(staging / f"{split.name}.safetensors")
+            seconds.append(time.perf_counter() - start)
+            scores.append(model.val_nll_)
+            log.info(
+                "%s: %d annotations, %d judges (%.1fs, val NLL %s)",
+                split.name,
+                len(split.train.annotations),
+                len(model.judges_.judges),
+                seconds[-1],
+                f"{scores[-1]:.4f}" if np.isfinite(scores[-1]) else "n/a",
+            )
+            run.log_metrics({f"val/nll/{split.name}": scores[-1], f"train/seconds/{split.name}": seconds[-1]})
+            run.log_history(model, split.name)
+        commit(staging, run_dir, [f"{s.name}.safetensors" for s in splits])
+        for split in splits:
+            run.log_artifact(run_dir / f"{split.name}.safetensors", "checkpoints")
+        if (run_dir / FOLDS_FILE).is_file():
+            run.log_artifact(run_dir / FOLDS_FILE)
+        log.info("checkpoints and folds written to %s", run_dir)
+        score = float(np.nanmean(scores)) if np.isfinite(scores).any() else float("nan")
+        run.log_metrics({"val/nll": score})
+        return score
+
+
+def commit(staging: Path, run_dir: Path, checkpoints: list[str]) -> None:
+    """Move the staged folds and checkpoints into ``run_dir``; the folds of a previous run
+    that used none (a given test set) are removed, so nothing stale remains beside them."""
+    for name in checkpoints:
+        os.replace(staging / name, run_dir / name)
+    if (staging / FOLDS_FILE).is_file():
+        os.replace(staging / FOLDS_FILE, run_dir / FOLDS_FILE)
+    else:
+        (run_dir / FOLDS_FILE).unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``llmrubric train [overrides…]`` (and ``python train.py``): Hydra overrides and flags in ``argv``."""
+    run_app(train_app, "train", argv)

@@ -192,12 +192,25 @@ def test_inline_cli_names_exist(span: str):
 
 
 def _app_config(script: Path) -> tuple[str | None, str]:
-    """config_path and config_name of the script's ``@hydra.main``."""
-    for node in ast.walk(ast.parse(script.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("hydra.main", "main"):
-            kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg in ("config_path", "config_name")}
-            if "config_name" in kw:
-                return kw.get("config_path"), kw["config_name"]
+    """config_path and config_name of the ``@hydra.main`` of the script, or of the app module it runs."""
+    from llmrubric import config
+
+    sources = [script.read_text(encoding="utf-8")]
+    for node in ast.walk(ast.parse(sources[0])):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("llmrubric."):
+            spec = importlib.util.find_spec(node.module)
+            sources.append(Path(spec.origin).read_text(encoding="utf-8"))
+    names = {"CONF_PATH": config.CONF_PATH}
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("hydra.main", "main"):
+                kw = {
+                    k.arg: names[k.value.id] if isinstance(k.value, ast.Name) else ast.literal_eval(k.value)
+                    for k in node.keywords
+                    if k.arg in ("config_path", "config_name")
+                }
+                if "config_name" in kw:
+                    return kw.get("config_path"), kw["config_name"]
     raise AssertionError(f"{script.name}: no @hydra.main(config_name=...) found")
 
 

@@ -68,13 +68,16 @@ def test_fold_models_trained_as_one_program_equal_each_trained_alone_with_input_
     )  # dropout acted
 
 
-def test_ensemble_members_differ(rubric, simulated):
+def test_ensemble_members_differ_and_seeds_share_nothing(rubric, simulated):
     folds = text_folds(simulated.text_ids, 3, seed=0)
     train = simulated.subset(folds.text_id[folds.fold != 0])
     model = {"personalize": "input", "inputs": "expected", "ensemble": 2}
     fit = Calibrator(rubric, model, TRAINER, seed=3).fit(train)
     members = [fit.nets_[m].layer1.weight for m in range(2)]
     assert not np.allclose(members[0].detach(), members[1].detach())
+    seeds = {s: Calibrator(rubric, {"ensemble": 5}, seed=s).seeds for s in range(10)}
+    assert len({m for members in seeds.values() for m in members}) == 50  # runs with seeds 0..9: 50 distinct members
+    assert seeds[0] == Calibrator(rubric, {"ensemble": 5}, seed=0).seeds  # and reproducible
 
 
 def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own_fits(rubric, simulated):

@@ -55,7 +55,7 @@ class Calibrator:
     Args:
         rubric: questions and answer scales; its main question is finetuned.
         model: network settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`),
-            ``ensemble``: the number of networks (seeds ``seed, seed + 1, …``, each with its
+            ``ensemble``: the number of networks (seeds spawned from ``seed``: :attr:`seeds`, each with its
             own early-stopping split) whose average distribution is the prediction, and ``head``:
             ``softmax`` (the network's heads), or ``ordinal`` / ``combined`` with ``monotone``
             (:mod:`llmrubric.model.cumulative`: cumulative-link heads on a learned score).
@@ -152,7 +152,12 @@ class Calibrator:
 
     @property
     def seeds(self) -> list[int]:
-        return [self.seed + i for i in range(int(self.model["ensemble"]))]
+        """The members' seeds, independent streams spawned from ``seed`` (numpy's ``SeedSequence``):
+        calibrators with different seeds share no member's initialisation, split, batch order or masks."""
+        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) or self.seed < 0:
+            raise InputError(f"{self.seed!r} is not a non-negative integer", setting="seed")
+        children = np.random.SeedSequence(int(self.seed)).spawn(int(self.model["ensemble"]))
+        return [int(child.generate_state(1)[0]) for child in children]
 
     @property
     def net_(self) -> CalibrationNet:

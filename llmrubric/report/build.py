@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from llmrubric.evaluation.calibration import calibration_groups, reliability_diagram
-from llmrubric.evaluation.metrics import METRICS, evaluate
+from llmrubric.evaluation.metrics import METRICS, evaluate, seed_sd
 from llmrubric.evaluation.significance import (
     POINT_METRICS,
     Aligned,
@@ -341,7 +341,7 @@ class ReportBuilder:
             for m in ("rmse", "pearson"):
                 values = [x[m] for x in seeds]
                 record[f"{m}_seed_mean"] = float(np.mean(values)) if values else math.nan
-                record[f"{m}_seed_sd"] = float(np.std(values)) if values else math.nan
+                record[f"{m}_seed_sd"] = seed_sd(values)
                 record[f"per_judge_{m}"] = metrics["per_judge"][m]
             ref = reference.get(name) or {}
             record["paper_rmse"], record["paper_pearson"] = ref.get("rmse", math.nan), ref.get("pearson", math.nan)
@@ -533,7 +533,7 @@ class ReportBuilder:
             for m in DROP_METRICS:
                 t = tests[(tests.method_b == name) & (tests.metric == m)]
                 record[f"p_{m}"] = float(t.p_value.iloc[0]) if len(t) else math.nan
-                record[f"{m}_seed_sd"] = float(np.std([x[m] for x in seeds])) if seeds else math.nan
+                record[f"{m}_seed_sd"] = seed_sd([x[m] for x in seeds])
             ref = reference.get(name) or {}
             record["paper_rmse"], record["paper_pearson"] = ref.get("rmse", math.nan), ref.get("pearson", math.nan)
             records.append(record)

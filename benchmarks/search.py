@@ -1,12 +1,10 @@
-"""Search benchmark on the LLM-Rubric release: fold-vectorised speed-up, reference vs selected
-configuration under the same 5-fold CV, and synthetic → real with the selection.
+"""Search benchmark on the LLM-Rubric release: reference vs selected configuration under the same
+5-fold CV, synthetic → real with the selection, and the nested search's time per outer fold.
 
-    .venv/bin/python benchmarks/search.py [--trials 100] [--nested-trials 0] [--seeds 5] [--skip-speed]
+    .venv/bin/python benchmarks/search.py [--trials 100] [--nested-trials 0] [--outer-folds 5] [--seeds 5]
 
-The speed-up is measured on the reference configuration, on the default without its input
-dropout (the two engines then give the same probabilities) and on the default as configured
-(same procedure; each engine draws its own dropout masks). Writes
-``benchmarks/results/search.json``.
+Writes ``benchmarks/results/search.json``. The fold-vectorised speed-up of the training engine
+is measured by ``benchmarks/engine.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from llmrubric.config import compose, group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
-from llmrubric.evaluation.metrics import METRICS, evaluate  # noqa: E402
+from llmrubric.evaluation.metrics import METRICS, evaluate, seed_sd  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.schemas import write_json  # noqa: E402
 from llmrubric.model.calibrator import Calibrator  # noqa: E402
@@ -74,31 +72,6 @@ def data_sha256(root: Path) -> str:
     return digest.hexdigest()
 
 
-def speedup(rubric, tables, setting: Setting, folds) -> dict:
-    """The same fold models: one Lightning fit after another vs one stacked program."""
-    out = {}
-    for engine in ("lightning", "stacked"):
-        start = time.perf_counter()
-        metrics, predictions = cross_validate(
-            rubric, tables, Setting(setting.model, {**setting.trainer, "engine": engine}), folds, seed=0
-        )
-        out[engine] = {"seconds": time.perf_counter() - start, "nll": metrics["nll"], "predictions": predictions}
-    cols = [c for c in out["stacked"]["predictions"].columns if c.startswith("p_")]
-    diff = float(
-        np.nanmax(
-            np.abs(out["stacked"]["predictions"][cols].to_numpy() - out["lightning"]["predictions"][cols].to_numpy())
-        )
-    )
-    return {
-        "networks": len(folds.fold.unique()) * int(setting.model.get("ensemble", 1)),
-        "lightning_seconds": out["lightning"]["seconds"],
-        "stacked_seconds": out["stacked"]["seconds"],
-        "vectorized_speedup": out["lightning"]["seconds"] / out["stacked"]["seconds"],
-        "max_abs_probability_difference": diff,
-        "nll": {e: out[e]["nll"] for e in out},
-    }
-
-
 def search_config(trials: int, batch: int, seed: int = 0):
     search = compose("config", ["search=optuna"]).search
     search.storage, search.n_trials, search.progress, search.batch, search.seed = None, trials, True, batch, seed
@@ -119,12 +92,13 @@ def outer_fold(args: tuple) -> dict:
     synthetic = llm_rubric.load(Path(data), "synthetic", rubric)
     folds = text_folds(synthetic.text_ids, 5, seed=0)
     train, test = synthetic.subset(folds.text_id[folds.fold != k]), synthetic.subset(folds.text_id[folds.fold == k])
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     selected, study = run_search(rubric, train, default_setting(), search_config(trials, batch), f"outer-{k}", seed=0)
     model = Calibrator(rubric, selected.model, selected.trainer, seed=0).fit(train)
     return {
         "fold": k,
         "seconds": time.perf_counter() - start,
+        "cpu_seconds": time.process_time() - cpu,  # one thread: the time on a core of its own
         "trials": len(study.trials),
         "inner_nll": study.best_value,
         "selected": {"model": selected.model, "trainer": selected.trainer},
@@ -132,20 +106,18 @@ def outer_fold(args: tuple) -> dict:
     }
 
 
-def nested(data: str, rubric, synthetic, trials: int, batch: int, workers: int) -> dict:
-    """5 outer × 5 inner folds, ``trials`` per outer fold; outer folds run in ``workers`` processes."""
+def nested(data: str, rubric, synthetic, trials: int, batch: int, workers: int, outer_folds: int = 5) -> dict:
+    """5 outer × 5 inner folds, ``trials`` per outer fold; outer folds run in ``workers`` processes.
+    With ``outer_folds`` < 5 only the first ones run (their time, no outer-CV metrics)."""
     start = time.perf_counter()
     with ProcessPoolExecutor(workers) as pool:
-        folds = list(pool.map(outer_fold, [(data, k, trials, batch) for k in range(5)]))
+        folds = list(pool.map(outer_fold, [(data, k, trials, batch) for k in range(outer_folds)]))
     predictions = pd.concat([pd.DataFrame(f.pop("predictions")) for f in folds], ignore_index=True)
-    metrics = evaluate(predictions, synthetic.annotations, rubric.main, per_judge=False)
-    return {
-        "wall_seconds": time.perf_counter() - start,
-        "workers": workers,
-        "trials_per_outer_fold": trials,
-        "outer_cv": {m: metrics[m] for m in METRICS},
-        "folds": folds,
-    }
+    out = {"wall_seconds": time.perf_counter() - start, "workers": workers, "trials_per_outer_fold": trials}
+    if outer_folds == 5:
+        metrics = evaluate(predictions, synthetic.annotations, rubric.main, per_judge=False)
+        out["outer_cv"] = {m: metrics[m] for m in METRICS}
+    return {**out, "folds": folds}
 
 
 def main() -> None:
@@ -159,8 +131,10 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, default=10, help="trials trained as one stacked program")
     parser.add_argument("--workers", type=int, default=2, help="processes for the outer folds of the nested search")
+    parser.add_argument(
+        "--outer-folds", type=int, default=5, choices=range(1, 6), help="outer folds of the nested search to run"
+    )
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "search.json"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -171,16 +145,6 @@ def main() -> None:
     folds = text_folds(synthetic.text_ids, 5, seed=0)
     reference = reference_setting(root)
     report: dict = {"meta": {"commit": commit(), "data_sha256": data_sha256(root)}}
-    if not args.skip_speed:
-        default = default_setting()
-        exact = Setting({**default.model, "input_dropout": 0.0}, default.trainer)  # dropout masks are drawn per engine
-        report["speed"] = {
-            "reference": speedup(rubric, synthetic, reference, folds),
-            "default": speedup(rubric, synthetic, exact, folds),
-            "default_with_input_dropout": speedup(rubric, synthetic, default, folds),
-        }
-        report["vectorized_speedup"] = report["speed"]["default"]["vectorized_speedup"]
-        print("fold-vectorised:", json.dumps(report["speed"], indent=1), flush=True)
     report["reference_inner_nll"] = cross_validate(rubric, synthetic, reference, folds, seed=0)[0]["nll"]
     print(f"reference configuration, 5-fold CV NLL {report['reference_inner_nll']:.4f}", flush=True)
     if args.trials:
@@ -208,7 +172,7 @@ def main() -> None:
         report["real"] = {
             m: {
                 "mean": float(np.mean([r[m] for r in runs])),
-                "sd": float(np.std([r[m] for r in runs])),
+                "sd": seed_sd([r[m] for r in runs]),
                 "seeds": [r[m] for r in runs],
             }
             for m in METRICS
@@ -217,7 +181,9 @@ def main() -> None:
             "synthetic → real:", {m: f"{v['mean']:.3f} ± {v['sd']:.3f}" for m, v in report["real"].items()}, flush=True
         )
     if args.nested_trials:
-        report["nested"] = nested(args.data, rubric, synthetic, args.nested_trials, args.batch, args.workers)
+        report["nested"] = nested(
+            args.data, rubric, synthetic, args.nested_trials, args.batch, args.workers, args.outer_folds
+        )
         report["wall_seconds"] = report["nested"]["wall_seconds"]
         print("nested search:", {k: v for k, v in report["nested"].items() if k != "folds"}, flush=True)
     write_json(report, args.out)

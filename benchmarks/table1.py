@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
-from llmrubric.evaluation.metrics import METRICS, evaluate, markdown_table  # noqa: E402
+from llmrubric.evaluation.metrics import METRICS, evaluate, markdown_table, seed_sd  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.schemas import write_json  # noqa: E402
 from llmrubric.model.baselines import DETERMINISTIC, METHODS, make_method  # noqa: E402
@@ -103,7 +103,7 @@ def summarise(runs: dict[int, dict], protocol: str) -> dict:
     for m in METRICS:
         values = [runs[s][protocol][m] for s in seeds]
         entry[m] = float(np.mean(values))
-        entry[f"{m}_sd"] = float(np.std(values))
+        entry[f"{m}_sd"] = seed_sd(values)
         entry[f"{m}_per_seed"] = values
     entry["per_judge"] = {
         k: float(np.mean([runs[s][protocol]["per_judge"][k] for s in seeds])) for k in ("rmse", "pearson")

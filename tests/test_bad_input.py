@@ -719,7 +719,7 @@ CASES = [
     Case("train-val-fraction-1.5", "train.py", train("trainer.val_fraction=1.5"), ("trainer.val_fraction",)),
     Case("train-patience-zero", "train.py", train("trainer.patience=0"), ("trainer.patience",)),
     Case("train-epochs-negative", "train.py", train("trainer.pretrain_epochs=-1"), ("trainer.pretrain_epochs",)),
-    Case("train-engine-unknown", "train.py", train("trainer.engine=gpu"), ("trainer.engine", "'gpu'")),
+    Case("train-accelerator-unknown", "train.py", train("trainer.accelerator=tpu9"), ("trainer.accelerator", "'tpu9'")),
     Case("train-inputs-unknown", "train.py", train("model.inputs=words"), ("model.inputs", "'words'")),
     Case("train-personalize-unknown", "train.py", train("model.personalize=maybe"), ("model.personalize",)),
     Case(

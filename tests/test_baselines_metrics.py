@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmrubric.evaluation.metrics import evaluate, nll, point_metrics
+from llmrubric.evaluation.metrics import evaluate, nll, point_metrics, seed_sd
 from llmrubric.io.errors import InputError
 from llmrubric.model.baselines import METHODS, make_method
 
@@ -96,3 +96,8 @@ def test_llm_baselines_with_several_sources(simulated, rubric):
     assert len(ridge.layout_.blocks) == 18 and np.isfinite(ridge.predict(both)["mean"]).all()
     with pytest.raises(InputError, match="source 'missing'"):
         make_method("expected_llm/missing", rubric).predict(both)
+
+
+def test_seed_sd_is_the_sample_standard_deviation():
+    assert seed_sd([1.0, 2.0, 3.0]) == pytest.approx(1.0)  # ddof=1 (ddof=0 would give 0.816)
+    assert np.isnan(seed_sd([0.5]))

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from llmrubric.model.network import CalibrationNet
-from llmrubric.training.module import masked_nll
+from llmrubric.training.engine import masked_nll
 
 # the paper's network (conf/model/paper.yaml)
 PAPER_NET = {"inputs": "probabilities", "personalize": "deltas", "input_dropout": 0.0}
@@ -41,12 +41,14 @@ def test_without_personalization_there_are_no_deltas():
 def test_masked_nll_counts_observed_cells_only(net):
     logits = net(torch.rand(3, 7), torch.tensor([0, 1, 2]))
     y = torch.tensor([[2, -1], [-1, 1], [0, 2]])
-    total, count = masked_nll(logits, y, torch.tensor([True, True]))
     logp = torch.log_softmax(logits, -1)
+    mean = masked_nll(logp[None], y[None], torch.tensor([True, True]))
     expected = -(logp[0, 0, 2] + logp[1, 1, 1] + logp[2, 0, 0] + logp[2, 1, 2])
-    assert count == 4 and torch.allclose(total, expected)
-    total, count = masked_nll(logits, y, torch.tensor([True, False]))
-    assert count == 2 and torch.allclose(total, -(logp[0, 0, 2] + logp[2, 0, 0]))
+    assert mean.shape == (1,) and torch.allclose(mean[0], expected / 4)
+    mean = masked_nll(logp[None], y[None], torch.tensor([True, False]))
+    assert torch.allclose(mean[0], -(logp[0, 0, 2] + logp[2, 0, 0]) / 2)
+    summed = masked_nll(logp[None], y[None], torch.tensor([True, False]), denom=torch.ones(1))
+    assert torch.allclose(summed[0], -(logp[0, 0, 2] + logp[2, 0, 0]))
 
 
 def test_expected_inputs_are_block_means_and_absent_blocks_are_zero():

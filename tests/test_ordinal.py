@@ -7,7 +7,6 @@ from scipy.optimize import minimize_scalar
 
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.ordinal import blend, fit_ordinal_weight, ordinal_shape
-from llmrubric.training.module import predict_proba
 
 PLAIN = {**FAST, "ordinal_blend": False}
 
@@ -52,7 +51,7 @@ def test_the_fitted_weight_minimises_held_out_nll_of_each_question(member, rubri
     best = minimize_scalar(lambda w: float(-torch.log((1 - w) * p + w * o).mean()), bounds=(0.0, 1.0), method="bounded")
     weights = fit_ordinal_weight(net, val)
     assert weights[q] == pytest.approx(best.x, abs=0.02)
-    blended = predict_proba(net, val)[keep, q].gather(1, answer).squeeze(1)
+    blended = net.probabilities(val.x, val.judge)[keep, q].gather(1, answer).squeeze(1)
     assert float(-blended.log().mean()) == pytest.approx(best.fun, abs=1e-3)
     assert float(-blended.log().mean()) <= float(-p.log().mean()) + 1e-6
     net.ordinal_weight.zero_()
@@ -75,8 +74,8 @@ def test_calibrators_blend_by_default_and_the_checkpoint_keeps_the_weights(rubri
         plain.nets_[0].ordinal_weight.tolist() == [0.0] * len(weights) and "ordinal_weight" not in plain.summaries_[0]
     )
     data = blended.encode(simulated)
-    expected = blend(torch.tensor(plain.proba_of(data)), torch.tensor(weights), plain.nets_[0].option_mask)
-    assert np.allclose(blended.proba_of(data), expected.numpy(), atol=1e-6)  # same weights, only the blend differs
+    expected = blend(torch.tensor(plain.predict_proba(data)), torch.tensor(weights), plain.nets_[0].option_mask)
+    assert np.allclose(blended.predict_proba(data), expected.numpy(), atol=1e-6)  # same weights, only the blend differs
     loaded = Calibrator.load(blended.save(tmp_path / "blended.safetensors"))
     assert loaded.nets_[0].ordinal_weight.tolist() == weights
     assert np.allclose(loaded.predict(simulated)["mean"], blended.predict(simulated)["mean"])

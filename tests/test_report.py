@@ -136,7 +136,7 @@ def test_personal_isotonic_changes_only_the_point_prediction(rubric, split):
 def test_isotonic_variant_shares_the_base_models_fit(rubric, split, monkeypatch):
     calls = []
     original = studies._run_job
-    monkeypatch.setattr(studies, "_run_job", lambda *job: calls.append(job[0].name) or original(*job))
+    monkeypatch.setattr(studies, "_run_job", lambda *job: calls.append(job[1].name) or original(*job))
     no_pers = (("personalize", False),)
     requests = {Variant("base", model=no_pers): 1, Variant("base_iso", model=no_pers, isotonic=True): 1}
     out = run_variants(requests, rubric, [Split("s", *split)], {}, TINY, workers=1)

@@ -7,7 +7,7 @@ from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, encode
 from llmrubric.model.network import CalibrationNet
 from llmrubric.training.engine import train_stacked
-from llmrubric.training.module import TrainConfig, predict_proba, train_network
+from llmrubric.training.module import TrainConfig
 from llmrubric.training.splits import text_folds
 
 TRAINER = {**FAST, "delta_l2": 0.01, "weight_decay": 0.001, "batch_size": 32}
@@ -30,47 +30,64 @@ def _fold_data(rubric, simulated, k_folds=3):
     return layout, judges, parts
 
 
-def _net(layout, judges, rubric, seed, train):
+def _net(layout, judges, rubric, seed, train, input_dropout=0.0):
     torch.manual_seed(seed)
-    net = CalibrationNet(layout.values, len(judges.judges), [len(q.options) for q in rubric.questions], h1=8, h2=8)
+    options = [len(q.options) for q in rubric.questions]
+    net = CalibrationNet(layout.values, len(judges.judges), options, h1=8, h2=8, input_dropout=input_dropout)
     net.standardize_inputs(train.x, train.judge)
     return net
 
 
-def test_fold_models_trained_as_one_program_equal_the_per_fold_loop(rubric, simulated):
-    """Three fold models (different training rows, validation sets and seeds) trained stacked = trained one by one."""
+def _alone(nets, parts, main, configs, seeds, **kw):
+    """Each network trained by itself: a stack of one."""
+    configs = configs if isinstance(configs, list) else [configs] * len(nets)
+    return [
+        train_stacked([n], [tr], [va], main, c, [s], **kw)[0] for n, (tr, va), c, s in zip(nets, parts, configs, seeds)
+    ]
+
+
+def test_fold_models_trained_as_one_program_equal_each_trained_alone_with_input_dropout(rubric, simulated):
+    """Three fold models (different training rows, validation sets and seeds; input dropout on, as
+    configured by default) trained stacked = each trained alone: same seeds, same batches and masks."""
     layout, judges, parts = _fold_data(rubric, simulated)
-    config, main = TrainConfig(**TRAINER), rubric.ids.index(rubric.main.id)
-    loop = [_net(layout, judges, rubric, k, tr) for k, (tr, _) in enumerate(parts)]
-    loop_summaries = [train_network(net, tr, va, main, config, k) for k, (net, (tr, va)) in enumerate(zip(loop, parts))]
-    stacked = [_net(layout, judges, rubric, k, tr) for k, (tr, _) in enumerate(parts)]
+    config, main = TrainConfig(**{**TRAINER, "accelerator": "cpu"}), rubric.ids.index(rubric.main.id)
+    alone = [_net(layout, judges, rubric, k, tr, input_dropout=0.2) for k, (tr, _) in enumerate(parts)]
+    alone_summaries = _alone(alone, parts, main, config, [0, 1, 2])
+    stacked = [_net(layout, judges, rubric, k, tr, input_dropout=0.2) for k, (tr, _) in enumerate(parts)]
     summaries = train_stacked(stacked, [tr for tr, _ in parts], [va for _, va in parts], main, config, [0, 1, 2])
-    for a, b, sa, sb, (_, val) in zip(loop, stacked, loop_summaries, summaries, parts):
-        assert np.allclose(predict_proba(a, val), predict_proba(b, val), atol=1e-4)
+    for a, b, sa, sb, (_, val) in zip(alone, stacked, alone_summaries, summaries, parts):
+        assert np.allclose(a.probabilities(val.x, val.judge), b.probabilities(val.x, val.judge), atol=1e-4)
         for phase in ("pretrain", "finetune"):
             assert sa[phase]["best_epoch"] == sb[phase]["best_epoch"]
             assert sa[phase]["val_nll"] == pytest.approx(sb[phase]["val_nll"], abs=1e-5)
         assert len(sb["finetune"]["history"]) == sb["finetune"]["epochs"]
+    undropped = _net(layout, judges, rubric, 0, parts[0][0])
+    train_stacked([undropped], [parts[0][0]], [parts[0][1]], main, config, [0])
+    assert not np.allclose(
+        undropped.layer1.weight.detach(), alone[0].layer1.weight.detach(), atol=1e-3
+    )  # dropout acted
 
 
-def test_ensemble_engines_agree_and_members_differ(rubric, simulated):
+def test_ensemble_members_differ_and_seeds_share_nothing(rubric, simulated):
     folds = text_folds(simulated.text_ids, 3, seed=0)
-    train, test = simulated.subset(folds.text_id[folds.fold != 0]), simulated.subset(folds.text_id[folds.fold == 0])
+    train = simulated.subset(folds.text_id[folds.fold != 0])
     model = {"personalize": "input", "inputs": "expected", "ensemble": 2}
-    fits = {e: Calibrator(rubric, model, {**TRAINER, "engine": e}, seed=3).fit(train) for e in ("lightning", "stacked")}
-    a, b = (fits[e].predict(test) for e in ("lightning", "stacked"))
-    cols = [c for c in a.columns if c.startswith("p_")]
-    assert np.allclose(a[cols].fillna(0), b[cols].fillna(0), atol=1e-4)
-    members = [fits["stacked"].nets_[m].layer1.weight for m in range(2)]
+    fit = Calibrator(rubric, model, TRAINER, seed=3).fit(train)
+    members = [fit.nets_[m].layer1.weight for m in range(2)]
     assert not np.allclose(members[0].detach(), members[1].detach())
+    seeds = {s: Calibrator(rubric, {"ensemble": 5}, seed=s).seeds for s in range(10)}
+    assert len({m for members in seeds.values() for m in members}) == 50  # runs with seeds 0..9: 50 distinct members
+    assert seeds[0] == Calibrator(rubric, {"ensemble": 5}, seed=0).seeds  # and reproducible
 
 
 def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own_fits(rubric, simulated):
-    """Hidden sizes, inputs, learning rate, batch size, epochs, patience, decay and delta L2 may differ per model."""
+    """Hidden sizes, inputs, input dropout, learning rate, batch size, epochs, patience, decay and delta L2 may
+    differ per model (models stop at different epochs, so the stack is compacted and narrowed on the way)."""
     layout, judges, parts = _fold_data(rubric, simulated, k_folds=3)
     main = rubric.ids.index(rubric.main.id)
     sizes = [(8, 8), (12, 5), (4, 10)]
     inputs = ["probabilities", "expected", "both"]
+    dropouts = [0.0, 0.2, 0.1]
     configs = [
         TrainConfig(**TRAINER),
         TrainConfig(**{**TRAINER, "lr": 0.003, "batch_size": 64, "pretrain_epochs": 0, "delta_l2": 0.0}),
@@ -82,21 +99,24 @@ def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own
     def make(k, train):
         torch.manual_seed(k)
         net = CalibrationNet(
-            layout.values, len(judges.judges), [len(q.options) for q in rubric.questions], *sizes[k], inputs=inputs[k]
+            layout.values,
+            len(judges.judges),
+            [len(q.options) for q in rubric.questions],
+            *sizes[k],
+            inputs=inputs[k],
+            input_dropout=dropouts[k],
         )
         net.standardize_inputs(train.x, train.judge)
         return net
 
     alone = [make(k, tr) for k, (tr, _) in enumerate(parts)]
-    alone_summaries = [
-        train_network(n, tr, va, main, c, k) for k, (n, (tr, va), c) in enumerate(zip(alone, parts, configs))
-    ]
+    alone_summaries = _alone(alone, parts, main, configs, [0, 1, 2])
     together = [make(k, tr) for k, (tr, _) in enumerate(parts)]
     summaries = train_stacked(together, [tr for tr, _ in parts], [va for _, va in parts], main, configs, [0, 1, 2])
     assert "pretrain" not in summaries[1] and "pretrain" not in alone_summaries[1]
     for a, b, sa, sb, (_, val) in zip(alone, together, alone_summaries, summaries, parts):
         assert b.layer1.weight.shape == a.layer1.weight.shape
-        assert np.allclose(predict_proba(a, val), predict_proba(b, val), atol=1e-4)
+        assert np.allclose(a.probabilities(val.x, val.judge), b.probabilities(val.x, val.judge), atol=1e-4)
         assert sa["finetune"]["best_epoch"] == sb["finetune"]["best_epoch"]
         assert sa["finetune"]["val_nll"] == pytest.approx(sb["finetune"]["val_nll"], abs=1e-5)
 
@@ -157,3 +177,22 @@ def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, 
         pa, pb = a.predict(test), b.predict(test)
         cols = [c for c in pa.columns if c.startswith("p_")]
         assert np.allclose(pa[cols].fillna(0), pb[cols].fillna(0), atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_stacked_training_on_cuda_equals_each_model_alone_there_and_weights_come_back(rubric, simulated):
+    layout, judges, parts = _fold_data(rubric, simulated)
+    config, main = TrainConfig(**{**TRAINER, "accelerator": "cuda"}), rubric.ids.index(rubric.main.id)
+    alone = [_net(layout, judges, rubric, k, tr, input_dropout=0.2) for k, (tr, _) in enumerate(parts)]
+    _alone(alone, parts, main, config, [0, 1, 2])
+    stacked = [_net(layout, judges, rubric, k, tr, input_dropout=0.2) for k, (tr, _) in enumerate(parts)]
+    train_stacked(stacked, [tr for tr, _ in parts], [va for _, va in parts], main, config, [0, 1, 2])
+    for a, b, (_, val) in zip(alone, stacked, parts):
+        assert b.layer1.weight.device.type == "cpu"
+        assert np.allclose(a.probabilities(val.x, val.judge), b.probabilities(val.x, val.judge), atol=1e-4)
+    on_cpu = _net(layout, judges, rubric, 0, parts[0][0])
+    on_cuda = _net(layout, judges, rubric, 0, parts[0][0])
+    train_stacked([on_cpu], [parts[0][0]], [parts[0][1]], main, TrainConfig(**{**TRAINER, "accelerator": "cpu"}), [0])
+    train_stacked([on_cuda], [parts[0][0]], [parts[0][1]], main, config, [0])
+    val = parts[0][1]
+    assert np.allclose(on_cpu.probabilities(val.x, val.judge), on_cuda.probabilities(val.x, val.judge), atol=1e-3)

@@ -44,6 +44,12 @@ def nll(probs: np.ndarray, answer_index: np.ndarray) -> float:
         return float(-np.mean(np.log(p)))
 
 
+def seed_sd(values) -> float:
+    """Sample standard deviation (ddof=1) of a metric over seeds; nan for fewer than two seeds."""
+    values = np.asarray(values, dtype=float)
+    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+
+
 def metric_names(question: Question) -> tuple[str, ...]:
     """The metrics of ``question``: :data:`METRICS` if ordered, else :data:`CATEGORICAL_METRICS`."""
     return METRICS if question.ordered else CATEGORICAL_METRICS

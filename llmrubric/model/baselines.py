@@ -21,7 +21,6 @@ from sklearn.linear_model import LogisticRegression, RidgeCV
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
-from threadpoolctl import threadpool_limits
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
@@ -29,6 +28,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import Tables, source_of
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.encoding import Block, FeatureLayout, JudgeMap, pairs_of
+from llmrubric.training.threads import one_thread
 
 
 class MainQuestionBaseline:
@@ -195,7 +195,7 @@ class RidgeJudge(MainQuestionBaseline):
         else:
             pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
             grid = {"logisticregression__C": np.logspace(-3, 3, 7)}
-            with threadpool_limits(1):  # small problems: threads only contend
+            with one_thread(blas=True):  # small problems: threads only contend
                 self.model_ = GridSearchCV(pipeline, grid, scoring="neg_log_loss", cv=5).fit(x, index)
         return self
 

@@ -30,9 +30,10 @@ from llmrubric.model.encoding import Encoded, FeatureLayout, JudgeMap, encode
 from llmrubric.model.network import INPUTS, PERSONALIZATION, CalibrationNet
 from llmrubric.model.ordinal import fit_ordinal_weight
 from llmrubric.model.temperature import fit_temperature
-from llmrubric.training.engine import train_stacked
-from llmrubric.training.module import TrainConfig, predict_proba, train_network
+from llmrubric.training.engine import structure, train_stacked
+from llmrubric.training.module import TrainConfig
 from llmrubric.training.splits import holdout_texts
+from llmrubric.training.threads import one_thread
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
@@ -62,7 +63,7 @@ class Calibrator:
         rubric: questions and answer scales; its main question is finetuned.
         model: a :class:`ModelConfig` or a dict of some of its fields (the rest default): network
             settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`),
-            ``ensemble``: the number of networks (seeds ``seed, seed + 1, …``, each with its
+            ``ensemble``: the number of networks (seeds spawned from ``seed``: :attr:`seeds`, each with its
             own early-stopping split) whose average distribution is the prediction, and ``head``:
             ``softmax`` (the network's heads), or ``ordinal`` / ``combined`` with ``monotone``
             (:mod:`llmrubric.model.cumulative`: cumulative-link heads on a learned score).
@@ -151,7 +152,12 @@ class Calibrator:
 
     @property
     def seeds(self) -> list[int]:
-        return [self.seed + i for i in range(int(self.model["ensemble"]))]
+        """The members' seeds, independent streams spawned from ``seed`` (numpy's ``SeedSequence``):
+        calibrators with different seeds share no member's initialisation, split, batch order or masks."""
+        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) or self.seed < 0:
+            raise InputError(f"{self.seed!r} is not a non-negative integer", setting="seed")
+        children = np.random.SeedSequence(int(self.seed)).spawn(int(self.model["ensemble"]))
+        return [int(child.generate_state(1)[0]) for child in children]
 
     @property
     def net_(self) -> CalibrationNet:
@@ -207,14 +213,13 @@ class Calibrator:
         x = torch.cat([data.x, extra], dim=1) if self.llm_features else extra
         return Encoded(x, data.judge, data.y, data.pairs)
 
-    def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> tuple[Encoded, np.ndarray]:
-        """Encoded pairs and their probabilities (pairs, questions, max options)."""
-        data = self.encode(tables, pairs)
-        return data, self.proba_of(data)
-
-    def proba_of(self, data: Encoded) -> np.ndarray:
-        """Probabilities (pairs, questions, max options) of encoded pairs: the members' average."""
-        probs = torch.stack([predict_proba(net, data) for net in self.nets_]).mean(dim=0).numpy()
+    def predict_proba(self, data: Tables | Encoded, pairs: pd.DataFrame | None = None) -> np.ndarray:
+        """Probabilities (pairs, questions, max options; padded options 0), the members' average, of the
+        annotated pairs of tables ``data`` (or its ``pairs``), or of pairs already encoded by :meth:`encode`."""
+        if not isinstance(data, Encoded):
+            data = self.encode(data, pairs)
+        with one_thread():
+            probs = torch.stack([net.probabilities(data.x, data.judge) for net in self.nets_]).mean(dim=0).numpy()
         check_finite_predictions(probs, getattr(self, "source_", "<model>"))
         return probs
 
@@ -227,10 +232,8 @@ class Calibrator:
     ) -> pd.DataFrame:
         """Predictions table for the annotated pairs of ``tables`` (or ``pairs``, or the already
         encoded ``data``), all questions by default."""
-        if data is None:
-            data, probs = self.predict_proba(tables, pairs)
-        else:
-            probs = self.proba_of(data)
+        data = data if data is not None else self.encode(tables, pairs)
+        probs = self.predict_proba(data)
         ids = questions or self.rubric.ids
         index = [self.rubric.ids.index(q) for q in ids]
         return predictions_frame(data.pairs, [self.rubric[q] for q in ids], probs[:, index])
@@ -282,7 +285,8 @@ class Calibrator:
             raise InputError(f"checkpoint metadata lacks {missing}", file=str(path))
         verify_tensors(tensors, meta.get("tensors_sha256"), str(path))
         rubric = Rubric.from_dict(meta["rubric"], str(path)).with_main(meta["main_question"])
-        self = cls(rubric, meta["model"], meta["trainer"], meta["seed"])
+        trainer = {k: v for k, v in meta["trainer"].items() if k != "engine"}  # the choice of engine is gone
+        self = cls(rubric, meta["model"], trainer, meta["seed"])
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.judges_ = JudgeMap(tuple(meta["judges"]))
         self.summaries_ = meta.get("summaries", [])
@@ -306,9 +310,12 @@ def fit_together(
     judges: JudgeMap | None = None,
     on_epoch=None,
     tolerate_divergence: bool = False,
+    progress=None,
 ) -> list[Calibrator]:
-    """Fit each calibrator on its tables; with the stacked engine all their members train as one
-    program (two when some are personalized by judge deltas and others not).
+    """Fit each calibrator on its tables; all their members train as one stacked program
+    (:func:`llmrubric.training.engine.train_stacked`; one per network structure, e.g. two when some
+    are personalized by judge deltas and others not, or when their training sets see different
+    numbers of judges).
 
     Calibrators may differ in hidden sizes, input dropout, ensemble size and trainer numbers
     (e.g. the fold models of several search trials). ``judges`` fixes one judge map for all
@@ -318,15 +325,13 @@ def fit_together(
     stacked program and may return calibrator indices to stop now (pruning). A calibrator whose training loss
     turned non-finite raises :class:`TrainingDiverged`, or with ``tolerate_divergence`` gets
     ``diverged_`` set to the reason. ``pruned_`` tells whether a calibrator was stopped.
+    ``progress`` (a tqdm bar, optional) advances once per epoch of each stacked program.
     Members with a cumulative head (``model.head`` ordinal or combined) are fitted one by one by
     :func:`llmrubric.model.cumulative.train_cumulative` (never pruned: ``on_epoch`` is not called for them).
     With ``trainer.temperature_scaling``, each member of a calibrator that finished then gets
     its per-question temperatures from its early-stopping split (:mod:`llmrubric.model.temperature`),
     and with ``trainer.ordinal_blend`` its per-question ordinal weights (:mod:`llmrubric.model.ordinal`).
     """
-    engines = {c.trainer.engine for c in calibrators}
-    if len(engines) != 1:
-        raise ValueError(f"fit_together needs one trainer engine, got {sorted(engines)}")
     cache: dict[tuple, Encoded] = {}
     members = []
     for i, (c, t) in enumerate(zip(calibrators, tables)):
@@ -339,9 +344,10 @@ def fit_together(
         members += [(i, n, tr, v, s) for n, tr, v, s in zip(nets, trains, vals, c.seeds)]
     main = calibrators[0].rubric.ids.index(calibrators[0].rubric.main.id)
     summaries: list[dict] = [{}] * len(members)
-    kinds: dict[bool | str, list[int]] = {}
-    for m, (_, net, *_) in enumerate(members):
-        kinds.setdefault("cumulative" if isinstance(net, CumulativeNet) else net.has_deltas, []).append(m)
+    kinds: dict[tuple | str, list[int]] = {}
+    for m, (i, net, *_) in enumerate(members):
+        kind = "cumulative" if isinstance(net, CumulativeNet) else (*structure(net), calibrators[i].trainer.accelerator)
+        kinds.setdefault(kind, []).append(m)
     for kind, group in kinds.items():
         owner = torch.tensor([members[m][0] for m in group])
         nets, trains, vals, seeds = ([members[m][k] for m in group] for k in (1, 2, 3, 4))
@@ -350,7 +356,7 @@ def fit_together(
             result = [
                 train_cumulative(n, t, v, main, c, s) for n, t, v, c, s in zip(nets, trains, vals, configs, seeds)
             ]
-        elif engines == {"stacked"}:
+        else:
 
             def member_epoch(phase, epoch, val_nll, owner=owner):
                 if on_epoch is None:
@@ -358,9 +364,7 @@ def fit_together(
                 stop = on_epoch(phase, epoch, {int(i): val_nll[owner == i] for i in owner.unique()})
                 return torch.tensor([int(i) in set(stop or ()) for i in owner])
 
-            result = train_stacked(nets, trains, vals, main, configs, seeds, on_epoch=member_epoch)
-        else:
-            result = [train_network(n, t, v, main, c, s) for n, t, v, c, s in zip(nets, trains, vals, configs, seeds)]
+            result = train_stacked(nets, trains, vals, main, configs, seeds, progress, member_epoch)
         for m, summary in zip(group, result):
             summaries[m] = summary
     for i, c in enumerate(calibrators):

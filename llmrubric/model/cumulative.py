@@ -27,7 +27,9 @@ from torch import nn
 
 from llmrubric.model.encoding import Encoded
 from llmrubric.model.network import CalibrationNet
+from llmrubric.training.engine import PHASES, masked_nll, phase_mask
 from llmrubric.training.module import TrainConfig
+from llmrubric.training.threads import one_thread
 
 HEADS = ("softmax", "ordinal", "combined")
 LBFGS_STEPS = 10  # L-BFGS iterations per epoch of train_cumulative
@@ -175,28 +177,23 @@ def train_cumulative(
     deltas. An epoch is up to :data:`LBFGS_STEPS` L-BFGS iterations; each phase stops early when the
     held-out NLL of its questions has not improved for ``patience`` epochs (best weights restored)
     or when L-BFGS has converged. Returns the summary per phase. Nothing is random here: ``seed``
-    (kept for the signature of :func:`llmrubric.training.module.train_network`) only seeded the initial
+    (kept for the signature of :func:`llmrubric.training.engine.train_stacked`) only seeded the initial
     weights, which the caller drew."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
-        summary = {}
-        for phase, epochs in (("pretrain", config.pretrain_epochs), ("finetune", config.finetune_epochs)):
-            mask = torch.full((net.n_q,), phase == "pretrain")
-            mask[main_index] = True
-            if epochs > 0:
-                summary[phase] = _phase(net, train, val, mask, config, epochs)
-        return summary
+        with one_thread():
+            summary = {}
+            for phase in PHASES:
+                epochs = getattr(config, f"{phase}_epochs")
+                if epochs > 0:
+                    summary[phase] = _phase(net, train, val, phase_mask(net.n_q, main_index, phase), config, epochs)
+            return summary
     finally:
         net.eval()
-        torch.set_num_threads(threads)
 
 
 def _nll(logp: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean -log p over the observed cells of the masked questions."""
-    observed = (y >= 0) & mask[None, :]
-    picked = logp.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return -(picked * observed).sum() / observed.sum().clamp(min=1)
+    """Mean -log p over the observed cells of the masked questions (logp (B, Q, O), y (B, Q))."""
+    return masked_nll(logp[None], y[None], mask)[0]
 
 
 def _phase(

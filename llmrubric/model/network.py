@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from llmrubric.config import ModelConfig
+from llmrubric.model.ordinal import blend
 
 PERSONALIZATION = ("deltas", "input", "none")
 INPUTS = ("probabilities", "expected", "both")
@@ -54,7 +55,7 @@ class CalibrationNet(nn.Module):
     Features are standardised with training statistics (buffers saved with the weights).
     Each question's logits are divided by its ``temperature`` (a buffer, 1 unless
     :func:`llmrubric.model.temperature.fit_temperature` set it after training); the probabilities
-    (:func:`llmrubric.training.module.predict_proba`) are then blended with their ordinal shape by each
+    (:meth:`probabilities`) are then blended with their ordinal shape by each
     question's ``ordinal_weight`` (0 unless :func:`llmrubric.model.ordinal.fit_ordinal_weight` set it).
 
     Personalization: ``"deltas"`` adds judge-specific deltas to every layer (eq. 3–5; they
@@ -176,34 +177,40 @@ class CalibrationNet(nn.Module):
 
     def forward(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
         """x: (B, probs + flags + extra), judge: (B,) long → logits (B, questions, max options), -inf where
-        padded, divided by each question's temperature."""
+        padded, divided by each question's temperature. Input dropout applies in training mode."""
         params = {k: v[None] for k, v in self.named_parameters()}
-        dropout = torch.tensor([self.dropout.p]) if self.training and self.dropout.p > 0 else None
-        logits = self.stacked_forward(
-            params, self.input_mean[None], self.input_scale[None], x[None], judge[None], dropout
-        )[0]
-        return logits / self.temperature[:, None]
+        f = self.dropout(self.stacked_features(self.input_mean[None], self.input_scale[None], x[None], judge[None]))
+        return self.stacked_logits(params, f, judge[None])[0] / self.temperature[:, None]
 
-    def stacked_forward(
-        self,
-        params: dict[str, torch.Tensor],
-        mean: torch.Tensor,
-        scale: torch.Tensor,
-        x: torch.Tensor,
-        judge: torch.Tensor,
-        dropout: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
+    @torch.no_grad()
+    def probabilities(self, x: torch.Tensor, judge: torch.Tensor, batch_size: int = 65536) -> torch.Tensor:
+        """Predicted probabilities (B, questions, max options), padded options 0: the softmax, blended
+        with its ordinal shape by each question's ``ordinal_weight`` (:mod:`llmrubric.model.ordinal`)."""
+        self.eval()
+        out = [
+            blend(
+                torch.softmax(self(x[i : i + batch_size], judge[i : i + batch_size]), dim=-1),
+                self.ordinal_weight,
+                self.option_mask,
+            )
+            for i in range(0, len(x), batch_size)
+        ]
+        return torch.cat(out) if out else torch.zeros(0, self.n_q, self.max_opt)
+
+    def stacked_features(
+        self, mean: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, judge: torch.Tensor
     ) -> torch.Tensor:
-        """M networks of this architecture at once: ``params`` are this net's named parameters with a
-        leading model dimension (hidden sizes may be larger, zero-padded), mean/scale (M, in_dim),
-        x (M, B, raw), judge (M, B) → logits (M, B, Q, O). ``dropout`` (M,): each model's input
-        dropout probability, applied when given (training), drawn from ``generator``."""
+        """Standardised features of M networks of this architecture at once: mean/scale (M, in_dim),
+        x (M, B, raw), judge (M, B) → (M, B, in_dim)."""
         n_models, batch = judge.shape
         f = self.features(x.reshape(n_models * batch, -1), judge.reshape(-1)).view(n_models, batch, -1)
-        f = (f - mean[:, None]) / scale[:, None]
-        if dropout is not None:
-            keep = torch.rand(f.shape, generator=generator) >= dropout[:, None, None]
-            f = f * keep / (1 - dropout)[:, None, None]
+        return (f - mean[:, None]) / scale[:, None]
+
+    def stacked_logits(self, params: dict[str, torch.Tensor], f: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
+        """M networks of this architecture at once: ``params`` are this net's named parameters with a
+        leading model dimension (hidden sizes may be larger, zero-padded), standardised features
+        f (M, B, in_dim), judge (M, B) → logits (M, B, Q, O), -inf where padded (no temperature)."""
+        n_models, batch = judge.shape
         z1 = torch.sigmoid(self._layer(params, "layer1", "delta1", f, judge))
         z2 = torch.sigmoid(self._layer(params, "layer2", "delta2", z1, judge))
         logits = self._layer(params, "heads", "delta_heads", z2, judge).view(n_models, batch, self.n_q, self.max_opt)

@@ -14,10 +14,14 @@ cells, or a categorical one (options not ordered), keeps w = 0.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from llmrubric.model.encoding import Encoded
-from llmrubric.model.network import CalibrationNet
+
+if TYPE_CHECKING:
+    from llmrubric.model.network import CalibrationNet
 
 GRID = torch.linspace(0.0, 1.0, 51)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from llmrubric.evaluation.metrics import METRICS, evaluate
+from llmrubric.evaluation.metrics import METRICS, evaluate, seed_sd
 from llmrubric.evaluation.significance import (
     POINT_METRICS,
     Aligned,
@@ -67,7 +67,7 @@ def _metric_rows(
         for m in ("rmse", "pearson"):
             values = [x[m] for x in seeds]
             record[f"{m}_seed_mean"] = float(np.mean(values)) if values else math.nan
-            record[f"{m}_seed_sd"] = float(np.std(values)) if values else math.nan
+            record[f"{m}_seed_sd"] = seed_sd(values)
             record[f"per_judge_{m}"] = metrics["per_judge"][m]
         ref = reference.get(name) or {}
         record["paper_rmse"], record["paper_pearson"] = ref.get("rmse", math.nan), ref.get("pearson", math.nan)
@@ -150,7 +150,7 @@ def ablations(r: Results) -> Section:
         for m in DROP_METRICS:
             t = tests[(tests.method_b == name) & (tests.metric == m)]
             record[f"p_{m}"] = float(t.p_value.iloc[0]) if len(t) else math.nan
-            record[f"{m}_seed_sd"] = float(np.std([x[m] for x in seeds])) if seeds else math.nan
+            record[f"{m}_seed_sd"] = seed_sd([x[m] for x in seeds])
         ref = reference.get(name) or {}
         record["paper_rmse"], record["paper_pearson"] = ref.get("rmse", math.nan), ref.get("pearson", math.nan)
         records.append(record)

@@ -29,7 +29,7 @@ from llmrubric.io.integrity import check_finite_predictions
 from llmrubric.io.predictions import predictions_frame, probabilities
 from llmrubric.io.schemas import Tables, atomic_path, source_of
 from llmrubric.model.calibrator import Calibrator
-from llmrubric.training.module import net_proba
+from llmrubric.training.threads import one_thread
 
 log = logging.getLogger(__name__)
 SCORE_COLUMNS = ["text_id", "system_id", "question_id", "mean", "max", "quantile", "judges", "status", "missing_blocks"]
@@ -325,15 +325,11 @@ def _judge_predictor(calibrator: Calibrator, judges: list[str]):
     def predict(x: np.ndarray) -> np.ndarray:
         xt = torch.from_numpy(x)
         dummy = torch.full((len(x),), -1, dtype=torch.long)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # small matrices: more threads only add contention
-        try:
-            per_judge = [torch.stack([net_proba(m, xt, dummy) for m in nets], dim=1) for nets in members]
-            probs = torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
-            check_finite_predictions(probs, getattr(calibrator, "source_", "<model>"))
-            return probs
-        finally:
-            torch.set_num_threads(threads)
+        with one_thread():
+            per_judge = [torch.stack([m.probabilities(xt, dummy) for m in nets], dim=1) for nets in members]
+        probs = torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
+        check_finite_predictions(probs, getattr(calibrator, "source_", "<model>"))
+        return probs
 
     return predict
 
@@ -344,7 +340,7 @@ def _checked(
     """``predict``'s probabilities (texts, judges, questions, options) of the first chunk if they
     match ``Calibrator.predict_proba`` on up to 64 pairs of ``pairs``, else None."""
     sample = pairs.iloc[: min(len(pairs), 64)]
-    _, reference = calibrator.predict_proba(Tables(_empty_annotations(), features), sample)
+    reference = calibrator.predict_proba(Tables(_empty_annotations(), features), sample)
     try:
         probs = predict(x)[:, :, q_index]
     except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as e:

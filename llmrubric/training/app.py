@@ -1,7 +1,7 @@
 """Train the calibration network(s) of an experiment and save checkpoints.
 
     llmrubric train experiment=llm_rubric_real      # synthetic → real
-    llmrubric train experiment=llm_rubric_cv        # 5 fold models
+    llmrubric train experiment=llm_rubric_cv        # 5 fold models, trained together as one stacked program
     llmrubric train model.h1=50 trainer.lr=0.001    # any setting from conf/
     llmrubric train search=optuna experiment=llm_rubric_real   # select by 5-fold CV, then refit
 

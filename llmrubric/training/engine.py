@@ -1,18 +1,18 @@
-"""Fold-vectorised training: many calibration networks trained as one batched program.
+"""The training engine: calibration networks trained as one stacked LightningModule, run by Lightning Fabric.
 
-The fold models of a cross-validation, several seeds each, and even several search trials
-are trained together: their parameters are stacked with a leading model dimension and every
-step runs all of them at once (:meth:`CalibrationNet.stacked_forward`, batched einsums).
-Models may differ in hidden sizes (parameters are zero-padded to the largest, and the
-padding is kept at zero by masking its gradient), inputs (probabilities, expected answers or
-both; judge indicator or none: all run on the widest feature set, each model's first layer
-sees only its own columns), input dropout and every
-:class:`~llmrubric.training.module.TrainConfig` number (learning rate, weight decay, delta L2,
-batch size, epochs, patience). Each model keeps its own training rows, batch order, Adam
-state, validation set and early stopping, so the result equals training each one alone
-with :func:`llmrubric.training.module.train_network` (tested). Models that stop are dropped from the
-stacked tensors (and the padding shrinks to the running models' own sizes), so a program
-costs what its running models cost.
+The fold models of a cross-validation, the members of each ensemble and even several search
+trials train together: :class:`StackedNets` holds every model's parameters as one padded flat
+row (its own ``nn.Parameter``) and each step runs all of them at once (batched einsums of
+:meth:`CalibrationNet.stacked_logits`). Models may differ in hidden sizes (zero-padded to the
+largest; the padding gets no gradient), inputs (all run on the widest feature set, each model's
+first layer sees only its own columns), input dropout and every :class:`TrainConfig` number.
+Each model keeps its own training rows, batch order, dropout masks (drawn per epoch and row from
+its own seed, on the model's device), ``torch.optim.Adam`` state and step count, validation set
+and early stopping, so a model trained in a stack equals the same model trained alone (tested).
+
+Lightning Fabric, not ``Trainer``, runs the loop: a stacked step is a few hundred microseconds
+and the Trainer's per-step hooks would cost more than the step (``benchmarks/engine.py``
+measures both). Fabric places the module and data on the accelerator (CPU, CUDA, …).
 """
 
 from __future__ import annotations
@@ -20,14 +20,45 @@ from __future__ import annotations
 import copy
 import math
 
+import lightning_fabric as lf
+import numpy as np
+import pytorch_lightning as pl
 import torch
+from torch import nn
 
+from llmrubric.io.errors import InputError
 from llmrubric.model.encoding import Encoded
 from llmrubric.model.network import CalibrationNet
 from llmrubric.training.module import TrainConfig
+from llmrubric.training.threads import one_thread
 
 BETAS, EPS = (0.9, 0.999), 1e-8
-COMPACT_BELOW = 0.75  # drop stopped models from the stack once fewer than this share still run
+COMPACT_BELOW = 0.75  # re-stack the running models once fewer than this share of the stack still runs
+PHASES = ("pretrain", "finetune")
+
+
+def phase_mask(n_questions: int, main_index: int, phase: str) -> torch.Tensor:
+    """(Q,) bool: the questions a phase trains on (all when pretraining, the main one when finetuning)."""
+    mask = torch.full((n_questions,), phase == "pretrain")
+    mask[main_index] = True
+    return mask
+
+
+def masked_nll(
+    logp: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, denom: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-model NLL over observed cells of the masked questions: log-probabilities (M, B, Q, O),
+    answers y (M, B, Q) (-1: none), mask (Q,) → (M,), the sum divided by ``denom`` (M,) when given,
+    else the mean."""
+    observed = (y >= 0) & mask
+    picked = logp.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    total = -(picked * observed).sum(dim=(1, 2))
+    return total / (denom if denom is not None else observed.sum(dim=(1, 2)).clamp(min=1))
+
+
+def stream_seed(seed: int, purpose: int) -> int:
+    """An independent seed for one of a model's random streams (``purpose`` 0: dropout masks)."""
+    return int(np.random.SeedSequence([seed, purpose]).generate_state(1)[0])
 
 
 def train_stacked(
@@ -39,16 +70,20 @@ def train_stacked(
     seeds: list[int],
     progress=None,
     on_epoch=None,
+    accelerator: str | None = None,
 ) -> list[dict]:
     """Train ``nets`` in place, model m on ``trains[m]`` with early stopping on ``vals[m]``.
 
-    Same procedure as :func:`llmrubric.training.module.train_network` (pretrain on all questions,
-    finetune on the main one; shuffled permutations seeded per model; Adam with weight decay
-    on the shared weights and ``delta_l2`` on the deltas; best weights restored). ``config``
-    is one :class:`TrainConfig` or one per model. Returns one summary per model and phase
-    with ``epochs``, ``best_epoch``, ``val_nll``, ``stopped`` (``early``, ``max_epochs``,
-    ``pruned`` or ``diverged``: a non-finite training loss; the model keeps its best
-    weights and skips the later phase) and the per-epoch ``history``.
+    Pretrain on all questions, then finetune on the main one; each phase draws shuffled
+    mini-batches from the model's seed (``seeds[m]``, ``+ 1`` when finetuning), steps Adam
+    (weight decay on the shared weights, ``delta_l2`` on the judge deltas) and stops when the
+    held-out NLL of its questions has not improved for ``patience`` epochs; the best weights
+    are kept. ``config`` is one :class:`TrainConfig` or one per model; ``accelerator`` (default
+    the first config's ``accelerator``) is Lightning's (``cpu``, ``cuda``, ``auto``, …).
+    Returns one summary per model and phase with ``epochs``, ``best_epoch``, ``val_nll``,
+    ``stopped`` (``early``, ``max_epochs``, ``pruned`` or ``diverged``: a non-finite training
+    loss; the model keeps its best weights and skips the later phase) and the per-epoch
+    ``history``. The nets stay where they were (their weights are copied back).
 
     ``progress`` (a tqdm bar, optional) is advanced once per epoch. ``on_epoch(phase, epoch,
     main_nll)``, main_nll (M,): the held-out NLL of the main question (comparable across
@@ -58,40 +93,13 @@ def train_stacked(
     configs = config if isinstance(config, list) else [config] * len(nets)
     if not (len(nets) == len(trains) == len(vals) == len(configs) == len(seeds)):
         raise ValueError("train_stacked needs one training set, validation set, config and seed per network")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)  # Adam's decaying moments turn denormal, which is many times slower
+    accelerator = accelerator or configs[0].accelerator
     try:
-        return _Program(nets, trains, vals, main_index, configs, seeds).run(progress, on_epoch)
-    finally:
-        torch.set_flush_denormal(False)
-        torch.set_num_threads(threads)
-
-
-def _stack_rows(datas: list[Encoded], rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(M, max rows + 1, ·) tensors of each model's selected rows; the last row is padding (y = -1)."""
-    width = max(len(r) for r in rows) + 1
-    x = torch.zeros(len(datas), width, datas[0].x.shape[1])
-    judge = torch.full((len(datas), width), -1, dtype=torch.long)
-    y = torch.full((len(datas), width, datas[0].y.shape[1]), -1, dtype=torch.long)
-    for m, (data, r) in enumerate(zip(datas, rows)):
-        x[m, : len(r)], judge[m, : len(r)], y[m, : len(r)] = data.x[r], data.judge[r], data.y[r]
-    return x, judge, y
-
-
-def _phase_rows(data: Encoded, mask: torch.Tensor) -> torch.Tensor:
-    return ((data.y >= 0) & mask).any(dim=1).nonzero().squeeze(1)
-
-
-def _stacked_nll(
-    logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, denom: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Per-model NLL over observed cells: logits (M, B, Q, O), y (M, B, Q) → (M,); the sum divided
-    by ``denom`` (M,) when given, else the mean."""
-    observed = (y >= 0) & mask
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    total = -(picked * observed).sum(dim=(1, 2))
-    return total / (denom if denom is not None else observed.sum(dim=(1, 2)).clamp(min=1))
+        fabric = lf.Fabric(accelerator=accelerator, devices=1, precision="32-true")
+    except (ValueError, RuntimeError) as e:  # e.g. cuda asked for on a machine without one
+        raise InputError(f"accelerator {accelerator!r} cannot be used here: {e}", setting="trainer.accelerator") from e
+    with one_thread(flush_denormal=True):  # Adam's decaying moments turn denormal, which is many times slower
+        return _Program(fabric, nets, trains, vals, main_index, configs, seeds).run(progress, on_epoch)
 
 
 def _template(nets: list[CalibrationNet]) -> CalibrationNet:
@@ -99,16 +107,7 @@ def _template(nets: list[CalibrationNet]) -> CalibrationNet:
     indicator unless they are personalized by deltas); its parameters are not used."""
     base = nets[0]
     for net in nets[1:]:
-        same = (
-            net.has_deltas == base.has_deltas
-            and net.n_judges == base.n_judges
-            and net.n_probs == base.n_probs
-            and net.n_blocks == base.n_blocks
-            and net.option_mask.shape == base.option_mask.shape
-            and torch.equal(net.expected_weights, base.expected_weights)
-            and net.extra_dim == base.extra_dim
-        )
-        if not same:
+        if structure(net) != structure(base):
             raise ValueError(
                 "train_stacked needs networks with the same feature blocks, judges, questions and kind of personalization"
             )
@@ -117,7 +116,21 @@ def _template(nets: list[CalibrationNet]) -> CalibrationNet:
     return template
 
 
-class _Layout:
+def structure(net: CalibrationNet) -> tuple:
+    """What networks trained in one stack must share (the rest may differ per model)."""
+    return (
+        type(net),
+        net.has_deltas,
+        net.n_judges,
+        net.n_probs,
+        net.n_blocks,
+        net.extra_dim,
+        tuple(net.option_mask.shape),
+        tuple(net.expected_weights.flatten().tolist()),
+    )
+
+
+class Layout:
     """Where each named parameter of the padded architecture lives in a flat (M, P) row.
 
     Hidden sizes are padded at the end; the input columns of ``layer1`` (and of ``delta1``,
@@ -138,16 +151,14 @@ class _Layout:
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         return {k: flat[:, o : o + n].view(flat.shape[0], *shape) for k, shape, o, n in self.entries}
 
-    def transfer(self, flat: torch.Tensor, dest: _Layout) -> torch.Tensor:
-        """Rows of ``flat`` (this layout) rewritten in layout ``dest``: each parameter's leading block
-        common to both shapes is copied, the rest is zero (padding either way)."""
-        out = flat.new_zeros(flat.shape[0], dest.size)
-        source, target = self.views(flat), dest.views(out)
-        shapes = {k: shape for k, shape, _, _ in self.entries}
-        for k, shape, _, _ in dest.entries:
-            common = (slice(None), *(slice(0, min(a, b)) for a, b in zip(shape, shapes[k])))
-            target[k][common] = source[k][common]
-        return out
+    def index_in(self, source: Layout) -> torch.Tensor:
+        """(P,) positions in ``source`` rows of this layout's entries (a layout no wider than ``source``)."""
+        positions = torch.arange(source.size)[None]
+        out = torch.zeros(1, self.size, dtype=torch.long)
+        target, origin = self.views(out), source.views(positions)
+        for k, shape, _, _ in self.entries:
+            target[k][...] = origin[k][(slice(None), *(slice(0, s) for s in shape))]
+        return out[0]
 
     @staticmethod
     def _region(net: CalibrationNet, name: str, shape: torch.Size) -> tuple:
@@ -165,7 +176,7 @@ class _Layout:
 
     @torch.no_grad()
     def pack(self, nets: list[CalibrationNet]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Flat padded parameters (M, P), the mask of real entries, and the mask of delta entries."""
+        """Flat padded parameters (M, P), the mask of real entries, and the mask of delta entries (P,)."""
         flat, real = torch.zeros(len(nets), self.size), torch.zeros(len(nets), self.size)
         is_delta = torch.zeros(self.size, dtype=torch.bool)
         for k, _shape, o, n in self.entries:
@@ -174,7 +185,7 @@ class _Layout:
             views, masks = self.views(flat[m : m + 1]), self.views(real[m : m + 1])
             for k, p in net.named_parameters():
                 region = self._region(net, k, p.shape)
-                views[k][region] = p.detach()
+                views[k][region] = p.detach().cpu()
                 masks[k][region] = 1.0
         return flat, real, is_delta
 
@@ -186,43 +197,95 @@ class _Layout:
                 p.copy_(views[k][self._region(net, k, p.shape)])
 
 
-class _Program:
-    """State of the stacked models; per-model tensors are compacted together as models stop."""
+class StackedNets(pl.LightningModule):
+    """M networks of one architecture as one module, each model's parameters one padded flat row.
 
-    def __init__(self, nets, trains, vals, main_index, configs, seeds):
-        self.nets, self.trains, self.vals, self.main_index, self.configs, self.seeds = (
+    Every row is its own ``nn.Parameter`` so that ``torch.optim.Adam`` keeps each model's step
+    count; a model that does not step (its batches are larger, or it stopped) is left out of the
+    optimiser step by holding back its gradient. :meth:`forward` runs any subset of the models,
+    optionally on a narrower layout (the running models' own largest sizes).
+    """
+
+    def __init__(self, template: CalibrationNet, layout: Layout, flat, real, decay, mean, scale, dropout, lr):
+        super().__init__()
+        self.template, self.layout = template, layout
+        self.rows = nn.ParameterList([nn.Parameter(row.clone()) for row in flat])
+        for name, value in {"real": real, "decay": decay, "mean": mean, "scale": scale, "dropout": dropout}.items():
+            self.register_buffer(name, value)
+        self.lr = lr
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """Adam with one parameter group per learning rate (decay is added to the loss: see :meth:`penalty`)."""
+        groups: dict[float, list[nn.Parameter]] = {}
+        for row, lr in zip(self.rows, self.lr):
+            groups.setdefault(float(lr), []).append(row)
+        return torch.optim.Adam(
+            [{"params": rows, "lr": lr} for lr, rows in groups.items()], betas=BETAS, eps=EPS, fused=True
+        )
+
+    def flat(self, ids: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """(len(ids), P) the rows of models ``ids``, padding zeroed (so it gets no gradient), in the
+        layout of ``index`` (positions of a narrower layout, see :meth:`Layout.index_in`) if given."""
+        flat = torch.stack([self.rows[i] for i in ids.tolist()]) * self.real[ids]
+        return flat if index is None else flat[:, index]
+
+    def forward(self, ids, layout: Layout, flat, x, judge, keep=None) -> torch.Tensor:
+        """Logits (M, B, Q, O) of models ``ids`` with parameters ``flat`` (in ``layout``) on inputs
+        x (M, B, raw), judge (M, B); ``keep`` (M, B, F) bool: the input dropout masks (training)."""
+        f = self.template.stacked_features(self.mean[ids], self.scale[ids], x, judge)
+        if keep is not None:
+            f = f * keep / (1 - self.dropout[ids])[:, None, None]
+        return self.template.stacked_logits(layout.views(flat), f, judge)
+
+    def penalty(self, flat: torch.Tensor, ids: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+        """(M,) half the decay-weighted squared parameters: its gradient is Adam's L2 term
+        (``weight_decay`` on shared weights, ``2 delta_l2`` on judge deltas)."""
+        decay = self.decay[ids] if index is None else self.decay[ids][:, index]
+        return 0.5 * (decay * flat.square()).sum(dim=1)
+
+
+def _stack_rows(datas: list[Encoded], rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M, max rows + 1, ·) tensors of each model's selected rows; the last row is padding (y = -1)."""
+    width = max(len(r) for r in rows) + 1
+    x = torch.zeros(len(datas), width, datas[0].x.shape[1])
+    judge = torch.full((len(datas), width), -1, dtype=torch.long)
+    y = torch.full((len(datas), width, datas[0].y.shape[1]), -1, dtype=torch.long)
+    for m, (data, r) in enumerate(zip(datas, rows)):
+        x[m, : len(r)], judge[m, : len(r)], y[m, : len(r)] = data.x[r], data.judge[r], data.y[r]
+    return x, judge, y
+
+
+def _phase_rows(data: Encoded, mask: torch.Tensor) -> torch.Tensor:
+    return ((data.y >= 0) & mask).any(dim=1).nonzero().squeeze(1)
+
+
+class _Program:
+    """The models of one :func:`train_stacked` call through both phases."""
+
+    def __init__(self, fabric, nets, trains, vals, main_index, configs, seeds):
+        self.fabric, self.nets, self.trains, self.vals, self.configs, self.seeds = (
+            fabric,
             nets,
             trains,
             vals,
-            main_index,
             configs,
             seeds,
         )
+        self.main_index = main_index
         self.base = _template(nets)
-        n_features = self.base.n_widest_features
-        self.layout = _Layout(nets, n_features)
-        self.result, self.real, is_delta = self.layout.pack(nets)
-        mean, scale = torch.zeros(len(nets), n_features), torch.ones(len(nets), n_features)
+        self.n_features = self.base.n_widest_features
+        self.layout = Layout(nets, self.n_features)
+        self.result, self.real, self.is_delta = self.layout.pack(nets)
+        self.mean, self.scale = torch.zeros(len(nets), self.n_features), torch.ones(len(nets), self.n_features)
         for m, net in enumerate(nets):
-            mean[m, net.feature_columns], scale[m, net.feature_columns] = net.input_mean, net.input_scale
-        self.per_model = {
-            "lr": torch.tensor([c.lr for c in configs], dtype=torch.float64),
-            "wd": torch.tensor([c.weight_decay for c in configs])[:, None],
-            "l2": torch.tensor([2 * c.delta_l2 if n.has_deltas else 0.0 for c, n in zip(configs, nets)])[:, None],
-            "batch": torch.tensor([c.batch_size for c in configs]),
-            "patience": torch.tensor([c.patience for c in configs]),
-            "dropout": torch.tensor([n.dropout.p for n in nets]),
-            "mean": mean,
-            "scale": scale,
-        }
-        self.is_delta = is_delta
+            self.mean[m, net.feature_columns], self.scale[m, net.feature_columns] = net.input_mean, net.input_scale
         self.summaries: list[dict] = [{} for _ in nets]
-        self.best: dict[int, tuple[float, int]] = {}
         self.dropped = torch.zeros(len(nets), dtype=torch.bool)  # pruned or diverged: no further phases
-        self.noise = torch.Generator().manual_seed(seeds[0])
+        self.device = fabric.device
+        self.noise = [torch.Generator(device=self.device).manual_seed(stream_seed(s, 0)) for s in seeds]
 
     def run(self, progress, on_epoch) -> list[dict]:
-        for phase in ("pretrain", "finetune"):
+        for phase in PHASES:
             epochs = torch.tensor([getattr(c, f"{phase}_epochs") for c in self.configs])
             if (epochs > 0).any():
                 self._phase(phase, epochs, progress, on_epoch)
@@ -231,133 +294,159 @@ class _Program:
             net.eval()
         return self.summaries
 
+    def _module(self, ids: torch.Tensor) -> StackedNets:
+        configs = [self.configs[m] for m in ids.tolist()]
+        l2 = torch.tensor([2 * c.delta_l2 if self.nets[m].has_deltas else 0.0 for c, m in zip(configs, ids.tolist())])[
+            :, None
+        ]
+        wd = torch.tensor([c.weight_decay for c in configs])[:, None]
+        decay = torch.where(self.is_delta, l2, wd) * self.real[ids]
+        dropout = torch.tensor([self.nets[m].dropout.p for m in ids.tolist()])
+        template = copy.deepcopy(self.base)
+        return StackedNets(
+            template,
+            self.layout,
+            self.result[ids],
+            self.real[ids],
+            decay,
+            self.mean[ids],
+            self.scale[ids],
+            dropout,
+            [c.lr for c in configs],
+        )
+
     def _phase(self, phase: str, epochs: torch.Tensor, progress, on_epoch) -> None:
-        mask = torch.zeros(self.base.n_q, dtype=torch.bool)
-        mask[:] = phase == "pretrain"
-        mask[self.main_index] = True
+        mask = phase_mask(self.base.n_q, self.main_index, phase)
         ids = ((epochs > 0) & ~self.dropped).nonzero().squeeze(1)
         if not len(ids):
             return
-        rows = [_phase_rows(self.trains[m], mask) for m in ids.tolist()]
+        members = ids.tolist()
+        rows = [_phase_rows(self.trains[m], mask) for m in members]
         if any(len(r) == 0 for r in rows):
             raise ValueError(f"no training annotations for the {phase} phase")
-        has_val = torch.tensor([self.vals[m] is not None and len(self.vals[m]) > 0 for m in ids.tolist()])
+        has_val = torch.tensor([self.vals[m] is not None and len(self.vals[m]) > 0 for m in members])
         val_rows = [
-            _phase_rows(self.vals[m], mask) if h else torch.zeros(0, dtype=torch.long)
-            for m, h in zip(ids.tolist(), has_val)
+            _phase_rows(self.vals[m], mask) if h else torch.zeros(0, dtype=torch.long) for m, h in zip(members, has_val)
         ]
-        x, judge, y = _stack_rows([self.trains[m] for m in ids.tolist()], rows)
-        vx, vjudge, vy = _stack_rows(
-            [self.vals[m] if h else self.trains[m] for m, h in zip(ids.tolist(), has_val)], val_rows
+        module = self._module(ids)
+        wrapped, optimizer = self.fabric.setup(module, module.configure_optimizers())
+        to = self.fabric.to_device
+        run = _Phase(
+            fabric=self.fabric,
+            module=module,
+            wrapped=wrapped,
+            optimizer=optimizer,
+            layout=self.layout,
+            mask=to(mask),
+            n=len(members),
+            seeds=[self.seeds[m] for m in members],
+            noise=[self.noise[m] for m in members],
+            phase=phase,
+            has_val=has_val,
+            max_epochs=epochs[ids],
+            batch=torch.tensor([self.configs[m].batch_size for m in members]),
+            patience=torch.tensor([self.configs[m].patience for m in members]),
+            train=[to(t) for t in _stack_rows([self.trains[m] for m in members], rows)],
+            n_rows=torch.tensor([len(r) for r in rows]),
+            val=[
+                to(t)
+                for t in _stack_rows(
+                    [self.vals[m] if h else self.trains[m] for m, h in zip(members, has_val)], val_rows
+                )
+            ],
+            main=to(phase_mask(self.base.n_q, self.main_index, "finetune")),
+            nets=[self.nets[m] for m in members],
+            n_features=self.n_features,
         )
-        decay = torch.where(self.is_delta, self.per_model["l2"][ids], self.per_model["wd"][ids]) * self.real[ids]
-        s = {
-            "layout": self.layout,
-            "ids": ids,
-            "flat": self.result[ids].clone(),
-            "real": self.real[ids],
-            "decay": decay,
-            "m": torch.zeros(len(ids), self.layout.size),
-            "v": torch.zeros(len(ids), self.layout.size),
-            "t": torch.zeros(len(ids)),
-            "best_flat": self.result[ids].clone(),
-            "best": torch.full((len(ids),), math.inf),
-            "best_epoch": torch.full((len(ids),), -1),
-            "wait": torch.zeros(len(ids), dtype=torch.long),
-            "running": torch.ones(len(ids), dtype=torch.bool),
-            "has_val": has_val,
-            "max_epochs": epochs[ids],
-            "n_rows": torch.tensor([len(r) for r in rows]),
-            "x": x,
-            "judge": judge,
-            "y": y,
-            "vx": vx,
-            "vjudge": vjudge,
-            "vy": vy,
-            **{k: v[ids] for k, v in self.per_model.items()},
-        }
-        s["steps"] = (s["n_rows"] + s["batch"] - 1) // s["batch"]
-        s["padded"], s["decayed"] = not bool(s["real"].all()), bool(decay.any())
-        generators = {int(m): torch.Generator().manual_seed(self.seeds[m] + (phase == "finetune")) for m in ids}
-        history = {int(m): [] for m in ids}
-        stopped = {}
-        for epoch in range(int(epochs.max())):
-            losses, finite = self._epoch(s, generators, mask)
-            for j in (~finite & s["running"]).nonzero().squeeze(1).tolist():
-                stopped[int(s["ids"][j])] = "diverged"
-            s["running"] &= finite
-            val_nll, main_nll = self._validate(s, mask)
-            improved = s["running"] & s["has_val"] & (val_nll < s["best"])
-            s["best"] = torch.where(improved, val_nll, s["best"])
-            s["best_epoch"] = torch.where(improved, epoch, s["best_epoch"])
-            s["best_flat"][improved] = s["flat"][improved]
-            s["wait"] = torch.where(improved, 0, s["wait"] + (s["running"] & s["has_val"]).long())
-            for j, m in enumerate(s["ids"].tolist()):
-                if s["running"][j]:
-                    history[m].append(
-                        {"epoch": epoch, "train/loss": float(losses[j] / s["steps"][j]), "val/nll": float(val_nll[j])}
-                    )
-            reported = torch.full((len(self.nets),), math.nan)
-            reported[s["ids"]] = torch.where(s["running"], main_nll, math.nan)
-            judged = s["running"].clone()  # a model that reports may be pruned, even if this epoch ends its phase
-            early = s["has_val"] & ((s["wait"] >= s["patience"]) | ~torch.isfinite(val_nll))
-            for j in (s["running"] & early).nonzero().squeeze(1).tolist():
-                stopped[int(s["ids"][j])] = "early"
-            s["running"] &= ~early
-            s["running"] &= epoch + 1 < s["max_epochs"]
+        history, stopped = run.loop(progress, on_epoch, ids, len(self.nets))
+        kept = torch.where(has_val[:, None], run.best_flat.cpu(), run.final_flat().cpu())
+        self.result[ids] = kept
+        for j, m in enumerate(members):
+            reason = stopped.get(j, "max_epochs")
+            self.dropped[m] |= reason in ("pruned", "diverged")
+            self.summaries[m][phase] = {
+                "epochs": len(history[j]),
+                "best_epoch": int(run.best_epoch[j]) if has_val[j] else len(history[j]) - 1,
+                "val_nll": float(run.best[j]) if has_val[j] else None,
+                "stopped": reason,
+                "history": history[j],
+            }
+
+
+class _Phase:
+    """One phase of the stacked models: shuffled mini-batches, Adam steps, validation, early stopping."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+        self.device = self.mask.device
+        self.steps = (self.n_rows + self.batch - 1) // self.batch
+        n = self.n
+        self.best_flat = self.final_flat().detach().clone()
+        self.best = torch.full((n,), math.inf)
+        self.best_epoch = torch.full((n,), -1)
+        self.wait = torch.zeros(n, dtype=torch.long)
+        self.running = torch.ones(n, dtype=torch.bool)
+        self.shuffles = [torch.Generator().manual_seed(s + (self.phase == "finetune")) for s in self.seeds]
+        self.stack = torch.arange(n)  # the models in the stacked tensors (compacted as models stop)
+        self.narrow, self.narrow_layout = None, self.layout
+        self.drops = (self.module.dropout > 0).tolist()
+
+    def final_flat(self) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.stack(list(self.module.rows)) * self.module.real
+
+    def loop(self, progress, on_epoch, ids: torch.Tensor, n_all: int) -> tuple[list[list], dict]:
+        history: list[list] = [[] for _ in range(self.n)]
+        stopped: dict[int, str] = {}
+        for epoch in range(int(self.max_epochs.max())):
+            losses, finite = self._epoch()
+            for j in (~finite & self.running).nonzero().squeeze(1).tolist():
+                stopped[j] = "diverged"
+            self.running &= finite
+            val_nll, main_nll = self._validate()
+            improved = self.running & self.has_val & (val_nll < self.best)
+            self.best = torch.where(improved, val_nll, self.best)
+            self.best_epoch = torch.where(improved, epoch, self.best_epoch)
+            if improved.any():
+                self.best_flat[improved.to(self.device)] = self.final_flat()[improved.to(self.device)]
+            self.wait = torch.where(improved, 0, self.wait + (self.running & self.has_val).long())
+            for j in self.running.nonzero().squeeze(1).tolist():
+                history[j].append(
+                    {"epoch": epoch, "train/loss": float(losses[j] / self.steps[j]), "val/nll": float(val_nll[j])}
+                )
+            reported = torch.full((n_all,), math.nan)
+            reported[ids] = torch.where(self.running, main_nll, math.nan)
+            judged = self.running.clone()  # a model that reports may be pruned, even if this epoch ends its phase
+            early = self.has_val & ((self.wait >= self.patience) | ~torch.isfinite(val_nll))
+            for j in (self.running & early).nonzero().squeeze(1).tolist():
+                stopped[j] = "early"
+            self.running &= ~early
+            self.running &= epoch + 1 < self.max_epochs
             if progress is not None:
                 progress.update(1)
             if on_epoch is not None:
-                prune = on_epoch(phase, epoch, reported)
+                prune = on_epoch(self.phase, epoch, reported)
                 if prune is not None:
-                    cut = judged & prune[s["ids"]]
+                    cut = judged & prune[ids]
                     for j in cut.nonzero().squeeze(1).tolist():
-                        stopped[int(s["ids"][j])] = "pruned"
-                    s["running"] &= ~cut
-            if not s["running"].any():
+                        stopped[j] = "pruned"
+                    self.running &= ~cut
+            if not self.running.any():
                 break
-            if s["running"].float().mean() < COMPACT_BELOW:
-                self._retire(s, ~s["running"])
-                s = self._narrow(
-                    {k: (v[s["running"]] if isinstance(v, torch.Tensor) and v.dim() else v) for k, v in s.items()}
-                )
-        self._retire(s, torch.ones(len(s["ids"]), dtype=torch.bool))
-        for m, reason in stopped.items():
-            self.dropped[m] |= reason in ("pruned", "diverged")
-        for j, m in enumerate(ids.tolist()):
-            best, best_epoch = self.best[m]
-            self.summaries[m][phase] = {
-                "epochs": len(history[m]),
-                "best_epoch": best_epoch if has_val[j] else len(history[m]) - 1,
-                "val_nll": best if has_val[j] else None,
-                "stopped": stopped.get(m, "max_epochs"),
-                "history": history[m],
-            }
+            if self.running[self.stack].float().mean() < COMPACT_BELOW:
+                self._compact()
+        return history, stopped
 
-    def _narrow(self, s: dict) -> dict:
-        """Pad the running models only to their own largest hidden sizes."""
-        layout = _Layout([self.nets[m] for m in s["ids"].tolist()], self.layout.n_features)
-        if layout.size == s["layout"].size:
-            return s
-        for k in ("flat", "best_flat", "real", "decay", "m", "v"):
-            s[k] = s["layout"].transfer(s[k], layout)
-        s["layout"], s["padded"] = layout, not bool(s["real"].all())
-        return s
+    def _compact(self) -> None:
+        """Stack only the running models, padded to their own largest hidden sizes."""
+        self.stack = self.running.nonzero().squeeze(1)
+        layout = Layout([self.nets[j] for j in self.stack.tolist()], self.n_features)
+        if layout.size < self.layout.size:
+            self.narrow, self.narrow_layout = layout.index_in(self.layout).to(self.device), layout
+        else:
+            self.narrow, self.narrow_layout = None, self.layout
 
-    def _retire(self, s: dict, which: torch.Tensor) -> None:
-        """Write the weights of the models in ``which`` (their best epoch's when validated) to the result."""
-        keep = torch.where(s["has_val"][:, None], s["best_flat"], s["flat"])
-        self.result[s["ids"][which]] = s["layout"].transfer(keep[which].detach(), self.layout)
-        for j in which.nonzero().squeeze(1).tolist():
-            self.best[int(s["ids"][j])] = (float(s["best"][j]), int(s["best_epoch"][j]))
-
-    def _forward(self, s: dict, x: torch.Tensor, judge: torch.Tensor, params: dict, train: bool) -> torch.Tensor:
-        dropout = s["dropout"] if train and bool((s["dropout"] > 0).any()) else None
-        return self.base.stacked_forward(params, s["mean"], s["scale"], x, judge, dropout, self.noise)
-
-    def _chunks(
-        self, s: dict, order: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _chunks(self, order: torch.Tensor, n_rows: torch.Tensor, batch: torch.Tensor, y: torch.Tensor):
         """Every model's mini-batches of this epoch cut into chunks of the smallest batch size C.
 
         Returns idx (M, T, C) row indices (padding row where empty), ``last`` (M, T): the chunk
@@ -365,14 +454,14 @@ class _Program:
         summing the chunks' NLL sums / denom gives each batch's mean NLL.
         """
         n_models, width = order.shape
-        pad, size = width - 1, int(s["batch"].min())
-        b, n = s["batch"][:, None], s["n_rows"][:, None]
+        pad, size = width - 1, int(batch.min())
+        b, n = batch[:, None], n_rows[:, None]
         position = torch.arange(pad)[None, :].expand(n_models, pad)
         valid = position < n
-        batch, within = position // b, position % b
+        batch_no, within = position // b, position % b
         per_batch = (b + size - 1) // size
-        chunk = batch * per_batch + within // size
-        batch_size = (n - batch * b).clamp(max=b)
+        chunk = batch_no * per_batch + within // size
+        batch_size = (n - batch_no * b).clamp(max=b)
         last = (within // size) == (batch_size + size - 1) // size - 1
         chunks = int(chunk[valid].max()) + 1
         slot = torch.where(valid, chunk * size + within % size, chunks * size)
@@ -380,86 +469,89 @@ class _Program:
         is_last = torch.zeros(n_models, chunks + 1, dtype=torch.bool).scatter_(
             1, torch.where(valid & last, chunk, chunks), True
         )
-        cells = ((s["y"] >= 0) & mask).sum(dim=2).gather(1, order[:, :pad])
-        batches = int(batch.max()) + 1
+        cells = ((y >= 0) & self.mask.cpu()).sum(dim=2).gather(1, order[:, :pad])
+        batches = int(batch_no.max()) + 1
         batch_cells = torch.zeros(n_models, batches + 1, dtype=torch.long).scatter_add_(
-            1, torch.where(valid, batch, batches), cells
+            1, torch.where(valid, batch_no, batches), cells
         )
         denom = batch_cells.gather(1, (torch.arange(chunks)[None, :] // per_batch).clamp(max=batches))
         return idx[:, : chunks * size].view(n_models, chunks, size), is_last[:, :chunks], denom.clamp(min=1).float()
 
-    def _epoch(self, s: dict, generators: dict, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _epoch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One epoch of shuffled mini-batches for every running model; per-model loss sums and finiteness.
 
         Models with larger batches accumulate the gradients of several chunks before their
         Adam step, so every step computes the same number of rows for every model."""
-        n_models, width = s["x"].shape[:2]
+        stack = self.stack
+        x, judge, y = (t[stack] for t in self.train)
+        n_models, width = judge.shape
         pad = width - 1
         order = torch.full((n_models, width), pad, dtype=torch.long)
-        for j, m in enumerate(s["ids"].tolist()):
-            if s["running"][j]:
-                n = int(s["n_rows"][j])
-                order[j, :n] = torch.randperm(n, generator=generators[m])
-        idx, last, denom = self._chunks(s, order, mask)
+        noise = torch.zeros(n_models, width, self.n_features, device=self.device)
+        for j, m in enumerate(stack.tolist()):
+            if self.running[m]:
+                n = int(self.n_rows[m])
+                order[j, :n] = torch.randperm(n, generator=self.shuffles[m])
+                if self.drops[m]:
+                    noise[j, :n] = torch.rand(n, self.n_features, generator=self.noise[m], device=self.device)
+        idx, last, denom = self._chunks(order, self.n_rows[stack], self.batch[stack], y.cpu())
         has_rows = (idx != pad).any(dim=2)
         losses, finite = torch.zeros(n_models), torch.ones(n_models, dtype=torch.bool)
-        take = torch.arange(n_models)[:, None]
-        accumulated = torch.zeros_like(s["flat"]) if bool((s["batch"] > idx.shape[2]).any()) else None
+        take = torch.arange(n_models, device=self.device)[:, None]
+        dropout = self.module.dropout[stack.to(self.device)]
+        drops = bool((dropout > 0).any())
+        idx, denom = idx.to(self.device), denom.to(self.device)
+        running = self.running[stack]
+        sdev = stack.to(self.device)
         for step in range(idx.shape[1]):
-            active = s["running"] & has_rows[:, step] & finite
-            rows = torch.where(active[:, None], idx[:, step], pad)
-            leaves = {k: v.detach().requires_grad_() for k, v in s["layout"].views(s["flat"]).items()}
-            logits = self._forward(s, s["x"][take, rows], s["judge"][take, rows], leaves, True)
-            loss = _stacked_nll(logits, s["y"][take, rows], mask, denom[:, step])
-            grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True, materialize_grads=True)
-            grad = torch.cat([g.reshape(n_models, -1) for g in grads], dim=1)
+            active = running & has_rows[:, step] & finite
+            rows = torch.where(active.to(self.device)[:, None], idx[:, step], pad)
+            update = active & last[:, step]
+            flat = self.module.flat(sdev, self.narrow)
+            keep = noise[take, rows] >= dropout[:, None, None] if drops else None
+            logits = self.wrapped(sdev, self.narrow_layout, flat, x[take, rows], judge[take, rows], keep)
+            loss = masked_nll(torch.log_softmax(logits, dim=-1), y[take, rows], self.mask, denom[:, step])
+            penalty = self.module.penalty(flat, sdev, self.narrow) * update.to(self.device)
+            self.fabric.backward((loss + penalty).sum())
+            loss = loss.detach().cpu()
             ok = torch.isfinite(loss)
             finite &= ok | ~active
-            update = active & ok & last[:, step]
-            if accumulated is not None:
-                accumulated += torch.where((active & ok)[:, None], grad, 0.0)
-                grad = accumulated.clone()
-                accumulated[update] = 0.0
-            self._adam(s, grad, update)
-            losses += torch.where(active & ok, loss.detach(), 0.0)
-        return losses, finite
+            self._step([int(stack[j]) for j in (update & ok).nonzero().squeeze(1).tolist()])
+            losses += torch.where(active & ok, loss, 0.0)
+        out_finite = torch.ones(self.n, dtype=torch.bool)
+        out_finite[stack] = finite
+        out_losses = torch.zeros(self.n)
+        out_losses[stack] = losses
+        return out_losses, out_finite
+
+    def _step(self, models: list[int]) -> None:
+        """One Adam step of ``models`` (their accumulated gradients); the others keep theirs for later."""
+        rows = list(self.module.rows)
+        held = {}
+        chosen = set(models)
+        for j, row in enumerate(rows):
+            if j not in chosen and row.grad is not None:
+                held[j], row.grad = row.grad, None
+        if models:
+            self.optimizer.step()
+        for j in models:
+            rows[j].grad = None
+        for j, grad in held.items():
+            rows[j].grad = grad
 
     @torch.no_grad()
-    def _adam(self, s: dict, grad: torch.Tensor, on: torch.Tensor) -> None:
-        """torch.optim.Adam's update (L2 added to the gradient) on the models where ``on`` (M,) is true:
-        PyTorch's fused Adam kernel, once per learning rate."""
-        if s["padded"]:
-            grad.mul_(s["real"])
-        if s["decayed"]:
-            grad.addcmul_(s["flat"], s["decay"])
-        s["t"] += on
-        groups: dict[float, list[int]] = {}
-        for j, lr in zip(on.nonzero().squeeze(1).tolist(), s["lr"][on].tolist()):
-            groups.setdefault(lr, []).append(j)
-        for lr, group in groups.items():
-            torch._fused_adam_(
-                [s["flat"][j] for j in group],
-                [grad[j] for j in group],
-                [s["m"][j] for j in group],
-                [s["v"][j] for j in group],
-                [],
-                [s["t"][j] for j in group],
-                lr=lr,
-                beta1=BETAS[0],
-                beta2=BETAS[1],
-                weight_decay=0.0,
-                eps=EPS,
-                amsgrad=False,
-                maximize=False,
-            )
-
-    @torch.no_grad()
-    def _validate(self, s: dict, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Held-out NLL of the phase's questions (early stopping) and of the main question (M,)."""
-        if not s["has_val"].any():
-            return torch.full((len(s["ids"]),), math.nan), torch.full((len(s["ids"]),), math.nan)
-        logits = self._forward(s, s["vx"], s["vjudge"], s["layout"].views(s["flat"]), False)
-        main = torch.zeros_like(mask)
-        main[self.main_index] = True
-        phase, main_nll = _stacked_nll(logits, s["vy"], mask), _stacked_nll(logits, s["vy"], main)
-        return torch.where(s["has_val"], phase, math.nan), torch.where(s["has_val"], main_nll, math.nan)
+    def _validate(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held-out NLL of the phase's questions (early stopping) and of the main question (n,)."""
+        nan = torch.full((self.n,), math.nan)
+        if not self.has_val.any():
+            return nan, nan.clone()
+        stack = self.stack
+        sdev = stack.to(self.device)
+        vx, vjudge, vy = (t[sdev] for t in self.val)
+        logp = torch.log_softmax(
+            self.wrapped(sdev, self.narrow_layout, self.module.flat(sdev, self.narrow), vx, vjudge), dim=-1
+        )
+        phase, main = masked_nll(logp, vy, self.mask).cpu(), masked_nll(logp, vy, self.main).cpu()
+        val, main_nll = nan.clone(), nan.clone()
+        val[stack], main_nll[stack] = phase, main
+        return torch.where(self.has_val, val, math.nan), torch.where(self.has_val, main_nll, math.nan)

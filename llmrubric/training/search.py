@@ -130,7 +130,7 @@ class _FoldData:
         probs, answers = [], []
         for model, data in zip(models, self._encoded):
             observed = (data.y[:, q] >= 0).numpy()
-            probs.append(model.proba_of(data)[observed, q, : len(values)])
+            probs.append(model.predict_proba(data)[observed, q, : len(values)])
             answers.append(data.y[observed, q].numpy())
         fold_nll = [nll(p, a) for p, a in zip(probs, answers)]
         p, a = np.concatenate(probs), np.concatenate(answers)

@@ -19,8 +19,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
-import torch
-from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
 from llmrubric.io.errors import InputError
@@ -32,6 +30,7 @@ from llmrubric.model.calibrator import Calibrator, fit_together
 from llmrubric.model.encoding import PAIR, JudgeMap, with_round
 from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
 from llmrubric.training.experiment import Split
+from llmrubric.training.threads import one_thread, single_threaded
 
 log = logging.getLogger(__name__)
 SINGLE_RUN = frozenset(DETERMINISTIC) | {"random"}
@@ -110,13 +109,19 @@ def subsample_texts(text_ids: list[str], fraction: float, seed: int) -> list[str
     return sorted(np.random.default_rng(seed).choice(texts, size=min(n, len(texts)), replace=False).tolist())
 
 
-_STATE: dict = {}
+@dataclass
+class _Study:
+    """What every job of :func:`run_variants` trains on."""
+
+    rubric: Rubric
+    splits: list[Split]
+    model: dict
+    trainer: dict
 
 
-def _init_worker(rubric: Rubric, splits: list[Split], model: dict, trainer: dict) -> None:
-    _STATE.update(rubric=rubric, splits=splits, model=model, trainer=trainer)
-    torch.set_num_threads(1)
-    threadpool_limits(1)
+def _init_worker() -> None:
+    """A worker process: one thread, no warnings, errors only from llmrubric's loggers."""
+    single_threaded()
     warnings.filterwarnings("ignore")
     logging.getLogger("llmrubric").setLevel(logging.ERROR)
 
@@ -137,21 +142,21 @@ def _fit(estimators: list, trains: list[Tables]) -> None:
 
 
 def _run_job(
-    variant: Variant, runs: list[tuple[int, int]], base_name: str | None
+    study: _Study, variant: Variant, runs: list[tuple[int, int]], base_name: str | None
 ) -> dict[tuple[str, int, int], pd.DataFrame]:
     """Fit one variant for every (seed, split) of ``runs``; {(name, seed, split): held-out predictions of its question}.
 
     For an isotonic variant, ``base_name`` also receives the uncorrected model's predictions
     (the same fitted model), so the base variant is not trained twice.
     """
-    rubric, splits = _STATE["rubric"], _STATE["splits"]
+    rubric, splits = study.rubric, study.splits
     trains = []
     for seed, k in runs:
         train = splits[k].train
         trains.append(
             train.subset(subsample_texts(train.text_ids, variant.fraction, seed)) if variant.fraction < 1 else train
         )
-    estimators = [variant.build(rubric, seed, _STATE["model"], _STATE["trainer"]) for seed, _ in runs]
+    estimators = [variant.build(rubric, seed, study.model, study.trainer) for seed, _ in runs]
     _fit(estimators, trains)
     question = variant.question or rubric.main.id
     outputs = {}
@@ -202,23 +207,20 @@ def run_variants(
         progress.update()
 
     progress = tqdm(total=len(jobs), desc="training", unit="variant")
+    study = _Study(rubric, splits, model, trainer)
     if workers <= 1:
-        saved, threads, level = _STATE.copy(), torch.get_num_threads(), logging.getLogger("llmrubric").level
+        level = logging.getLogger("llmrubric").level
         try:
-            with warnings.catch_warnings(), threadpool_limits(1):
-                _init_worker(rubric, splits, model, trainer)
+            with warnings.catch_warnings(), one_thread(blas=True):
+                warnings.filterwarnings("ignore")
+                logging.getLogger("llmrubric").setLevel(logging.ERROR)
                 for job in jobs:
-                    collect(_run_job(*job))
+                    collect(_run_job(study, *job))
         finally:
-            _STATE.clear()
-            _STATE.update(saved)
-            torch.set_num_threads(threads)
             logging.getLogger("llmrubric").setLevel(level)
     else:
-        with ProcessPoolExecutor(
-            min(workers, os.cpu_count() or 1), initializer=_init_worker, initargs=(rubric, splits, model, trainer)
-        ) as pool:
-            futures = [pool.submit(_run_job, *job) for job in jobs]
+        with ProcessPoolExecutor(min(workers, os.cpu_count() or 1), initializer=_init_worker) as pool:
+            futures = [pool.submit(_run_job, study, *job) for job in jobs]
             for future in as_completed(futures):
                 collect(future.result())
     progress.close()

@@ -12,6 +12,10 @@ from llmrubric.training.splits import text_folds
 
 TRAINER = {**FAST, "delta_l2": 0.01, "weight_decay": 0.001, "batch_size": 32}
 
+# the engines draw different input dropout masks: they are compared without; bare networks are the paper's
+NO_DROPOUT = {"input_dropout": 0.0}
+PAPER_NET = {"inputs": "probabilities", "personalize": "deltas", **NO_DROPOUT}
+
 
 def _fold_data(rubric, simulated, k_folds=3):
     layout = FeatureLayout.from_features(simulated.features, rubric)
@@ -32,7 +36,9 @@ def _fold_data(rubric, simulated, k_folds=3):
 
 def _net(layout, judges, rubric, seed, train):
     torch.manual_seed(seed)
-    net = CalibrationNet(layout.values, len(judges.judges), [len(q.options) for q in rubric.questions], h1=8, h2=8)
+    net = CalibrationNet(
+        layout.values, len(judges.judges), [len(q.options) for q in rubric.questions], h1=8, h2=8, **PAPER_NET
+    )
     net.standardize_inputs(train.x, train.judge)
     return net
 
@@ -56,7 +62,7 @@ def test_fold_models_trained_as_one_program_equal_the_per_fold_loop(rubric, simu
 def test_ensemble_engines_agree_and_members_differ(rubric, simulated):
     folds = text_folds(simulated.text_ids, 3, seed=0)
     train, test = simulated.subset(folds.text_id[folds.fold != 0]), simulated.subset(folds.text_id[folds.fold == 0])
-    model = {"personalize": "input", "inputs": "expected", "ensemble": 2}
+    model = {"personalize": "input", "inputs": "expected", "ensemble": 2, **NO_DROPOUT}
     fits = {e: Calibrator(rubric, model, {**TRAINER, "engine": e}, seed=3).fit(train) for e in ("lightning", "stacked")}
     a, b = (fits[e].predict(test) for e in ("lightning", "stacked"))
     cols = [c for c in a.columns if c.startswith("p_")]
@@ -82,7 +88,13 @@ def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own
     def make(k, train):
         torch.manual_seed(k)
         net = CalibrationNet(
-            layout.values, len(judges.judges), [len(q.options) for q in rubric.questions], *sizes[k], inputs=inputs[k]
+            layout.values,
+            len(judges.judges),
+            [len(q.options) for q in rubric.questions],
+            *sizes[k],
+            inputs=inputs[k],
+            personalize="deltas",
+            **NO_DROPOUT,
         )
         net.standardize_inputs(train.x, train.judge)
         return net
@@ -147,7 +159,7 @@ def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, 
     train, test = simulated.subset(folds.text_id[folds.fold != 0]), simulated.subset(folds.text_id[folds.fold == 0])
     kinds = [("expected", "input"), ("probabilities", "none"), ("both", "input"), ("expected", "deltas")]
     make = lambda: [
-        Calibrator(rubric, {"inputs": i, "personalize": p, "h1": 6 + k, "ensemble": 1}, TRAINER, seed=k)
+        Calibrator(rubric, {"inputs": i, "personalize": p, "h1": 6 + k, "ensemble": 1, **NO_DROPOUT}, TRAINER, seed=k)
         for k, (i, p) in enumerate(kinds)
     ]
     judges = JudgeMap.from_annotations(simulated.annotations)

@@ -115,7 +115,7 @@ def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, mo
 def test_non_finite_predictions_are_an_error_not_a_score(simulated, rubric):
     model = Calibrator(rubric, {"ensemble": 1}, FAST, 0).fit(simulated.subset(simulated.text_ids[:30]))
     with torch.no_grad():
-        next(model.nets_[0].parameters()).view(-1)[0] = float("nan")
+        next(p for p in model.nets_[0].parameters() if p.numel()).view(-1)[0] = float("nan")
     with pytest.raises(InputError, match="non-finite predictions"):
         model.predict(simulated.subset(simulated.text_ids[30:40]))
 

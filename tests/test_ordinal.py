@@ -74,7 +74,11 @@ def test_calibrators_blend_by_default_and_the_checkpoint_keeps_the_weights(rubri
         plain.nets_[0].ordinal_weight.tolist() == [0.0] * len(weights) and "ordinal_weight" not in plain.summaries_[0]
     )
     data = blended.encode(simulated)
-    expected = blend(torch.tensor(plain.predict_proba(data)), torch.tensor(weights), plain.nets_[0].option_mask)
+    members = [  # each member blended with its own weights, then averaged
+        blend(net.probabilities(data.x, data.judge), torch.tensor(s["ordinal_weight"]), net.option_mask)
+        for net, s in zip(plain.nets_, blended.summaries_)
+    ]
+    expected = torch.stack(members).mean(dim=0)
     assert np.allclose(blended.predict_proba(data), expected.numpy(), atol=1e-6)  # same weights, only the blend differs
     loaded = Calibrator.load(blended.save(tmp_path / "blended.safetensors"))
     assert loaded.nets_[0].ordinal_weight.tolist() == weights

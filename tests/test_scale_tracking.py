@@ -16,8 +16,10 @@ import mlflow
 import pytest
 from omegaconf import OmegaConf
 from pg_server import free_port
-from test_tracking import config, script
+from test_tracking import config
 
+from llmrubric.evaluation.app import evaluate_app
+from llmrubric.training.app import train_app
 from llmrubric.training.tracking import Tracker, TrackingError
 
 SPACE = {"trainer.lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True}}
@@ -95,8 +97,8 @@ def search_config(tmp: Path, experiment: str):
 def test_train_search_and_evaluate_log_to_a_tracking_server(server, tmp_path):
     _, url, root = server
     cfg = search_config(tmp_path, "served")
-    score = script("train").main(cfg)
-    metrics = script("evaluate").main(cfg)
+    score = train_app(cfg)
+    metrics = evaluate_app(cfg)
     client = mlflow.MlflowClient(url)
     experiment = client.get_experiment_by_name("served")
     runs = client.search_runs([experiment.experiment_id])
@@ -128,7 +130,7 @@ def test_a_server_stopped_mid_run_costs_the_logging_not_the_run(server, tmp_path
 
     monkeypatch.setattr(Run, "log_config", then_stop)
     with caplog.at_level(logging.WARNING, logger="llmrubric.training.tracking"):
-        score = script("train").main(cfg)
+        score = train_app(cfg)
     assert score == score  # finished with a number
     assert (tmp_path / "run" / "fold0.safetensors").is_file() and (
         tmp_path / "run" / "search" / "fold0" / "selected.json"

@@ -12,6 +12,10 @@ from llmrubric.training.splits import text_folds
 
 TRAINER = {**FAST, "delta_l2": 0.01, "weight_decay": 0.001, "batch_size": 32}
 
+# the engines draw different input dropout masks: they are compared without; bare networks are the paper's
+NO_DROPOUT = {"input_dropout": 0.0}
+PAPER_NET = {"inputs": "probabilities", "personalize": "deltas", **NO_DROPOUT}
+
 
 def _fold_data(rubric, simulated, k_folds=3):
     layout = FeatureLayout.from_features(simulated.features, rubric)
@@ -33,7 +37,9 @@ def _fold_data(rubric, simulated, k_folds=3):
 def _net(layout, judges, rubric, seed, train, input_dropout=0.0):
     torch.manual_seed(seed)
     options = [len(q.options) for q in rubric.questions]
-    net = CalibrationNet(layout.values, len(judges.judges), options, h1=8, h2=8, input_dropout=input_dropout)
+    net = CalibrationNet(
+        layout.values, len(judges.judges), options, h1=8, h2=8, **{**PAPER_NET, "input_dropout": input_dropout}
+    )
     net.standardize_inputs(train.x, train.judge)
     return net
 
@@ -104,6 +110,7 @@ def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own
             [len(q.options) for q in rubric.questions],
             *sizes[k],
             inputs=inputs[k],
+            personalize="deltas",
             input_dropout=dropouts[k],
         )
         net.standardize_inputs(train.x, train.judge)
@@ -167,7 +174,7 @@ def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, 
     train, test = simulated.subset(folds.text_id[folds.fold != 0]), simulated.subset(folds.text_id[folds.fold == 0])
     kinds = [("expected", "input"), ("probabilities", "none"), ("both", "input"), ("expected", "deltas")]
     make = lambda: [
-        Calibrator(rubric, {"inputs": i, "personalize": p, "h1": 6 + k, "ensemble": 1}, TRAINER, seed=k)
+        Calibrator(rubric, {"inputs": i, "personalize": p, "h1": 6 + k, "ensemble": 1, **NO_DROPOUT}, TRAINER, seed=k)
         for k, (i, p) in enumerate(kinds)
     ]
     judges = JudgeMap.from_annotations(simulated.annotations)

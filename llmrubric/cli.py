@@ -37,6 +37,14 @@ def add_noun(subparsers, name: str, help: str):
     return noun.add_subparsers(dest="verb", required=True)
 
 
+def add_hydra_app(subparsers, name: str, help: str, app_module: str) -> None:
+    """``llmrubric <name> [overrides…]``: everything after ``name`` goes to the Hydra app ``app_module.main``
+    (imported when run): overrides (``key=value``) and its flags (``--help``, ``--cfg job``, ``--multirun``)."""
+    p = subparsers.add_parser(name, help=help, add_help=False, prefix_chars="\0")
+    p.add_argument("argv", nargs="*", help="Hydra overrides and flags")
+    p.set_defaults(run=lambda args: importlib.import_module(app_module).main(args.argv))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The root parser; a command module that fails to import is an error, never a missing noun."""
     parser = argparse.ArgumentParser(

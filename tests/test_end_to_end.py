@@ -129,3 +129,28 @@ def test_train_with_search_selects_refits_and_tracks_nested_trials(tmp_path, mlf
     )
     assert bad.returncode != 0 and "search space" in bad.stderr and "trainer.lr" in bad.stderr
     assert not (tmp_path / "bad" / "search").exists() and not list((tmp_path / "bad").glob("*.safetensors"))
+
+
+def test_cv_training_runs_every_fold_in_one_stacked_program(tmp_path, monkeypatch):
+    import llmrubric.model.calibrator as calibrator
+    from llmrubric.config import compose
+    from llmrubric.training.app import train_app
+
+    stacked = []
+
+    def counting(nets, *args, **kwargs):
+        stacked.append(len(nets))
+        return train_stacked(nets, *args, **kwargs)
+
+    train_stacked = calibrator.train_stacked
+    monkeypatch.setattr(calibrator, "train_stacked", counting)
+    data = [
+        f"data.train.{t}='{ROOT / 'data' / 'simulated' / f'{t}.csv'}'" for t in ("annotations", "features", "texts")
+    ]
+    overrides = ["experiment=demo", "protocol=cv", "folds=3", "logger=none", f"run_dir='{tmp_path}'", *data]
+    cfg = compose("config", [*overrides, "trainer.pretrain_epochs=2", "trainer.finetune_epochs=2"])
+    assert train_app(cfg) > 0
+    assert stacked == [3 * cfg.model.ensemble]
+    models = [Calibrator.load(tmp_path / f"fold{fold}.safetensors") for fold in range(3)]
+    assert [len(m.nets_) for m in models] == [cfg.model.ensemble] * 3
+    assert len({json.dumps(m.train_texts_, sort_keys=True) for m in models}) == 3

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
 from llmrubric.io.errors import reports_errors
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import Calibrator, fit_together
 from llmrubric.training.experiment import FOLDS_FILE, check_settings, prepare
 from llmrubric.training.search import Setting, select_for_split
 from llmrubric.training.tracking import Tracker
@@ -57,28 +57,32 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
     rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)
     with Tracker.from_config(cfg).run("train", nested=True, tags={"job": "train"}) as run:
         run.log_config(cfg)
-        scores, seconds = [], []
-        for split in tqdm(splits, desc="training", unit="model", disable=len(splits) == 1):
-            start = time.perf_counter()
-            setting = (
-                select_for_split(cfg, rubric, split, run)
-                if cfg.search.enabled
-                else Setting(dict(cfg.model), dict(cfg.trainer))
-            )
-            model = Calibrator(rubric, setting.model, setting.trainer, cfg.seed).fit(split.train)
+        settings = [
+            select_for_split(cfg, rubric, split, run)
+            if cfg.search.enabled
+            else Setting(dict(cfg.model), dict(cfg.trainer))
+            for split in splits
+        ]
+        models = [Calibrator(rubric, s.model, s.trainer, cfg.seed) for s in settings]
+        start = time.perf_counter()
+        with tqdm(desc="training", unit="epoch", disable=len(splits) == 1) as progress:
+            fit_together(models, [split.train for split in splits], progress=progress)
+        seconds = time.perf_counter() - start
+        scores = []
+        for split, model in zip(splits, models):
             model.save(staging / f"{split.name}.safetensors")
-            seconds.append(time.perf_counter() - start)
             scores.append(model.val_nll_)
             log.info(
-                "%s: %d annotations, %d judges (%.1fs, val NLL %s)",
+                "%s: %d annotations, %d judges (val NLL %s)",
                 split.name,
                 len(split.train.annotations),
                 len(model.judges_.judges),
-                seconds[-1],
                 f"{scores[-1]:.4f}" if np.isfinite(scores[-1]) else "n/a",
             )
-            run.log_metrics({f"val/nll/{split.name}": scores[-1], f"train/seconds/{split.name}": seconds[-1]})
+            run.log_metrics({f"val/nll/{split.name}": scores[-1]})
             run.log_history(model, split.name)
+        log.info("%d model(s) trained together in %.1fs", len(models), seconds)
+        run.log_metrics({"train/seconds": seconds})
         commit(staging, run_dir, [f"{s.name}.safetensors" for s in splits])
         for split in splits:
             run.log_artifact(run_dir / f"{split.name}.safetensors", "checkpoints")

@@ -5,7 +5,7 @@ from conftest import FAST
 from scipy.optimize import minimize_scalar
 
 from llmrubric.model.calibrator import Calibrator
-from llmrubric.model.temperature import fit_temperature
+from llmrubric.model.temperature import GRID, _grid_nll, best_inverse_temperature, fit_temperature
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,14 @@ def test_calibrators_scale_by_default_and_the_checkpoint_keeps_the_temperatures(
     loaded = Calibrator.load(scaled.save(tmp_path / "scaled.safetensors"))
     assert loaded.nets_[0].temperature.tolist() == temps
     assert np.allclose(loaded.predict(simulated)["mean"], scaled.predict(simulated)["mean"])
+
+
+@pytest.mark.parametrize("spread", [0.05, 1.0, 5.0, 40.0])
+def test_the_coarse_then_fine_search_finds_the_whole_grids_minimum(spread):
+    gen = torch.Generator().manual_seed(int(spread * 100))
+    logits = torch.randn(300, 5, generator=gen) * spread
+    logits[:, 4] = float("-inf")  # a padded option
+    y = torch.randint(0, 4, (300,), generator=gen)
+    observed = torch.rand(300, generator=gen) > 0.2
+    beta, finite = best_inverse_temperature(logits, y, observed)
+    assert finite and beta == float(GRID[_grid_nll(logits, y, observed, GRID).argmin()])

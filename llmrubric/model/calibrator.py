@@ -331,7 +331,13 @@ def fit_together(
     With ``trainer.temperature_scaling``, each member of a calibrator that finished then gets
     its per-question temperatures from its early-stopping split (:mod:`llmrubric.model.temperature`),
     and with ``trainer.ordinal_blend`` its per-question ordinal weights (:mod:`llmrubric.model.ordinal`).
+    All of it runs on one torch thread: the tensors are small and more threads only contend.
     """
+    with one_thread():
+        return _fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, progress)
+
+
+def _fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, progress) -> list[Calibrator]:
     cache: dict[tuple, Encoded] = {}
     members = []
     for i, (c, t) in enumerate(zip(calibrators, tables)):

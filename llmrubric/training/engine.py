@@ -229,10 +229,17 @@ class StackedNets(pl.LightningModule):
         flat = torch.stack([self.rows[i] for i in ids.tolist()]) * self.real[ids]
         return flat if index is None else flat[:, index]
 
-    def forward(self, ids, layout: Layout, flat, x, judge, keep=None) -> torch.Tensor:
-        """Logits (M, B, Q, O) of models ``ids`` with parameters ``flat`` (in ``layout``) on inputs
-        x (M, B, raw), judge (M, B); ``keep`` (M, B, F) bool: the input dropout masks (training)."""
-        f = self.template.stacked_features(self.mean[ids], self.scale[ids], x, judge)
+    def raw_features(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
+        """Unstandardised features (M, B, F) of raw inputs x (M, B, raw), judge (M, B): computed once
+        per phase for every row, since they do not change while training."""
+        n_models, batch = judge.shape
+        return self.template.features(x.reshape(n_models * batch, -1), judge.reshape(-1)).view(n_models, batch, -1)
+
+    def forward(self, ids, layout: Layout, flat, features, judge, keep=None) -> torch.Tensor:
+        """Logits (M, B, Q, O) of models ``ids`` with parameters ``flat`` (in ``layout``) on
+        unstandardised ``features`` (M, B, F) (:meth:`raw_features`), judge (M, B); ``keep``
+        (M, B, F) bool: the input dropout masks (training)."""
+        f = (features - self.mean[ids][:, None]) / self.scale[ids][:, None]
         if keep is not None:
             f = f * keep / (1 - self.dropout[ids])[:, None, None]
         return self.template.stacked_logits(layout.views(flat), f, judge)
@@ -253,6 +260,13 @@ def _stack_rows(datas: list[Encoded], rows: list[torch.Tensor]) -> tuple[torch.T
     for m, (data, r) in enumerate(zip(datas, rows)):
         x[m, : len(r)], judge[m, : len(r)], y[m, : len(r)] = data.x[r], data.judge[r], data.y[r]
     return x, judge, y
+
+
+def _with_features(module: StackedNets, stacked: list[torch.Tensor]) -> list[torch.Tensor]:
+    """(x, judge, y) of :func:`_stack_rows` → (unstandardised features, judge, y)."""
+    x, judge, y = stacked
+    with torch.no_grad():
+        return [module.raw_features(x, judge), judge, y]
 
 
 def _phase_rows(data: Encoded, mask: torch.Tensor) -> torch.Tensor:
@@ -346,14 +360,17 @@ class _Program:
             max_epochs=epochs[ids],
             batch=torch.tensor([self.configs[m].batch_size for m in members]),
             patience=torch.tensor([self.configs[m].patience for m in members]),
-            train=[to(t) for t in _stack_rows([self.trains[m] for m in members], rows)],
+            train=_with_features(module, [to(t) for t in _stack_rows([self.trains[m] for m in members], rows)]),
             n_rows=torch.tensor([len(r) for r in rows]),
-            val=[
-                to(t)
-                for t in _stack_rows(
-                    [self.vals[m] if h else self.trains[m] for m, h in zip(members, has_val)], val_rows
-                )
-            ],
+            val=_with_features(
+                module,
+                [
+                    to(t)
+                    for t in _stack_rows(
+                        [self.vals[m] if h else self.trains[m] for m, h in zip(members, has_val)], val_rows
+                    )
+                ],
+            ),
             main=to(phase_mask(self.base.n_q, self.main_index, "finetune")),
             nets=[self.nets[m] for m in members],
             n_features=self.n_features,
@@ -483,7 +500,7 @@ class _Phase:
         Models with larger batches accumulate the gradients of several chunks before their
         Adam step, so every step computes the same number of rows for every model."""
         stack = self.stack
-        x, judge, y = (t[stack] for t in self.train)
+        features, judge, y = (t[stack] for t in self.train)
         n_models, width = judge.shape
         pad = width - 1
         order = torch.full((n_models, width), pad, dtype=torch.long)
@@ -509,7 +526,7 @@ class _Phase:
             update = active & last[:, step]
             flat = self.module.flat(sdev, self.narrow)
             keep = noise[take, rows] >= dropout[:, None, None] if drops else None
-            logits = self.wrapped(sdev, self.narrow_layout, flat, x[take, rows], judge[take, rows], keep)
+            logits = self.wrapped(sdev, self.narrow_layout, flat, features[take, rows], judge[take, rows], keep)
             loss = masked_nll(torch.log_softmax(logits, dim=-1), y[take, rows], self.mask, denom[:, step])
             penalty = self.module.penalty(flat, sdev, self.narrow) * update.to(self.device)
             self.fabric.backward((loss + penalty).sum())
@@ -547,9 +564,9 @@ class _Phase:
             return nan, nan.clone()
         stack = self.stack
         sdev = stack.to(self.device)
-        vx, vjudge, vy = (t[sdev] for t in self.val)
+        vf, vjudge, vy = (t[sdev] for t in self.val)
         logp = torch.log_softmax(
-            self.wrapped(sdev, self.narrow_layout, self.module.flat(sdev, self.narrow), vx, vjudge), dim=-1
+            self.wrapped(sdev, self.narrow_layout, self.module.flat(sdev, self.narrow), vf, vjudge), dim=-1
         )
         phase, main = masked_nll(logp, vy, self.mask).cpu(), masked_nll(logp, vy, self.main).cpu()
         val, main_nll = nan.clone(), nan.clone()

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.schemas import load_tables, write_json  # noqa: E402
@@ -72,10 +72,8 @@ def commit() -> str:
 
 
 def default_setting(**model) -> Setting:
-    base = Setting(
-        *(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / g / "default.yaml")) for g in ("model", "trainer"))
-    )
-    base.trainer.pop("engine", None)
+    """The shipped defaults (``conf/model/default.yaml``, ``conf/trainer/default.yaml``), ``model`` overriding."""
+    base = Setting(group("model"), group("trainer"))
     return Setting({**base.model, **model}, base.trainer)
 
 

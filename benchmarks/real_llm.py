@@ -63,15 +63,18 @@ def flops_per_token(model, context: float) -> float:
 
 def run(backend, tasks, rubric, cache: str | None = None) -> tuple[dict, object]:
     backend.stats = {k: 0 for k in backend.stats}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     ex = extract(tasks, backend, ResultCache(cache), "bench", (), rubric, progress=True, min_label_mass=0.05)
     if ex.summary["cached"]:
         raise SystemExit(f"{cache} already holds {ex.summary['cached']} of these prompts: the timing would be wrong")
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    tokens = backend.stats["prefill_tokens"]
     return {
         "seconds": round(seconds, 1),
-        "tokens": backend.stats["prefill_tokens"],
-        "tokens_per_s": round(backend.stats["prefill_tokens"] / seconds, 1),
+        "cpu_seconds": round(cpu_seconds, 1),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / seconds, 1),
+        "tokens_per_cpu_s": round(tokens / cpu_seconds, 2),
     }, ex
 
 

@@ -9,7 +9,16 @@ import pytest
 from omegaconf import OmegaConf
 
 from llmrubric.io.errors import InputError
-from llmrubric.training.search import Objective, Setting, create_study, finished_trials, run_search, setting_of, suggest
+from llmrubric.training.search import (
+    Objective,
+    Setting,
+    check_space,
+    create_study,
+    finished_trials,
+    run_search,
+    setting_of,
+    suggest,
+)
 from llmrubric.training.splits import text_folds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,3 +229,29 @@ def test_a_trial_killed_mid_sampling_reruns_with_the_parameters_it_had_sampled(t
     [rerun] = [t for t in study.trials if t.user_attrs.get("requeued_from") == partial.number]
     assert rerun.state == optuna.trial.TrialState.COMPLETE and rerun.params["trainer.lr"] == lr
     assert rerun.params["model.personalize"] in ("input", "none")
+
+
+def test_a_space_with_choices_the_model_always_refuses_fails_before_training(rubric):
+    ordinal = Setting({"head": "ordinal", "inputs": "expected", "personalize": "none", "ensemble": 1}, BASE.trainer)
+    space = {"model.personalize": {"type": "categorical", "choices": ["none", "deltas"]}}
+    with pytest.raises(InputError, match="refuses 'deltas'") as refused:
+        check_space(space, ordinal, rubric)
+    assert refused.value.setting == "search.space.model.personalize"
+    check_space({"model.inputs": {"type": "categorical", "choices": ["expected", "both"]}}, ordinal, rubric)
+
+
+def test_a_trial_whose_combination_the_model_refuses_is_failed_and_the_batch_trains_the_rest(rubric, simulated):
+    space = {
+        "model.head": {"type": "categorical", "choices": ["softmax", "ordinal"]},
+        "model.personalize": {"type": "categorical", "choices": ["input", "none"]},
+    }
+    base = Setting({**BASE.model, "inputs": "expected"}, BASE.trainer)
+    check_space(space, base, rubric)  # each choice is accepted in some combination
+    objective = Objective(rubric, simulated, base, space, text_folds(simulated.text_ids, 3, 0), seed=0)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.enqueue_trial({"model.head": "ordinal", "model.personalize": "input"})
+    study.enqueue_trial({"model.head": "softmax", "model.personalize": "input"})
+    objective.run(study, [study.ask(), study.ask()])
+    refused, trained = study.trials
+    assert refused.state == optuna.trial.TrialState.FAIL and refused.user_attrs["fail_reason"].startswith("refused:")
+    assert trained.state == optuna.trial.TrialState.COMPLETE and trained.value > 0

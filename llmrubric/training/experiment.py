@@ -106,9 +106,12 @@ def check_settings(cfg: DictConfig) -> Rubric:
 
     rubric = load_rubric(cfg)
     seed = check_range("seed", cfg.seed, integer=True)
-    Calibrator(
-        rubric, OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.trainer, resolve=True), seed
-    )
+    model, trainer = (OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "trainer"))
+    Calibrator(rubric, model, trainer, seed)
+    if cfg.search.get("enabled"):
+        from llmrubric.training.search import Setting, check_space
+
+        check_space(OmegaConf.to_container(cfg.search.space, resolve=True), Setting(model, trainer), rubric)
     if cfg.protocol not in ("cv", "systems", "holdout"):
         raise InputError(f"{cfg.protocol!r} is not a protocol (cv, systems or holdout)", setting="protocol")
     if cfg.protocol == "cv":

@@ -15,6 +15,7 @@ it, and a search interrupted and started again resumes where it stopped.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -179,9 +180,20 @@ class Objective:
         return settings
 
     def run(self, study: optuna.Study, trials: list[optuna.Trial]) -> None:
-        """Train, score and tell every trial of the batch."""
-        settings = self.settings(trials)
-        models = [self.cv.calibrators(s, self.seed) for s in settings]
+        """Train, score and tell every trial of the batch; a trial whose sampled combination the
+        model refuses (e.g. ``model.head=ordinal`` with ``model.personalize=input``) is failed with
+        the reason and trains nothing."""
+        accepted = []
+        for trial, setting in zip(trials, self.settings(trials)):
+            try:
+                accepted.append((trial, self.cv.calibrators(setting, self.seed)))
+            except InputError as e:
+                trial.set_user_attr("fail_reason", f"refused: {e}")
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if accepted:
+            self._train(study, *(list(x) for x in zip(*accepted)))
+
+    def _train(self, study: optuna.Study, trials: list[optuna.Trial], models: list[list[Calibrator]]) -> None:
         owner = [t for t, fold_models in enumerate(models) for _ in fold_models]
         pruned: dict[int, str] = {}
         steps, last = [0] * len(trials), [math.nan] * len(trials)
@@ -364,7 +376,7 @@ def run_search(
     count, so several workers on one storage run ``n_trials`` in all. With a
     :class:`llmrubric.training.tracking.Tracker`, each trial is an MLflow run nested under ``parent``."""
     space = OmegaConf.to_container(search.space, resolve=True)
-    _check_space(space, base)
+    check_space(space, base, rubric)
     study = create_study(search, study_name)
     optuna.storages.fail_stale_trials(study)
     folds = text_folds(tables.text_ids, search.inner_folds, seed)
@@ -428,9 +440,44 @@ def _surplus(study: optuna.Study, trial: optuna.Trial, n_trials: int) -> bool:
     return len(counted) + len(running) >= n_trials
 
 
-def _check_space(space: dict, base: Setting) -> None:
-    """Sample the space once without training: a bad key, type or bound fails before any training."""
-    suggest(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask(), space, base)
+def check_space(space: dict, base: Setting, rubric: Rubric) -> None:
+    """Fail before any training on a bad key, type or bound (the space is sampled once), or on a
+    categorical choice the model refuses in every combination with the space's other categorical
+    choices (the rest at ``base``): e.g. ``model.personalize: [deltas, input]`` with
+    ``model.head=ordinal``. The error names ``search.space.<key>``."""
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line for this probe
+    try:
+        suggest(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask(), space, base)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    categorical = {k: list(v["choices"]) for k, v in space.items() if v.get("type") == "categorical"}
+    for key, choices in categorical.items():
+        others = {k: c for k, c in categorical.items() if k != key}
+        for choice in choices:
+            reasons = [
+                reason
+                for combination in itertools.product(*others.values())
+                if (reason := _refusal(rubric, base, {key: choice, **dict(zip(others, combination))}))
+            ]
+            if len(reasons) == math.prod(len(c) for c in others.values()):
+                raise InputError(
+                    f"the model refuses {choice!r} whatever the other choices: {reasons[0]}",
+                    setting=f"search.space.{key}",
+                )
+
+
+def _refusal(rubric: Rubric, base: Setting, values: dict) -> str | None:
+    """Why the model refuses ``base`` with ``values`` (``model.x`` / ``trainer.x`` keys), or None."""
+    model, trainer = dict(base.model), dict(base.trainer)
+    for key, value in values.items():
+        group, _, name = key.partition(".")
+        {"model": model, "trainer": trainer}[group][name] = value
+    try:
+        Calibrator(rubric, model, trainer)
+    except InputError as e:
+        return str(e)
+    return None
 
 
 def _heartbeat_interval(study: optuna.Study) -> int | None:

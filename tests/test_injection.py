@@ -70,7 +70,9 @@ def test_flagged_blocks_are_recorded_and_kept(llama, tok, rubric, tmp_path):
     tasks, skipped = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
     backend = TransformersBackend(llama, tok)
     plain = extract(tasks, backend, ResultCache(None), "s", skipped, rubric, progress=False)
-    flagged = extract(tasks, backend, ResultCache(None), "s", skipped, rubric, progress=False, detector=InjectionDetector())
+    flagged = extract(
+        tasks, backend, ResultCache(None), "s", skipped, rubric, progress=False, detector=InjectionDetector()
+    )
     pd.testing.assert_frame_equal(plain.features, flagged.features)  # nothing dropped or changed
     marked = flagged.failures[flagged.failures.status == "possible_injection"]
     asked = sum(t.text_id == "t2" for t in tasks)

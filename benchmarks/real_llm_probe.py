@@ -121,14 +121,16 @@ def calibrated_shift(rubric: Rubric, root: str, subset: list[str], clean, inject
         real.annotations[real.annotations.text_id.isin(train_ids)], committed[committed.text_id.isin(train_ids)]
     )
     annotations = real.annotations[real.annotations.text_id.isin(subset)]
+    # the training texts' features ride along so that every block the model knows is present
+    # (the subset's short dialogues cite no references: no Q2-Q5 blocks); only the subset is predicted
     shifts, pairs = [], 0
     for seed in range(seeds):
         model = Calibrator(rubric, seed=seed).fit(train)
         clean_mean, injected_mean = (
-            model.predict(Tables(annotations, f), questions=[rubric.main.id])["mean"].to_numpy()
+            model.predict(Tables(annotations, pd.concat([f, train.features])), questions=[rubric.main.id])
             for f in (clean, injected)
         )
-        d = injected_mean - clean_mean
+        d = injected_mean["mean"].to_numpy() - clean_mean["mean"].to_numpy()
         shifts.append((float(np.abs(d).mean()), float(d.mean())))
         pairs = len(d)
     return {
@@ -156,6 +158,9 @@ def injection(args, cfg: dict) -> dict:
     }
     raw = shift(runs["llm_rubric", "clean"].features, runs["llm_rubric", "injected"].features)
     mitigated = shift(runs["llm_rubric_fenced", "clean"].features, runs["llm_rubric_fenced", "injected"].features)
+    committed = read_table(FEATURES, "features")
+    mine = runs["llm_rubric", "clean"].features
+    both = mine.merge(committed, on=["text_id", "question_id", "option"], suffixes=("", "_committed"))
     flags = {
         kind: sum(detector.find(t) is not None for t in texts.text)
         for kind, texts in (("clean", clean_texts), ("injected", injected_texts))
@@ -184,6 +189,13 @@ def injection(args, cfg: dict) -> dict:
         "mitigated_mean_abs_shift": mitigated["mean_abs_shift"],
         "mitigated_argmax_changed": mitigated["argmax_changed"],
         "mitigation": "template llm_rubric_fenced: the conversation between <<<CONVERSATION>>> lines, declared data, instructions inside it to be ignored",
+        "clean_vs_committed": {
+            "blocks": int(both.groupby(["text_id", "question_id"]).ngroups),
+            "max_abs_prob_diff": float((both.prob - both.prob_committed.astype(float)).abs().max()),
+        },
+        "fenced_vs_default_clean": shift(
+            runs["llm_rubric", "clean"].features, runs["llm_rubric_fenced", "clean"].features
+        ),
         "raw": raw,
         "mitigated": mitigated,
         "detector": {

@@ -13,7 +13,9 @@ subset, its predicted expected main-question answer for the subset's annotated p
 injected (mean over seeds).
 
 orders: the subset asked with the options in 1, 2 (and 4) rotated orders: the share of blocks
-whose most likely option is "1" (listed first in the order 1 2 3 4) and the median normalised p("1").
+whose most likely option (orders averaged) is "1" (listed first in the order 1 2 3 4), the median
+normalised p("1"); per prompt, the share whose most likely label is the first listed one
+(position bias) and the share whose most likely label is "1" (label bias).
 """
 
 from __future__ import annotations
@@ -215,13 +217,23 @@ def orders(args, cfg: dict) -> dict:
     texts = shortest(llm_rubric_real_texts(args.data), args.probe_dialogues)
     probe = Probe(args, cfg)
     out = {"subset": f"the {len(texts)} shortest real dialogues by characters", "dialogues": len(texts)}
+    template = PromptTemplate("llm_rubric")
     for k in args.orders:
         b = blocks(probe.run(texts, "llm_rubric", orders=k).features)
+        tasks, _ = likert_tasks(texts, probe.rubric, template, k)
+        tops = [
+            (t.options[0], max(r.probs, key=r.probs.get))
+            for t in tasks
+            if (r := probe.cache.get(probe.backend.model_id, t))
+        ]
         out[str(k)] = {
             "blocks": len(b),
             "first_option_top_share": round(float((b.top == "1").mean()), 4),
             "median_p1": round(float(b.p1.median()), 4),
             "mean_expected": round(float(b.expected.mean()), 4),
+            "prompts": len(tops),
+            "prompt_first_listed_top_share": round(float(np.mean([first == top for first, top in tops])), 4),
+            "prompt_label_1_top_share": round(float(np.mean([top == "1" for _, top in tops])), 4),
         }
     out["seconds"] = round(time.perf_counter() - start, 1)
     return out

@@ -135,6 +135,8 @@ def test_cli_detect_injection(llama, tok, tmp_path, capsys):
     summary = json.loads((tmp_path / "f.summary.json").read_text())
     failures = pd.read_csv(tmp_path / "f.failures.csv")
     assert summary["possible_injection"] == (failures.status == "possible_injection").sum() > 0
+    # only the injected text: the fenced template's own instructions are not the judged text
+    assert set(failures.text_id[failures.status == "possible_injection"]) == {"t2"}
     assert set(read_table(out, "features").text_id) == {"t0", "t1", "t2"}
     config = tmp_path / "x.yaml"
     config.write_text(f"defaults:\n  - transformers\n  - _self_\nmodel: {model}\nrubric: {RUBRIC}\n")

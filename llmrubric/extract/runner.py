@@ -160,7 +160,7 @@ def assemble(
     for (text_id, question_id), block in blocks.items():
         r = merge(block, [results.get((t.template_hash, t.key, t.question_id)) for t in block])
         where = {"text_id": text_id, "source": source, "question_id": question_id}
-        found = detector.find(block[0].text or block[0].prompt) if detector else None
+        found = detector.find(block[0].text) if detector and block[0].text else None
         if found:
             failures.append({**where, "status": "possible_injection", "reason": f"the text holds {found!r}"})
         if r is None:

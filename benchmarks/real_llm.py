@@ -10,7 +10,10 @@ lengths. float32 vs bfloat16 is timed on the ``--dtype-dialogues`` shortest dial
 be shared: wall-clock rates are given beside rates per CPU second of this process, which
 times the thread count estimate an idle machine.
 
-Usage: ``python benchmarks/real_llm.py [--data DIR] [--subset 20] [--dtype-dialogues 3]``
+Parts ``injection`` and ``orders`` (``real_llm_probe.py``) and ``cv`` (``real_llm_cv.py``) are
+described in their modules; each part writes only its own key of the JSON, keeping the others.
+
+Usage: ``python benchmarks/real_llm.py [--part a|cv|injection|orders] [--data FILE] [--subset 20] [--dtype-dialogues 3]``
 """
 
 from __future__ import annotations
@@ -67,14 +70,12 @@ def run(backend, tasks, rubric, cache: str | None = None) -> tuple[dict, object]
     ex = extract(tasks, backend, ResultCache(cache), "bench", (), rubric, progress=True, min_label_mass=0.05)
     if ex.summary["cached"]:
         raise SystemExit(f"{cache} already holds {ex.summary['cached']} of these prompts: the timing would be wrong")
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
-    tokens = backend.stats["prefill_tokens"]
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     return {
         "seconds": round(seconds, 1),
-        "cpu_seconds": round(cpu_seconds, 1),
-        "tokens": tokens,
-        "tokens_per_s": round(tokens / seconds, 1),
-        "tokens_per_cpu_s": round(tokens / cpu_seconds, 2),
+        "tokens": backend.stats["prefill_tokens"],
+        "tokens_per_s": round(backend.stats["prefill_tokens"] / seconds, 1),
+        "tokens_per_cpu_s": round(backend.stats["prefill_tokens"] / cpu, 1),
     }, ex
 
 
@@ -141,10 +142,28 @@ def main() -> None:
     parser.add_argument("--cache", help="also store the subset's results in this cache (e.g. the full extraction's)")
     parser.add_argument("--from-cache", help="summarise a subset run cut short from its cache instead of running")
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--part", choices=["a", "cv", "injection", "orders"], default="a")
+    parser.add_argument("--probe-dialogues", type=int, default=8, help="injection/orders: the n shortest dialogues")
+    parser.add_argument("--probe-cache", default=str(ROOT / "outputs" / "real_llm_bench" / "probe.cache.sqlite"))
+    parser.add_argument("--orders", type=int, nargs="+", default=[1, 2, 4], help="orders: option orders to compare")
+    parser.add_argument("--seeds", type=int, default=10, help="injection/cv: seeds of llm_rubric")
+    parser.add_argument("--features", default=str(ROOT / "data" / "real_llm" / "smollm2_real.csv"))
+    parser.add_argument("--permuted", help="cv: SmolLM2 features extracted with orders: 2 (skipped if absent)")
     args = parser.parse_args()
     torch.set_num_threads(len(os.sched_getaffinity(0)))
 
     cfg = load_config(args.config)
+    if args.part != "a":
+        import real_llm_cv
+        import real_llm_probe
+
+        run_part = {"cv": real_llm_cv.cv, "injection": real_llm_probe.injection, "orders": real_llm_probe.orders}
+        figures = run_part[args.part](args, cfg)
+        result = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+        result[args.part] = figures
+        write_json(result, args.out)
+        print(json.dumps(figures, indent=1))
+        return
     rubric = Rubric.load(ROOT / cfg["rubric"])
     texts = llm_rubric_real_texts(args.data).sort_values("text_id").reset_index(drop=True)
     subset = texts.iloc[:: len(texts) // args.subset].head(args.subset)

@@ -18,11 +18,13 @@ def render_dialogue(messages: list[dict], references: str = "") -> str:
     return f"{text}\n\n{references.strip()}" if references and references.strip() else text
 
 
-def llm_rubric_real_texts(path: str | Path) -> pd.DataFrame:
+def llm_rubric_real_texts(path: str | Path, append_to_last_turn: str = "") -> pd.DataFrame:
     """LLM-Rubric ``real_data.json`` → texts: ``text_id, query_id, text, has_references``.
 
     ``messages`` is a list of ``{role, content}`` or its Python-literal string; ``ref``
     (the sources shown) is appended to the dialogue; ``topic`` becomes ``query_id``.
+    ``append_to_last_turn`` is added (after a space) to the last message's content, e.g. an
+    injected instruction for a robustness test.
     """
     path = Path(path)
     if not path.is_file():
@@ -50,6 +52,9 @@ def llm_rubric_real_texts(path: str | Path) -> pd.DataFrame:
             isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages
         ):
             raise InputError("messages must be a list of {role, content}", file=str(path), row=n, column="messages")
+        if append_to_last_turn and messages:
+            last = messages[-1]
+            messages = [*messages[:-1], {**last, "content": f"{str(last['content']).rstrip()} {append_to_last_turn}"}]
         ref = record.get("ref") or ""
         rows.append(
             {

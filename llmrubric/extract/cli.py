@@ -57,6 +57,8 @@ DEFAULTS = {
     "model": None,
     "min_label_mass": 0.05,
     "orders": 1,
+    "detect_injection": False,
+    "injection_patterns": None,
 }
 
 
@@ -112,6 +114,13 @@ def register(subparsers) -> None:
         type=float,
         help="blocks whose labels get less total probability are marked low_label_mass (default 0.05)",
     )
+    p.add_argument(
+        "--detect-injection",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="mark blocks whose text matches an injection pattern as possible_injection (default off)",
+    )
+    p.add_argument("--injection-patterns", help="YAML file of patterns (default conf/injection/default.yaml)")
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
         flag = "--" + key.replace("_", "-")
         if key in ("prefix_reuse", "chat_template"):
@@ -190,6 +199,7 @@ def make_backend_from(settings: dict):
 def run(args) -> int:
     from llmrubric.extract.cache import ResultCache
     from llmrubric.extract.families import FAMILIES, item_tasks, likert_tasks
+    from llmrubric.extract.injection import make_detector
     from llmrubric.extract.prompts import PromptTemplate
     from llmrubric.extract.runner import extract
     from llmrubric.extract.summaries import summarise
@@ -198,6 +208,7 @@ def run(args) -> int:
 
     settings = _settings(args)
     out = Path(settings["out"])
+    detector = make_detector(settings["detect_injection"], settings["injection_patterns"])
     texts = read_table(settings["texts"], "texts")
     family = settings["family"]
     rubric, skipped, bank_warnings, importance = None, [], [], None
@@ -230,6 +241,7 @@ def run(args) -> int:
             progress=not settings.get("no_progress"),
             min_label_mass=float(settings["min_label_mass"]),
             compute=not settings.get("cached_only"),
+            detector=detector,
         )
     finally:
         cache.close()

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from llmrubric.extract.backends.base import Backend
 from llmrubric.extract.cache import FINAL, ResultCache
+from llmrubric.extract.injection import InjectionDetector
 from llmrubric.extract.tasks import Result, Task
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import validate_features
@@ -25,8 +26,9 @@ FAILURE_COLUMNS = ["text_id", "source", "question_id", "status", "reason"]
 @dataclass
 class Extraction:
     """``features``: canonical table; ``failures``: one row per block that is not in it
-    (failed, incomplete, not_applicable) or carries a warning (truncated, or low_label_mass: the
-    labels' total probability is below ``min_label_mass``; such a block stays in the features)."""
+    (failed, incomplete, not_applicable) or carries a warning (truncated; low_label_mass: the
+    labels' total probability is below ``min_label_mass``; possible_injection: the injection
+    detector matched the text; such a block stays in the features)."""
 
     features: pd.DataFrame
     failures: pd.DataFrame
@@ -43,6 +45,7 @@ def extract(
     progress: bool = True,
     min_label_mass: float = 0.0,
     compute: bool = True,
+    detector: InjectionDetector | None = None,
 ) -> Extraction:
     """Score every task not already in ``cache`` (none with ``compute=False``: only what the
     cache holds, the rest reported as ``no result``); return features of all tasks."""
@@ -77,7 +80,7 @@ def extract(
             bar.update(1)
     finally:
         bar.close()
-    extraction = assemble(tasks, results, source, skipped, rubric, min_label_mass)
+    extraction = assemble(tasks, results, source, skipped, rubric, min_label_mass, detector)
     s = extraction.failures.status.value_counts() if len(extraction.failures) else {}
     extraction.summary = {
         "prompts": len(tasks),
@@ -89,6 +92,7 @@ def extract(
         "not_applicable": int(s.get("not_applicable", 0)),
         "truncated": int(s.get("truncated", 0)),
         "low_label_mass": int(s.get("low_label_mass", 0)),
+        "possible_injection": int(s.get("possible_injection", 0)) if detector else None,
         **label_mass_quantiles(results.values()),
         "prompt_tokens": prompt_tokens,
         "computed_tokens": computed_tokens,
@@ -100,6 +104,12 @@ def extract(
             source,
             extraction.summary["low_label_mass"],
             min_label_mass,
+        )
+    if extraction.summary["possible_injection"]:
+        log.warning(
+            "%s: %d blocks judge a text that may hold instructions to the judge (marked possible_injection)",
+            source,
+            extraction.summary["possible_injection"],
         )
     log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
     return extraction
@@ -139,9 +149,10 @@ def assemble(
     skipped: Sequence[dict],
     rubric: Rubric | None,
     min_label_mass: float = 0.0,
+    detector: InjectionDetector | None = None,
 ) -> Extraction:
     """Features rows from ``ok`` results (a block asked in several prompts gets their mean);
-    every other outcome, warning or low label mass as a failures row."""
+    every other outcome, warning, low label mass or the ``detector``'s match as a failures row."""
     rows, failures = [], [{**s, "source": source} for s in skipped]
     blocks: dict[tuple[str, str], list[Task]] = defaultdict(list)
     for t in tasks:
@@ -149,6 +160,9 @@ def assemble(
     for (text_id, question_id), block in blocks.items():
         r = merge(block, [results.get((t.template_hash, t.key, t.question_id)) for t in block])
         where = {"text_id": text_id, "source": source, "question_id": question_id}
+        found = detector.find(block[0].text) if detector and block[0].text else None
+        if found:
+            failures.append({**where, "status": "possible_injection", "reason": f"the text holds {found!r}"})
         if r is None:
             failures.append({**where, "status": "failed", "reason": "no result"})
             continue

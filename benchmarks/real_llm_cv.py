@@ -125,7 +125,11 @@ def cv(args, cfg: dict) -> dict:
         "folds": 5,
         "seeds": args.seeds,
         "skipped": skipped,
-        "note": "partial: only the dialogues with complete SmolLM2 features in the committed table",
+        "note": (
+            f"all {len(ids)} real dialogues"
+            if len(ids) == len(set(real.text_ids))
+            else f"partial: the {len(ids)} of {len(set(real.text_ids))} dialogues with complete SmolLM2 features"
+        ),
     }
     losses = {}
     for name, features in sets.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import re
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -110,6 +111,7 @@ def launch(
         raise InputError(f"must be at least 1, not {n}", setting="--shards")
     parts = {k: [t for t in tasks if shard_of(t.text_id, n) == k] for k in range(n)}
     parts = {k: part for k, part in parts.items() if part}
+    executor = _executor(submitit, jobs_dir, launcher)
     main = ResultCache(cache)
     try:
         for leftover in sorted(cache.parent.glob(f"{cache.stem}.shard-*-of-*{cache.suffix}")):
@@ -117,7 +119,7 @@ def launch(
         for k in parts:
             with contextlib.closing(ResultCache(shard_cache(cache, k, n))) as store:
                 store.merge(cache, keep=lambda text_id, k=k: shard_of(text_id, n) == k)
-        jobs = _submit(submitit, parts, settings, source, cache, jobs_dir, launcher)
+        jobs = _submit(executor, parts, settings, source, cache)
         outcomes = _wait(jobs, float(launcher.get("poll_seconds") or 1), not settings.get("no_progress"))
         for k in parts:
             _merge_and_remove(main, shard_cache(cache, k, n))
@@ -155,21 +157,26 @@ def _merge_and_remove(main: ResultCache, path: Path) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
-def _submit(submitit, parts: dict, settings: dict, source: str, cache: Path, jobs_dir: Path, launcher: dict) -> dict:
-    """One job per non-empty shard, as one batch (a Slurm job array)."""
+def _executor(submitit, jobs_dir: Path, launcher: dict):
+    """The submitit executor of the launcher config (checked before any work)."""
     params = {k: v for k, v in launcher.items() if k not in ("cluster", "poll_seconds") and v is not None}
-    executor = submitit.AutoExecutor(folder=jobs_dir, cluster=launcher.get("cluster"))
     try:
+        executor = submitit.AutoExecutor(folder=jobs_dir, cluster=launcher.get("cluster"))
         executor.update_parameters(name="llmrubric-extract", **params)
-    except (ValueError, NameError) as e:
+    except (ValueError, NameError, RuntimeError) as e:  # an unknown cluster or key; no srun for slurm
         raise InputError(" ".join(str(e).split()), setting="--launcher") from None
+    return executor
+
+
+def _submit(executor, parts: dict, settings: dict, source: str, cache: Path) -> dict:
+    """One job per non-empty shard, as one batch (a Slurm job array)."""
     model = Path(str(settings["model"]))
     job_settings = {**settings, "model": str(model.resolve()) if model.exists() else str(model)}
     n = int(settings["shards"])
     try:
         with executor.batch():
             pending = {
-                k: executor.submit(run_shard, job_settings, part, str(shard_cache(cache, k, n)), source)
+                k: executor.submit(run_shard, job_settings, part, str(shard_cache(cache, k, n).resolve()), source)
                 for k, part in parts.items()
             }
     except Exception as e:  # the scheduler refused the batch (no sbatch, a bad partition, …)
@@ -197,7 +204,19 @@ def _wait(jobs: dict, poll: float, progress: bool) -> dict:
         try:
             outcomes[k] = job.result()
         except Exception as e:  # whatever ended the job: its error, a kill, a timeout
-            lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-            why = " ".join(lines[-1].split())[:300]
-            outcomes[k] = f"{why} (job {job.job_id}, log {job.paths.stderr})"
+            outcomes[k] = f"{_why(e)} (job {job.job_id}, log {job.paths.stderr})"
     return outcomes
+
+
+def _why(error: Exception) -> str:
+    """What ended a job, in one line: the last line of its traceback, or that it left no result."""
+    text = str(error)
+    sections = text.split("-" * 22 + "\n")
+    if len(sections) >= 3:  # submitit's FailedJobError: the job's traceback between two rules
+        text = sections[1]
+    else:
+        state = re.search(r"has not produced any output \(state: ([^)]*)\)", text)
+        if state:
+            return f"the job ended without a result (state {state.group(1)}: killed, out of time or of memory?)"
+    lines = [line for line in text.splitlines() if line.strip()] or [type(error).__name__]
+    return " ".join(lines[-1].split())[:300]

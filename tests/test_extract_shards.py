@@ -85,6 +85,26 @@ def test_partition_is_stable_complete_and_disjoint():
             parse_shard(bad)
 
 
+def test_merge_keeps_final_results_and_filters_texts(tmp_path):
+    from llmrubric.extract.cache import ResultCache
+    from llmrubric.extract.tasks import Result, Task
+
+    def result(text_id, status):
+        task = Task(text_id, "Q0", f"prompt {text_id}", ("1", "2"), ("1", "2"), text_id, "h", f"key-{text_id}")
+        return Result(task, {"1": 0.25, "2": 0.75} if status == "ok" else None, status, "" if status == "ok" else "x")
+
+    main, other = ResultCache(tmp_path / "main.sqlite"), ResultCache(tmp_path / "other.sqlite")
+    for text_id, here, there in (("a", "ok", "failed"), ("b", "failed", "ok"), ("c", None, "ok"), ("d", None, "ok")):
+        if here:
+            main.put("m", result(text_id, here))
+        other.put("m", result(text_id, there))
+    other.close()
+    assert main.merge(tmp_path / "other.sqlite", keep=lambda text_id: text_id != "d") == 2
+    status = dict(main.db.execute("SELECT text_id, status FROM results").fetchall())
+    assert status == {"a": "ok", "b": "ok", "c": "ok"}  # a final result is never replaced; d filtered out
+    assert main.merge(tmp_path / "other.sqlite", keep=lambda text_id: text_id != "d") == 0  # nothing twice
+
+
 @pytest.mark.parametrize("value", ["3/2", "x"])
 def test_bad_shard_is_one_line_error(setup, value, capsys):
     tmp, texts, model = setup

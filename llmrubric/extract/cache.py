@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from llmrubric.extract.tasks import Result, Task
@@ -76,6 +77,23 @@ class ResultCache:
             ),
         )
         self.db.commit()
+
+    def merge(self, path: str | Path, keep: Callable[[str], bool] | None = None) -> int:
+        """Add the results of the store at ``path`` (only those of texts where ``keep(text_id)``):
+        each replaces the one here unless that one is final. Returns the rows added or replaced."""
+        self.db.create_function("keep_text", 1, keep or (lambda text_id: True), deterministic=True)
+        self.db.execute("ATTACH DATABASE ? AS other", (str(path),))
+        try:
+            added = self.db.execute(
+                "INSERT OR REPLACE INTO results SELECT o.* FROM other.results o LEFT JOIN main.results m "
+                "ON m.model_id = o.model_id AND m.template_hash = o.template_hash AND m.key = o.key "
+                "AND m.question_id = o.question_id "
+                f"WHERE keep_text(o.text_id) AND (m.status IS NULL OR m.status NOT IN {FINAL!r})"
+            ).rowcount
+            self.db.commit()
+        finally:
+            self.db.execute("DETACH DATABASE other")
+        return added
 
     def count(self, status: str | None = None) -> int:
         if status is None:

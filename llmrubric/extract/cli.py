@@ -121,6 +121,24 @@ def register(subparsers) -> None:
         help="mark blocks whose text matches an injection pattern as possible_injection (default off)",
     )
     p.add_argument("--injection-patterns", help="YAML file of patterns (default conf/injection/default.yaml)")
+    p.add_argument(
+        "--shard", metavar="K/N", help="only the texts of shard K of N (0 <= K < N; by the sha256 of text_id)"
+    )
+    p.add_argument(
+        "--shards", type=int, metavar="N", help="run N shard jobs with submitit, merge their caches, write the outputs"
+    )
+    p.add_argument(
+        "--launcher",
+        metavar="NAME|FILE",
+        help="with --shards: local (default) or slurm (conf/extract/launcher/NAME.yaml), or a launcher YAML file",
+    )
+    p.add_argument(
+        "--launcher-set",
+        dest="launcher_overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        help="Hydra override of the launcher config (repeatable), e.g. slurm_partition=gpu",
+    )
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
         flag = "--" + key.replace("_", "-")
         if key in ("prefix_reuse", "chat_template"):
@@ -198,18 +216,86 @@ def make_backend_from(settings: dict):
 
 def run(args) -> int:
     from llmrubric.extract.cache import ResultCache
-    from llmrubric.extract.families import FAMILIES, item_tasks, likert_tasks
     from llmrubric.extract.injection import make_detector
-    from llmrubric.extract.prompts import PromptTemplate
     from llmrubric.extract.runner import extract
+    from llmrubric.extract.shards import launch, launcher_settings, parse_shard, shard_of
     from llmrubric.extract.summaries import summarise
+
+    settings = _settings(args)
+    detector = make_detector(settings["detect_injection"], settings["injection_patterns"])
+    shard = parse_shard(settings["shard"]) if settings.get("shard") else None
+    if settings.get("shards") is not None and (shard or settings.get("cached_only")):
+        raise InputError("--shards runs every shard: leave out --shard and --cached-only", setting="--shards")
+    if settings.get("shards") is None and (settings.get("launcher") or settings.get("launcher_overrides")):
+        raise InputError("--launcher and --launcher-set go with --shards N", setting="--launcher")
+    out = Path(settings["out"])
+    texts = read_table(settings["texts"], "texts")
+    if shard and "text_id" in texts.columns:
+        mine = texts.text_id.astype(str).map(lambda text_id: shard_of(text_id, shard[1]) == shard[0])
+        if not mine.any():
+            raise InputError(f"shard {settings['shard']} holds none of the {len(texts)} texts", setting="--shard")
+        texts = texts[mine]
+    tasks, skipped, rubric, template, importance, bank_warnings = _tasks(settings, texts)
+    source = settings.get("source") or f"{Path(str(settings['model'])).name}/{template.name}"
+    cache_path = Path(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
+    if settings.get("shards") is not None:
+        launcher = launcher_settings(settings.get("launcher") or "local", settings.get("launcher_overrides") or [])
+        result = launch(
+            tasks,
+            skipped,
+            rubric,
+            settings,
+            source,
+            cache_path,
+            out.with_name(out.name + ".jobs"),
+            launcher,
+            detector,
+        )
+    else:
+        backend = make_backend_from(settings)
+        cache = ResultCache(cache_path)
+        try:
+            result = extract(
+                tasks,
+                backend,
+                cache,
+                source,
+                skipped,
+                rubric,
+                progress=not settings.get("no_progress"),
+                min_label_mass=float(settings["min_label_mass"]),
+                compute=not settings.get("cached_only"),
+                detector=detector,
+            )
+        finally:
+            cache.close()
+            backend.close()
+    features = result.features
+    if settings.get("summaries") and settings["family"] != "likert":
+        features = pd.concat([features, summarise(features, settings["family"], importance)], ignore_index=True)
+    failures_path = out.with_name(out.stem + ".failures" + out.suffix)
+    summary = {
+        **result.summary,
+        "bank_warnings": len(bank_warnings),
+        "features": str(out),
+        "failures": str(failures_path),
+    }
+    write_table(result.failures, failures_path)
+    write_json(summary, out.with_name(out.stem + ".summary.json"))
+    if features.empty:
+        raise InputError(f"no features were obtained (all prompts failed); see {failures_path}", file=str(out))
+    write_table(features, out)
+    print(json.dumps(summary))
+    return 0
+
+
+def _tasks(settings: dict, texts: pd.DataFrame) -> tuple:
+    """The family's tasks of ``texts``: ``(tasks, skipped, rubric, template, importance, bank_warnings)``."""
+    from llmrubric.extract.families import FAMILIES, item_tasks, likert_tasks
+    from llmrubric.extract.prompts import PromptTemplate
     from llmrubric.extract.testbank import read_bank
     from llmrubric.io.rubric import Rubric
 
-    settings = _settings(args)
-    out = Path(settings["out"])
-    detector = make_detector(settings["detect_injection"], settings["injection_patterns"])
-    texts = read_table(settings["texts"], "texts")
     family = settings["family"]
     rubric, skipped, bank_warnings, importance = None, [], [], None
     if family == "likert":
@@ -227,42 +313,7 @@ def run(args) -> int:
         tasks = item_tasks(family, texts, bank, template)
     if not tasks:
         raise InputError("nothing to ask: no (text, question) pair applies", file=str(settings["texts"]))
-    backend = make_backend_from(settings)
-    source = settings.get("source") or f"{Path(str(settings['model'])).name}/{template.name}"
-    cache = ResultCache(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
-    try:
-        result = extract(
-            tasks,
-            backend,
-            cache,
-            source,
-            skipped,
-            rubric,
-            progress=not settings.get("no_progress"),
-            min_label_mass=float(settings["min_label_mass"]),
-            compute=not settings.get("cached_only"),
-            detector=detector,
-        )
-    finally:
-        cache.close()
-        backend.close()
-    features = result.features
-    if settings.get("summaries") and family != "likert":
-        features = pd.concat([features, summarise(features, family, importance)], ignore_index=True)
-    failures_path = out.with_name(out.stem + ".failures" + out.suffix)
-    summary = {
-        **result.summary,
-        "bank_warnings": len(bank_warnings),
-        "features": str(out),
-        "failures": str(failures_path),
-    }
-    write_table(result.failures, failures_path)
-    write_json(summary, out.with_name(out.stem + ".summary.json"))
-    if features.empty:
-        raise InputError(f"no features were obtained (all prompts failed); see {failures_path}", file=str(out))
-    write_table(features, out)
-    print(json.dumps(summary))
-    return 0
+    return tasks, skipped, rubric, template, importance, bank_warnings
 
 
 def run_bank(args) -> int:

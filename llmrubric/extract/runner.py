@@ -48,7 +48,8 @@ def extract(
     detector: InjectionDetector | None = None,
 ) -> Extraction:
     """Score every task not already in ``cache`` (none with ``compute=False``: only what the
-    cache holds, the rest reported as ``no result``); return features of all tasks."""
+    cache holds, failed results with their reasons, the rest reported as ``no result``);
+    return features of all tasks."""
     keys = [(t.template_hash, t.key, t.question_id) for t in tasks]
     if len(set(keys)) != len(keys):
         raise ValueError("two tasks have the same cache key (same prompt and question id)")
@@ -57,11 +58,11 @@ def extract(
     todo = []
     for t in tasks:
         hit = cache.get(model_id, t)
-        if hit is not None and hit.status in FINAL:
+        if hit is not None and (hit.status in FINAL or not compute):
             results[(t.template_hash, t.key, t.question_id)] = hit
         else:
             todo.append(t)
-    cached = len(results)
+    cached = sum(r.status in FINAL for r in results.values())
     bar = tqdm(
         total=len(tasks),
         initial=cached,

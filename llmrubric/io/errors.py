@@ -38,7 +38,11 @@ class TrainingDiverged(RuntimeError):
     """A network's training loss became non-finite (e.g. a learning rate that is too high)."""
 
 
-USER_ERRORS = (InputError, TrainingDiverged)
+class JobFailed(RuntimeError):
+    """A launched job (an extraction shard) failed or was killed; the message names its log."""
+
+
+USER_ERRORS = (InputError, TrainingDiverged, JobFailed)
 
 
 def report(error: BaseException) -> int:

@@ -255,3 +255,31 @@ def test_a_trial_whose_combination_the_model_refuses_is_failed_and_the_batch_tra
     refused, trained = study.trials
     assert refused.state == optuna.trial.TrialState.FAIL and refused.user_attrs["fail_reason"].startswith("refused:")
     assert trained.state == optuna.trial.TrialState.COMPLETE and trained.value > 0
+
+
+def test_a_worker_that_loses_the_race_to_create_a_new_studys_schema_opens_it_again(tmp_path, monkeypatch):
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    import llmrubric.training.search as search
+
+    real, calls = search.HeartbeatStorage, []
+
+    def racing(url, **kwargs):
+        calls.append(url)
+        if len(calls) == 1:  # the other worker created the tables first
+            raise IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed"))
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(search, "HeartbeatStorage", racing)
+    study = create_study(search_config(f"sqlite:///{tmp_path / 'study.db'}", 1), "s")
+    assert len(calls) == 2 and study.study_name == "s"
+
+    def broken(url, **kwargs):
+        calls.append(url)
+        raise OperationalError("connect", {}, Exception("unable to open database file"))
+
+    monkeypatch.setattr(search, "HeartbeatStorage", broken)
+    calls.clear()
+    with pytest.raises(InputError, match="cannot be opened: .*unable to open"):
+        create_study(search_config(f"sqlite:///{tmp_path / 'other.db'}", 1), "s")
+    assert len(calls) == 1

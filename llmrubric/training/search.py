@@ -267,9 +267,7 @@ def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
     if storage:
         beat = int(search.get("heartbeat_seconds", 60))
         try:
-            storage = HeartbeatStorage(
-                storage, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue
-            )
+            storage = _open_storage(storage, beat)
         except (SQLAlchemyError, ImportError, ValueError) as e:
             reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
             raise InputError(f"search.storage {_hide_password(storage)!r} cannot be opened: {reason}") from e
@@ -281,6 +279,28 @@ def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
         direction="minimize",
         load_if_exists=True,
     )
+
+
+SCHEMA_RACE = ("already exists", "UNIQUE constraint failed", "duplicate key")
+
+
+def _open_storage(url: str, beat: int, attempts: int = 5) -> HeartbeatStorage:
+    """The study storage; workers that open a new database at the same moment race to create its
+    schema, and the loser, finding the tables made by the other, opens it again."""
+
+    def open_it() -> HeartbeatStorage:
+        return HeartbeatStorage(
+            url, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue
+        )
+
+    for attempt in range(attempts - 1):
+        try:
+            return open_it()
+        except SQLAlchemyError as e:
+            if not any(m in str(e) for m in SCHEMA_RACE):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    return open_it()
 
 
 def _hide_password(url: str) -> str:

@@ -158,10 +158,13 @@ def assemble(
     blocks: dict[tuple[str, str], list[Task]] = defaultdict(list)
     for t in tasks:
         blocks[(t.text_id, t.question_id)].append(t)
+    found_in: dict[str, str | None] = {}  # each text searched once, not once per question or item
     for (text_id, question_id), block in blocks.items():
         r = merge(block, [results.get((t.template_hash, t.key, t.question_id)) for t in block])
         where = {"text_id": text_id, "source": source, "question_id": question_id}
-        found = detector.find(block[0].text) if detector and block[0].text else None
+        if detector and block[0].text and text_id not in found_in:
+            found_in[text_id] = detector.find(block[0].text)
+        found = found_in.get(text_id)
         if found:
             failures.append({**where, "status": "possible_injection", "reason": f"the text holds {found!r}"})
         if r is None:

@@ -475,26 +475,21 @@ def check_space(space: dict, base: Setting, rubric: Rubric) -> None:
     for key, choices in categorical.items():
         others = {k: c for k, c in categorical.items() if k != key}
         for choice in choices:
-            reasons = [
-                reason
+            reasons = (
+                _refusal(rubric, setting_of({key: choice, **dict(zip(others, combination))}, base))
                 for combination in itertools.product(*others.values())
-                if (reason := _refusal(rubric, base, {key: choice, **dict(zip(others, combination))}))
-            ]
-            if len(reasons) == math.prod(len(c) for c in others.values()):
+            )
+            first = next(reasons)
+            if first and all(reasons):  # stops at the first combination the model accepts
                 raise InputError(
-                    f"the model refuses {choice!r} whatever the other choices: {reasons[0]}",
-                    setting=f"search.space.{key}",
+                    f"the model refuses {choice!r} whatever the other choices: {first}", setting=f"search.space.{key}"
                 )
 
 
-def _refusal(rubric: Rubric, base: Setting, values: dict) -> str | None:
-    """Why the model refuses ``base`` with ``values`` (``model.x`` / ``trainer.x`` keys), or None."""
-    model, trainer = dict(base.model), dict(base.trainer)
-    for key, value in values.items():
-        group, _, name = key.partition(".")
-        {"model": model, "trainer": trainer}[group][name] = value
+def _refusal(rubric: Rubric, setting: Setting) -> str | None:
+    """Why the model refuses ``setting``, or None."""
     try:
-        Calibrator(rubric, model, trainer)
+        Calibrator(rubric, setting.model, setting.trainer)
     except InputError as e:
         return str(e)
     return None

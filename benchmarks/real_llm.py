@@ -31,7 +31,7 @@ import torch
 from llmrubric.extract.adapters import llm_rubric_real_texts
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
-from llmrubric.extract.cli import load_config
+from llmrubric.extract.cli import BACKEND_KEYS, load_config
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import extract
@@ -131,6 +131,20 @@ def from_cache(args, cfg, texts) -> dict:
     }
 
 
+def compare_dtypes(backend, subset, tasks, rubric, n: int) -> dict:
+    """float32 vs bfloat16 timings and the largest probability difference on the ``n`` shortest dialogues."""
+    shortest = set(subset.assign(n=subset.text.str.len()).nsmallest(n, "n").text_id)
+    few = [t for t in tasks if t.text_id in shortest]
+    dtypes, probs = {}, {}
+    for dtype in ("float32", "bfloat16"):
+        backend.model.to(getattr(torch, dtype))
+        dtypes[dtype], e = run(backend, few, rubric)
+        probs[dtype] = e.features.prob.to_numpy()
+    backend.model.to(torch.float32)
+    dtypes["max_abs_prob_diff"] = float(np.abs(probs["float32"] - probs["bfloat16"]).max())
+    return dtypes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -177,21 +191,12 @@ def main() -> None:
     template = PromptTemplate(cfg.get("template") or "llm_rubric")
     all_tasks, _ = likert_tasks(texts, rubric, template)
     tasks, _ = likert_tasks(subset, rubric, template)
-    keys = (
-        "gguf_file",
-        "device",
-        "threads",
-        "batch_size",
-        "prefix_reuse",
-        "max_length",
-        "overflow",
-        "label_prefix",
-        "chat_template",
-    )
+    keys = [k for k in BACKEND_KEYS["transformers"] if k != "dtype"]
     kwargs = {k: cfg[k] for k in keys if cfg.get(k) is not None}
     backend = TransformersBackend(path=str(ROOT / cfg["model"]), dtype="float32", **kwargs)
     plan_all = backend.prefill_plan(all_tasks)
 
+    load_at_start = os.getloadavg()[0]
     timing, ex = run(backend, tasks, rubric, args.cache)
     mass = ex.features.groupby(["text_id", "question_id"]).prob.sum().to_numpy()
     context = np.mean([len(backend._prepare(t).ids) for t in tasks]) / 2  # mean keys attended per token
@@ -231,22 +236,18 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
         "load_average_1min_at_end": os.getloadavg()[0],
-        "note": "measured on a 2-core machine shared with other jobs (see load_average): timings are pessimistic",
+        "load_average_1min_at_start": load_at_start,
+        "note": "wall-clock rates are pessimistic when the load average exceeds the threads (other jobs)",
     }
     extraction["idle_estimate"]["estimated_minutes_all"] = round(plan_all["shared_prefill_tokens"] / idle / 60, 1)
-    shortest = subset.assign(n=subset.text.str.len()).nsmallest(args.dtype_dialogues, "n").text_id
-    few = [t for t in tasks if t.text_id in set(shortest)]
-    dtypes = {}
-    probs = {}
-    for dtype in ("float32", "bfloat16"):
-        backend.model.to(getattr(torch, dtype))
-        t, e = run(backend, few, rubric)
-        dtypes[dtype] = t
-        probs[dtype] = e.features.prob.to_numpy()
-    backend.model.to(torch.float32)
-    dtypes["max_abs_prob_diff"] = float(np.abs(probs["float32"] - probs["bfloat16"]).max())
-    extraction["dtype"] = dtypes
     result = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+    if args.dtype_dialogues > 0:
+        extraction["dtype"] = compare_dtypes(backend, subset, tasks, rubric, args.dtype_dialogues)
+    elif "dtype" in result.get("extraction", {}):
+        extraction["dtype"] = {
+            **result["extraction"]["dtype"],
+            "note": "kept from an earlier run (--dtype-dialogues 0)",
+        }
     result["extraction"] = extraction
     write_json(result, args.out)
     print(extraction)

@@ -27,6 +27,7 @@ BACKEND_KEYS = {
         "dtype",
         "threads",
         "batch_size",
+        "prefix_batch_size",
         "prefix_reuse",
         "max_length",
         "overflow",

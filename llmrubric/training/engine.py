@@ -149,7 +149,11 @@ class Layout:
         self.size = offset
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {k: flat[:, o : o + n].view(flat.shape[0], *shape) for k, shape, o, n in self.entries}
+        """Each parameter's (M, *shape) view of ``flat`` (M, P), cut with one ``split``: its
+        backward assembles the gradient of ``flat`` once, where a slice per parameter would
+        allocate and sum a full (M, P) gradient for each."""
+        parts = flat.split([n for _, _, _, n in self.entries], dim=1)
+        return {k: part.view(flat.shape[0], *shape) for (k, shape, _, _), part in zip(self.entries, parts)}
 
     def index_in(self, source: Layout) -> torch.Tensor:
         """(P,) positions in ``source`` rows of this layout's entries (a layout no wider than ``source``)."""
@@ -215,7 +219,7 @@ class StackedNets(pl.LightningModule):
         self.lr = lr
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        """Adam with one parameter group per learning rate (decay is added to the loss: see :meth:`penalty`)."""
+        """Adam with one parameter group per learning rate (decay is added to the gradients: see :meth:`finish_gradients`)."""
         groups: dict[float, list[nn.Parameter]] = {}
         for row, lr in zip(self.rows, self.lr):
             groups.setdefault(float(lr), []).append(row)
@@ -224,9 +228,10 @@ class StackedNets(pl.LightningModule):
         )
 
     def flat(self, ids: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
-        """(len(ids), P) the rows of models ``ids``, padding zeroed (so it gets no gradient), in the
-        layout of ``index`` (positions of a narrower layout, see :meth:`Layout.index_in`) if given."""
-        flat = torch.stack([self.rows[i] for i in ids.tolist()]) * self.real[ids]
+        """(len(ids), P) the rows of models ``ids`` (padding is zero and stays so: its gradient is
+        dropped before each step, see :meth:`finish_gradients`), in the layout of ``index``
+        (positions of a narrower layout, see :meth:`Layout.index_in`) if given."""
+        flat = torch.stack([self.rows[i] for i in ids.tolist()])
         return flat if index is None else flat[:, index]
 
     def raw_features(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
@@ -244,11 +249,16 @@ class StackedNets(pl.LightningModule):
             f = f * keep / (1 - self.dropout[ids])[:, None, None]
         return self.template.stacked_logits(layout.views(flat), f, judge)
 
-    def penalty(self, flat: torch.Tensor, ids: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
-        """(M,) half the decay-weighted squared parameters: its gradient is Adam's L2 term
-        (``weight_decay`` on shared weights, ``2 delta_l2`` on judge deltas)."""
-        decay = self.decay[ids] if index is None else self.decay[ids][:, index]
-        return 0.5 * (decay * flat.square()).sum(dim=1)
+    @torch.no_grad()
+    def finish_gradients(self, models: list[int]) -> None:
+        """Before the step of ``models``: drop their padding's gradient and add the L2 term
+        ``decay * row``, the gradient of half the decay-weighted squared parameters
+        (``weight_decay`` on shared weights, ``2 delta_l2`` on judge deltas, zero on padding).
+        Both stay out of the autograd graph, which then only holds the loss."""
+        for j in models:
+            row = self.rows[j]
+            term = self.decay[j] * row
+            row.grad = term if row.grad is None else row.grad.mul_(self.real[j]).add_(term)
 
 
 def _stack_rows(datas: list[Encoded], rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -528,8 +538,7 @@ class _Phase:
             keep = noise[take, rows] >= dropout[:, None, None] if drops else None
             logits = self.wrapped(sdev, self.narrow_layout, flat, features[take, rows], judge[take, rows], keep)
             loss = masked_nll(torch.log_softmax(logits, dim=-1), y[take, rows], self.mask, denom[:, step])
-            penalty = self.module.penalty(flat, sdev, self.narrow) * update.to(self.device)
-            self.fabric.backward((loss + penalty).sum())
+            self.fabric.backward(loss.sum())
             loss = loss.detach().cpu()
             ok = torch.isfinite(loss)
             finite &= ok | ~active
@@ -550,6 +559,7 @@ class _Phase:
             if j not in chosen and row.grad is not None:
                 held[j], row.grad = row.grad, None
         if models:
+            self.module.finish_gradients(models)
             self.optimizer.step()
         for j in models:
             rows[j].grad = None

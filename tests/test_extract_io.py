@@ -279,6 +279,9 @@ def test_bad_input_is_a_clear_error(llama, tok, tmp_path):
     rubric = Rubric.load(RUBRIC)
     with pytest.raises(InputError, match="empty text.*t1"):
         likert_tasks(pd.DataFrame({"text_id": ["t0", "t1"], "text": ["fine", "  "]}), rubric, template)
+    for bad in ({"batch_size": 0}, {"prefix_batch_size": 0}, {"prefix_batch_size": "two"}):
+        with pytest.raises(InputError, match=f"{next(iter(bad))} must be a whole number"):
+            TransformersBackend(llama, tok, **bad)
     backend = TransformersBackend(llama, tok)
     with pytest.raises(InputError, match="collide"):
         list(backend.score([task("Q0", "Answer:", ["support", "support_more"])]))

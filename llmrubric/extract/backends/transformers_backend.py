@@ -101,6 +101,9 @@ class TransformersBackend(Backend):
         threads: int | None = None,
         model_id: str | None = None,
     ):
+        for key, value in (("batch_size", batch_size), ("prefix_batch_size", prefix_batch_size)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InputError(f"{key} must be a whole number >= 1, not {value!r}")
         if overflow not in ("truncate", "refuse"):
             raise InputError(f"overflow must be 'truncate' or 'refuse', not {overflow!r}")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -126,8 +129,6 @@ class TransformersBackend(Backend):
         self.seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
         self.batch_size = int(batch_size)
         self.prefix_batch_size = int(prefix_batch_size or (1 if device == "cpu" else batch_size))
-        if self.batch_size < 1 or self.prefix_batch_size < 1:
-            raise InputError(f"batch_size and prefix_batch_size must be >= 1, not {batch_size} and {prefix_batch_size}")
         self.prefix_reuse = bool(prefix_reuse) and not self.seq2seq
         self.max_length = int(
             max_length

@@ -76,17 +76,22 @@ def test_multi_token_labels_are_full_continuations(llama, tok):
             )
 
 
+def assert_same_probabilities(one: TransformersBackend, other: TransformersBackend, tasks) -> None:
+    """Both backends score every task, with the same probabilities (rel 1e-4)."""
+    a = {(r.task.text_id, r.task.question_id): r.probs for r in one.score(tasks)}
+    b = {(r.task.text_id, r.task.question_id): r.probs for r in other.score(tasks)}
+    assert a.keys() == b.keys() and len(a) == len(tasks)
+    for key in a:
+        for option in a[key]:
+            assert a[key][option] == pytest.approx(b[key][option], rel=1e-4, abs=1e-9)
+
+
 def test_prefix_reuse_equals_no_reuse_and_saves_prefill(llama, tok, rubric, tmp_path):
     texts = pd.read_json(write_texts(tmp_path / "t.jsonl", n=3), lines=True)
     tasks, _ = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
     reuse = TransformersBackend(llama, tok, batch_size=4, prefix_batch_size=4, prefix_reuse=True)
     plain = TransformersBackend(llama, tok, batch_size=4, prefix_reuse=False)
-    a = {(r.task.text_id, r.task.question_id): r.probs for r in reuse.score(tasks)}
-    b = {(r.task.text_id, r.task.question_id): r.probs for r in plain.score(tasks)}
-    assert a.keys() == b.keys() and len(a) == len(tasks)
-    for key in a:
-        for option in a[key]:
-            assert a[key][option] == pytest.approx(b[key][option], rel=1e-4, abs=1e-9)
+    assert_same_probabilities(reuse, plain, tasks)
     assert reuse.stats["prefill_tokens"] < plain.stats["prefill_tokens"]
     assert plain.stats["prefill_tokens"] == plain.stats["prompt_tokens"]
     assert (
@@ -99,12 +104,7 @@ def test_prefixes_run_alone_or_padded_give_the_same_probabilities(llama, tok, ru
     tasks, _ = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
     alone = TransformersBackend(llama, tok, batch_size=4, prefix_batch_size=1)
     padded = TransformersBackend(llama, tok, batch_size=4, prefix_batch_size=4)
-    a = {(r.task.text_id, r.task.question_id): r.probs for r in alone.score(tasks)}
-    b = {(r.task.text_id, r.task.question_id): r.probs for r in padded.score(tasks)}
-    assert a.keys() == b.keys() and len(a) == len(tasks)
-    for key in a:
-        for option in a[key]:
-            assert a[key][option] == pytest.approx(b[key][option], rel=1e-4, abs=1e-9)
+    assert_same_probabilities(alone, padded, tasks)
     assert (alone.stats["prefix_passes"], padded.stats["prefix_passes"]) == (3, 1)
     assert alone.stats["prefill_tokens"] == padded.stats["prefill_tokens"]
 

@@ -5,10 +5,13 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import FAST, PAPER, ROOT
+from scipy import stats
 
+from llmrubric.cli import main as cli
 from llmrubric.evaluation.metrics import evaluate
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.training.splits import holdout_texts
@@ -36,6 +39,51 @@ def test_demo_train_then_evaluate(tmp_path):
     folds = pd.read_csv(tmp_path / "folds.csv")
     held = set(folds.text_id[folds.fold == 0])
     assert set(predictions.text_id) == held
+
+
+def test_a_systems_evaluation_writes_the_errors_that_give_a_leaderboard_shift_intervals(tmp_path):
+    run_dir, board_dir = tmp_path / "run", tmp_path / "board"
+    args = ["experiment=demo", "protocol=systems", f"run_dir={run_dir}", "logger=none", *OVERRIDES]
+    for script in ("train.py", "evaluate.py"):
+        done = run(script, *args)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert "system_errors.csv" in done.stdout
+    errors = pd.read_csv(run_dir / "system_errors.csv")
+    annotations = pd.read_csv(ROOT / "data" / "simulated" / "annotations.csv")
+    main = annotations[annotations.question_id == "Q0"]
+    assert sorted(errors.system_id) == sorted(main.system_id.unique())
+    human = main.groupby("system_id").answer.mean()
+    assert np.allclose(errors.set_index("system_id").human, human.reindex(errors.system_id))
+    assert np.allclose(errors.error, errors.predicted - errors.human) and (errors.error != 0).all()
+
+    texts = ROOT / "data" / "simulated" / "texts.csv"
+    common = [str(run_dir / "predictions.csv"), "--texts", str(texts), "--bootstrap", "50", "--no-plot"]
+    assert (
+        cli(
+            [
+                "leaderboard",
+                "build",
+                *common,
+                "--shift-errors",
+                str(run_dir / "system_errors.csv"),
+                "--out-dir",
+                str(board_dir),
+            ]
+        )
+        == 0
+    )
+    board = pd.read_csv(board_dir / "leaderboard.csv")
+    half = stats.t.ppf(0.975, df=len(errors)) * np.sqrt(np.mean(errors.error**2))
+    assert np.allclose(board.shift_high - board.score, half) and np.allclose(board.score - board.shift_low, half)
+    assert (board.shift_high - board.shift_low > board.high - board.low).all()  # wider than sampling alone
+    assert "shift interval" in (board_dir / "leaderboard.md").read_text()
+
+    bad = tmp_path / "errors_bad.csv"
+    errors.assign(error=errors.error.astype(object).where(errors.index != 1, "n/a")).to_csv(bad, index=False)
+    assert cli(["leaderboard", "build", *common, "--shift-errors", str(bad), "--out-dir", str(tmp_path / "b2")]) == 2
+    errors.iloc[:1].to_csv(bad, index=False)
+    assert cli(["leaderboard", "build", *common, "--shift-errors", str(bad), "--out-dir", str(tmp_path / "b2")]) == 2
+    assert not (tmp_path / "b2").exists() or not any((tmp_path / "b2").iterdir())
 
 
 def test_evaluate_with_a_mismatched_checkpoint_writes_nothing(tmp_path):

@@ -126,6 +126,31 @@ def test_reference_file_errors(tmp_path):
     assert (info.value.row, info.value.column) == (2, "score")
 
 
+def test_shift_errors_are_read_in_either_form_and_widen_each_score_by_the_t_half_width(tmp_path):
+    (tmp_path / "errors.csv").write_text(
+        "system_id,human,predicted,error,pairs\nS1,3.0,3.2,0.2,10\nS2,2.0,1.7,-0.3,12\n"
+    )
+    (tmp_path / "means.tsv").write_text("system\thuman\tpredicted\nS1\t3.0\t3.2\nS2\t2.0\t1.7\n")
+    errors = lb.read_shift_errors(tmp_path / "errors.csv")
+    assert np.allclose(errors.to_numpy(), [0.2, -0.3])
+    assert np.allclose(lb.read_shift_errors(tmp_path / "means.tsv").to_numpy(), [0.2, -0.3])
+    board = lb.with_shift_interval(pd.DataFrame({"system": ["A", "B"], "score": [3.0, 2.5]}), errors)
+    half = stats.t.ppf(0.975, df=2) * math.sqrt((0.2**2 + 0.3**2) / 2)
+    assert np.allclose(board.shift_high, [3.0 + half, 2.5 + half]) and np.allclose(
+        board.shift_low, [3.0 - half, 2.5 - half]
+    )
+    for text, row, column, message in [
+        ("system,error\nS1,0.2\nS2,inf\n", 2, "error", "not a finite number"),
+        ("system,human\nS1,3\nS2,2\n", None, "predicted", "needs columns 'system', 'predicted', 'human'"),
+        ("system,error\nS1,0.2\n", None, None, "at least 2 systems"),
+        ("system,error\nS1,0.2\nS1,0.1\n", 2, "system", "listed twice"),
+    ]:
+        (tmp_path / "bad.csv").write_text(text)
+        with pytest.raises(InputError, match=message) as info:
+            lb.read_shift_errors(tmp_path / "bad.csv")
+        assert (info.value.row, info.value.column) == (row, column)
+
+
 def test_texts_without_system_are_an_error(small):
     texts = pd.DataFrame({"text_id": ["a1", "a2", "b1"], "system_id": ["A", "A", "B"]})
     with pytest.raises(InputError, match="'b2' has no system_id"):

@@ -4,6 +4,7 @@
     llmrubric evaluate experiment=llm_rubric_real report=full   # + the evaluation report
 
 Writes to ``run_dir``: the predictions table (every question, every (text, judge) pair),
+with ``protocol=systems`` ``system_errors.csv`` (each held-out system's predicted and human mean),
 ``metrics.json`` and ``metrics.md`` (main question: the model and the configured baselines;
 an LLM baseline runs once per LLM source and on their mean when there are several, and is
 skipped, with the reason recorded, when no source answered the main question).
@@ -25,6 +26,7 @@ from omegaconf import DictConfig
 
 from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
 from llmrubric.evaluation.metrics import evaluate, markdown_table, metric_names
+from llmrubric.evaluation.transfer import shift_errors
 from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.integrity import check_fits
 from llmrubric.io.schemas import write_json, write_table, write_text
@@ -32,9 +34,11 @@ from llmrubric.model.baselines import expand_baselines, make_method
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.report.build import check_report_config, experiment_splits, report_from_config
 from llmrubric.training.experiment import check_settings, prepare
+from llmrubric.training.splits import text_systems
 from llmrubric.training.tracking import Tracker, metric_keys
 
 log = logging.getLogger("evaluate")
+SYSTEM_ERRORS_FILE = "system_errors.csv"
 
 
 @hydra.main(config_path=CONF_PATH, config_name="config", version_base=VERSION_BASE)
@@ -85,7 +89,16 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     header = (
         f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
     )
+    errors = (
+        system_errors(tables["llm_rubric"], annotations, rubric.main, splits) if cfg.protocol == "systems" else None
+    )
     write_table(tables["llm_rubric"], run_dir / f"predictions.{cfg.predictions_format}")
+    if errors is not None:
+        write_table(errors, run_dir / SYSTEM_ERRORS_FILE)
+        print(
+            f"errors of {len(errors)} held-out systems (RMS {float((errors.error**2).mean() ** 0.5):.3f}) written to"
+            f" {run_dir / SYSTEM_ERRORS_FILE}: `llmrubric leaderboard build --shift-errors` turns them into intervals for new systems"
+        )
     notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())
     write_json(
         {
@@ -102,6 +115,12 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     return metrics
 
 
+def system_errors(predictions: pd.DataFrame, annotations: pd.DataFrame, question, splits) -> pd.DataFrame:
+    """Each held-out system's human and predicted means and their error (leave-one-system-out splits),
+    for the shift intervals of ``llmrubric leaderboard build --shift-errors``."""
+    return shift_errors(predictions, annotations, question, pd.concat([text_systems(s.test) for s in splits]))
+
+
 def track(cfg: DictConfig, metrics: dict | None, started: float) -> None:
     """Log the finished evaluation to MLflow (``logger=none``: off): config, ``test/<metric>``
     (baselines: ``test/<metric>/<method>``, characters MLflow refuses replaced by ``_``), predictions and metric tables, the report folder."""
@@ -113,7 +132,8 @@ def track(cfg: DictConfig, metrics: dict | None, started: float) -> None:
                 run.log_metrics(
                     metric_keys(values, "test", None if name == "llm_rubric" else re.sub(r"[^\w\-. /]", "_", name))
                 )
-            for file in (f"predictions.{cfg.predictions_format}", "metrics.json", "metrics.md"):
+            files = [f"predictions.{cfg.predictions_format}", "metrics.json", "metrics.md"]
+            for file in files + ([SYSTEM_ERRORS_FILE] if cfg.protocol == "systems" else []):
                 run.log_artifact(run_dir / file)
         report = cfg.get("report")
         if report is not None and report.get("enabled") and Path(report.dir).is_dir():

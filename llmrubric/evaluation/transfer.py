@@ -7,26 +7,24 @@ biased by an unknown amount (it saturates, or its calibration does not carry ove
 interval from sampling alone is far too narrow. :func:`shift_intervals` widens it by the error
 the model made on other systems when they were held out (leave-one-system-out over the
 training systems, a jackknife over systems): with residuals e_t = predicted − human mean of
-the K other systems, the interval is ``estimate ± t_{K, 1-α/2} · sqrt(mean e_t²)`` (a
-prediction interval for one more system, assuming the shift errors of systems are
-exchangeable and roughly normal). :func:`ppi_intervals` instead corrects the estimate with k
+the K other systems, the interval is ``estimate ± t_{K, 1-α/2} · sqrt(mean e_t²)``
+(:func:`llmrubric.scoring.leaderboard.shift_half_width`). :func:`shift_errors` gives the e_t of a
+``protocol=systems`` run, as ``llmrubric evaluate`` writes them to ``system_errors.csv`` for
+``llmrubric leaderboard build --shift-errors``. :func:`ppi_intervals` instead corrects the estimate with k
 human labels of the new system (prediction-powered inference, :func:`llmrubric.scoring.leaderboard.ppi_mean`),
 averaged over random draws of the k labelled pairs.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from llmrubric.evaluation.metrics import align
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Question
 from llmrubric.io.schemas import source_of
-from llmrubric.scoring.leaderboard import ppi_mean
+from llmrubric.scoring.leaderboard import ppi_mean, shift_half_width
 
 
 def pair_scores(
@@ -60,16 +58,22 @@ def system_means(pairs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"human": g.y.mean(), "predicted": g.yhat.mean(), "pairs": g.size()})
 
 
+def shift_errors(
+    predictions: pd.DataFrame, annotations: pd.DataFrame, question: Question, systems: pd.Series
+) -> pd.DataFrame:
+    """Per system (``system_id``): ``human`` and ``predicted`` means, ``error`` = predicted − human and
+    ``pairs``, from predictions of a leave-one-system-out run (each system by a model that did not see it)."""
+    means = system_means(pair_scores(predictions, annotations, question, systems))
+    return means.assign(error=means.predicted - means.human).reset_index()
+
+
 def shift_intervals(means: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     """``means`` (from :func:`system_means`, each system's prediction by a model that did not see it)
     with ``low``/``high``: the interval of each system from the residuals of the others (module doc)."""
     if len(means) < 2:
         raise InputError(f"shift intervals need at least 2 systems, got {len(means)}", column="system_id")
     residual = (means.predicted - means.human).to_numpy()
-    half = []
-    for i in range(len(means)):
-        others = np.delete(residual, i)
-        half.append(stats.t.ppf(1 - alpha / 2, df=len(others)) * math.sqrt(float(np.mean(others**2))))
+    half = [shift_half_width(np.delete(residual, i), alpha) for i in range(len(means))]
     return means.assign(low=means.predicted - half, high=means.predicted + half)
 
 

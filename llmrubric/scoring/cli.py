@@ -68,6 +68,11 @@ def register(subparsers) -> None:
         "--annotations", help="human annotations: adds the human leaderboard, its rank correlation and the PPI estimate"
     )
     b.add_argument("--reference", help="reference leaderboard file (system, score) to rank-correlate with")
+    b.add_argument(
+        "--shift-errors",
+        dest="shift_errors",
+        help="system_errors.csv of a protocol=systems evaluation: adds intervals that include the model's error on new systems",
+    )
     b.add_argument("--config", help="settings YAML (default: conf/scoring/default.yaml)")
     b.add_argument("--question")
     b.add_argument("--trusted-judges", dest="trusted_judges", nargs="+")
@@ -161,10 +166,12 @@ def run_leaderboard(args) -> int:
             "--texts": args.texts,
             "--annotations": args.annotations,
             "--reference": args.reference,
+            "--shift-errors": args.shift_errors,
             "--config": args.config,
             "--rubric": args.rubric,
         },
     )
+    shift_errors = lb.read_shift_errors(args.shift_errors) if args.shift_errors else None
     predictions = lb.read_predictions(args.predictions)
     texts = read_table(args.texts, "texts") if args.texts else None
     annotations = (
@@ -181,6 +188,7 @@ def run_leaderboard(args) -> int:
         sample_answers=bool(board_settings.get("sample_answers", True)),
         labels=lb.human_labels(annotations, question) if annotations is not None else None,
         band_replicates=band_replicates,
+        shift_errors=shift_errors,
     )
     scores = result.board.set_index("system").score
     extra: dict = {}

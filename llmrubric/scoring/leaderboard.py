@@ -423,38 +423,82 @@ def read_predictions(path: str | Path) -> pd.DataFrame:
 
 def read_leaderboard(path: str | Path) -> pd.Series:
     """A reference leaderboard file (CSV, TSV, JSONL, Parquet) with ``system`` (or ``system_id``) and ``score``."""
+    return read_system_values(path, "leaderboard", lambda columns: ["score"]).score
+
+
+def read_shift_errors(path: str | Path) -> pd.Series:
+    """system → shift error (predicted − human system mean, the system held out) from a
+    leave-one-system-out run's ``system_errors.csv``: an ``error`` column, or ``predicted`` and ``human``."""
+    table = read_system_values(
+        path, "shift errors table", lambda columns: ["error"] if "error" in columns else ["predicted", "human"]
+    )
+    errors = table.error if "error" in table else table.predicted - table.human
+    if len(errors) < 2:
+        raise InputError(f"shift intervals need the errors of at least 2 systems, got {len(errors)}", file=str(path))
+    return errors.rename("error")
+
+
+def read_system_values(path: str | Path, what: str, columns_of) -> pd.DataFrame:
+    """A table with one row per ``system`` (or ``system_id``) and the numeric columns that
+    ``columns_of(its columns)`` names, indexed by system; each problem an error naming file, row and column."""
     path = Path(path)
     if not path.is_file():
-        raise InputError("leaderboard file not found", file=str(path))
+        raise InputError(f"{what} file not found", file=str(path))
     df = read_raw(path)
     if df.empty:
-        raise InputError("the leaderboard is empty", file=str(path))
+        raise InputError(f"the {what} is empty", file=str(path))
     system = "system" if "system" in df.columns else "system_id" if "system_id" in df.columns else None
-    if system is None or "score" not in df.columns:
+    wanted = columns_of(list(df.columns))
+    absent = [c for c in wanted if c not in df.columns]
+    if system is None or absent:
         raise InputError(
-            f"a leaderboard needs 'system' and 'score' columns (has {list(df.columns)})",
+            f"a {what} needs columns {', '.join(repr(c) for c in ['system', *wanted])} (has {list(df.columns)})",
             file=str(path),
-            column="system" if system is None else "score",
+            column="system" if system is None else absent[0],
         )
-    score = pd.to_numeric(df["score"], errors="coerce")
-    if score.isna().any():
-        row = df.index[score.isna().argmax()]
-        raise InputError(f"score {df.at[row, 'score']!r} is not a number", file=str(path), row=int(row), column="score")
+    values = {}
+    for column in wanted:
+        value = pd.to_numeric(df[column], errors="coerce")
+        bad = ~np.isfinite(value.to_numpy(float))
+        if bad.any():
+            row = df.index[bad.argmax()]
+            raise InputError(
+                f"{column} {df.at[row, column]!r} is not a finite number", file=str(path), row=int(row), column=column
+            )
+        values[column] = value.to_numpy(float)
     names = df[system].astype(str).str.strip()
     dup = names.duplicated()
     if dup.any():
         row = df.index[dup.argmax()]
         raise InputError(f"system {names[row]!r} is listed twice", file=str(path), row=int(row), column=system)
-    return pd.Series(score.to_numpy(), index=names.to_numpy(), name="score").rename_axis("system")
+    return pd.DataFrame(values, index=pd.Index(names.to_numpy(), name="system"))
+
+
+def shift_half_width(errors: np.ndarray, alpha: float = 0.05) -> float:
+    """Half-width of the interval for a new system's human mean from the shift ``errors`` of K
+    other systems (each measured with that system held out): ``t_{K, 1-α/2} · sqrt(mean e²)``,
+    a prediction interval for one more system's error (errors exchangeable, roughly normal)."""
+    errors = np.asarray(errors, float)
+    return float(stats.t.ppf(1 - alpha / 2, df=len(errors)) * math.sqrt(float(np.mean(errors**2))))
+
+
+def with_shift_interval(board: pd.DataFrame, errors: pd.Series, alpha: float = 0.05) -> pd.DataFrame:
+    """``board`` with ``shift_low``/``shift_high``: each score ± :func:`shift_half_width` of ``errors``."""
+    half = shift_half_width(errors.to_numpy(), alpha)
+    return board.assign(shift_low=board.score - half, shift_high=board.score + half)
 
 
 def markdown(board: pd.DataFrame, title: str = "") -> str:
     """A markdown leaderboard table."""
-    extra = [c for c in ("ppi", "ppi_low", "ppi_high", "human") if c in board.columns]
-    head = ["rank", "system", "score", "95% interval", "texts"] + [c for c in extra if c not in ("ppi_low", "ppi_high")]
+    extra = [c for c in ("shift_low", "ppi", "ppi_low", "ppi_high", "human") if c in board.columns]
+    head = ["rank", "system", "score", "95% interval", "texts"] + [
+        {"shift_low": "shift interval"}.get(c, c) for c in extra if c not in ("ppi_low", "ppi_high")
+    ]
     lines = ([f"### {title}", ""] if title else []) + ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in board.itertuples():
         cells = [f"{r.rank:g}", str(r.system), f"{r.score:.3f}", f"[{r.low:.3f}, {r.high:.3f}]", str(r.texts)]
+        if "shift_low" in extra:
+            cells.append(f"[{r.shift_low:.3f}, {r.shift_high:.3f}]")
         if "ppi" in extra:
             cells.append(f"{r.ppi:.3f} [{r.ppi_low:.3f}, {r.ppi_high:.3f}]")
         if "human" in extra:
@@ -483,13 +527,17 @@ def build(
     sample_answers: bool = True,
     labels: pd.Series | None = None,
     band_replicates: int = 200,
+    shift_errors: pd.Series | None = None,
 ) -> LeaderboardResult:
-    """Leaderboard, pairwise comparisons and (with human ``labels``) PPI columns of one question."""
+    """Leaderboard, pairwise comparisons, (with human ``labels``) PPI columns and (with
+    ``shift_errors``, :func:`read_shift_errors`) shift intervals of one question."""
     systems, judges = system_data(predictions, question, texts, judges)
     boot = bootstrap(systems, n_boot, seed, sample_answers, keep_text_scores=band_replicates)
     board = leaderboard(systems, boot, alpha)
     if labels is not None:
         board = board.merge(ppi_leaderboard(systems, labels, alpha), on="system", how="left")
+    if shift_errors is not None:
+        board = with_shift_interval(board, shift_errors, alpha)
     settings = {
         "question": question.id,
         "judges": judges,
@@ -497,6 +545,14 @@ def build(
         "seed": seed,
         "alpha": alpha,
         "sample_answers": sample_answers,
+        **(
+            {
+                "shift_systems": len(shift_errors),
+                "shift_rms_error": float(np.sqrt(np.mean(shift_errors.to_numpy() ** 2))),
+            }
+            if shift_errors is not None
+            else {}
+        ),
     }
     return LeaderboardResult(board, compare_systems(systems, boot, alpha), boot, systems, settings)
 

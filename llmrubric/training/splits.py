@@ -22,11 +22,14 @@ def text_folds(text_ids, k: int, seed: int) -> pd.DataFrame:
     return pd.DataFrame({"text_id": texts, "fold": folds})
 
 
-def system_folds(tables) -> pd.DataFrame:
-    """Leave-one-system-out folds: each system's texts form one fold (systems in sorted order).
+def _system_source(tables) -> pd.DataFrame:
+    """The table that gives texts their system: the texts table when it has ``system_id``, else the annotations."""
+    return tables.texts if tables.texts is not None and "system_id" in tables.texts else tables.annotations
 
-    The system of a text comes from the texts table or, without one, from the annotations."""
-    source = tables.texts if tables.texts is not None and "system_id" in tables.texts else tables.annotations
+
+def text_systems(tables) -> pd.Series:
+    """text id → system id of every annotated text (:func:`_system_source`)."""
+    source = _system_source(tables)
     if "system_id" not in source or source.system_id.isna().all():
         raise InputError(
             "leave-one-system-out needs a system_id for every text", file=source_of(source), column="system_id"
@@ -39,6 +42,13 @@ def system_folds(tables) -> pd.DataFrame:
             file=source_of(source),
             column="system_id",
         )
+    return systems
+
+
+def system_folds(tables) -> pd.DataFrame:
+    """Leave-one-system-out folds: each system's texts form one fold (systems in sorted order)."""
+    systems = text_systems(tables)
+    source = _system_source(tables)
     names = sorted(systems.unique())
     unannotated = sorted(set(source.system_id.dropna()) - set(names))
     if unannotated:

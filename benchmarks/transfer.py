@@ -21,7 +21,11 @@ answer): absolute error against the human mean (``system_mae``), Kendall and Spe
 systems, the shift interval (:func:`llmrubric.evaluation.transfer.shift_intervals`) with its coverage of
 the human mean and its width, the PPI interval with k = 5, 10, 20 human labels of the held-out
 system (``--draws`` random draws each; k = 0 is the shift interval) and, for contrast, the
-sampling-only interval (``coverage_sampling``: mean ± 1.96 standard errors). Writes
+sampling-only interval (``coverage_sampling``: mean ± 1.96 standard errors). In those shift
+intervals each system's interval rests on the other systems' errors from the same
+leave-one-out run, whose models saw the evaluated system; ``--nested`` removes that leak: for
+each system s a leave-one-out run over the other systems alone gives their errors, and s's
+interval uses those (``coverage_nested``, ``width_nested``; K + 1 times the training). Writes
 ``benchmarks/results/transfer.json`` (``{set: {method: figures}}`` plus ``meta``, which names the
 calibrator head with the lowest pair NLL of each set: the choice among them).
 """
@@ -57,6 +61,7 @@ from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.schemas import load_tables, write_json  # noqa: E402
 from llmrubric.model.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
 from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
+from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
 from llmrubric.training.splits import system_folds  # noqa: E402
 
 METHODS = ("default", "ordinal", "combined", "ridge_judge", "mean_of_sources", "best_source")
@@ -155,6 +160,49 @@ def figures(pred: pd.DataFrame, rubric: Rubric, tables, folds: pd.DataFrame, dra
     }
 
 
+def nested_errors(set_name: str, method: str, seed: int, system: str, args) -> dict:
+    """The shift errors (predicted − human system mean) of every system but ``system``, each from a
+    model trained on neither it nor ``system``: what a user without ``system`` would measure."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    rubric, tables = load_set(set_name, args)
+    folds = system_folds(tables)
+    inner = tables.subset(folds.text_id[folds.system_id != system])
+    inner_folds = system_folds(inner)
+    start = time.perf_counter()
+    pred = held_out_predictions(method, rubric, inner, inner_folds, seed)
+    means = system_means(pair_scores(pred, inner.annotations, rubric.main, inner_folds.set_index("text_id").system_id))
+    return {"errors": (means.predicted - means.human).to_dict(), "seconds": time.perf_counter() - start}
+
+
+def with_nested(result: dict, nested: dict[str, dict]) -> dict:
+    """``result`` (of :func:`run_one`) with the nested shift intervals: each system's prediction ±
+    the half-width of the errors that ``nested[system]`` measured without it."""
+    systems = dict(result["systems"])
+    for name, r in systems.items():
+        half = shift_half_width(np.array(list(nested[name]["errors"].values())))
+        systems[name] = {**r, "low_nested": r["predicted"] - half, "high_nested": r["predicted"] + half}
+    covered = [r["low_nested"] <= r["human"] <= r["high_nested"] for r in systems.values()]
+    widths = [r["high_nested"] - r["low_nested"] for r in systems.values()]
+    return {
+        **result,
+        "coverage_nested": float(np.mean(covered)),
+        "width_nested": float(np.mean(widths)),
+        "systems": systems,
+        "seconds_nested": float(sum(v["seconds"] for v in nested.values())),
+    }
+
+
+def describe(job: tuple, result: dict) -> str:
+    """One progress line of a finished job: (set, method, seed) or (set, method, seed, "nested", system)."""
+    if len(job) == 3:
+        return "{} {} seed {}: pair NLL {pair_nll:.3f}, system Kendall {system_kendall:.3f}, coverage {coverage:.2f} ({seconds:.0f}s)".format(
+            *job, **result
+        )
+    rms = float(np.sqrt(np.mean(np.square(list(result["errors"].values())))))
+    return f"{job[0]} {job[1]} seed {job[2]} without {job[4]}: RMS error of the others {rms:.3f} ({result['seconds']:.0f}s)"
+
+
 def finite(value):
     """``value`` with every non-finite float replaced by None (valid JSON: null)."""
     if isinstance(value, dict):
@@ -220,11 +268,19 @@ def run(argv: list[str] | None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "transfer.json"))
     parser.add_argument(
+        "--nested",
+        nargs="*",
+        choices=list(METHODS),
+        help="also the nested shift intervals of these methods (all with no name): no system's interval uses a model "
+        "that saw it; K + 1 times the training",
+    )
+    parser.add_argument(
         "--cache",
         default=str(ROOT / "outputs" / "transfer"),
         help="each finished (set, method, seed) is kept here and not rerun (resume); delete it after changing code",
     )
     args = parser.parse_args(argv)
+    nested = [] if args.nested is None else [m for m in args.methods if m in args.nested or not args.nested]
     if args.seeds < 1 or args.draws < 1:
         raise InputError(f"--seeds and --draws must be >= 1 (got {args.seeds}, {args.draws})", column="--seeds/--draws")
     sets = list(args.sets)
@@ -233,9 +289,11 @@ def run(argv: list[str] | None) -> int:
         sets.remove("llm_rubric_synthetic")
     if args.data:
         sets.append("data")
+    systems_of = {}
     for name in sets:  # bad input fails here, before any training
         rubric, tables = load_set(name, args)
         folds = system_folds(tables)
+        systems_of[name] = sorted(folds.system_id.unique())
         pairs = (
             tables.annotations[tables.annotations.question_id == rubric.main.id][["text_id"]]
             .merge(folds, on="text_id")
@@ -247,12 +305,21 @@ def run(argv: list[str] | None) -> int:
                 f"k={max(KS)} human labels requested but system {pairs.idxmin()!r} has only {int(pairs.min())} annotated pairs of {rubric.main.id}",
                 column="k",
             )
+        if nested and len(systems_of[name]) < 3:
+            raise InputError(
+                f"--nested needs at least 3 systems (a leave-one-out run over the others), {name} has {len(systems_of[name])}",
+                column="system_id",
+            )
     start = time.perf_counter()
     jobs = [(s, m, seed) for s in sets for m in args.methods for seed in (range(args.seeds) if m in LEARNED else [0])]
+    nested_jobs = [(*job, "nested", system) for job in jobs if job[1] in nested for system in systems_of[job[0]]]
     label = lambda s: Path(args.data).name if s == "data" else s
-    cache = lambda job: Path(args.cache) / f"{label(job[0])}-{job[1]}-{job[2]}.json"
+    cache = lambda job: Path(args.cache) / ("-".join([label(job[0]), *map(str, job[1:])]) + ".json")
     with ProcessPoolExecutor(args.workers) as pool:
-        futures = {job: None if cache(job).is_file() else pool.submit(run_one, *job, args) for job in jobs}
+        submit = lambda job: (
+            pool.submit(run_one, *job, args) if len(job) == 3 else pool.submit(nested_errors, *job[:3], job[4], args)
+        )
+        futures = {job: None if cache(job).is_file() else submit(job) for job in jobs + nested_jobs}
         results = {}
         for i, (job, future) in enumerate(futures.items(), 1):
             if future is None:
@@ -260,14 +327,13 @@ def run(argv: list[str] | None) -> int:
             else:
                 results[job] = r = future.result()
                 write_json(r, cache(job))
-            print(
-                f"[{i}/{len(jobs)}] {job[0]} {job[1]} seed {job[2]}{' (cached)' if future is None else ''}: pair NLL {r['pair_nll']:.3f}, system Kendall {r['system_kendall']:.3f}, "
-                f"coverage {r['coverage']:.2f} ({r['seconds']:.0f}s)",
-                flush=True,
-            )
+            print(f"[{i}/{len(futures)}] {describe(job, r)}{' (cached)' if future is None else ''}", flush=True)
+    for job in jobs:
+        if job[1] in nested:
+            results[job] = with_nested(results[job], {n[4]: results[n] for n in nested_jobs if n[:3] == job})
     report = {}
     for s in sets:
-        report[label(s)] = {m: average([results[j] for j in results if j[:2] == (s, m)]) for m in args.methods}
+        report[label(s)] = {m: average([results[j] for j in jobs if j[:2] == (s, m)]) for m in args.methods}
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
@@ -278,10 +344,12 @@ def run(argv: list[str] | None) -> int:
         "seeds": args.seeds,
         "draws": args.draws,
         "ks": list(KS),
+        "nested": nested,
         "lowest_nll_head": {k: min(heads, key=lambda m: v[m]["pair_nll"]) for k, v in report.items() if heads},
     }
     write_json(finite(report), args.out)
     cols = ("pair_pearson", "pair_nll", "system_kendall", "system_spearman", "system_mae", "coverage", "width")
+    cols += ("coverage_nested", "width_nested") if nested else ()
     for key in report:
         if key == "meta":
             continue
@@ -294,7 +362,7 @@ def run(argv: list[str] | None) -> int:
         )
         for m, e in report[key].items():
             ppi = "/".join(f"{e['coverage_ppi'][str(k)]:.2f}" for k in KS[1:])
-            print(f"| {m} | " + " | ".join(f"{e[c]:.3f}" for c in cols) + f" | {ppi} |")
+            print(f"| {m} | " + " | ".join(f"{e[c]:.3f}" if c in e else "—" for c in cols) + f" | {ppi} |")
     print(f"\nwritten to {args.out} in {report['meta']['seconds']:.0f}s")
     return 0
 

@@ -1,5 +1,6 @@
 """System means under shift: the jackknife-over-systems interval, PPI with k labels, and their errors."""
 
+import argparse
 import math
 import subprocess
 import sys
@@ -81,3 +82,26 @@ def test_benchmark_bad_input_is_one_line_and_exit_2(tmp_path):
     done = run("--data", str(one))
     assert done.returncode == 2 and "k=20" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "t.json").exists()
+
+
+def test_nested_intervals_use_only_models_that_never_saw_the_system(tmp_path):
+    data = write_simulated(tmp_path / "sim", n_texts=120, n_judges=4)
+    args = argparse.Namespace(data=str(data), rubric=str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), draws=5)
+    plain = {m: bench.run_one("data", m, 0, args) for m in ("mean_of_sources", "ridge_judge")}
+    systems = sorted(plain["ridge_judge"]["systems"])
+    nested = {m: {s: bench.nested_errors("data", m, 0, s, args) for s in systems} for m in plain}
+    for m in plain:
+        assert all(set(nested[m][s]["errors"]) == set(systems) - {s} for s in systems)
+    # without training the errors cannot depend on which system was left out: nested = plain
+    same = bench.with_nested(plain["mean_of_sources"], nested["mean_of_sources"])
+    assert same["width_nested"] == pytest.approx(plain["mean_of_sources"]["width"])
+    # a fitted model's errors on the others change once it no longer trains on the held-out system
+    s0, s1 = systems[:2]
+    leaked = plain["ridge_judge"]["systems"][s1]
+    assert nested["ridge_judge"][s0]["errors"][s1] != pytest.approx(leaked["predicted"] - leaked["human"], abs=1e-6)
+    out = bench.with_nested(plain["ridge_judge"], nested["ridge_judge"])
+    half = stats.t.ppf(0.975, df=len(systems) - 1) * math.sqrt(
+        np.mean(np.square(list(nested["ridge_judge"][s0]["errors"].values())))
+    )
+    assert out["systems"][s0]["high_nested"] == pytest.approx(out["systems"][s0]["predicted"] + half)
+    assert 0 <= out["coverage_nested"] <= 1 and out["width_nested"] > 0

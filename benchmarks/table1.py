@@ -123,6 +123,9 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "table1.json"))
     args = parser.parse_args()
+    commit = subprocess.run(  # the code that runs: HEAD when the run starts
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     start = time.perf_counter()
     jobs = [(name, seed) for name in args.methods for seed in ([0] if name in DETERMINISTIC else range(args.seeds))]
     with ProcessPoolExecutor(args.workers) as pool:
@@ -143,9 +146,6 @@ def main() -> None:
     digest = hashlib.sha256()
     for path in sorted(Path(args.data).rglob("*.tsv")):
         digest.update(path.read_bytes())
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     report["meta"] = {
         "commit": commit,
         "seconds": time.perf_counter() - start,

@@ -310,6 +310,9 @@ def run(argv: list[str] | None) -> int:
                 f"--nested needs at least 3 systems (a leave-one-out run over the others), {name} has {len(systems_of[name])}",
                 column="system_id",
             )
+    commit = subprocess.run(  # the code that runs: HEAD when the run starts
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     start = time.perf_counter()
     jobs = [(s, m, seed) for s in sets for m in args.methods for seed in (range(args.seeds) if m in LEARNED else [0])]
     nested_jobs = [(*job, "nested", system) for job in jobs if job[1] in nested for system in systems_of[job[0]]]
@@ -334,9 +337,6 @@ def run(argv: list[str] | None) -> int:
     report = {}
     for s in sets:
         report[label(s)] = {m: average([results[j] for j in jobs if j[:2] == (s, m)]) for m in args.methods}
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     heads = [m for m in HEADS if m in args.methods]
     report["meta"] = {
         "commit": commit,

@@ -38,11 +38,9 @@ def fitted(rubric, shift):
 
 def test_heads_predict_distributions_and_judges_shift_the_cut_points(fitted, shift, rubric):
     ordinal, combined, network = fitted
-    assert (
-        isinstance(ordinal.net_, CumulativeNet)
-        and ordinal.net_.head == "ordinal"
-        and not isinstance(network.net_, CumulativeNet)
-    )
+    assert len(ordinal.nets_) == len(combined.nets_) == ORDINAL["ensemble"] == 5  # the shipped heads: 5 members
+    assert all(isinstance(n, CumulativeNet) and n.head == "ordinal" for n in ordinal.nets_)
+    assert not isinstance(network.net_, CumulativeNet)
     for model in (ordinal, combined):
         pred = model.predict(shift[1])
         p = pred[pred.question_id == "Q0"][["p_1", "p_2", "p_3", "p_4"]].to_numpy()
@@ -50,7 +48,7 @@ def test_heads_predict_distributions_and_judges_shift_the_cut_points(fitted, shi
         assert np.isfinite(evaluate(pred, shift[1].annotations, rubric.main, per_judge=False)["nll"])
         q8 = pred[pred.question_id == "Q8"]
         assert q8["p_4"].isna().all() and np.allclose(q8[["p_1", "p_2", "p_3"]].sum(axis=1), 1)
-    net, data = ordinal.net_, ordinal.encode(shift[1])
+    net, data = ordinal.nets_[0], ordinal.encode(shift[1])
     assert net.judge_cuts.abs().sum() > 0  # judges learned their own cut points
     for j in (0, 3, -1):
         judge = torch.full((len(data),), j)
@@ -65,12 +63,12 @@ def test_heads_predict_distributions_and_judges_shift_the_cut_points(fitted, shi
 
 
 def test_monotone_weights_are_nonnegative_on_each_questions_own_blocks(fitted):
-    net = fitted[0].net_
     blocks = fitted[0].layout_.blocks
-    assert net.monotone_mask.sum() == len(blocks) == 27  # 9 questions x 3 sources
-    for q, b in zip(*net.monotone_mask.nonzero(as_tuple=True)):
-        assert blocks[int(b)].question_id == fitted[0].rubric.ids[int(q)]
-    assert (net.weights()[net.monotone_mask] >= 0).all()
+    for net in fitted[0].nets_:
+        assert net.monotone_mask.sum() == len(blocks) == 27  # 9 questions x 3 sources
+        for q, b in zip(*net.monotone_mask.nonzero(as_tuple=True)):
+            assert blocks[int(b)].question_id == fitted[0].rubric.ids[int(q)]
+        assert (net.weights()[net.monotone_mask] >= 0).all()
 
 
 def test_ordinal_head_extrapolates_to_a_system_beyond_the_training_ones(fitted, shift, rubric):
@@ -85,7 +83,7 @@ def test_ordinal_head_extrapolates_to_a_system_beyond_the_training_ones(fitted, 
 def test_checkpoints_round_trip(fitted, shift, tmp_path):
     for i, model in enumerate(fitted[:2]):
         loaded = Calibrator.load(model.save(tmp_path / f"m{i}.safetensors"))
-        assert loaded.model["head"] == model.model["head"] and isinstance(loaded.net_, CumulativeNet)
+        assert loaded.model["head"] == model.model["head"] and all(isinstance(n, CumulativeNet) for n in loaded.nets_)
         pd.testing.assert_frame_equal(loaded.predict(shift[1]), model.predict(shift[1]))
     assert Calibrator.load(fitted[2].save(tmp_path / "net.safetensors")).model["head"] == "softmax"
 

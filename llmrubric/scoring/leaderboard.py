@@ -9,7 +9,9 @@ give intervals on differences between systems and the density bands of the plot.
 
 Also: paired tests between systems (by ``query_id`` where texts share queries, else
 unpaired), the prediction-powered estimate (PPI, Angelopoulos et al. 2023) when some
-texts have human labels, and rank correlations between leaderboards.
+texts have human labels, rank correlations between leaderboards, and shift intervals that
+widen each score by the errors a leave-one-system-out run measured on held-out systems
+(:func:`shift_half_width`, :mod:`llmrubric.evaluation.transfer`).
 """
 
 from __future__ import annotations

@@ -30,9 +30,6 @@ from llmrubric.evaluation.transfer import shift_errors
 from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.integrity import check_fits
 from llmrubric.io.schemas import write_json, write_table, write_text
-from llmrubric.model.baselines import expand_baselines, make_method
-from llmrubric.model.calibrator import Calibrator
-from llmrubric.report.build import check_report_config, experiment_splits, report_from_config
 from llmrubric.training.experiment import check_settings, prepare
 from llmrubric.training.splits import text_systems
 from llmrubric.training.tracking import Tracker, metric_keys
@@ -44,6 +41,8 @@ SYSTEM_ERRORS_FILE = "system_errors.csv"
 @hydra.main(config_path=CONF_PATH, config_name="config", version_base=VERSION_BASE)
 @reports_errors
 def evaluate_app(cfg: DictConfig) -> dict | None:
+    from llmrubric.report.build import check_report_config, experiment_splits, report_from_config  # not for --help
+
     started = time.time()
     check_settings(cfg)
     run_dir = Path(cfg.run_dir)
@@ -63,6 +62,9 @@ def evaluate_app(cfg: DictConfig) -> dict | None:
 
 
 def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
+    from llmrubric.model.baselines import expand_baselines, make_method  # imported here: Lightning, not for --help
+    from llmrubric.model.calibrator import Calibrator
+
     run_dir = Path(cfg.run_dir)
     predictions = {"llm_rubric": []}
     features = pd.concat(

@@ -31,9 +31,7 @@ from tqdm import tqdm
 
 from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
 from llmrubric.io.errors import reports_errors
-from llmrubric.model.calibrator import Calibrator, fit_together
 from llmrubric.training.experiment import FOLDS_FILE, check_settings, prepare
-from llmrubric.training.search import Setting, select_for_split
 from llmrubric.training.tracking import Tracker
 
 log = logging.getLogger("train")
@@ -54,6 +52,12 @@ def train_app(cfg: DictConfig) -> float:
 
 
 def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
+    from llmrubric.model.calibrator import (
+        Calibrator,
+        fit_together,
+    )  # imported here: Lightning costs seconds, not for --help
+    from llmrubric.training.search import Setting, select_for_split
+
     rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)
     with Tracker.from_config(cfg).run("train", nested=True, tags={"job": "train"}) as run:
         run.log_config(cfg)

@@ -61,7 +61,7 @@ from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.schemas import load_tables, write_json  # noqa: E402
 from llmrubric.model.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
 from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
-from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
+from llmrubric.scoring.leaderboard import rms, shift_half_width  # noqa: E402
 from llmrubric.training.splits import system_folds  # noqa: E402
 
 METHODS = ("default", "ordinal", "combined", "ridge_judge", "mean_of_sources", "best_source")
@@ -180,7 +180,7 @@ def with_nested(result: dict, nested: dict[str, dict]) -> dict:
     the half-width of the errors that ``nested[system]`` measured without it."""
     systems = dict(result["systems"])
     for name, r in systems.items():
-        half = shift_half_width(np.array(list(nested[name]["errors"].values())))
+        half = shift_half_width(list(nested[name]["errors"].values()))
         systems[name] = {**r, "low_nested": r["predicted"] - half, "high_nested": r["predicted"] + half}
     covered = [r["low_nested"] <= r["human"] <= r["high_nested"] for r in systems.values()]
     widths = [r["high_nested"] - r["low_nested"] for r in systems.values()]
@@ -199,8 +199,8 @@ def describe(job: tuple, result: dict) -> str:
         return "{} {} seed {}: pair NLL {pair_nll:.3f}, system Kendall {system_kendall:.3f}, coverage {coverage:.2f} ({seconds:.0f}s)".format(
             *job, **result
         )
-    rms = float(np.sqrt(np.mean(np.square(list(result["errors"].values())))))
-    return f"{job[0]} {job[1]} seed {job[2]} without {job[4]}: RMS error of the others {rms:.3f} ({result['seconds']:.0f}s)"
+    spread = rms(list(result["errors"].values()))
+    return f"{job[0]} {job[1]} seed {job[2]} without {job[4]}: RMS error of the others {spread:.3f} ({result['seconds']:.0f}s)"
 
 
 def finite(value):

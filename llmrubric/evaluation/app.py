@@ -30,6 +30,7 @@ from llmrubric.evaluation.transfer import shift_errors
 from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.integrity import check_fits
 from llmrubric.io.schemas import write_json, write_table, write_text
+from llmrubric.scoring.leaderboard import rms
 from llmrubric.training.experiment import check_settings, prepare
 from llmrubric.training.splits import text_systems
 from llmrubric.training.tracking import Tracker, metric_keys
@@ -98,7 +99,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     if errors is not None:
         write_table(errors, run_dir / SYSTEM_ERRORS_FILE)
         print(
-            f"errors of {len(errors)} held-out systems (RMS {float((errors.error**2).mean() ** 0.5):.3f}) written to"
+            f"errors of {len(errors)} held-out systems (RMS {rms(errors.error):.3f}) written to"
             f" {run_dir / SYSTEM_ERRORS_FILE}: `llmrubric leaderboard build --shift-errors` turns them into intervals for new systems"
         )
     notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())

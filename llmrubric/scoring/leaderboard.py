@@ -476,17 +476,21 @@ def read_system_values(path: str | Path, what: str, columns_of) -> pd.DataFrame:
     return pd.DataFrame(values, index=pd.Index(names.to_numpy(), name="system"))
 
 
-def shift_half_width(errors: np.ndarray, alpha: float = 0.05) -> float:
+def rms(errors) -> float:
+    """Root mean square of shift errors: sqrt(mean e²)."""
+    return math.sqrt(float(np.mean(np.square(np.asarray(errors, float)))))
+
+
+def shift_half_width(errors, alpha: float = 0.05) -> float:
     """Half-width of the interval for a new system's human mean from the shift ``errors`` of K
     other systems (each measured with that system held out): ``t_{K, 1-α/2} · sqrt(mean e²)``,
     a prediction interval for one more system's error (errors exchangeable, roughly normal)."""
-    errors = np.asarray(errors, float)
-    return float(stats.t.ppf(1 - alpha / 2, df=len(errors)) * math.sqrt(float(np.mean(errors**2))))
+    return float(stats.t.ppf(1 - alpha / 2, df=len(errors)) * rms(errors))
 
 
 def with_shift_interval(board: pd.DataFrame, errors: pd.Series, alpha: float = 0.05) -> pd.DataFrame:
     """``board`` with ``shift_low``/``shift_high``: each score ± :func:`shift_half_width` of ``errors``."""
-    half = shift_half_width(errors.to_numpy(), alpha)
+    half = shift_half_width(errors, alpha)
     return board.assign(shift_low=board.score - half, shift_high=board.score + half)
 
 
@@ -548,10 +552,7 @@ def build(
         "alpha": alpha,
         "sample_answers": sample_answers,
         **(
-            {
-                "shift_systems": len(shift_errors),
-                "shift_rms_error": float(np.sqrt(np.mean(shift_errors.to_numpy() ** 2))),
-            }
+            {"shift_systems": len(shift_errors), "shift_rms_error": rms(shift_errors)}
             if shift_errors is not None
             else {}
         ),

@@ -52,10 +52,8 @@ def train_app(cfg: DictConfig) -> float:
 
 
 def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
-    from llmrubric.model.calibrator import (
-        Calibrator,
-        fit_together,
-    )  # imported here: Lightning costs seconds, not for --help
+    # imported here, not at the top: Lightning costs seconds that --help need not pay
+    from llmrubric.model.calibrator import Calibrator, fit_together
     from llmrubric.training.search import Setting, select_for_split
 
     rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)

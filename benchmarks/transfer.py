@@ -21,7 +21,10 @@ answer): absolute error against the human mean (``system_mae``), Kendall and Spe
 systems, the shift interval (:func:`llmrubric.evaluation.transfer.shift_intervals`) with its coverage of
 the human mean and its width, the PPI interval with k = 5, 10, 20 human labels of the held-out
 system (``--draws`` random draws each; k = 0 is the shift interval) and, for contrast, the
-sampling-only interval (``coverage_sampling``: mean ± 1.96 standard errors). In those shift
+sampling-only interval (``coverage_sampling``: mean ± 1.96 standard errors). The system Kendall
+gets a 95 % interval from resampling each system's texts (``system_kendall_ci``, 1,000 draws) and,
+draw by draw, its difference from ``mean_of_sources``' (``system_kendall_minus_mean_of_sources``:
+mean, interval, share of draws with the method at least as good). In those shift
 intervals each system's interval rests on the other systems' errors from the same
 leave-one-out run, whose models saw the evaluated system; ``--nested`` removes that leak: for
 each system s a leave-one-out run over the other systems alone gives their errors, and s's
@@ -68,6 +71,7 @@ METHODS = ("default", "ordinal", "combined", "ridge_judge", "mean_of_sources", "
 HEADS = ("default", "ordinal", "combined")
 LEARNED = HEADS  # methods whose figures depend on the seed
 KS = (0, 5, 10, 20)
+KENDALL_DRAWS = 1000  # text resamples per system for the system Kendall's bootstrap
 SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")
 
 
@@ -134,6 +138,48 @@ def _pearson(model, tables, rubric) -> float:
     return -math.inf if math.isnan(value) else value
 
 
+def kendall_draws(pairs: pd.DataFrame, draws: int, seed: int = 0) -> list[float]:
+    """System Kendall (human vs predicted system means) over ``draws`` resamples of the texts within
+    each system, a text's pairs kept together. Texts are taken in sorted order, so every method
+    scored on the same texts sees the same resamples for a seed: the draws of two methods pair up."""
+    per_text = (
+        pairs.groupby(["system_id", "text_id"])
+        .agg(y=("y", "sum"), yhat=("yhat", "sum"), n=("y", "size"))
+        .reset_index()
+        .sort_values(["system_id", "text_id"])
+    )
+    y, yhat, n = (per_text[c].to_numpy(float) for c in ("y", "yhat", "n"))
+    rows = [np.flatnonzero(per_text.system_id.to_numpy() == s) for s in per_text.system_id.unique()]
+    rng, out = np.random.default_rng(seed), []
+    for _ in range(draws):
+        picks = [rng.choice(r, len(r)) for r in rows]
+        human = [y[p].sum() / n[p].sum() for p in picks]
+        predicted = [yhat[p].sum() / n[p].sum() for p in picks]
+        out.append(float(stats.kendalltau(human, predicted)[0]))
+    return out
+
+
+def kendall_comparison(report: dict, reference: str = "mean_of_sources") -> None:
+    """Per method of each set in ``report``: the 95 % bootstrap interval of its system Kendall and,
+    paired draw by draw, of its difference from ``reference``'s, with the share of draws where it is
+    at least ``reference``'s; the draws themselves are dropped."""
+    for methods in report.values():
+        base = methods.get(reference, {}).get("kendall_draws")
+        for figures in methods.values():
+            draws = figures.pop("kendall_draws", None)
+            if draws is None:  # a result cached by an older version of this script
+                continue
+            draws = np.asarray(draws)
+            figures["system_kendall_ci"] = np.nanquantile(draws, [0.025, 0.975]).tolist()
+            if base is not None:
+                diff = draws - np.asarray(base)
+                figures[f"system_kendall_minus_{reference}"] = {
+                    "mean": float(np.nanmean(diff)),
+                    "ci": np.nanquantile(diff, [0.025, 0.975]).tolist(),
+                    "share_at_least": float(np.mean(diff >= 0)),
+                }
+
+
 def figures(pred: pd.DataFrame, rubric: Rubric, tables, folds: pd.DataFrame, draws: int, seed: int) -> dict:
     pair = evaluate(pred, tables.annotations, rubric.main, per_judge=False)
     pairs = pair_scores(pred, tables.annotations, rubric.main, folds.set_index("text_id").system_id)
@@ -153,6 +199,7 @@ def figures(pred: pd.DataFrame, rubric: Rubric, tables, folds: pd.DataFrame, dra
         "coverage_ppi": {k: v[0] for k, v in ppi.items()},
         "width_ppi": {k: v[1] for k, v in ppi.items()},
         "coverage_sampling": coverage(sampling)[0],
+        "kendall_draws": kendall_draws(pairs, KENDALL_DRAWS),
         "systems": {
             s: {"human": r.human, "predicted": r.predicted, "low": r.low, "high": r.high, "pairs": int(r.pairs)}
             for s, r in means.iterrows()
@@ -228,7 +275,9 @@ def average(runs: list[dict]) -> dict:
     """Figures averaged over seeds (per-system values of the first seed)."""
     out = {}
     for key, value in runs[0].items():
-        if isinstance(value, dict) and key != "systems":
+        if key == "kendall_draws":
+            out[key] = np.mean([r[key] for r in runs], axis=0).tolist()
+        elif isinstance(value, dict) and key != "systems":
             out[key] = {k: float(np.mean([r[key][k] for r in runs])) for k in value}
         elif key == "systems":
             out[key] = value
@@ -337,6 +386,7 @@ def run(argv: list[str] | None) -> int:
     report = {}
     for s in sets:
         report[label(s)] = {m: average([results[j] for j in jobs if j[:2] == (s, m)]) for m in args.methods}
+    kendall_comparison(report)
     heads = [m for m in HEADS if m in args.methods]
     report["meta"] = {
         "commit": commit,

@@ -105,3 +105,29 @@ def test_nested_intervals_use_only_models_that_never_saw_the_system(tmp_path):
     )
     assert out["systems"][s0]["high_nested"] == pytest.approx(out["systems"][s0]["predicted"] + half)
     assert 0 <= out["coverage_nested"] <= 1 and out["width_nested"] > 0
+
+
+def test_system_kendall_bootstrap_pairs_the_draws_of_two_methods():
+    rng = np.random.default_rng(0)
+    quality = {"A": 1.0, "B": 2.0, "C": 3.0, "D": 4.0}
+    pairs = pd.DataFrame(
+        [
+            {"system_id": s, "text_id": f"{s}{t}", "y": q + rng.normal(0, 0.3), "yhat": 0.0}
+            for s, q in quality.items()
+            for t in range(8)
+            for _ in range(2)  # two judges: a text's pairs are resampled together
+        ]
+    )
+    right = pairs.assign(yhat=pairs.system_id.map(quality) + rng.normal(0, 0.01, len(pairs)))
+    wrong = right.assign(yhat=-right.yhat)
+    draws = {name: bench.kendall_draws(p, 200, seed=3) for name, p in (("right", right), ("wrong", wrong))}
+    assert draws["right"] == bench.kendall_draws(right.sample(frac=1, random_state=1), 200, seed=3)
+    assert min(draws["right"]) == pytest.approx(1.0) and max(draws["wrong"]) == pytest.approx(-1.0)
+    report = {
+        "set": {"mean_of_sources": {"kendall_draws": draws["wrong"]}, "default": {"kendall_draws": draws["right"]}}
+    }
+    bench.kendall_comparison(report)
+    default = report["set"]["default"]
+    assert "kendall_draws" not in default and default["system_kendall_ci"] == pytest.approx([1.0, 1.0])
+    assert default["system_kendall_minus_mean_of_sources"]["mean"] == pytest.approx(2.0)
+    assert default["system_kendall_minus_mean_of_sources"]["share_at_least"] == 1.0

@@ -28,7 +28,14 @@ mean, interval, share of draws with the method at least as good). In those shift
 intervals each system's interval rests on the other systems' errors from the same
 leave-one-out run, whose models saw the evaluated system; ``--nested`` removes that leak: for
 each system s a leave-one-out run over the other systems alone gives their errors, and s's
-interval uses those (``coverage_nested``, ``width_nested``; K + 1 times the training). Writes
+interval uses those (``coverage_nested``, ``width_nested``; K + 1 times the training).
+
+Under leave one system out each system is scored by a different model, whose training systems
+are all the others: a held-out bad system leaves better systems to train on, so every model's
+level moves against the quality of the system it scores (a constant predictor, the training
+mean, ranks systems with equal numbers of pairs exactly backwards). ``--two-out`` measures the ranking without that:
+every pair of systems is held out together and scored by one model trained on the rest
+(``system_kendall_two_out``, Kendall's tau-a over the pairs; K(K-1)/2 fits). Writes
 ``benchmarks/results/transfer.json`` (``{set: {method: figures}}`` plus ``meta``, which names the
 calibrator head with the lowest pair NLL of each set: the choice among them).
 """
@@ -36,6 +43,7 @@ calibrator head with the lowest pair NLL of each set: the choice among them).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -110,14 +118,18 @@ def held_out_predictions(method: str, rubric: Rubric, tables, folds: pd.DataFram
         (tables.subset(folds.text_id[folds.fold != k]), tables.subset(folds.text_id[folds.fold == k]))
         for k in sorted(folds.fold.unique())
     ]
+    return pd.concat(split_predictions(method, rubric, splits, seed), ignore_index=True)
+
+
+def split_predictions(method: str, rubric: Rubric, splits: list[tuple], seed: int) -> list[pd.DataFrame]:
+    """Per (train, test) split: the main-question predictions of test by a model fitted on train
+    (the calibrator heads of all splits are fitted together)."""
     if method in HEADS:
         models = fit_together(
             [Calibrator(rubric, config("model", method), config("trainer", "default"), seed) for _ in splits],
             [tr for tr, _ in splits],
         )
-        return pd.concat(
-            [m.predict(te, questions=[rubric.main.id]) for m, (_, te) in zip(models, splits)], ignore_index=True
-        )
+        return [m.predict(te, questions=[rubric.main.id]) for m, (_, te) in zip(models, splits)]
     parts = []
     for train, test in splits:
         if method == "ridge_judge":
@@ -130,7 +142,35 @@ def held_out_predictions(method: str, rubric: Rubric, tables, folds: pd.DataFram
                 key=lambda m: _pearson(m, train, rubric),
             )
         parts.append(model.predict(test))
-    return pd.concat(parts, ignore_index=True)
+    return parts
+
+
+def two_out_means(set_name: str, method: str, seed: int, args) -> dict:
+    """Every pair of systems held out together: both system means predicted by one model trained
+    on all the other systems, so the pair's order does not depend on which systems trained it."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    rubric, tables = load_set(set_name, args)
+    folds = system_folds(tables)
+    pairs = list(itertools.combinations(sorted(folds.system_id.unique()), 2))
+    held = [folds.system_id.isin(pair) for pair in pairs]
+    splits = [(tables.subset(folds.text_id[~h]), tables.subset(folds.text_id[h])) for h in held]
+    start = time.perf_counter()
+    preds = split_predictions(method, rubric, splits, seed)
+    systems = folds.set_index("text_id").system_id
+    out = []
+    for (s, t), (_, test), pred in zip(pairs, splits, preds):
+        means = system_means(pair_scores(pred, test.annotations, rubric.main, systems)).predicted
+        out.append([s, t, float(means[s]), float(means[t])])
+    return {"pairs": out, "seconds": time.perf_counter() - start}
+
+
+def with_two_out(result: dict, two_out: dict) -> dict:
+    """``result`` with ``system_kendall_two_out``: Kendall's tau-a over the pairs of systems between
+    the human means and the means predicted with both systems held out (:func:`two_out_means`)."""
+    human = {s: r["human"] for s, r in result["systems"].items()}
+    signs = [np.sign(human[s] - human[t]) * np.sign(ps - pt) for s, t, ps, pt in two_out["pairs"]]
+    return {**result, "system_kendall_two_out": float(np.mean(signs)), "seconds_two_out": two_out["seconds"]}
 
 
 def _pearson(model, tables, rubric) -> float:
@@ -241,11 +281,14 @@ def with_nested(result: dict, nested: dict[str, dict]) -> dict:
 
 
 def describe(job: tuple, result: dict) -> str:
-    """One progress line of a finished job: (set, method, seed) or (set, method, seed, "nested", system)."""
+    """One progress line of a finished job: (set, method, seed), (set, method, seed, "nested", system)
+    or (set, method, seed, "two_out")."""
     if len(job) == 3:
         return "{} {} seed {}: pair NLL {pair_nll:.3f}, system Kendall {system_kendall:.3f}, coverage {coverage:.2f} ({seconds:.0f}s)".format(
             *job, **result
         )
+    if job[3] == "two_out":
+        return f"{job[0]} {job[1]} seed {job[2]}: {len(result['pairs'])} pairs of systems held out together ({result['seconds']:.0f}s)"
     spread = rms(list(result["errors"].values()))
     return f"{job[0]} {job[1]} seed {job[2]} without {job[4]}: RMS error of the others {spread:.3f} ({result['seconds']:.0f}s)"
 
@@ -324,12 +367,20 @@ def run(argv: list[str] | None) -> int:
         "that saw it; K + 1 times the training",
     )
     parser.add_argument(
+        "--two-out",
+        nargs="*",
+        choices=list(METHODS),
+        help="also the system Kendall with every pair of systems held out together and scored by one model "
+        "(these methods, all with no name): K(K-1)/2 more fits",
+    )
+    parser.add_argument(
         "--cache",
         default=str(ROOT / "outputs" / "transfer"),
         help="each finished (set, method, seed) is kept here and not rerun (resume); delete it after changing code",
     )
     args = parser.parse_args(argv)
     nested = [] if args.nested is None else [m for m in args.methods if m in args.nested or not args.nested]
+    two_out = [] if args.two_out is None else [m for m in args.methods if m in args.two_out or not args.two_out]
     if args.seeds < 1 or args.draws < 1:
         raise InputError(f"--seeds and --draws must be >= 1 (got {args.seeds}, {args.draws})", column="--seeds/--draws")
     sets = list(args.sets)
@@ -354,9 +405,9 @@ def run(argv: list[str] | None) -> int:
                 f"k={max(KS)} human labels requested but system {pairs.idxmin()!r} has only {int(pairs.min())} annotated pairs of {rubric.main.id}",
                 column="k",
             )
-        if nested and len(systems_of[name]) < 3:
+        if (nested or two_out) and len(systems_of[name]) < 3:
             raise InputError(
-                f"--nested needs at least 3 systems (a leave-one-out run over the others), {name} has {len(systems_of[name])}",
+                f"--nested and --two-out need at least 3 systems (training on the others), {name} has {len(systems_of[name])}",
                 column="system_id",
             )
     commit = subprocess.run(  # the code that runs: HEAD when the run starts
@@ -365,12 +416,12 @@ def run(argv: list[str] | None) -> int:
     start = time.perf_counter()
     jobs = [(s, m, seed) for s in sets for m in args.methods for seed in (range(args.seeds) if m in LEARNED else [0])]
     nested_jobs = [(*job, "nested", system) for job in jobs if job[1] in nested for system in systems_of[job[0]]]
+    nested_jobs += [(*job, "two_out") for job in jobs if job[1] in two_out]
+    worker = {"nested": lambda job: (nested_errors, *job[:3], job[4]), "two_out": lambda job: (two_out_means, *job[:3])}
     label = lambda s: Path(args.data).name if s == "data" else s
     cache = lambda job: Path(args.cache) / ("-".join([label(job[0]), *map(str, job[1:])]) + ".json")
     with ProcessPoolExecutor(args.workers) as pool:
-        submit = lambda job: (
-            pool.submit(run_one, *job, args) if len(job) == 3 else pool.submit(nested_errors, *job[:3], job[4], args)
-        )
+        submit = lambda job: pool.submit(*(((run_one, *job) if len(job) == 3 else worker[job[3]](job)) + (args,)))
         futures = {job: None if cache(job).is_file() else submit(job) for job in jobs + nested_jobs}
         results = {}
         for i, (job, future) in enumerate(futures.items(), 1):
@@ -382,7 +433,11 @@ def run(argv: list[str] | None) -> int:
             print(f"[{i}/{len(futures)}] {describe(job, r)}{' (cached)' if future is None else ''}", flush=True)
     for job in jobs:
         if job[1] in nested:
-            results[job] = with_nested(results[job], {n[4]: results[n] for n in nested_jobs if n[:3] == job})
+            results[job] = with_nested(
+                results[job], {n[4]: results[n] for n in nested_jobs if n[:3] == job and n[3] == "nested"}
+            )
+        if job[1] in two_out:
+            results[job] = with_two_out(results[job], results[(*job, "two_out")])
     report = {}
     for s in sets:
         report[label(s)] = {m: average([results[j] for j in jobs if j[:2] == (s, m)]) for m in args.methods}
@@ -395,11 +450,13 @@ def run(argv: list[str] | None) -> int:
         "draws": args.draws,
         "ks": list(KS),
         "nested": nested,
+        "two_out": two_out,
         "lowest_nll_head": {k: min(heads, key=lambda m: v[m]["pair_nll"]) for k, v in report.items() if heads},
     }
     write_json(finite(report), args.out)
     cols = ("pair_pearson", "pair_nll", "system_kendall", "system_spearman", "system_mae", "coverage", "width")
     cols += ("coverage_nested", "width_nested") if nested else ()
+    cols += ("system_kendall_two_out",) if two_out else ()
     for key in report:
         if key == "meta":
             continue

@@ -1,6 +1,7 @@
 """System means under shift: the jackknife-over-systems interval, PPI with k labels, and their errors."""
 
 import argparse
+import itertools
 import math
 import subprocess
 import sys
@@ -131,3 +132,24 @@ def test_system_kendall_bootstrap_pairs_the_draws_of_two_methods():
     assert "kendall_draws" not in default and default["system_kendall_ci"] == pytest.approx([1.0, 1.0])
     assert default["system_kendall_minus_mean_of_sources"]["mean"] == pytest.approx(2.0)
     assert default["system_kendall_minus_mean_of_sources"]["share_at_least"] == 1.0
+
+
+def test_two_out_scores_each_pair_of_systems_with_one_model_trained_without_both(tmp_path):
+    data = write_simulated(tmp_path / "sim", n_texts=120, n_judges=4)
+    args = argparse.Namespace(data=str(data), rubric=str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), draws=5)
+    plain = bench.run_one("data", "mean_of_sources", 0, args)
+    systems = sorted(plain["systems"])
+    untrained = bench.two_out_means("data", "mean_of_sources", 0, args)
+    assert [p[:2] for p in untrained["pairs"]] == [list(p) for p in itertools.combinations(systems, 2)]
+    # a method without training predicts each system alike whichever others are held out
+    for s, t, ps, pt in untrained["pairs"]:
+        assert (ps, pt) == pytest.approx((plain["systems"][s]["predicted"], plain["systems"][t]["predicted"]))
+    same = bench.with_two_out(plain, untrained)
+    assert same["system_kendall_two_out"] == pytest.approx(plain["system_kendall"])
+    fitted = bench.two_out_means("data", "ridge_judge", 0, args)
+    loso = bench.run_one("data", "ridge_judge", 0, args)["systems"]
+    s, t, ps, _ = fitted["pairs"][0]
+    assert ps != pytest.approx(loso[s]["predicted"], abs=1e-9)  # trained without t as well
+    backwards = {"systems": {"a": {"human": 1.0}, "b": {"human": 2.0}, "c": {"human": 3.0}}}
+    pairs = {"pairs": [["a", "b", 2.0, 1.0], ["a", "c", 0.0, 1.0], ["b", "c", 5.0, 4.0]], "seconds": 0.0}
+    assert bench.with_two_out(backwards, pairs)["system_kendall_two_out"] == pytest.approx(-1 / 3)

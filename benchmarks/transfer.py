@@ -33,9 +33,9 @@ interval uses those (``coverage_nested``, ``width_nested``; K + 1 times the trai
 Under leave one system out each system is scored by a different model, whose training systems
 are all the others: a held-out bad system leaves better systems to train on, so every model's
 level moves against the quality of the system it scores (a constant predictor, the training
-mean, ranks systems with equal numbers of pairs exactly backwards). ``--two-out`` measures the ranking without that:
-every pair of systems is held out together and scored by one model trained on the rest
-(``system_kendall_two_out``, Kendall's tau-a over the pairs; K(K-1)/2 fits). Writes
+mean, ranks systems with equal numbers of pairs exactly backwards). ``--two-out`` measures the
+ranking without that: every pair of systems is held out together and scored by one model trained
+on the rest (``system_kendall_two_out``, Kendall's tau-a over the pairs; K(K-1)/2 fits). Writes
 ``benchmarks/results/transfer.json`` (``{set: {method: figures}}`` plus ``meta``, which names the
 calibrator head with the lowest pair NLL of each set: the choice among them).
 """
@@ -318,8 +318,9 @@ def average(runs: list[dict]) -> dict:
     """Figures averaged over seeds (per-system values of the first seed)."""
     out = {}
     for key, value in runs[0].items():
-        if key == "kendall_draws":
-            out[key] = np.mean([r[key] for r in runs], axis=0).tolist()
+        if key == "kendall_draws":  # dropped if a run cached by an older version of this script lacks them
+            if all(key in r for r in runs):
+                out[key] = np.mean([r[key] for r in runs], axis=0).tolist()
         elif isinstance(value, dict) and key != "systems":
             out[key] = {k: float(np.mean([r[key][k] for r in runs])) for k in value}
         elif key == "systems":
@@ -415,14 +416,14 @@ def run(argv: list[str] | None) -> int:
     ).stdout.strip()
     start = time.perf_counter()
     jobs = [(s, m, seed) for s in sets for m in args.methods for seed in (range(args.seeds) if m in LEARNED else [0])]
-    nested_jobs = [(*job, "nested", system) for job in jobs if job[1] in nested for system in systems_of[job[0]]]
-    nested_jobs += [(*job, "two_out") for job in jobs if job[1] in two_out]
+    extra_jobs = [(*job, "nested", system) for job in jobs if job[1] in nested for system in systems_of[job[0]]]
+    extra_jobs += [(*job, "two_out") for job in jobs if job[1] in two_out]
     worker = {"nested": lambda job: (nested_errors, *job[:3], job[4]), "two_out": lambda job: (two_out_means, *job[:3])}
     label = lambda s: Path(args.data).name if s == "data" else s
     cache = lambda job: Path(args.cache) / ("-".join([label(job[0]), *map(str, job[1:])]) + ".json")
     with ProcessPoolExecutor(args.workers) as pool:
         submit = lambda job: pool.submit(*(((run_one, *job) if len(job) == 3 else worker[job[3]](job)) + (args,)))
-        futures = {job: None if cache(job).is_file() else submit(job) for job in jobs + nested_jobs}
+        futures = {job: None if cache(job).is_file() else submit(job) for job in jobs + extra_jobs}
         results = {}
         for i, (job, future) in enumerate(futures.items(), 1):
             if future is None:
@@ -434,7 +435,7 @@ def run(argv: list[str] | None) -> int:
     for job in jobs:
         if job[1] in nested:
             results[job] = with_nested(
-                results[job], {n[4]: results[n] for n in nested_jobs if n[:3] == job and n[3] == "nested"}
+                results[job], {n[4]: results[n] for n in extra_jobs if n[:3] == job and n[3] == "nested"}
             )
         if job[1] in two_out:
             results[job] = with_two_out(results[job], results[(*job, "two_out")])

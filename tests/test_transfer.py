@@ -82,6 +82,15 @@ def test_benchmark_bad_input_is_one_line_and_exit_2(tmp_path):
     one = write_simulated(tmp_path / "few", n_texts=8, n_judges=4)
     done = run("--data", str(one))
     assert done.returncode == 2 and "k=20" in done.stderr and "Traceback" not in done.stderr
+    two = write_simulated(tmp_path / "two", n_texts=120, n_judges=4)
+    for name in ("texts.csv", "annotations.csv"):
+        table = pd.read_csv(two / name, dtype=str)
+        write_table(
+            table.assign(system_id=table.system_id.isin(table.system_id.unique()[::2]).map({True: "A", False: "B"})),
+            two / name,
+        )
+    done = run("--data", str(two), "--two-out")
+    assert done.returncode == 2 and "--two-out" in done.stderr and "has 2" in done.stderr
     assert not (tmp_path / "t.json").exists()
 
 

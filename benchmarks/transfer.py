@@ -112,6 +112,22 @@ def load_set(name: str, args) -> tuple:
     )
 
 
+def worker_set(set_name: str, args) -> tuple:
+    """(rubric, tables, leave-one-system-out folds) of a set, in a worker process that keeps quiet."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    rubric, tables = load_set(set_name, args)
+    return rubric, tables, system_folds(tables)
+
+
+def job_call(job: tuple) -> tuple:
+    """(function, its arguments but ``args``) of a job: (set, method, seed), (set, method, seed,
+    "nested", system) or (set, method, seed, "two_out")."""
+    if len(job) == 3:
+        return (run_one, *job)
+    return (nested_errors, *job[:3], job[4]) if job[3] == "nested" else (two_out_means, *job[:3])
+
+
 def held_out_predictions(method: str, rubric: Rubric, tables, folds: pd.DataFrame, seed: int) -> pd.DataFrame:
     """Main-question predictions of every system by a model that did not see it."""
     splits = [
@@ -148,10 +164,7 @@ def split_predictions(method: str, rubric: Rubric, splits: list[tuple], seed: in
 def two_out_means(set_name: str, method: str, seed: int, args) -> dict:
     """Every pair of systems held out together: both system means predicted by one model trained
     on all the other systems, so the pair's order does not depend on which systems trained it."""
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    rubric, tables = load_set(set_name, args)
-    folds = system_folds(tables)
+    rubric, tables, folds = worker_set(set_name, args)
     pairs = list(itertools.combinations(sorted(folds.system_id.unique()), 2))
     held = [folds.system_id.isin(pair) for pair in pairs]
     splits = [(tables.subset(folds.text_id[~h]), tables.subset(folds.text_id[h])) for h in held]
@@ -250,10 +263,7 @@ def figures(pred: pd.DataFrame, rubric: Rubric, tables, folds: pd.DataFrame, dra
 def nested_errors(set_name: str, method: str, seed: int, system: str, args) -> dict:
     """The shift errors (predicted − human system mean) of every system but ``system``, each from a
     model trained on neither it nor ``system``: what a user without ``system`` would measure."""
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    rubric, tables = load_set(set_name, args)
-    folds = system_folds(tables)
+    rubric, tables, folds = worker_set(set_name, args)
     inner = tables.subset(folds.text_id[folds.system_id != system])
     inner_folds = system_folds(inner)
     start = time.perf_counter()
@@ -303,10 +313,7 @@ def finite(value):
 
 
 def run_one(set_name: str, method: str, seed: int, args) -> dict:
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    rubric, tables = load_set(set_name, args)
-    folds = system_folds(tables)
+    rubric, tables, folds = worker_set(set_name, args)
     start = time.perf_counter()
     pred = held_out_predictions(method, rubric, tables, folds, seed)
     out = figures(pred, rubric, tables, folds, args.draws, seed)
@@ -418,11 +425,10 @@ def run(argv: list[str] | None) -> int:
     jobs = [(s, m, seed) for s in sets for m in args.methods for seed in (range(args.seeds) if m in LEARNED else [0])]
     extra_jobs = [(*job, "nested", system) for job in jobs if job[1] in nested for system in systems_of[job[0]]]
     extra_jobs += [(*job, "two_out") for job in jobs if job[1] in two_out]
-    worker = {"nested": lambda job: (nested_errors, *job[:3], job[4]), "two_out": lambda job: (two_out_means, *job[:3])}
     label = lambda s: Path(args.data).name if s == "data" else s
     cache = lambda job: Path(args.cache) / ("-".join([label(job[0]), *map(str, job[1:])]) + ".json")
     with ProcessPoolExecutor(args.workers) as pool:
-        submit = lambda job: pool.submit(*(((run_one, *job) if len(job) == 3 else worker[job[3]](job)) + (args,)))
+        submit = lambda job: pool.submit(*job_call(job), args)
         futures = {job: None if cache(job).is_file() else submit(job) for job in jobs + extra_jobs}
         results = {}
         for i, (job, future) in enumerate(futures.items(), 1):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib.resources
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llmrubric.io.errors import InputError, report
@@ -25,6 +25,29 @@ from llmrubric.io.errors import InputError, report
 CONF_PACKAGE = "llmrubric.conf"
 CONF_PATH = f"pkg://{CONF_PACKAGE}"
 VERSION_BASE = "1.3"
+
+
+AUTO_CANDIDATES = ("network", "ordinal", "clmm_own", "clmm_all", "clmm_mean", "ridge_judge")
+
+
+@dataclass
+class AutoConfig:
+    """``model=auto`` (:mod:`llmrubric.model.auto`): candidate families compared by inner cross-validation.
+
+    Attributes:
+        candidates: names of :data:`llmrubric.model.auto.CANDIDATES` (``network`` is the network of
+            the other ``model.*`` settings).
+        rule: ``stack`` (non-negative weights summing to 1 that maximise the inner-CV likelihood of
+            the main question) or ``select`` (the candidate with the lowest inner-CV NLL).
+        group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
+            score unseen systems (``systems``, ``system_groups``), else by text.
+        folds: inner folds (by system: at most one per training system).
+    """
+
+    candidates: list[str] = field(default_factory=lambda: list(AUTO_CANDIDATES))
+    rule: str = "stack"
+    group: str = "auto"
+    folds: int = 5
 
 
 @dataclass
@@ -42,6 +65,8 @@ class ModelConfig:
         ensemble: networks whose average distribution is predicted.
         head: ``softmax`` (the network's heads), ``ordinal`` or ``combined``
             (:mod:`llmrubric.model.cumulative`); ``monotone`` applies to the latter two.
+        family: ``network`` (this network alone) or ``auto`` (the model chosen by inner
+            cross-validation among ``auto.candidates``, :class:`AutoConfig`).
     """
 
     h1: int = 25
@@ -52,6 +77,8 @@ class ModelConfig:
     ensemble: int = 5
     head: str = "softmax"
     monotone: bool = False
+    family: str = "network"
+    auto: AutoConfig = field(default_factory=AutoConfig)
 
 
 def model_settings(model: dict | ModelConfig | None = None) -> dict:

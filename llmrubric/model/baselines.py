@@ -1,10 +1,13 @@
-"""Baselines of LLM-Rubric Table 1 with the calibrator's interface: ``fit(tables)``, ``predict(tables)``.
+"""Baselines of LLM-Rubric Table 1 and those a careful user tries first, with the estimator
+interface (:mod:`llmrubric.model.estimator`).
 
 Each predicts the main question's distribution for every annotated (text, judge) pair and
 a point value (``mean``): random draws from a uniform distribution; the LLM's own
-distribution normalised over the options, decoded by argmax or expectation; the training
-marginal; and ridge regression on the expected LLM answers plus judge indicators with a
-discretised normal around its prediction.
+distribution normalised over the options, decoded by argmax or expectation (``mean_of_sources``:
+the mean over the sources that answered); that mean mapped by a line fitted on the training
+systems' means (``raw_linear_system``); the training marginal; and ridge regression on the
+expected LLM answers plus judge indicators with a discretised normal around its prediction
+(every question: it is also a candidate of ``model=auto``).
 
 With several LLM sources (models, prompt variants) answering the main question,
 ``expected_llm/<source>`` and ``argmax_llm/<source>`` use one source and the unqualified
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+import torch
+from scipy import special, stats
 from sklearn.linear_model import LogisticRegression, RidgeCV
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
@@ -27,12 +31,15 @@ from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import Tables, source_of
 from llmrubric.model.calibrator import Calibrator
-from llmrubric.model.encoding import Block, FeatureLayout, JudgeMap, pairs_of
+from llmrubric.model.columns import text_columns
+from llmrubric.model.encoding import PAIR, Block, FeatureLayout, JudgeMap, pairs_of, with_round
 from llmrubric.training.threads import one_thread
 
 
 class MainQuestionBaseline:
-    """Shared plumbing: predictions of the main question for the annotated pairs."""
+    """Shared plumbing: the estimator interface (:mod:`llmrubric.model.estimator`) of a method that
+    predicts the main question only; a pair it cannot predict (a text without the LLM's answer to the
+    main question) is left out of :meth:`predict` and NaN in :meth:`predict_proba`."""
 
     name = "baseline"
 
@@ -47,13 +54,20 @@ class MainQuestionBaseline:
         raise NotImplementedError
 
     def predict(self, tables: Tables, pairs: pd.DataFrame | None = None) -> pd.DataFrame:
-        pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
         probs, means = self._predict(tables, pairs)
-        return predictions_frame(pairs, [self.question], probs[:, None, :], None if means is None else means[:, None])
+        rows = np.flatnonzero(np.isfinite(probs).all(axis=1))
+        means = None if means is None else means[rows, None]
+        return predictions_frame(pairs.iloc[rows], [self.question], probs[rows, None, :], means)
+
+    def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
+        pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        return questions_proba(self.rubric, {self.question.id: self._predict(tables, pairs)[0]}, len(pairs))
 
     def _llm_distribution(self, tables: Tables, pairs: pd.DataFrame) -> np.ndarray:
         """(pairs, options) the LLM's main-question distribution over the human options, normalised
-        per source, then averaged over the sources that answered the text (or ``self.source`` only)."""
+        per source, then averaged over the sources that answered the text (or ``self.source`` only);
+        NaN for a text that no (such) source answered."""
         blocks = main_blocks(tables.features, self.rubric)
         if self.source is not None:
             blocks = [b for b in blocks if b.source == self.source]
@@ -72,13 +86,18 @@ class MainQuestionBaseline:
             z = p.sum(axis=1, keepdims=True)
             total += np.divide(p, z, out=np.zeros_like(p), where=z > 0)
             count += z > 0
-        if (count == 0).any():
-            raise InputError(
-                f"{int((count == 0).sum())} texts have no LLM mass on the options of {self.question.id} (first: {texts[int(np.argmin(count))]!r})",
-                file=source_of(tables.features),
-                column="prob",
-            )
-        return (total / count)[pairs.text_id.map({t: i for i, t in enumerate(texts)}).to_numpy()]
+        mean = np.divide(total, count, out=np.full_like(total, np.nan), where=count > 0)
+        return mean[pairs.text_id.map({t: i for i, t in enumerate(texts)}).to_numpy()]
+
+
+def questions_proba(rubric: Rubric, probs: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """(n, rubric questions, max options) from each predicted question's (n, options): NaN for the
+    others, 0 in the padding."""
+    out = np.full((n, len(rubric.questions), max(len(q.options) for q in rubric.questions)), np.nan)
+    for qid, p in probs.items():
+        q = rubric.ids.index(qid)
+        out[:, q, : p.shape[1]], out[:, q, p.shape[1] :] = p, 0.0
+    return out
 
 
 class RandomBaseline(MainQuestionBaseline):
@@ -99,7 +118,8 @@ class ArgmaxLLM(MainQuestionBaseline):
 
     def _predict(self, tables, pairs):
         p = self._llm_distribution(tables, pairs)
-        return p, np.asarray(self.question.values)[p.argmax(axis=1)]
+        best = np.nan_to_num(p, nan=-1.0).argmax(axis=1)
+        return p, np.where(np.isnan(p).any(axis=1), np.nan, np.asarray(self.question.values)[best])
 
 
 class ExpectedLLM(MainQuestionBaseline):
@@ -109,6 +129,13 @@ class ExpectedLLM(MainQuestionBaseline):
 
     def _predict(self, tables, pairs):
         return self._llm_distribution(tables, pairs), None
+
+
+class MeanOfSources(ExpectedLLM):
+    """The mean of the LLM sources' normalised distributions of the main question (its expected
+    answer is the mean of the sources' expected answers), over the sources that answered each text."""
+
+    name = "mean_of_sources"
 
 
 class ConstantBaseline(MainQuestionBaseline):
@@ -126,47 +153,85 @@ class ConstantBaseline(MainQuestionBaseline):
         return np.tile(self.marginal_, (len(pairs), 1)), None
 
 
-class RidgeJudge(MainQuestionBaseline):
-    """Ridge regression of the main answer on every feature block plus judge indicators.
+class RawLinearSystem(MainQuestionBaseline):
+    """The mean of sources' expected answer mapped by a line fitted on the training systems' means
+    (human mean of each system against the mean of its texts' LLM answers; on the texts' means when
+    the training data have fewer than 2 systems), with a normal of the training pairs' residual
+    spread discretised onto the options. A text no source answered gets no prediction."""
 
-    Each block gives its expected answer (ordered numeric options), its probability (a block
-    of one option, e.g. a summary's ``covered`` fraction) or its normalised distribution
-    (categories); a block missing for a text takes the training mean. For an ordered main
-    question the distribution is a normal with the training residual spread, discretised
-    onto the options (bins between midpoints, open at both ends); for a categorical one the
-    regression is an L2-penalised multinomial logistic regression on the same inputs (penalty
-    chosen by 5-fold CV log loss).
+    name = "raw_linear_system"
+
+    def fit(self, tables):
+        pairs, y = answered_pairs(tables, self.question)
+        x = _expected(self._llm_distribution(tables, pairs), self.question)
+        ok = ~np.isnan(x)
+        groups = pairs.text_id.map(_text_system(tables)) if _text_system(tables).nunique() >= 2 else pairs.text_id
+        frame = pd.DataFrame({"group": groups[ok].to_numpy(), "x": x[ok], "y": y[ok]}).groupby("group").mean()
+        if len(frame) < 2 or np.ptp(frame.x) == 0:
+            raise InputError(
+                f"{self.name} needs at least 2 systems (or texts) with different LLM answers to fit a line"
+            )
+        self.slope_, self.intercept_ = np.polyfit(frame.x.to_numpy(), frame.y.to_numpy(), 1)
+        self.sigma_ = max(float(np.std(y[ok] - (self.intercept_ + self.slope_ * x[ok]))), 1e-3)
+        return self
+
+    def _predict(self, tables, pairs):
+        mu = self.intercept_ + self.slope_ * _expected(self._llm_distribution(tables, pairs), self.question)
+        return discretised_normal(mu, self.sigma_, self.question), mu
+
+
+def _expected(p: np.ndarray, question) -> np.ndarray:
+    return p @ np.asarray(question.values, dtype=float)
+
+
+def _text_system(tables: Tables) -> pd.Series:
+    """text id → system id (empty when the data have none)."""
+    for source in (tables.texts, tables.annotations):
+        if source is not None and "system_id" in source and source.system_id.notna().any():
+            return source.dropna(subset=["system_id"]).drop_duplicates("text_id").set_index("text_id").system_id
+    return pd.Series(dtype=object)
+
+
+def answered_pairs(tables: Tables, question) -> tuple[pd.DataFrame, np.ndarray]:
+    """The pairs that answered ``question`` and their answers' values (ordered) or option indices."""
+    ann = tables.annotations[tables.annotations.question_id == question.id]
+    pairs = pairs_of(ann)
+    answers = (
+        with_round(ann)
+        .drop_duplicates(PAIR)
+        .set_index(PAIR)
+        .answer.reindex(pd.MultiIndex.from_frame(pairs[PAIR]))
+        .to_numpy()
+    )
+    index = pd.Index(question.keys).get_indexer(answers)
+    return pairs, (np.asarray(question.values)[index] if question.ordered else index)
+
+
+def discretised_normal(mu: np.ndarray, sigma: float, question) -> np.ndarray:
+    """(n, options): a normal around ``mu`` integrated over bins between the options' midpoints
+    (open at both ends); NaN rows where ``mu`` is NaN."""
+    values = np.asarray(question.values)
+    edges = np.concatenate([[-np.inf], (values[1:] + values[:-1]) / 2, [np.inf]])
+    return np.diff(stats.norm.cdf((edges[None, :] - np.asarray(mu)[:, None]) / sigma), axis=1)
+
+
+class RidgeJudge(MainQuestionBaseline):
+    """Ridge regression of each question's answer on every feature block plus judge indicators.
+
+    Each block gives one value per text (:mod:`llmrubric.model.columns`); a block missing for a
+    text takes the training mean. For an ordered question the distribution is a normal with the
+    training residual spread, discretised onto the options (:func:`discretised_normal`); for a
+    categorical one the regression is an L2-penalised multinomial logistic regression on the same
+    inputs (penalty chosen by 5-fold CV log loss). ``fit(tables, questions)`` fits the given
+    questions (default: every question with annotations; Table 1 needs only the main one).
     """
 
     name = "ridge_judge"
-
-    def _block_columns(self, block: Block, p: np.ndarray) -> np.ndarray:
-        """(texts, columns) of one block's probabilities ``p``; NaN where the block is missing."""
-        z = p.sum(axis=1, keepdims=True)
-        if len(block.options) == 1:
-            return np.where(z > 0, p, np.nan)
-        dist = np.divide(p, z, out=np.full_like(p, np.nan), where=z > 0)
-        question = self.rubric[block.question_id] if block.question_id in self.rubric else None
-        try:
-            values = np.array([float(o) for o in block.options])
-        except ValueError:
-            values = None
-        if values is not None and (question is None or question.ordered):
-            return dist @ values[:, None]
-        return dist[:, :-1]
-
-    def _text_columns(self, tables: Tables, texts: list[str]) -> np.ndarray:
-        """(texts, columns) of every block; NaN where a block is missing."""
-        x = self.layout_.matrix(tables.features, texts).astype(np.float64)
-        columns, offset = [], 0
-        for block in self.layout_.blocks:
-            columns.append(self._block_columns(block, x[:, offset : offset + len(block.options)]))
-            offset += len(block.options)
-        return np.hstack(columns)
+    family = "ridge_judge"
 
     def _design(self, tables: Tables, pairs: pd.DataFrame) -> np.ndarray:
         texts = sorted(pairs.text_id.unique())
-        text_x = self._text_columns(tables, texts)
+        text_x = text_columns(self.layout_, self.rubric, tables.features, texts)
         text_x = np.where(np.isnan(text_x), self.fill_, text_x)[
             pairs.text_id.map({t: i for i, t in enumerate(texts)}).to_numpy()
         ]
@@ -175,41 +240,104 @@ class RidgeJudge(MainQuestionBaseline):
         onehot[judge >= 0, judge[judge >= 0]] = 1.0
         return np.hstack([text_x, onehot])
 
-    def fit(self, tables):
+    def fit(self, tables, questions: list[str] | None = None):
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
-        ann = tables.annotations[tables.annotations.question_id == self.question.id]
-        pairs = pairs_of(ann)
-        self.fill_ = (
-            pd.DataFrame(self._text_columns(tables, sorted(pairs.text_id.unique()))).mean().fillna(0.0).to_numpy()
-        )
-        answers = ann.set_index(["text_id", "judge_id", "round"]).loc[
-            pd.MultiIndex.from_frame(pairs[["text_id", "judge_id", "round"]]), "answer"
-        ]
-        index = pd.Index(self.question.keys).get_indexer(answers)
-        x = self._design(tables, pairs)
-        if self.question.ordered:
-            y = np.asarray(self.question.values)[index]
-            self.model_ = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(x, y)
-            self.sigma_ = float(np.std(y - self.model_.predict(x)))
-        else:
-            pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
-            grid = {"logisticregression__C": np.logspace(-3, 3, 7)}
-            with one_thread(blas=True):  # small problems: threads only contend
-                self.model_ = GridSearchCV(pipeline, grid, scoring="neg_log_loss", cv=5).fit(x, index)
+        columns = text_columns(self.layout_, self.rubric, tables.features, tables.text_ids)
+        self.fill_ = pd.DataFrame(columns).mean().fillna(0.0).to_numpy()
+        self.fits_ = {}
+        for qid in questions or self.rubric.ids:
+            question = self.rubric[qid]
+            pairs, y = answered_pairs(tables, question)
+            if len(pairs):
+                self.fits_[qid] = self._fit_question(question, self._design(tables, pairs), y)
+        if self.question.id not in self.fits_:
+            raise InputError(f"{self.name}: no annotations of the main question {self.question.id} to fit")
         return self
 
+    @staticmethod
+    def _fit_question(question, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+        """The fitted arrays of one question: ridge weights and residual spread, or the logistic model's."""
+        if question.ordered:
+            model = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(x, y)
+            sigma = max(float(np.std(y - model.predict(x))), 1e-3)
+            return {"coef": model.coef_, "intercept": np.atleast_1d(model.intercept_), "sigma": np.array([sigma])}
+        pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+        grid = {"logisticregression__C": np.logspace(-3, 3, 7)}
+        folds = min(5, int(np.bincount(y).max())) if len(np.unique(y)) > 1 else 0
+        if folds < 2:
+            counts = np.bincount(y, minlength=len(question.options)) + 1.0
+            return {"prior": counts / counts.sum()}
+        with one_thread(blas=True):  # small problems: threads only contend
+            search = GridSearchCV(pipeline, grid, scoring="neg_log_loss", cv=folds).fit(x, y)
+        scaler, logistic = search.best_estimator_[0], search.best_estimator_[1]
+        return {
+            "mean": scaler.mean_,
+            "scale": scaler.scale_,
+            "coef": logistic.coef_,
+            "intercept": logistic.intercept_,
+            "classes": logistic.classes_.astype(np.float64),
+        }
+
+    def _question_proba(self, question, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        fit = self.fits_[question.id]
+        if question.ordered:
+            mu = x @ fit["coef"] + fit["intercept"][0]
+            return discretised_normal(mu, float(fit["sigma"][0]), question), mu
+        if "prior" in fit:
+            return np.tile(fit["prior"], (len(x), 1)), None
+        logits = ((x - fit["mean"]) / fit["scale"]) @ fit["coef"].T + fit["intercept"]
+        if logits.shape[1] == 1:
+            logits = np.hstack([-logits, logits]) / 2
+        p = special.softmax(logits, axis=1)
+        probs = np.zeros((len(x), len(question.options)))
+        probs[:, fit["classes"].astype(int)] = p
+        return (probs + 1e-3) / (1 + 1e-3 * probs.shape[1]), None
+
     def _predict(self, tables, pairs):
+        return self._question_proba(self.question, self._design(tables, pairs))
+
+    def predict(self, tables: Tables, pairs: pd.DataFrame | None = None) -> pd.DataFrame:
+        """The predictions table of every fitted question."""
+        pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
         x = self._design(tables, pairs)
-        if not self.question.ordered:
-            probs = np.zeros((len(pairs), len(self.question.options)))
-            probs[:, self.model_.classes_] = self.model_.predict_proba(x)
-            return (probs + 1e-3) / (1 + 1e-3 * probs.shape[1]), None
-        mu = self.model_.predict(x)
-        values = np.asarray(self.question.values)
-        edges = np.concatenate([[-np.inf], (values[1:] + values[:-1]) / 2, [np.inf]])
-        cdf = stats.norm.cdf((edges[None, :] - mu[:, None]) / self.sigma_)
-        return np.diff(cdf, axis=1), mu
+        questions = [self.rubric[q] for q in self.fits_]
+        results = [self._question_proba(q, x) for q in questions]
+        width = max(len(q.options) for q in questions)
+        probs = np.stack([np.pad(p, ((0, 0), (0, width - p.shape[1]))) for p, _ in results], axis=1)
+        means = None
+        if all(m is not None for _, m in results):
+            means = np.stack([m for _, m in results], axis=1)
+        return predictions_frame(pairs, questions, probs, means)
+
+    def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
+        pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        x = self._design(tables, pairs)
+        return questions_proba(
+            self.rubric, {q: self._question_proba(self.rubric[q], x)[0] for q in self.fits_}, len(pairs)
+        )
+
+    def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        tensors = {
+            f"{q}.{k}": torch.from_numpy(np.asarray(v, dtype=np.float64))
+            for q, fit in self.fits_.items()
+            for k, v in fit.items()
+        }
+        tensors["fill"] = torch.from_numpy(self.fill_.astype(np.float64))
+        meta = {"layout": self.layout_.to_dict(), "judges": list(self.judges_.judges), "questions": list(self.fits_)}
+        return meta, tensors
+
+    @classmethod
+    def from_state(cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor]) -> RidgeJudge:
+        self = cls(rubric)
+        self.layout_ = FeatureLayout.from_dict(meta["layout"])
+        self.judges_ = JudgeMap(tuple(meta["judges"]))
+        self.fill_ = tensors["fill"].numpy()
+        self.fits_ = {
+            q: {k.split(".", 1)[1]: v.numpy() for k, v in tensors.items() if k.split(".", 1)[0] == q}
+            for q in meta["questions"]
+        }
+        return self
 
 
 def main_blocks(features: pd.DataFrame, rubric: Rubric) -> list[Block]:
@@ -238,7 +366,10 @@ def expand_baselines(names: list[str], rubric: Rubric, features: pd.DataFrame) -
 
 def make_method(name: str, rubric: Rubric, seed: int = 0, model: dict | None = None, trainer: dict | None = None):
     """A method of Table 1 by name, unfitted; ``argmax_llm/<source>``, ``expected_llm/<source>``: one LLM source."""
-    simple = {c.name: c for c in (RandomBaseline, ArgmaxLLM, ExpectedLLM, ConstantBaseline, RidgeJudge)}
+    simple = {
+        c.name: c
+        for c in (RandomBaseline, ArgmaxLLM, ExpectedLLM, ConstantBaseline, RidgeJudge, MeanOfSources, RawLinearSystem)
+    }
     if name in simple:
         return simple[name](rubric, seed)
     method, _, source = name.partition("/")

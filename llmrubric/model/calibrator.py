@@ -6,7 +6,6 @@ the rubric, judge map, feature layout and hyperparameters (no pickles).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import fields
@@ -15,18 +14,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from llmrubric.config import ModelConfig, model_settings
 from llmrubric.io.errors import InputError, TrainingDiverged
 from llmrubric.io.guards import check_range
-from llmrubric.io.integrity import check_finite_predictions, tensors_digest, texts_fingerprint, verify_tensors
+from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, atomic_path
+from llmrubric.io.schemas import Tables
 from llmrubric.model.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.model.encoding import Encoded, FeatureLayout, JudgeMap, encode
+from llmrubric.model.estimator import read_checkpoint, write_checkpoint
 from llmrubric.model.network import INPUTS, PERSONALIZATION, CalibrationNet
 from llmrubric.model.ordinal import fit_ordinal_weight
 from llmrubric.model.temperature import fit_temperature
@@ -38,6 +36,7 @@ from llmrubric.training.threads import one_thread
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
 MODEL_KEYS = tuple(f.name for f in fields(ModelConfig))
+NOT_NETWORK_KEYS = ("ensemble", "head", "monotone", "family", "auto")  # settings that are no network argument
 
 
 def check_model(model: dict) -> None:
@@ -98,6 +97,11 @@ class Calibrator:
                 f"unknown model setting(s) {unknown}; known: {list(MODEL_KEYS)}", setting=f"model.{unknown[0]}"
             )
         check_model(self.model)
+        if self.model["family"] != "network":
+            raise InputError(
+                f"model.family={self.model['family']} is not the network; build it with llmrubric.model.auto.build_model",
+                setting="model.family",
+            )
         head = self.model["head"]
         if head not in HEADS:
             raise InputError(f"model.head must be one of {list(HEADS)}, not {head!r}", setting="model.head")
@@ -130,7 +134,7 @@ class Calibrator:
             len(self.judges_.judges),
             [len(q.options) for q in self.rubric.questions],
         )
-        settings = {k: v for k, v in self.model.items() if k not in ("ensemble", "head", "monotone")}
+        settings = {k: v for k, v in self.model.items() if k not in NOT_NETWORK_KEYS}
         if self.model["head"] == "softmax":
             return CalibrationNet(*args, extra_dim=extra, **settings)
         blocks = [b.question_id for b in self.layout_.blocks] if self.llm_features else []
@@ -238,10 +242,10 @@ class Calibrator:
         index = [self.rubric.ids.index(q) for q in ids]
         return predictions_frame(data.pairs, [self.rubric[q] for q in ids], probs[:, index])
 
-    def save(self, path: str | Path) -> Path:
-        """Write one safetensors file with weights and everything needed to predict."""
+    def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """Metadata (rubric, judge map, layout, settings, training summaries) and the members' weights."""
         if self.pair_features is not None:
-            raise InputError("a calibrator with pair features (an oracle study model) cannot be saved", file=str(path))
+            raise InputError("a calibrator with pair features (an oracle study model) cannot be saved")
         meta = {
             "format": FORMAT,
             "rubric": self.rubric.to_dict(),
@@ -254,43 +258,39 @@ class Calibrator:
             "summaries": self.summaries_,
             "train_texts": self.train_texts_,
         }
-        tensors = {
-            f"{m}.{k}": v.detach().contiguous() for m, net in enumerate(self.nets_) for k, v in net.state_dict().items()
-        }
-        meta["tensors_sha256"] = tensors_digest(tensors)
-        with atomic_path(path) as tmp:
-            save_file(tensors, str(tmp), metadata={"llmrubric": json.dumps(meta)})
-        return Path(path)
+        tensors = {f"{m}.{k}": v for m, net in enumerate(self.nets_) for k, v in net.state_dict().items()}
+        return meta, tensors
+
+    def save(self, path: str | Path) -> Path:
+        """Write one safetensors file with weights and everything needed to predict."""
+        if self.pair_features is not None:
+            raise InputError("a calibrator with pair features (an oracle study model) cannot be saved", file=str(path))
+        return write_checkpoint(path, *self.state())
 
     @classmethod
     def load(cls, path: str | Path) -> Calibrator:
-        path = Path(path)
-        if not path.is_file():
-            raise InputError("checkpoint not found", file=str(path))
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = json.loads((f.metadata() or {}).get("llmrubric", "{}"))
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as e:
-            raise InputError(f"not a readable safetensors checkpoint: {e}", file=str(path)) from e
+        return cls.from_state(*read_checkpoint(path), source=str(path))
+
+    @classmethod
+    def from_state(cls, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>") -> Calibrator:
+        """The calibrator of :meth:`state`'s metadata and tensors (``source`` names them in errors)."""
         if meta.get("format") != FORMAT:
             raise InputError(
                 f"not an llmrubric calibrator checkpoint of format {FORMAT!r} (format {meta.get('format')!r}); retrain it",
-                file=str(path),
+                file=source,
             )
         missing = [
             k for k in ("rubric", "main_question", "model", "trainer", "seed", "layout", "judges") if k not in meta
         ]
         if missing:
-            raise InputError(f"checkpoint metadata lacks {missing}", file=str(path))
-        verify_tensors(tensors, meta.get("tensors_sha256"), str(path))
-        rubric = Rubric.from_dict(meta["rubric"], str(path)).with_main(meta["main_question"])
+            raise InputError(f"checkpoint metadata lacks {missing}", file=source)
+        rubric = Rubric.from_dict(meta["rubric"], source).with_main(meta["main_question"])
         trainer = {k: v for k, v in meta["trainer"].items() if k != "engine"}  # the choice of engine is gone
         self = cls(rubric, meta["model"], trainer, meta["seed"])
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.judges_ = JudgeMap(tuple(meta["judges"]))
         self.summaries_ = meta.get("summaries", [])
-        self.train_texts_, self.source_ = meta.get("train_texts"), str(path)
+        self.train_texts_, self.source_ = meta.get("train_texts"), source
         self.nets_ = []
         for m in range(len(self.seeds)):
             net = self._net()
@@ -298,7 +298,7 @@ class Calibrator:
                 net.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == str(m)})
             except RuntimeError as e:
                 raise InputError(
-                    f"checkpoint weights do not fit its own metadata: {' '.join(str(e).split())[:300]}", file=str(path)
+                    f"checkpoint weights do not fit its own metadata: {' '.join(str(e).split())[:300]}", file=source
                 ) from e
             self.nets_.append(net.eval())
         return self

@@ -141,11 +141,7 @@ class CumulativeNet(CalibrationNet):
         lcdf = nn.functional.logsigmoid(self.cut_points(judge) - s[..., None]).masked_fill(
             ~self.cut_mask, 0.0
         )  # log P(y <= k)
-        lcdf = torch.cat([lcdf, torch.zeros_like(lcdf[..., :1])], dim=-1)
-        below = torch.cat([torch.full_like(lcdf[..., :1], float("-inf")), lcdf[..., :-1]], dim=-1)
-        # log(P(y <= k) - P(y <= k-1)), exact also where both are near 1 or near 0
-        logp = lcdf + torch.log((-torch.expm1(below - lcdf)).clamp(min=1e-30))
-        return logp.clamp(min=LOG_FLOOR).masked_fill(~self.option_mask, float("-inf"))
+        return interval_log_probs(lcdf).masked_fill(~self.option_mask, float("-inf"))
 
     def shared_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if name != "judge_cuts" and not name.startswith("delta")]
@@ -166,6 +162,14 @@ class CumulativeNet(CalibrationNet):
         net.judge_cuts = nn.Parameter(self.judge_cuts[:0].clone())
         net.n_judges = 0
         return net
+
+
+def interval_log_probs(lcdf: torch.Tensor) -> torch.Tensor:
+    """log P(y <= k) (..., K-1) → log P(y = k) (..., K), floored at :data:`LOG_FLOOR`: log(P(y <= k) -
+    P(y <= k-1)), exact also where both are near 1 or near 0."""
+    lcdf = torch.cat([lcdf, torch.zeros_like(lcdf[..., :1])], dim=-1)
+    below = torch.cat([torch.full_like(lcdf[..., :1], float("-inf")), lcdf[..., :-1]], dim=-1)
+    return (lcdf + torch.log((-torch.expm1(below - lcdf)).clamp(min=1e-30))).clamp(min=LOG_FLOOR)
 
 
 def train_cumulative(

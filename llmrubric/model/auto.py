@@ -1,0 +1,350 @@
+"""``model=auto``: the model family chosen on the user's own training data by inner cross-validation.
+
+The candidates (:data:`CANDIDATES`: the calibration network, its cumulative-link heads, the
+cumulative-link mixed model on three kinds of input, probabilistic ridge regression) are each
+fitted on the inner folds of the training data, grouped by text or by system as the model will be
+used, and scored by the out-of-fold likelihood of the main question's answers. ``rule=select``
+keeps the candidate with the lowest inner NLL; ``rule=stack`` (the default) fits non-negative
+weights summing to 1 that maximise the out-of-fold log-likelihood of the weighted mixture of the
+candidates' distributions (a super learner; EM on the simplex). The candidates with weight are
+then refitted on all the training data; every question's prediction is the weighted mixture of
+the candidates that predict it. A candidate that fails to fit is recorded with its reason and left
+out; all failing is an error. Inner folds never see the texts (or systems) they score, and the
+outer test data are never seen at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+from llmrubric.config import AutoConfig, model_settings
+from llmrubric.io.errors import USER_ERRORS, InputError, TrainingDiverged
+from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
+from llmrubric.io.predictions import predictions_frame
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import Tables
+from llmrubric.model.baselines import RidgeJudge, answered_pairs
+from llmrubric.model.calibrator import Calibrator, fit_together
+from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of
+from llmrubric.model.estimator import read_checkpoint, split_tensors, write_checkpoint
+from llmrubric.model.mixed import MixedOrdinal
+from llmrubric.training.module import TrainConfig
+from llmrubric.training.splits import text_folds, text_systems
+
+log = logging.getLogger(__name__)
+FORMAT = "llmrubric-auto/1"
+RULES = ("stack", "select")
+GROUPS = ("auto", "text", "system")
+NETWORK_CANDIDATES = {"network": None, "ordinal": "ordinal", "combined": "combined"}  # conf/model/<file>
+OTHER_CANDIDATES = ("clmm_own", "clmm_all", "clmm_mean", "ridge_judge")
+CANDIDATES = (*NETWORK_CANDIDATES, *OTHER_CANDIDATES)
+MIN_WEIGHT = 1e-3  # stacking weights below this are dropped (and the rest renormalised)
+PROB_FLOOR = 1e-12
+
+
+def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None = None, seed: int = 0, group="text"):
+    """The model of ``model.family``: :class:`AutoCalibrator` (``auto``) or the network :class:`Calibrator`.
+    ``group`` resolves ``model.auto.group=auto`` (``text`` or ``system``)."""
+    settings = model_settings(model)
+    if settings["family"] == "auto":
+        return AutoCalibrator(rubric, settings, trainer, seed, group)
+    return Calibrator(rubric, settings, trainer, seed)
+
+
+def candidate(name: str, rubric: Rubric, model: dict, trainer: TrainConfig, seed: int):
+    """An unfitted candidate by name (see :data:`CANDIDATES`)."""
+    if name in NETWORK_CANDIDATES:
+        from llmrubric.config import group
+
+        settings = {**model, "family": "network"}
+        if NETWORK_CANDIDATES[name]:
+            settings = {**group("model", NETWORK_CANDIDATES[name]), "auto": settings["auto"]}
+        return Calibrator(rubric, settings, trainer, seed)
+    if name == "ridge_judge":
+        return RidgeJudge(rubric, seed)
+    if name.startswith("clmm_"):
+        return MixedOrdinal(rubric, name.removeprefix("clmm_"), seed=seed)
+    raise InputError(f"unknown candidate {name!r}; known: {list(CANDIDATES)}", setting="model.auto.candidates")
+
+
+class AutoCalibrator:
+    """The estimator of ``model=auto`` (module doc); fit, predict, save and load like :class:`Calibrator`.
+
+    Args:
+        rubric: questions and scales.
+        model: ``model.*`` settings (:class:`llmrubric.config.ModelConfig`); ``model.auto`` holds
+            the candidates, rule, grouping and inner folds, the rest are the network candidate's.
+        trainer: optimisation settings of the network candidates.
+        seed: seeds the inner folds and every candidate.
+        group: inner folds by ``text`` or ``system`` where ``model.auto.group`` is ``auto``.
+    """
+
+    name = "llm_rubric"
+
+    def __init__(self, rubric: Rubric, model=None, trainer=None, seed: int = 0, group: str = "text"):
+        self.rubric, self.seed = rubric, seed
+        self.model = model_settings(model)
+        auto = self.model["auto"]
+        self.settings = AutoConfig(**auto) if isinstance(auto, dict) else auto
+        self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
+        check_auto(self.settings)
+        self.group = group if self.settings.group == "auto" else self.settings.group
+        if self.group not in ("text", "system"):
+            raise InputError(f"{self.group!r} is not text or system", setting="model.auto.group")
+        for name in self.settings.candidates:
+            candidate(name, rubric, self.model, self.trainer, seed)
+
+    def _inner_folds(self, tables: Tables) -> pd.DataFrame:
+        """Inner fold of every training text, by text or by system."""
+        k = self.settings.folds
+        if self.group == "text":
+            return text_folds(tables.text_ids, min(k, len(tables.text_ids)), self.seed)
+        systems = text_systems(tables)
+        names = np.array(sorted(systems.unique()))
+        if len(names) < 3:
+            raise InputError(
+                f"inner folds by system need at least 3 training systems, found {len(names)}",
+                setting="model.auto.group",
+            )
+        order = np.random.default_rng(self.seed).permutation(len(names))
+        fold_of = {names[i]: n % min(k, len(names)) for n, i in enumerate(order)}
+        return pd.DataFrame({"text_id": systems.index, "fold": systems.map(fold_of).to_numpy()})
+
+    def fit(self, tables: Tables) -> AutoCalibrator:
+        """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``."""
+        folds = self._inner_folds(tables)
+        splits = [
+            (tables.subset(folds.text_id[folds.fold != k]), tables.subset(folds.text_id[folds.fold == k]))
+            for k in sorted(folds.fold.unique())
+        ]
+        main = self.rubric.main
+        held = [answered_pairs(test, main) for _, test in splits]
+        answers = np.concatenate(
+            [pd.Index(main.keys).get_indexer(_keys(test, main, p)) for (_, test), (p, _) in zip(splits, held)]
+        )
+        self.table_, likelihood = {}, {}
+        for name, probs, seconds, error in self._inner_predictions(splits, [p for p, _ in held]):
+            if error is not None:
+                self.table_[name] = {"error": error, "seconds": seconds}
+                log.warning("model=auto: candidate %s failed: %s", name, error)
+                continue
+            p = np.clip(probs[np.arange(len(answers)), answers], PROB_FLOOR, 1.0)
+            likelihood[name] = p
+            self.table_[name] = {
+                "nll": float(-np.log(p).mean()),
+                **_point_figures(probs, answers, main),
+                "seconds": seconds,
+            }
+        if not likelihood:
+            reasons = "; ".join(f"{n}: {r['error']}" for n, r in self.table_.items())
+            raise InputError(
+                f"model=auto: every candidate failed ({reasons})",
+                setting="model.auto.candidates",
+            )
+        names = list(likelihood)
+        weights = _weights(np.stack([likelihood[n] for n in names], axis=1), self.settings.rule)
+        self.weights_ = {n: float(w) for n, w in zip(names, weights) if w >= MIN_WEIGHT}
+        total = sum(self.weights_.values())
+        self.weights_ = {n: w / total for n, w in self.weights_.items()}
+        mixture = sum(w * likelihood[n] for n, w in self.weights_.items())
+        self.inner_nll_ = float(-np.log(mixture).mean())
+        for name in self.table_:
+            self.table_[name]["weight"] = self.weights_.get(name, 0.0)
+        log.info("model=auto (%s, inner folds by %s): weights %s", self.settings.rule, self.group, self.weights_)
+        self.members_ = self._fit_members(tables, list(self.weights_))
+        self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
+        self.judges_ = JudgeMap.from_annotations(tables.annotations)
+        self.train_texts_ = texts_fingerprint(tables.text_ids)
+        return self
+
+    def _inner_predictions(self, splits: list[tuple], pairs: list[pd.DataFrame]):
+        """(name, out-of-fold main-question probabilities (pairs, options), seconds, error) of every candidate."""
+        main_index = self.rubric.ids.index(self.rubric.main.id)
+        k = len(self.rubric.main.options)
+        networks = [n for n in self.settings.candidates if n in NETWORK_CANDIDATES]
+        for name in self.settings.candidates:
+            start = time.perf_counter()
+            try:
+                if name in networks:
+                    models = [candidate(name, self.rubric, self.model, self.trainer, self.seed) for _ in splits]
+                    fit_together(models, [train for train, _ in splits])
+                else:
+                    models = [
+                        _fit(
+                            candidate(name, self.rubric, self.model, self.trainer, self.seed),
+                            train,
+                            [self.rubric.main.id],
+                        )
+                        for train, _ in splits
+                    ]
+                probs = np.concatenate(
+                    [m.predict_proba(test, p)[:, main_index, :k] for m, (_, test), p in zip(models, splits, pairs)]
+                )
+                if not np.isfinite(probs).all():
+                    raise InputError("non-finite inner-CV predictions")
+                yield name, probs, time.perf_counter() - start, None
+            except (*USER_ERRORS, TrainingDiverged, ValueError, RuntimeError) as e:
+                yield name, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
+
+    def _fit_members(self, tables: Tables, names: list[str]) -> dict:
+        """The weighted candidates fitted on all of ``tables``."""
+        members = {n: candidate(n, self.rubric, self.model, self.trainer, self.seed) for n in names}
+        networks = [n for n in names if n in NETWORK_CANDIDATES]
+        if networks:
+            fit_together([members[n] for n in networks], [tables] * len(networks))
+        for name in names:
+            if name not in NETWORK_CANDIDATES:
+                members[name].fit(tables)
+        return members
+
+    @property
+    def val_nll_(self) -> float:
+        """The inner-CV NLL of the main question of the chosen mixture (its weights fitted on the same
+        out-of-fold predictions, so slightly optimistic under ``rule=stack``)."""
+        return self.inner_nll_
+
+    @property
+    def summaries_(self) -> list[dict]:
+        network = self.members_.get("network")
+        return network.summaries_ if network is not None else []
+
+    def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
+        """(pairs, questions, max options): each question's weighted mixture of the members that
+        predict it (weights renormalised over them); NaN for a question none predicts."""
+        pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        total, weight = None, np.zeros(len(self.rubric.questions))
+        for name, w in self.weights_.items():
+            probs = self.members_[name].predict_proba(tables, pairs)
+            known = np.isfinite(probs).all(axis=(0, 2)) if len(probs) else np.ones(probs.shape[1], bool)
+            probs = np.where(known[None, :, None], probs, 0.0) * w
+            total = probs if total is None else total + probs
+            weight += w * known
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = total / np.where(weight > 0, weight, np.nan)[None, :, None]
+        check_finite_predictions(out[:, weight > 0], getattr(self, "source_", "<model>"))
+        return out
+
+    def predict(
+        self, tables: Tables, pairs: pd.DataFrame | None = None, questions: list[str] | None = None, data=None
+    ) -> pd.DataFrame:
+        """Predictions table of the annotated pairs of ``tables`` (or ``pairs``), every predicted question."""
+        pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
+        probs = self.predict_proba(tables, pairs)
+        ids = [q for q in (questions or self.rubric.ids) if np.isfinite(probs[:, self.rubric.ids.index(q)]).all()]
+        index = [self.rubric.ids.index(q) for q in ids]
+        return predictions_frame(pairs, [self.rubric[q] for q in ids], probs[:, index])
+
+    def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        meta = {
+            "format": FORMAT,
+            "rubric": self.rubric.to_dict(),
+            "main_question": self.rubric.main.id,
+            "model": {**self.model, "auto": vars(self.settings)},
+            "trainer": vars(self.trainer),
+            "seed": self.seed,
+            "group": self.group,
+            "weights": self.weights_,
+            "inner_cv": self.table_,
+            "inner_nll": self.inner_nll_,
+            "layout": self.layout_.to_dict(),
+            "judges": list(self.judges_.judges),
+            "train_texts": self.train_texts_,
+            "members": {},
+        }
+        tensors = {}
+        for name, member in self.members_.items():
+            member_meta, member_tensors = member.state()
+            meta["members"][name] = member_meta
+            tensors.update({f"{name}/{k}": v for k, v in member_tensors.items()})
+        return meta, tensors
+
+    def save(self, path):
+        return write_checkpoint(path, *self.state())
+
+    @classmethod
+    def load(cls, path) -> AutoCalibrator:
+        return cls.from_state(*read_checkpoint(path), source=str(path))
+
+    @classmethod
+    def from_state(cls, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>") -> AutoCalibrator:
+        missing = [
+            k for k in ("rubric", "main_question", "model", "weights", "members", "layout", "judges") if k not in meta
+        ]
+        if meta.get("format") != FORMAT or missing:
+            raise InputError(f"not a model=auto checkpoint of format {FORMAT!r} (lacks {missing})", file=source)
+        rubric = Rubric.from_dict(meta["rubric"], source).with_main(meta["main_question"])
+        self = cls(rubric, meta["model"], meta["trainer"], meta["seed"], meta["group"])
+        self.weights_, self.table_, self.inner_nll_ = meta["weights"], meta.get("inner_cv", {}), meta.get("inner_nll")
+        self.layout_, self.judges_ = FeatureLayout.from_dict(meta["layout"]), JudgeMap(tuple(meta["judges"]))
+        self.train_texts_, self.source_ = meta.get("train_texts"), source
+        self.members_ = {}
+        for name, member_meta in meta["members"].items():
+            part = split_tensors(tensors, name)
+            if name in NETWORK_CANDIDATES:
+                self.members_[name] = Calibrator.from_state(member_meta, part, source)
+            elif name == "ridge_judge":
+                self.members_[name] = RidgeJudge.from_state(rubric, member_meta, part)
+            else:
+                self.members_[name] = MixedOrdinal.from_state(rubric, member_meta, part)
+        return self
+
+
+def check_auto(settings: AutoConfig) -> None:
+    """``model.auto.*`` in range, each error naming the setting."""
+    if settings.rule not in RULES:
+        raise InputError(f"{settings.rule!r} is not one of {list(RULES)}", setting="model.auto.rule")
+    if settings.group not in GROUPS:
+        raise InputError(f"{settings.group!r} is not one of {list(GROUPS)}", setting="model.auto.group")
+    if not isinstance(settings.folds, int) or isinstance(settings.folds, bool) or settings.folds < 2:
+        raise InputError(f"{settings.folds!r} is not a whole number >= 2", setting="model.auto.folds")
+    names = list(settings.candidates)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown or not names or len(set(names)) != len(names):
+        what = f"unknown candidate(s) {unknown}" if unknown else "candidates must be distinct and not empty"
+        raise InputError(f"{what}; known: {list(CANDIDATES)}", setting="model.auto.candidates")
+
+
+def _fit(model, tables: Tables, questions: list[str]):
+    return model.fit(tables, questions)
+
+
+def _keys(tables: Tables, question, pairs: pd.DataFrame) -> np.ndarray:
+    """The answers (option keys) of ``pairs`` to ``question``."""
+    from llmrubric.model.encoding import PAIR, with_round
+
+    ann = with_round(tables.annotations)
+    ann = ann[ann.question_id == question.id].drop_duplicates(PAIR).set_index(PAIR)
+    return ann.answer.reindex(pd.MultiIndex.from_frame(pairs[PAIR])).to_numpy()
+
+
+def _point_figures(probs: np.ndarray, answers: np.ndarray, question) -> dict:
+    """Pearson of the expected against the observed answer (ordered questions)."""
+    if not question.ordered:
+        return {}
+    values = np.asarray(question.values, dtype=float)
+    expected, observed = probs @ values, values[answers]
+    if np.ptp(expected) == 0 or np.ptp(observed) == 0:
+        return {"pearson": float("nan")}
+    return {"pearson": float(np.corrcoef(expected, observed)[0, 1])}
+
+
+def _weights(likelihood: np.ndarray, rule: str) -> np.ndarray:
+    """Candidate weights from out-of-fold likelihoods (pairs, candidates) of the observed answers."""
+    if rule == "select":
+        weights = np.zeros(likelihood.shape[1])
+        weights[np.argmin(-np.log(likelihood).mean(axis=0))] = 1.0
+        return weights
+    weights = np.full(likelihood.shape[1], 1.0 / likelihood.shape[1])
+    for _ in range(2000):  # EM for mixture weights: the log-likelihood rises every step
+        share = likelihood * weights
+        share /= share.sum(axis=1, keepdims=True)
+        new = share.mean(axis=0)
+        if np.abs(new - weights).max() < 1e-7:
+            return new
+        weights = new
+    return weights

@@ -1,0 +1,278 @@
+"""Cumulative-link mixed model (CLMM): an ordinal regression per question with partially pooled judges.
+
+For question q with options 1..K, text t and judge j::
+
+    P(y <= k) = σ(c_k + u_jk - exp(v_j) · β·f_t)
+
+``f_t`` are standardised inputs of the text (:mod:`llmrubric.model.columns`): the expected
+answers of q's own feature blocks (``inputs=own``), of every block (``all``), or their mean over
+the LLM sources that answered (``mean``: the mean of sources through a per-judge ordinal link).
+``c`` are the population cut points (kept increasing as in :mod:`llmrubric.model.cumulative`),
+``u_j`` each judge's offsets of the cut points and ``v_j`` its log-slope: random effects with
+``u_jk ~ N(0, σ_k²)``, ``v_j ~ N(0, σ_v²)`` and ``β ~ N(0, τ²)``. The variances are estimated
+as ordinal mixed models do, by the Laplace approximation: the posterior mode is fitted by L-BFGS,
+then each variance is set to the mean of its effects' squared modes plus their posterior
+variances (the diagonal of each judge's inverse Hessian block), for ``rounds`` rounds. A judge
+not seen in training gets the population values (u = 0, v = 0).
+
+A missing block is masked: ``own``/``all`` fill it with the training mean of its column, ``mean``
+averages the sources present; a text without any input column of its question is predicted at
+the training mean of the inputs. A question without a block of its own is predicted from all
+blocks. A categorical question gets each judge's training answer distribution, pooled toward the
+population one (add-one smoothing on the population counts).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from llmrubric.io.errors import InputError
+from llmrubric.io.predictions import predictions_frame
+from llmrubric.io.rubric import Question, Rubric
+from llmrubric.io.schemas import Tables
+from llmrubric.model.columns import column_blocks, text_columns
+from llmrubric.model.cumulative import interval_log_probs
+from llmrubric.model.encoding import PAIR, FeatureLayout, JudgeMap, pairs_of, with_round
+from llmrubric.training.threads import one_thread
+
+INPUTS = ("own", "all", "mean")
+VARIANCE_FLOOR, VARIANCE_CEILING = 1e-4, 100.0
+
+
+def question_targets(tables: Tables, question: Question) -> tuple[pd.DataFrame, np.ndarray]:
+    """The annotated pairs of ``question`` and each pair's option index."""
+    ann = with_round(tables.annotations)
+    ann = ann[ann.question_id == question.id]
+    pairs = pairs_of(ann)
+    answers = ann.drop_duplicates(PAIR).set_index(PAIR).answer.reindex(pd.MultiIndex.from_frame(pairs[PAIR]))
+    return pairs, pd.Index(question.keys).get_indexer(answers.to_numpy())
+
+
+class _QuestionFit(nn.Module):
+    """The parameters of one ordered question (see module doc)."""
+
+    def __init__(self, dim: int, options: int, judges: int):
+        super().__init__()
+        c = torch.logit(torch.arange(1, options, dtype=torch.float64) / options)
+        self.beta = nn.Parameter(torch.zeros(dim, dtype=torch.float64))
+        self.cuts = nn.Parameter(torch.cat([c[:1], torch.log(torch.expm1(c.diff()))]))
+        self.effects = nn.Parameter(torch.zeros(judges, options, dtype=torch.float64))  # [u_j (K-1), v_j]
+        self.register_buffer("variances", torch.tensor([0.25] * (options - 1) + [0.05], dtype=torch.float64))
+        self.register_buffer("tau2", torch.tensor(1.0, dtype=torch.float64))
+
+    def log_probs(self, f: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
+        """Inputs (B, dim), judge index (B,) (-1: population) → log-probabilities (B, K)."""
+        seen = (judge >= 0)[:, None].to(f.dtype)
+        effects = self.effects[judge.clamp(min=0)] * seen
+        raw = self.cuts[None] + effects[:, :-1]
+        cuts = torch.cat([raw[:, :1], nn.functional.softplus(raw[:, 1:])], dim=1).cumsum(dim=1)
+        score = torch.exp(effects[:, -1]) * (f @ self.beta)
+        return interval_log_probs(nn.functional.logsigmoid(cuts - score[:, None]))
+
+    def penalty(self) -> torch.Tensor:
+        """The negative log prior of the effects and weights (up to constants)."""
+        return 0.5 * ((self.effects**2 / self.variances).sum() + (self.beta**2).sum() / self.tau2)
+
+
+class MixedOrdinal:
+    """The CLMM family (module doc) with the estimator interface: ``fit``, ``predict_proba``,
+    ``predict``, ``state`` / ``from_state``.
+
+    Args:
+        rubric: questions and scales.
+        inputs: ``own``, ``all`` or ``mean`` (module doc).
+        rounds: Laplace-EM rounds of the variance estimates.
+    """
+
+    family = "clmm"
+
+    def __init__(self, rubric: Rubric, inputs: str = "own", rounds: int = 4, seed: int = 0):
+        if inputs not in INPUTS:
+            raise InputError(f"{inputs!r} is not one of {list(INPUTS)}", setting="inputs")
+        self.rubric, self.inputs, self.rounds, self.seed = rubric, inputs, rounds, seed
+        self.name = f"clmm_{inputs}"
+
+    def _columns(self, question: Question) -> list[int]:
+        """Input columns of ``question``: its own blocks' (``own``, ``mean``) or all; all when it has none."""
+        own = [i for i, b in enumerate(self.blocks_) if b.question_id == question.id]
+        return own if own and self.inputs != "all" else list(range(len(self.blocks_)))
+
+    def _inputs(self, columns: np.ndarray, question: Question, fit: bool = False) -> np.ndarray:
+        """Standardised inputs (texts, dim) of ``question`` from all text columns."""
+        x = columns[:, self._columns(question)]
+        if self.inputs == "mean" and x.shape[1]:
+            present = ~np.isnan(x).all(axis=1)
+            x = np.where(
+                present[:, None], np.nanmean(np.where(present[:, None], x, 0.0), axis=1, keepdims=True), np.nan
+            )
+        if fit:
+            mean = np.nanmean(x, axis=0) if len(x) else np.zeros(x.shape[1])
+            mean = np.where(np.isnan(mean), 0.0, mean)
+            scale = np.nanstd(np.where(np.isnan(x), mean, x), axis=0)
+            self.scales_[question.id] = (mean, np.where(scale > 1e-9, scale, 1.0))
+        mean, scale = self.scales_[question.id]
+        return (np.where(np.isnan(x), mean, x) - mean) / scale
+
+    def fit(self, tables: Tables, questions: list[str] | None = None) -> MixedOrdinal:
+        """Fit ``questions`` (default: every rubric question with annotations)."""
+        self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
+        self.blocks_ = column_blocks(self.layout_, self.rubric)
+        self.judges_ = JudgeMap.from_annotations(tables.annotations)
+        self.scales_, self.fits_, self.marginals_ = {}, {}, {}
+        texts = tables.text_ids
+        columns = text_columns(self.layout_, self.rubric, tables.features, texts)
+        wanted = questions or [q.id for q in self.rubric.questions]
+        with one_thread():
+            for qid in wanted:
+                question = self.rubric[qid]
+                pairs, y = question_targets(tables, question)
+                if not len(pairs):
+                    continue
+                judge = self.judges_.indices(pairs.judge_id)
+                if not question.ordered:
+                    self.marginals_[qid] = _judge_marginals(y, judge, len(question.keys), len(self.judges_.judges))
+                    continue
+                f = self._inputs(columns, question, fit=True)[pd.Index(texts).get_indexer(pairs.text_id)]
+                self.fits_[qid] = _fit_question(
+                    torch.from_numpy(f), torch.from_numpy(judge), torch.from_numpy(y), len(question.keys), self
+                )
+        self.questions_ = [q for q in wanted if q in self.fits_ or q in self.marginals_]
+        if not self.questions_:
+            raise InputError(f"no annotations of {wanted} to fit {self.name}")
+        return self
+
+    def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
+        """(pairs, questions, max options) probabilities; NaN for questions not fitted, 0 in padding."""
+        pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        texts = sorted(pairs.text_id.unique())
+        columns = text_columns(self.layout_, self.rubric, tables.features, texts)
+        rows = pd.Index(texts).get_indexer(pairs.text_id)
+        judge = torch.from_numpy(self.judges_.indices(pairs.judge_id))
+        width = max(len(q.options) for q in self.rubric.questions)
+        out = np.full((len(pairs), len(self.rubric.questions), width), np.nan)
+        for qi, question in enumerate(self.rubric.questions):
+            k = len(question.options)
+            if question.id in self.fits_:
+                f = torch.from_numpy(self._inputs(columns, question)[rows])
+                with torch.no_grad(), one_thread():
+                    p = self.fits_[question.id].log_probs(f, judge).exp().numpy()
+            elif question.id in self.marginals_:
+                table = self.marginals_[question.id]
+                p = np.where((judge >= 0).numpy()[:, None], table[judge.clamp(min=0).numpy()], table[-1])
+            else:
+                continue
+            out[:, qi, :k], out[:, qi, k:] = p, 0.0
+        return out
+
+    def predict(self, tables: Tables, pairs: pd.DataFrame | None = None) -> pd.DataFrame:
+        pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        probs = self.predict_proba(tables, pairs)
+        index = [self.rubric.ids.index(q) for q in self.questions_]
+        return predictions_frame(pairs, [self.rubric[q] for q in self.questions_], probs[:, index])
+
+    def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """JSON metadata and tensors that :meth:`from_state` restores."""
+        tensors = {}
+        for qid, fit in self.fits_.items():
+            for key, value in fit.state_dict().items():
+                tensors[f"fit.{qid}.{key}"] = value.detach().clone()
+            mean, scale = self.scales_[qid]
+            tensors[f"scale.{qid}.mean"], tensors[f"scale.{qid}.scale"] = torch.tensor(mean), torch.tensor(scale)
+        for qid, table in self.marginals_.items():
+            tensors[f"marginal.{qid}"] = torch.tensor(table)
+        meta = {
+            "inputs": self.inputs,
+            "rounds": self.rounds,
+            "layout": self.layout_.to_dict(),
+            "judges": list(self.judges_.judges),
+            "questions": self.questions_,
+            "fitted": list(self.fits_),
+        }
+        return meta, tensors
+
+    @classmethod
+    def from_state(cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor]) -> MixedOrdinal:
+        self = cls(rubric, meta["inputs"], meta["rounds"])
+        self.layout_ = FeatureLayout.from_dict(meta["layout"])
+        self.blocks_ = column_blocks(self.layout_, rubric)
+        self.judges_ = JudgeMap(tuple(meta["judges"]))
+        self.questions_, self.fits_, self.scales_, self.marginals_ = meta["questions"], {}, {}, {}
+        for qid in meta["fitted"]:
+            mean, scale = tensors[f"scale.{qid}.mean"].numpy(), tensors[f"scale.{qid}.scale"].numpy()
+            self.scales_[qid] = (mean, scale)
+            fit = _QuestionFit(len(mean), len(rubric[qid].options), len(self.judges_.judges))
+            fit.load_state_dict({k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"fit.{qid}.")})
+            self.fits_[qid] = fit
+        for qid in set(self.questions_) - set(meta["fitted"]):
+            self.marginals_[qid] = tensors[f"marginal.{qid}"].numpy()
+        return self
+
+
+def _judge_marginals(y: np.ndarray, judge: np.ndarray, options: int, judges: int) -> np.ndarray:
+    """(judges + 1, options): each judge's answer distribution shrunk toward the population's
+    (its counts plus the population distribution times ``options``), the population's last."""
+    counts = np.zeros((judges + 1, options))
+    np.add.at(counts, (judge[y >= 0].clip(min=0), y[y >= 0]), 1.0)
+    population = counts.sum(axis=0) + 1.0
+    population /= population.sum()
+    counts[-1] = 0.0
+    table = counts + options * population
+    return table / table.sum(axis=1, keepdims=True)
+
+
+def _fit_question(f: torch.Tensor, judge: torch.Tensor, y: torch.Tensor, options: int, owner) -> _QuestionFit:
+    """Posterior mode and Laplace-EM variances of one question's CLMM (module doc)."""
+    keep = y >= 0
+    f, judge, y = f[keep], judge[keep], y[keep]
+    fit = _QuestionFit(f.shape[1], options, len(owner.judges_.judges))
+    if not len(y):
+        return fit
+
+    def loss() -> torch.Tensor:
+        logp = fit.log_probs(f, judge)
+        return -logp.gather(1, y[:, None]).sum() + fit.penalty()
+
+    for _ in range(max(1, owner.rounds)):
+        optimizer = torch.optim.LBFGS(fit.parameters(), lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
+
+        def closure():
+            optimizer.zero_grad()
+            value = loss()
+            value.backward()
+            return value
+
+        optimizer.step(closure)
+        _update_variances(fit, loss)
+    return fit
+
+
+def _update_variances(fit: _QuestionFit, loss) -> None:
+    """One Laplace-EM step: each variance ← mean of its effects' squared modes plus posterior variances.
+
+    Judges' effects touch only their own pairs, so the Hessian is block diagonal by judge: one
+    Hessian-vector product per effect index gives every judge's block at once."""
+    effects, beta = fit.effects, fit.beta
+    grad_e, grad_b = torch.autograd.grad(loss(), [effects, beta], create_graph=True)
+    blocks = []
+    for c in range(effects.shape[1]):
+        v = torch.zeros_like(effects)
+        v[:, c] = 1.0
+        blocks.append(torch.autograd.grad((grad_e * v).sum(), effects, retain_graph=True)[0])
+    hessian = torch.stack(blocks, dim=2).detach()  # (judges, K, K): column c of each judge's block
+    eye = torch.eye(effects.shape[1], dtype=hessian.dtype)
+    posterior = torch.linalg.inv(hessian + 1e-8 * eye).diagonal(dim1=1, dim2=2).clamp(min=0)
+    rows = []
+    for d in range(beta.numel()):
+        rows.append(torch.autograd.grad(grad_b[d], beta, retain_graph=d + 1 < beta.numel())[0])
+    with torch.no_grad():
+        if len(effects):
+            fit.variances.copy_((effects**2 + posterior).mean(dim=0).clamp(VARIANCE_FLOOR, VARIANCE_CEILING))
+        if rows:
+            h_beta = torch.stack(rows).detach()
+            var_beta = (
+                torch.linalg.inv(h_beta + 1e-8 * torch.eye(len(rows), dtype=h_beta.dtype)).diagonal().clamp(min=0)
+            )
+            fit.tau2.copy_(((beta**2 + var_beta).mean()).clamp(VARIANCE_FLOOR, VARIANCE_CEILING))

@@ -1,4 +1,4 @@
-"""Splits grouped by text: no text appears on both sides of any split."""
+"""Splits grouped by text (or by system): no text appears on both sides of any split."""
 
 from __future__ import annotations
 
@@ -68,6 +68,18 @@ def system_folds(tables) -> pd.DataFrame:
             "system_id": systems.to_numpy(),
         }
     )
+
+
+def system_group_folds(tables, k: int, seed: int) -> pd.DataFrame:
+    """``k`` folds of whole systems: the systems, sorted then shuffled with ``seed``, dealt in turn into
+    ``k`` groups (sizes differ by at most one), every text in its system's group."""
+    folds = system_folds(tables)
+    names = sorted(folds.system_id.unique())
+    if not 2 <= k <= len(names):
+        raise InputError(f"{k} groups of {len(names)} systems (use 2 to {len(names)})", setting="system_groups")
+    order = np.random.default_rng(seed).permutation(len(names))
+    group = dict(zip(np.array(names)[order], np.arange(len(names)) % k))
+    return folds.assign(fold=folds.system_id.map(group).astype(int))
 
 
 def holdout_texts(text_ids, fraction: float, seed: int) -> tuple[list[str], list[str]]:

@@ -32,7 +32,7 @@ def text_systems(tables) -> pd.Series:
     source = _system_source(tables)
     if "system_id" not in source or source.system_id.isna().all():
         raise InputError(
-            "leave-one-system-out needs a system_id for every text", file=source_of(source), column="system_id"
+            "holding out systems needs a system_id for every text", file=source_of(source), column="system_id"
         )
     systems = source.drop_duplicates("text_id").set_index("text_id").system_id.reindex(tables.text_ids)
     if systems.isna().any():
@@ -59,7 +59,7 @@ def system_folds(tables) -> pd.DataFrame:
         )
     if len(names) < 2:
         raise InputError(
-            f"leave-one-system-out needs at least 2 systems, found {names}", file=source_of(source), column="system_id"
+            f"holding out systems needs at least 2 systems, found {names}", file=source_of(source), column="system_id"
         )
     return pd.DataFrame(
         {

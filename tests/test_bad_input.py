@@ -731,6 +731,18 @@ CASES = [
     Case("train-seed-not-an-integer", "train.py", train("seed=abc"), ("seed", "integer")),
     Case("train-unknown-protocol", "train.py", train("protocol=bogus"), ("protocol", "'bogus'")),
     Case("train-one-fold", "train.py", train("protocol=cv", "folds=1"), ("folds",)),
+    Case(
+        "train-one-system-group",
+        "train.py",
+        train("protocol=system_groups", "system_groups=1"),
+        ("setting system_groups", "outside"),
+    ),
+    Case(
+        "train-more-system-groups-than-systems",
+        "train.py",
+        train("protocol=system_groups", "system_groups=9"),
+        ("setting system_groups", "9 groups of 4 systems"),
+    ),
     Case("train-test-fraction-zero", "train.py", train("test_fraction=0"), ("test_fraction",)),
     Case("train-unknown-main-question", "train.py", train("main_question=Q99"), ("Q99", "main question")),
     Case(

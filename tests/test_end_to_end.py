@@ -55,6 +55,11 @@ def test_a_systems_evaluation_writes_the_errors_that_give_a_leaderboard_shift_in
     human = main.groupby("system_id").answer.mean()
     assert np.allclose(errors.set_index("system_id").human, human.reindex(errors.system_id))
     assert np.allclose(errors.error, errors.predicted - errors.human) and (errors.error != 0).all()
+    report = json.loads((run_dir / "metrics.json").read_text())
+    figures = report["systems"]["llm_rubric"]
+    assert set(report["systems"]) == set(report["methods"]) and figures["groups"] == figures["systems"] == len(errors)
+    assert figures["kendall_within_groups"] is None and "2 or more" in figures["kendall_within_groups_reason"]
+    assert figures["rms_error"] == pytest.approx(np.sqrt(np.mean(errors.error**2)))
 
     texts = ROOT / "data" / "simulated" / "texts.csv"
     common = [str(run_dir / "predictions.csv"), "--texts", str(texts), "--bootstrap", "50", "--no-plot"]
@@ -84,6 +89,28 @@ def test_a_systems_evaluation_writes_the_errors_that_give_a_leaderboard_shift_in
     errors.iloc[:1].to_csv(bad, index=False)
     assert cli(["leaderboard", "build", *common, "--shift-errors", str(bad), "--out-dir", str(tmp_path / "b2")]) == 2
     assert not (tmp_path / "b2").exists() or not any((tmp_path / "b2").iterdir())
+
+
+def test_a_system_groups_evaluation_writes_the_system_figures_of_every_method(tmp_path):
+    args = ["experiment=demo", "protocol=system_groups", f"run_dir={tmp_path}", "logger=none", "model.ensemble=1"]
+    for script in ("train.py", "evaluate.py"):
+        done = run(script, *args, *OVERRIDES)
+        assert done.returncode == 0, done.stderr[-2000:]
+    folds = pd.read_csv(tmp_path / "folds.csv")
+    systems = pd.read_csv(ROOT / "data" / "simulated" / "texts.csv").set_index("text_id").system_id
+    assert (folds.set_index("text_id").system_id == systems.reindex(folds.text_id)).all()
+    assert folds.groupby("system_id").fold.nunique().eq(1).all() and folds.fold.nunique() == 2
+    report = json.loads((tmp_path / "metrics.json").read_text())
+    assert report["protocol"] == "system_groups" and set(report["systems"]) == set(report["methods"])
+    figures = report["systems"]["llm_rubric"]
+    assert figures["systems"] == systems.nunique() and figures["groups"] == 2 and figures["groups_ranked"] == 2
+    for key in ("rms_error", "kendall", "kendall_within_groups", "coverage", "width"):
+        assert figures[key] is not None and np.isfinite(figures[key]), key
+    assert -1 <= figures["kendall_within_groups"] <= 1 and 0 <= figures["coverage"] <= 1 and figures["width"] > 0
+    errors = pd.read_csv(tmp_path / "system_errors.csv")
+    assert sorted(errors.system_id) == sorted(systems.unique())
+    assert figures["rms_error"] == pytest.approx(np.sqrt(np.mean(errors.error**2)))
+    assert f"{systems.nunique()} held-out systems in 2 groups" in (tmp_path / "metrics.md").read_text()
 
 
 def test_evaluate_with_a_mismatched_checkpoint_writes_nothing(tmp_path):

@@ -4,8 +4,8 @@ from omegaconf import OmegaConf
 from llmrubric.config import compose
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import Tables
-from llmrubric.training.experiment import make_folds, splits_from_folds
-from llmrubric.training.splits import holdout_texts, system_folds, text_folds
+from llmrubric.training.experiment import check_settings, make_folds, splits_from_folds
+from llmrubric.training.splits import holdout_texts, system_folds, system_group_folds, text_folds
 
 
 def test_folds_partition_texts_evenly_and_deterministically():
@@ -72,3 +72,40 @@ def test_system_folds_name_a_system_without_annotations(simulated):
     with pytest.raises(InputError, match="S9") as e:
         system_folds(annotated)  # ... not annotated
     assert "no annotated text" in str(e.value) and "system_id" in str(e.value)
+
+
+def test_system_group_folds_deal_whole_systems_into_k_seeded_groups(simulated):
+    folds = system_group_folds(simulated, 3, seed=0)
+    systems = simulated.texts.set_index("text_id").system_id
+    assert sorted(folds.text_id) == simulated.text_ids
+    assert (folds.set_index("text_id").system_id == systems.reindex(folds.text_id)).all()
+    assert folds.groupby("system_id").fold.nunique().eq(1).all()  # every text of a system in one group
+    per_group = folds.drop_duplicates("system_id").fold.value_counts()
+    assert sorted(per_group.index) == [0, 1, 2] and per_group.sum() == systems.nunique() == 4
+    assert per_group.max() - per_group.min() <= 1
+    assert folds.equals(system_group_folds(simulated, 3, seed=0))
+    deals = {tuple(system_group_folds(simulated, 2, seed=s).drop_duplicates("system_id").fold) for s in range(8)}
+    assert len(deals) > 1  # the seed changes which systems share a group
+
+
+@pytest.mark.parametrize("k", [1, 0, 5])
+def test_system_groups_outside_2_to_the_number_of_systems_is_an_error_naming_the_setting(simulated, k):
+    with pytest.raises(InputError, match=f"setting system_groups: {k} groups of 4 systems"):
+        system_group_folds(simulated, k, seed=0)
+
+
+def test_check_settings_refuses_fewer_than_2_system_groups(tmp_path):
+    cfg = compose("config", ["experiment=demo", "protocol=system_groups", "system_groups=1", f"run_dir={tmp_path}"])
+    with pytest.raises(InputError, match="setting system_groups"):
+        check_settings(cfg)
+    check_settings(compose("config", ["experiment=demo", "protocol=system_groups", f"run_dir={tmp_path}"]))
+
+
+def test_the_system_groups_experiment_scores_each_group_of_synthetic_systems_with_one_model(llm_rubric_data):
+    synthetic, _ = llm_rubric_data
+    cfg = compose("config", ["experiment=llm_rubric_system_groups"])
+    splits = splits_from_folds(cfg, make_folds(cfg, synthetic), synthetic, None)
+    held = [{t.split("_")[0] for t in split.test.text_ids} for split in splits]
+    trained = [{t.split("_")[0] for t in split.train.text_ids} for split in splits]
+    assert cfg.protocol == "system_groups" and sorted(len(h) for h in held) == [2, 3]
+    assert set.union(*held) == {f"V{i}" for i in range(1, 6)} and all(not h & t for h, t in zip(held, trained))

@@ -13,7 +13,14 @@ from conftest import ROOT
 from scipy import stats
 
 from llmrubric.data.simulate import write_simulated
-from llmrubric.evaluation.transfer import coverage, pair_scores, ppi_intervals, shift_intervals, system_means
+from llmrubric.evaluation.transfer import (
+    coverage,
+    pair_scores,
+    ppi_intervals,
+    shift_intervals,
+    system_means,
+    system_metrics,
+)
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import write_table
 
@@ -162,3 +169,42 @@ def test_two_out_scores_each_pair_of_systems_with_one_model_trained_without_both
     backwards = {"systems": {"a": {"human": 1.0}, "b": {"human": 2.0}, "c": {"human": 3.0}}}
     pairs = {"pairs": [["a", "b", 2.0, 1.0], ["a", "c", 0.0, 1.0], ["b", "c", 5.0, 4.0]], "seconds": 0.0}
     assert bench.with_two_out(backwards, pairs)["system_kendall_two_out"] == pytest.approx(-1 / 3)
+
+
+def test_system_metrics_of_a_hand_made_run(rubric):
+    # system: (answers of judges j1, j2), (predicted expected answers of j1, j2)
+    pairs = {
+        "A": ((1, 1), (1.0, 1.5)),  # human 1.0, predicted 1.25, error +0.25
+        "B": ((2, 2), (1.75, 1.75)),  # 2.0, 1.75, -0.25
+        "C": ((3, 4), (3.5, 4.0)),  # 3.5, 3.75, +0.25
+        "D": ((1, 2), (1.0, 1.5)),  # 1.5, 1.25, -0.25
+        "E": ((4, 4), (1.0, 1.0)),  # 4.0, 1.0, -3.0
+    }
+    rows = [(f"t{s}", j, a, y) for s, (answers, yhat) in pairs.items() for j, a, y in zip(("j1", "j2"), answers, yhat)]
+    annotations = pd.DataFrame(
+        {"text_id": [r[0] for r in rows], "judge_id": [r[1] for r in rows], "question_id": "Q0"}
+    ).assign(answer=[str(r[2]) for r in rows])
+    predictions = annotations.drop(columns="answer").assign(
+        **{f"p_{k}": 0.25 for k in rubric.main.keys}, mean=[r[3] for r in rows], var=1.0
+    )
+    systems = pd.Series({f"t{s}": s for s in pairs})
+    groups = pd.Series({"A": "g0", "B": "g0", "C": "g0", "D": "g1", "E": "g1"})
+    out = system_metrics(predictions, annotations, rubric.main, systems, groups)
+    assert out["systems"] == 5 and out["groups"] == 2 and out["groups_ranked"] == 2
+    assert out["rms_error"] == pytest.approx(math.sqrt((4 * 0.25**2 + 3.0**2) / 5))
+    # over all systems (by human mean A D B C E): 5 concordant, 4 discordant pairs, A-D tied in prediction
+    assert out["kendall"] == pytest.approx((5 - 4) / math.sqrt(10 * 9))
+    # g0 predicted in the human order (tau 1), g1 backwards (tau -1)
+    assert out["kendall_within_groups"] == pytest.approx(0.0)
+    # E's interval uses the others' errors (all ±0.25) and misses its -3.0; A..D's include E's -3.0 and cover
+    t = stats.t.ppf(0.975, df=4)
+    assert out["coverage"] == pytest.approx(0.8)
+    assert out["width"] == pytest.approx((4 * 2 * t * math.sqrt((3 * 0.25**2 + 9) / 4) + 2 * t * 0.25) / 5)
+    assert "kendall_reason" not in out and "kendall_within_groups_reason" not in out
+
+    alone = system_metrics(predictions, annotations, rubric.main, systems, pd.Series({s: s for s in pairs}))
+    assert math.isnan(alone["kendall_within_groups"]) and alone["groups_ranked"] == 0
+    assert "2 or more systems" in alone["kendall_within_groups_reason"]
+    assert alone["kendall"] == pytest.approx(out["kendall"]) and alone["coverage"] == pytest.approx(out["coverage"])
+    with pytest.raises(InputError, match="'E' has no held-out group"):
+        system_metrics(predictions, annotations, rubric.main, systems, groups.drop("E"))

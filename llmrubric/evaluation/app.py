@@ -4,9 +4,10 @@
     llmrubric evaluate experiment=llm_rubric_real report=full   # + the evaluation report
 
 Writes to ``run_dir``: the predictions table (every question, every (text, judge) pair),
-with ``protocol=systems`` ``system_errors.csv`` (each held-out system's predicted and human mean),
-``metrics.json`` and ``metrics.md`` (main question: the model and the configured baselines;
-an LLM baseline runs once per LLM source and on their mean when there are several, and is
+with ``protocol=systems|system_groups`` ``system_errors.csv`` (each held-out system's predicted and
+human mean), ``metrics.json`` and ``metrics.md`` (main question: the model and the configured baselines;
+under those two protocols also every method's system-level figures, ``systems``,
+:func:`llmrubric.evaluation.transfer.system_metrics`; an LLM baseline runs once per LLM source and on their mean when there are several, and is
 skipped, with the reason recorded, when no source answered the main question).
 With ``report=fast|full`` it also writes the report folder (``report.dir``, see
 :mod:`llmrubric.report.build`), which trains its own models, so checkpoints are then optional.
@@ -26,12 +27,12 @@ from omegaconf import DictConfig
 
 from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
 from llmrubric.evaluation.metrics import evaluate, markdown_table, metric_names
-from llmrubric.evaluation.transfer import shift_errors
+from llmrubric.evaluation.transfer import shift_errors, system_metrics
 from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.integrity import check_fits
 from llmrubric.io.schemas import write_json, write_table, write_text
 from llmrubric.scoring.leaderboard import rms
-from llmrubric.training.experiment import check_settings, prepare
+from llmrubric.training.experiment import SYSTEM_PROTOCOLS, check_settings, prepare
 from llmrubric.training.splits import text_systems
 from llmrubric.training.tracking import Tracker, metric_keys
 
@@ -93,8 +94,12 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
         f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
     )
     errors = (
-        system_errors(tables["llm_rubric"], annotations, rubric.main, splits) if cfg.protocol == "systems" else None
+        system_errors(tables["llm_rubric"], annotations, rubric.main, splits)
+        if cfg.protocol in SYSTEM_PROTOCOLS
+        else None
     )
+    systems = system_figures(cfg.protocol, tables, annotations, rubric.main, splits)
+    table += system_table(systems)
     write_table(tables["llm_rubric"], run_dir / f"predictions.{cfg.predictions_format}")
     if errors is not None:
         write_table(errors, run_dir / SYSTEM_ERRORS_FILE)
@@ -110,6 +115,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
             "protocol": cfg.protocol,
             "methods": metrics,
             "skipped": skipped,
+            **({"systems": systems} if systems else {}),
         },
         run_dir / "metrics.json",
     )
@@ -124,6 +130,30 @@ def system_errors(predictions: pd.DataFrame, annotations: pd.DataFrame, question
     return shift_errors(predictions, annotations, question, pd.concat([text_systems(s.test) for s in splits]))
 
 
+def system_figures(protocol: str, tables: dict, annotations: pd.DataFrame, question, splits) -> dict | None:
+    """Under a protocol whose folds are whole systems (ordered main question): every method's
+    :func:`system_metrics`, each split's held-out systems one group; else None."""
+    if protocol not in SYSTEM_PROTOCOLS or not question.ordered:
+        return None
+    held = [text_systems(s.test) for s in splits]
+    groups = pd.Series({system: s.name for s, part in zip(splits, held) for system in part.unique()})
+    return {name: system_metrics(t, annotations, question, pd.concat(held), groups) for name, t in tables.items()}
+
+
+SYSTEM_FIGURES = ("rms_error", "kendall", "kendall_within_groups", "coverage", "width")
+
+
+def system_table(systems: dict | None) -> str:
+    """The markdown table of :func:`system_figures` after a blank line (empty without them)."""
+    if not systems:
+        return ""
+    n = next(iter(systems.values()))
+    title = (
+        f"system means of {n['systems']} held-out systems in {n['groups']} groups (shift intervals: coverage, width)"
+    )
+    return f"\n\n{title}\n\n{markdown_table(systems, SYSTEM_FIGURES)}"
+
+
 def track(cfg: DictConfig, metrics: dict | None, started: float) -> None:
     """Log the finished evaluation to MLflow (``logger=none``: off): config, ``test/<metric>``
     (baselines: ``test/<metric>/<method>``, characters MLflow refuses replaced by ``_``), predictions and metric tables, the report folder."""
@@ -136,7 +166,7 @@ def track(cfg: DictConfig, metrics: dict | None, started: float) -> None:
                     metric_keys(values, "test", None if name == "llm_rubric" else re.sub(r"[^\w\-. /]", "_", name))
                 )
             files = [f"predictions.{cfg.predictions_format}", "metrics.json", "metrics.md"]
-            for file in files + ([SYSTEM_ERRORS_FILE] if cfg.protocol == "systems" else []):
+            for file in files + ([SYSTEM_ERRORS_FILE] if cfg.protocol in SYSTEM_PROTOCOLS else []):
                 run.log_artifact(run_dir / file)
         report = cfg.get("report")
         if report is not None and report.get("enabled") and Path(report.dir).is_dir():

@@ -10,12 +10,16 @@ training systems, a jackknife over systems): with residuals e_t = predicted − 
 the K other systems, the interval is ``estimate ± t_{K, 1-α/2} · sqrt(mean e_t²)``
 (:func:`llmrubric.scoring.leaderboard.shift_half_width`). :func:`shift_errors` gives the e_t of a
 ``protocol=systems`` run, as ``llmrubric evaluate`` writes them to ``system_errors.csv`` for
-``llmrubric leaderboard build --shift-errors``. :func:`ppi_intervals` instead corrects the estimate with k
+``llmrubric leaderboard build --shift-errors``. :func:`system_metrics` sums up a run whose folds are
+whole systems (RMS error, Kendall τ-b within held-out groups and overall, shift-interval coverage),
+as ``llmrubric evaluate`` writes it to ``metrics.json``. :func:`ppi_intervals` instead corrects the estimate with k
 human labels of the new system (prediction-powered inference, :func:`llmrubric.scoring.leaderboard.ppi_mean`),
 averaged over random draws of the k labelled pairs.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -24,7 +28,7 @@ from llmrubric.evaluation.metrics import align
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Question
 from llmrubric.io.schemas import source_of
-from llmrubric.scoring.leaderboard import ppi_mean, shift_half_width
+from llmrubric.scoring.leaderboard import ppi_mean, rank_correlation, rms, shift_half_width
 
 
 def pair_scores(
@@ -109,3 +113,48 @@ def coverage(intervals: pd.DataFrame, truth: str = "human") -> tuple[float, floa
     """Share of intervals holding the truth, and their mean width."""
     covered = (intervals.low <= intervals[truth]) & (intervals[truth] <= intervals.high)
     return float(covered.mean()), float((intervals.high - intervals.low).mean())
+
+
+def system_metrics(
+    predictions: pd.DataFrame,
+    annotations: pd.DataFrame,
+    question: Question,
+    systems: pd.Series,
+    groups: pd.Series,
+    alpha: float = 0.05,
+) -> dict:
+    """System-level figures of held-out predictions whose folds are whole systems.
+
+    ``systems``: text id → system id; ``groups``: system id → the held-out group (fold) whose model
+    scored it. Figures over the system means (:func:`system_means`): ``rms_error`` of predicted − human,
+    Kendall τ-b of predicted against human means over all systems (``kendall``) and within each
+    group of 2+ systems, averaged over the ``groups_ranked`` groups where it is defined
+    (``kendall_within_groups``), and the ``coverage`` and mean ``width`` of the
+    :func:`shift_intervals`. An undefined Kendall is NaN with a ``*_reason``."""
+    means = shift_intervals(system_means(pair_scores(predictions, annotations, question, systems)), alpha)
+    group = groups.reindex(means.index)
+    if group.isna().any():
+        raise InputError(f"system {group.index[group.isna()][0]!r} has no held-out group", column="system_id")
+    overall = rank_correlation(means.human, means.predicted)
+    within = np.array(
+        [rank_correlation(part.human, part.predicted)["kendall"] for _, part in means.groupby(group) if len(part) > 1]
+    )
+    ranked = np.isfinite(within)
+    cov, width = coverage(means)
+    out = {
+        "systems": len(means),
+        "groups": int(group.nunique()),
+        "rms_error": rms(means.predicted - means.human),
+        "kendall": overall["kendall"],
+        "kendall_within_groups": float(within[ranked].mean()) if ranked.any() else math.nan,
+        "groups_ranked": int(ranked.sum()),
+        "coverage": cov,
+        "width": width,
+    }
+    if "reason" in overall:
+        out["kendall_reason"] = overall["reason"]
+    if not ranked.any():
+        out["kendall_within_groups_reason"] = (
+            "no held-out group has 2 or more systems" if len(within) == 0 else "tied scores in every held-out group"
+        )
+    return out

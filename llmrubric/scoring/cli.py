@@ -71,7 +71,7 @@ def register(subparsers) -> None:
     b.add_argument(
         "--shift-errors",
         dest="shift_errors",
-        help="system_errors.csv of a protocol=systems evaluation: adds intervals that include the model's error on new systems",
+        help="system_errors.csv of a protocol=systems (or system_groups) evaluation: adds intervals that include the model's error on new systems",
     )
     b.add_argument("--config", help="settings YAML (default: conf/scoring/default.yaml)")
     b.add_argument("--question")

@@ -2,6 +2,8 @@
 
 Protocols: ``cv`` (k folds of the training texts), ``systems`` (leave one system out: each
 system's texts are one fold, so every model is tested on a system it never saw),
+``system_groups`` (the systems dealt into ``system_groups`` folds: one model scores each held-out
+group of systems, as a user ranks several new systems),
 ``holdout`` (train on ``data.train``, test on ``data.test``, or on a seeded
 ``test_fraction`` of the training texts when there is no test set). Folds are saved beside
 the checkpoints so that evaluation uses exactly the texts the models did not see.
@@ -23,10 +25,19 @@ from llmrubric.io.errors import USER_ERRORS, InputError, report
 from llmrubric.io.guards import check_range, check_writable_dir
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import Tables
-from llmrubric.training.splits import holdout_texts, load_folds, save_folds, system_folds, text_folds
+from llmrubric.training.splits import (
+    holdout_texts,
+    load_folds,
+    save_folds,
+    system_folds,
+    system_group_folds,
+    text_folds,
+)
 
 log = logging.getLogger(__name__)
 FOLDS_FILE = "folds.csv"
+PROTOCOLS = ("cv", "systems", "system_groups", "holdout")
+SYSTEM_PROTOCOLS = ("systems", "system_groups")  # every fold is held-out whole systems
 
 
 @dataclass
@@ -57,12 +68,14 @@ def make_folds(cfg: DictConfig, train: Tables) -> pd.DataFrame | None:
         return text_folds(train.text_ids, cfg.folds, cfg.seed)
     if cfg.protocol == "systems":
         return system_folds(train)
+    if cfg.protocol == "system_groups":
+        return system_group_folds(train, cfg.system_groups, cfg.seed)
     if cfg.protocol == "holdout":
         if cfg.data.get("test"):
             return None
         kept, held = holdout_texts(train.text_ids, cfg.test_fraction, cfg.seed)
         return pd.DataFrame({"text_id": held + kept, "fold": [0] * len(held) + [1] * len(kept)})
-    raise InputError(f"unknown protocol {cfg.protocol!r} (use cv, systems or holdout)")
+    raise InputError(f"unknown protocol {cfg.protocol!r} (use {', '.join(PROTOCOLS)})")
 
 
 def splits_from_folds(cfg: DictConfig, folds: pd.DataFrame | None, train: Tables, test: Tables | None) -> list[Split]:
@@ -70,7 +83,7 @@ def splits_from_folds(cfg: DictConfig, folds: pd.DataFrame | None, train: Tables
         if test is None:
             raise InputError("holdout without data.test needs a folds file")
         return [Split("model", train, test)]
-    evaluated = sorted(folds.fold.unique()) if cfg.protocol in ("cv", "systems") else [0]
+    evaluated = sorted(folds.fold.unique()) if cfg.protocol in ("cv", *SYSTEM_PROTOCOLS) else [0]
     out = []
     for k in evaluated:
         held = folds.text_id[folds.fold == k]
@@ -112,10 +125,12 @@ def check_settings(cfg: DictConfig) -> Rubric:
         from llmrubric.training.search import Setting, check_space
 
         check_space(OmegaConf.to_container(cfg.search.space, resolve=True), Setting(model, trainer), rubric)
-    if cfg.protocol not in ("cv", "systems", "holdout"):
-        raise InputError(f"{cfg.protocol!r} is not a protocol (cv, systems or holdout)", setting="protocol")
+    if cfg.protocol not in PROTOCOLS:
+        raise InputError(f"{cfg.protocol!r} is not a protocol ({', '.join(PROTOCOLS)})", setting="protocol")
     if cfg.protocol == "cv":
         check_range("folds", cfg.folds, 2, integer=True)
+    if cfg.protocol == "system_groups":
+        check_range("system_groups", cfg.system_groups, 2, integer=True)
     if cfg.protocol == "holdout" and not cfg.data.get("test"):
         check_range("test_fraction", cfg.test_fraction, 0, 1, open_low=True, open_high=True)
     if cfg.predictions_format not in PREDICTION_FORMATS:

@@ -1,4 +1,4 @@
-"""Splits grouped by text: no text appears on both sides of any split."""
+"""Splits grouped by text (or by system): no text appears on both sides of any split."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def text_systems(tables) -> pd.Series:
     source = _system_source(tables)
     if "system_id" not in source or source.system_id.isna().all():
         raise InputError(
-            "leave-one-system-out needs a system_id for every text", file=source_of(source), column="system_id"
+            "holding out systems needs a system_id for every text", file=source_of(source), column="system_id"
         )
     systems = source.drop_duplicates("text_id").set_index("text_id").system_id.reindex(tables.text_ids)
     if systems.isna().any():
@@ -59,7 +59,7 @@ def system_folds(tables) -> pd.DataFrame:
         )
     if len(names) < 2:
         raise InputError(
-            f"leave-one-system-out needs at least 2 systems, found {names}", file=source_of(source), column="system_id"
+            f"holding out systems needs at least 2 systems, found {names}", file=source_of(source), column="system_id"
         )
     return pd.DataFrame(
         {
@@ -68,6 +68,18 @@ def system_folds(tables) -> pd.DataFrame:
             "system_id": systems.to_numpy(),
         }
     )
+
+
+def system_group_folds(tables, k: int, seed: int) -> pd.DataFrame:
+    """``k`` folds of whole systems: the systems, sorted then shuffled with ``seed``, dealt in turn into
+    ``k`` groups (sizes differ by at most one), every text in its system's group."""
+    folds = system_folds(tables)
+    names = sorted(folds.system_id.unique())
+    if not 2 <= k <= len(names):
+        raise InputError(f"{k} groups of {len(names)} systems (use 2 to {len(names)})", setting="system_groups")
+    order = np.random.default_rng(seed).permutation(len(names))
+    group = dict(zip(np.array(names)[order], np.arange(len(names)) % k))
+    return folds.assign(fold=folds.system_id.map(group).astype(int))
 
 
 def holdout_texts(text_ids, fraction: float, seed: int) -> tuple[list[str], list[str]]:

@@ -83,8 +83,21 @@ class ModelConfig:
 
 def model_settings(model: dict | ModelConfig | None = None) -> dict:
     """:class:`ModelConfig`'s defaults updated by ``model`` (unknown keys are kept, for the caller to reject)."""
+    from omegaconf import Container, OmegaConf
+
     given = asdict(model) if isinstance(model, ModelConfig) else dict(model or {})
+    plain = lambda v: OmegaConf.to_container(v, resolve=True) if isinstance(v, Container) else v
+    given = {k: asdict(v) if isinstance(v, AutoConfig) else plain(v) for k, v in given.items()}
     return {**asdict(ModelConfig()), **given}
+
+
+def model_file(name: str) -> dict:
+    """The settings of ``conf/model/<name>.yaml`` over :class:`ModelConfig`'s defaults, read without
+    composing (so also inside a running Hydra app; the file's only default is the schema)."""
+    import yaml
+
+    data = yaml.safe_load(conf_path("model", f"{name}.yaml").read_text()) or {}
+    return model_settings({k: v for k, v in data.items() if k != "defaults"})
 
 
 def conf_path(*parts: str) -> Path:

@@ -31,6 +31,7 @@ from llmrubric.evaluation.transfer import shift_errors, system_metrics
 from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.integrity import check_fits
 from llmrubric.io.schemas import write_json, write_table, write_text
+from llmrubric.model.encoding import PAIR, with_round
 from llmrubric.scoring.leaderboard import rms
 from llmrubric.training.experiment import SYSTEM_PROTOCOLS, check_settings, prepare
 from llmrubric.training.splits import text_systems
@@ -65,10 +66,10 @@ def evaluate_app(cfg: DictConfig) -> dict | None:
 
 def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     from llmrubric.model.baselines import expand_baselines, make_method  # imported here: Lightning, not for --help
-    from llmrubric.model.calibrator import Calibrator
+    from llmrubric.model.estimator import load_model
 
     run_dir = Path(cfg.run_dir)
-    predictions = {"llm_rubric": []}
+    predictions, choices = {"llm_rubric": []}, {}
     features = pd.concat(
         [t.features[t.features.question_id == rubric.main.id] for s in splits for t in (s.train, s.test)],
         ignore_index=True,
@@ -80,15 +81,17 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
         path = run_dir / f"{split.name}.safetensors"
         if not path.is_file():
             raise InputError("checkpoint not found; run train.py with the same config first", file=str(path))
-        model = Calibrator.load(path)
+        model = load_model(path)
         check_fits(model, rubric, split.train.text_ids, str(path))
         predictions["llm_rubric"].append(model.predict(split.test))
+        if hasattr(model, "weights_"):
+            choices[split.name] = {"weights": model.weights_, "inner_cv": model.table_}
         for name in baselines:
             method = make_method(name, rubric, cfg.seed).fit(split.train)
             predictions.setdefault(name, []).append(method.predict(split.test))
     tables = {name: pd.concat(parts, ignore_index=True) for name, parts in predictions.items()}
     annotations = pd.concat([s.test.annotations for s in splits], ignore_index=True)
-    metrics = {name: evaluate(table, annotations, rubric.main) for name, table in tables.items()}
+    metrics = {name: evaluate_predicted(table, annotations, rubric.main) for name, table in tables.items()}
     table = markdown_table(metrics, metric_names(rubric.main))
     header = (
         f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
@@ -108,6 +111,12 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
             f" {run_dir / SYSTEM_ERRORS_FILE}: `llmrubric leaderboard build --shift-errors` turns them into intervals for new systems"
         )
     notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())
+    notes += "".join(
+        f"\n- {name}: {m['not_predicted']} pairs not predicted (no LLM answer to {rubric.main.id} from any source)"
+        for name, m in metrics.items()
+        if m.get("not_predicted")
+    )
+    notes += "".join(f"\n- model=auto, {split}: weights {_rounded(c['weights'])}" for split, c in choices.items())
     write_json(
         {
             "experiment": cfg.name,
@@ -116,12 +125,29 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
             "methods": metrics,
             "skipped": skipped,
             **({"systems": systems} if systems else {}),
+            **({"auto": choices} if choices else {}),
         },
         run_dir / "metrics.json",
     )
     write_text(f"# {header}\n\n{table}\n" + (f"{notes}\n" if notes else ""), run_dir / "metrics.md")
     print(f"\n{header}\n{table}\n{notes}\nwritten to {run_dir}/")
     return metrics
+
+
+def evaluate_predicted(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> dict:
+    """:func:`evaluate` on the annotated pairs a method predicted; ``not_predicted`` counts the others
+    (an LLM baseline has no prediction for a text that no LLM source answered)."""
+    ann = with_round(annotations)
+    ann = ann[ann.question_id == question.id]
+    keys = pd.MultiIndex.from_frame(with_round(predictions[predictions.question_id == question.id])[PAIR])
+    predicted = pd.MultiIndex.from_frame(ann[PAIR]).isin(keys)
+    if not predicted.any():
+        raise InputError(f"no held-out pair of {question.id} was predicted")
+    return {**evaluate(predictions, ann[predicted], question), "not_predicted": int((~predicted).sum())}
+
+
+def _rounded(weights: dict) -> dict:
+    return {name: round(w, 3) for name, w in weights.items()}
 
 
 def system_errors(predictions: pd.DataFrame, annotations: pd.DataFrame, question, splits) -> pd.DataFrame:

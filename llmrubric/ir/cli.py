@@ -131,14 +131,14 @@ def run_qrels(args) -> int:
     if args.checkpoint:
         from llmrubric.extract.testbank import read_bank
         from llmrubric.ir.calibrated import calibrated_labels
-        from llmrubric.model.calibrator import Calibrator
+        from llmrubric.model.estimator import load_model
 
         if not (args.features and args.texts):
             raise InputError("calibrated qrels need --features and --texts")
         importance = {i.item_id: i.importance for i in read_bank(args.bank)[0]} if args.bank else None
         features = validate_features(read_table(args.features, "features"))
         labels = calibrated_labels(
-            Calibrator.load(args.checkpoint), features, settings["family"], read_table(args.texts, "texts"), importance
+            load_model(args.checkpoint), features, settings["family"], read_table(args.texts, "texts"), importance
         )
     else:
         labels = passage_labels(_grades(args, settings), settings["rule"], int(settings["m"]))

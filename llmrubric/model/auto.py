@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from llmrubric.config import AutoConfig, model_settings
+from llmrubric.config import AutoConfig, model_file, model_settings
 from llmrubric.io.errors import USER_ERRORS, InputError, TrainingDiverged
 from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
@@ -59,11 +59,9 @@ def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None 
 def candidate(name: str, rubric: Rubric, model: dict, trainer: TrainConfig, seed: int):
     """An unfitted candidate by name (see :data:`CANDIDATES`)."""
     if name in NETWORK_CANDIDATES:
-        from llmrubric.config import group
-
         settings = {**model, "family": "network"}
         if NETWORK_CANDIDATES[name]:
-            settings = {**group("model", NETWORK_CANDIDATES[name]), "auto": settings["auto"]}
+            settings = {**model_file(NETWORK_CANDIDATES[name]), "auto": settings["auto"]}
         return Calibrator(rubric, settings, trainer, seed)
     if name == "ridge_judge":
         return RidgeJudge(rubric, seed)
@@ -89,8 +87,10 @@ class AutoCalibrator:
     def __init__(self, rubric: Rubric, model=None, trainer=None, seed: int = 0, group: str = "text"):
         self.rubric, self.seed = rubric, seed
         self.model = model_settings(model)
-        auto = self.model["auto"]
-        self.settings = AutoConfig(**auto) if isinstance(auto, dict) else auto
+        try:
+            self.settings = AutoConfig(**self.model["auto"])
+        except TypeError as e:
+            raise InputError(f"unknown model.auto setting: {e}", setting="model.auto") from None
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
         check_auto(self.settings)
         self.group = group if self.settings.group == "auto" else self.settings.group
@@ -244,7 +244,7 @@ class AutoCalibrator:
             "format": FORMAT,
             "rubric": self.rubric.to_dict(),
             "main_question": self.rubric.main.id,
-            "model": {**self.model, "auto": vars(self.settings)},
+            "model": self.model,
             "trainer": vars(self.trainer),
             "seed": self.seed,
             "group": self.group,

@@ -92,7 +92,7 @@ def register(subparsers) -> None:
 
 def run_score(args) -> int:
     from llmrubric.io.schemas import check_table_path, json_safe, read_table, validate_features, write_json, write_table
-    from llmrubric.model.calibrator import Calibrator
+    from llmrubric.model.estimator import load_model
     from llmrubric.scoring.scores import score_texts
 
     settings = with_flags(
@@ -111,7 +111,7 @@ def run_score(args) -> int:
     check_table_path(out, "--out")
     if args.predictions:
         check_table_path(args.predictions, "--predictions")
-    model = Calibrator.load(args.checkpoint)
+    model = load_model(args.checkpoint)
     features = validate_features(read_table(args.features, "features"), model.rubric)
     texts = read_table(args.texts, "texts") if args.texts else None
     result = score_texts(

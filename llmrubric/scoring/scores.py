@@ -318,6 +318,8 @@ def _judge_predictor(calibrator: Calibrator, judges: list[str]):
     For a fixed judge it folds into the shared weights (:meth:`CalibrationNet.for_judge`), so
     each trusted judge gets plain copies of the ensemble's networks that run on the texts alone.
     """
+    if not hasattr(calibrator, "nets_"):
+        return None  # model=auto: its members are not all networks
     index = [calibrator.judges_.judges.index(judge) for judge in judges]
     members = [[net.for_judge(a) for a in index] for net in calibrator.nets_]
 

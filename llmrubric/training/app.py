@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
 from llmrubric.io.errors import reports_errors
-from llmrubric.training.experiment import FOLDS_FILE, check_settings, prepare
+from llmrubric.training.experiment import FOLDS_FILE, SYSTEM_PROTOCOLS, check_settings, prepare
 from llmrubric.training.tracking import Tracker
 
 log = logging.getLogger("train")
@@ -53,7 +53,8 @@ def train_app(cfg: DictConfig) -> float:
 
 def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
     # imported here, not at the top: Lightning costs seconds that --help need not pay
-    from llmrubric.model.calibrator import Calibrator, fit_together
+    from llmrubric.model.auto import AutoCalibrator, build_model
+    from llmrubric.model.calibrator import fit_together
     from llmrubric.training.search import Setting, select_for_split
 
     rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)
@@ -65,10 +66,18 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
             else Setting(dict(cfg.model), dict(cfg.trainer))
             for split in splits
         ]
-        models = [Calibrator(rubric, s.model, s.trainer, cfg.seed) for s in settings]
+        models = [build_model(rubric, s.model, s.trainer, cfg.seed, auto_group(cfg)) for s in settings]
         start = time.perf_counter()
-        with tqdm(desc="training", unit="epoch", disable=len(splits) == 1) as progress:
-            fit_together(models, [split.train for split in splits], progress=progress)
+        if isinstance(models[0], AutoCalibrator):
+            for split, model in tqdm(
+                list(zip(splits, models)), desc="model=auto", unit="split", disable=len(splits) == 1
+            ):
+                model.fit(split.train)
+                log.info("%s: model=auto weights %s", split.name, {k: round(w, 3) for k, w in model.weights_.items()})
+                run.log_dict({"weights": model.weights_, "inner_cv": model.table_}, f"auto/{split.name}.json")
+        else:
+            with tqdm(desc="training", unit="epoch", disable=len(splits) == 1) as progress:
+                fit_together(models, [split.train for split in splits], progress=progress)
         seconds = time.perf_counter() - start
         scores = []
         for split, model in zip(splits, models):
@@ -94,6 +103,12 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
         score = float(np.nanmean(scores)) if np.isfinite(scores).any() else float("nan")
         run.log_metrics({"val/nll": score})
         return score
+
+
+def auto_group(cfg: DictConfig) -> str:
+    """Inner folds of ``model=auto`` under ``model.auto.group=auto``: by system when the protocol
+    scores systems no model saw, else by text."""
+    return "system" if cfg.protocol in SYSTEM_PROTOCOLS else "text"
 
 
 def commit(staging: Path, run_dir: Path, checkpoints: list[str]) -> None:

@@ -114,13 +114,18 @@ PREDICTION_FORMATS = ("csv", "parquet", "tsv", "jsonl")
 
 def check_settings(cfg: DictConfig) -> Rubric:
     """Every setting of train.py and evaluate.py, checked before any work; an error names the setting."""
+    from llmrubric.model.auto import build_model
     from llmrubric.model.baselines import make_method
-    from llmrubric.model.calibrator import Calibrator
 
     rubric = load_rubric(cfg)
     seed = check_range("seed", cfg.seed, integer=True)
     model, trainer = (OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "trainer"))
-    Calibrator(rubric, model, trainer, seed)
+    build_model(rubric, model, trainer, seed)
+    if cfg.search.get("enabled") and model.get("family") == "auto":
+        raise InputError(
+            "search=optuna tunes the network's settings; add model=default (model=auto chooses among model families by itself)",
+            setting="search",
+        )
     if cfg.search.get("enabled"):
         from llmrubric.training.search import Setting, check_space
 

@@ -25,6 +25,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import option_columns
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import Tables
+from llmrubric.model.auto import build_model
 from llmrubric.model.baselines import DETERMINISTIC, METHODS, make_method
 from llmrubric.model.calibrator import Calibrator, fit_together
 from llmrubric.model.encoding import PAIR, JudgeMap, with_round
@@ -85,10 +86,13 @@ class Variant:
     def build(self, rubric: Rubric, seed: int, model: dict, trainer: dict):
         """The unfitted estimator (``fit(tables)``, ``predict(tables)``)."""
         rubric = rubric.with_main(self.question) if self.question else rubric
-        if self.method == "llm_rubric":
+        plain = not (self.model or self.trainer or self.drop_questions or self.oracle or not self.llm_features)
+        if self.method == "llm_rubric" and plain and model.get("family") == "auto":
+            estimator = build_model(rubric, model, trainer, seed)
+        elif self.method == "llm_rubric":
             estimator = Calibrator(
                 rubric,
-                {**model, **dict(self.model)},
+                {**model, **dict(self.model), "family": "network"},
                 {**trainer, **dict(self.trainer)},
                 seed,
                 drop_questions=list(self.drop_questions) or None,

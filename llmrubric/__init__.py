@@ -3,7 +3,8 @@
 The public API, imported on first use so that ``import llmrubric`` (and the CLI) stays light:
 
 - tables and rubrics: :class:`Rubric`, :func:`load_tables`, :func:`read_table`, :func:`write_table`
-- the calibrator: :class:`Calibrator`
+- the models: :class:`AutoCalibrator` (the shipped default, ``model=auto``), :class:`Calibrator`
+  (the calibration network alone), :func:`load_model` (any checkpoint)
 - scores and leaderboards: :func:`score_texts`, :func:`build_leaderboard`, :func:`rank_correlation`
 - data: :func:`simulate`
 """
@@ -18,7 +19,9 @@ _PUBLIC = {
     "load_tables": "llmrubric.io.schemas",
     "read_table": "llmrubric.io.schemas",
     "write_table": "llmrubric.io.schemas",
+    "AutoCalibrator": "llmrubric.model.auto",
     "Calibrator": "llmrubric.model.calibrator",
+    "load_model": "llmrubric.model.estimator",
     "score_texts": "llmrubric.scoring.scores",
     "rank_correlation": "llmrubric.scoring.leaderboard",
     "simulate": "llmrubric.data.simulate",

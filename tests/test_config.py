@@ -9,8 +9,18 @@ import yaml
 from conftest import ROOT
 
 from llmrubric.cli import main as cli_main
-from llmrubric.config import ModelConfig, compose, conf_path, group, load_file
+from llmrubric.config import (
+    AUTO_CANDIDATES,
+    AutoConfig,
+    ModelConfig,
+    compose,
+    conf_path,
+    group,
+    load_file,
+    model_settings,
+)
 from llmrubric.io.errors import InputError
+from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.baselines import make_method
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.network import CalibrationNet
@@ -18,15 +28,18 @@ from llmrubric.training.module import TrainConfig
 
 
 def test_the_python_api_the_hydra_apps_and_the_cli_default_to_the_same_settings(rubric, capsys):
-    api = Calibrator(rubric)
+    api = AutoCalibrator(rubric)
     hydra = compose("config")
     assert cli_main(["train", "--cfg", "job"]) == 0
     cli = yaml.safe_load(capsys.readouterr().out)
-    for settings in (group("model"), dict(hydra.model), cli["model"]):
-        assert settings == api.model == asdict(ModelConfig())
+    for settings in (group("model", "auto"), model_settings(hydra.model), cli["model"]):
+        assert settings == api.model == {**asdict(ModelConfig()), "family": "auto"}
     for settings in (group("trainer"), dict(hydra.trainer), cli["trainer"]):
         assert settings == vars(api.trainer) == asdict(TrainConfig())
-    assert api.model["inputs"] == "expected" and api.model["ensemble"] == 5 and api.trainer.lr == 0.003
+    assert api.settings == AutoConfig() and list(api.settings.candidates) == list(AUTO_CANDIDATES)
+    network = Calibrator(rubric)  # the network alone: model=default
+    assert network.model == group("model", "default") == asdict(ModelConfig())
+    assert network.model["inputs"] == "expected" and network.model["ensemble"] == 5 and api.trainer.lr == 0.003
 
 
 def test_the_network_class_defaults_are_the_model_config():

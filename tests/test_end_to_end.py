@@ -223,7 +223,7 @@ def test_cv_training_runs_every_fold_in_one_stacked_program(tmp_path, monkeypatc
         f"data.train.{t}='{ROOT / 'data' / 'simulated' / f'{t}.csv'}'" for t in ("annotations", "features", "texts")
     ]
     overrides = ["experiment=demo", "protocol=cv", "folds=3", "logger=none", f"run_dir='{tmp_path}'", *data]
-    cfg = compose("config", [*overrides, "trainer.pretrain_epochs=2", "trainer.finetune_epochs=2"])
+    cfg = compose("config", [*overrides, "model=default", "trainer.pretrain_epochs=2", "trainer.finetune_epochs=2"])
     assert train_app(cfg) > 0
     assert stacked == [3 * cfg.model.ensemble]
     models = [Calibrator.load(tmp_path / f"fold{fold}.safetensors") for fold in range(3)]

@@ -18,6 +18,7 @@ from test_bad_input import run_script, snapshot
 from llmrubric.cli import main as cli_main
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import SPECS, read_table, validate_annotations, validate_features, write_json, write_table
+from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.encoding import FeatureLayout
 from llmrubric.scoring import cli as score_cli
@@ -98,7 +99,7 @@ def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, mo
     before = snapshot(tmp_path)
     assert set(before) >= {"folds.csv", "fold0.safetensors", "fold1.safetensors"}
     saved = []
-    original = Calibrator.save
+    original = AutoCalibrator.save
 
     def save_then_interrupt(self, path):
         saved.append(path)
@@ -106,7 +107,7 @@ def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, mo
             raise KeyboardInterrupt
         return original(self, path)
 
-    monkeypatch.setattr(Calibrator, "save", save_then_interrupt)
+    monkeypatch.setattr(AutoCalibrator, "save", save_then_interrupt)
     assert run_script("train.py", [*args, "seed=7"]) == 130  # other folds, killed after the first model
     assert snapshot(tmp_path) == before, "old folds and checkpoints must stay together"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".train-")]

@@ -26,7 +26,13 @@ TABLES = ("annotations", "features", "texts")
 def config(*overrides: str):
     """The demo experiment, shrunk, with absolute data paths (runs from any working directory)."""
     data = [f"data.train.{t}='{DATA / f'{t}.csv'}'" for t in TABLES]
-    small = ["trainer.pretrain_epochs=3", "trainer.finetune_epochs=3", "++model.ensemble=1", "baselines=[]"]
+    small = [
+        "trainer.pretrain_epochs=3",
+        "trainer.finetune_epochs=3",
+        "++model.ensemble=1",
+        "model.auto.candidates=[network]",  # model=auto with the network alone: its histories are logged
+        "baselines=[]",
+    ]
     return compose("config", ["experiment=demo", *small, *data, *overrides])
 
 
@@ -73,6 +79,9 @@ def test_train_run_logs_config_metrics_history_and_checkpoint(logged, tmp_path):
     for key in ("train/loss/fold0/pretrain", "val/nll/fold0/finetune"):
         history = logged.client.get_metric_history(run.info.run_id, key)
         assert [m.step for m in history] == list(range(len(history))) and 1 <= len(history) <= 3, key
+    assert metrics["auto/weight/network/fold0"] == 1.0
+    choice = json.loads(read_artifact(logged.client, run.info.run_id, "auto/fold0.json", tmp_path))
+    assert choice["weights"] == {"network": 1.0} and choice["inner_cv"]["network"]["nll"] > 0
     assert logged.experiment.artifact_location.startswith((logged.tmp / "mlartifacts").as_uri())
     checkpoint = read_artifact(logged.client, run.info.run_id, "checkpoints/fold0.safetensors", tmp_path)
     assert checkpoint == (logged.tmp / "run" / "fold0.safetensors").read_bytes()

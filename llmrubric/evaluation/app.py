@@ -85,7 +85,12 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
         check_fits(model, rubric, split.train.text_ids, str(path))
         predictions["llm_rubric"].append(model.predict(split.test))
         if hasattr(model, "weights_"):
-            choices[split.name] = {"weights": model.weights_, "inner_cv": model.table_}
+            choices[split.name] = {
+                "weights": model.weights_,
+                "inner_folds_by": model.group,
+                "fallback": model.fallback_,
+                "inner_cv": model.table_,
+            }
         for name in baselines:
             method = make_method(name, rubric, cfg.seed).fit(split.train)
             predictions.setdefault(name, []).append(method.predict(split.test))

@@ -86,7 +86,7 @@ class AutoCalibrator:
 
     def __init__(self, rubric: Rubric, model=None, trainer=None, seed: int = 0, group: str = "text"):
         self.rubric, self.seed = rubric, seed
-        self.model = model_settings(model)
+        self.model = {**model_settings(model), "family": "auto"}
         try:
             self.settings = AutoConfig(**self.model["auto"])
         except TypeError as e:
@@ -96,8 +96,16 @@ class AutoCalibrator:
         self.group = group if self.settings.group == "auto" else self.settings.group
         if self.group not in ("text", "system"):
             raise InputError(f"{self.group!r} is not text or system", setting="model.auto.group")
+        self.unusable_ = {}
         for name in self.settings.candidates:
-            candidate(name, rubric, self.model, self.trainer, seed)
+            try:
+                candidate(name, rubric, self.model, self.trainer, seed)
+            except InputError as e:
+                if name == "network":
+                    raise
+                self.unusable_[name] = str(e)
+        if len(self.unusable_) == len(self.settings.candidates):
+            raise InputError(f"no candidate applies: {self.unusable_}", setting="model.auto.candidates")
 
     def _inner_folds(self, tables: Tables) -> pd.DataFrame:
         """Inner fold of every training text, by text or by system."""
@@ -107,16 +115,19 @@ class AutoCalibrator:
         systems = text_systems(tables)
         names = np.array(sorted(systems.unique()))
         if len(names) < 3:
-            raise InputError(
-                f"inner folds by system need at least 3 training systems, found {len(names)}",
-                setting="model.auto.group",
-            )
+            reason = f"inner folds by system need at least 3 training systems, found {len(names)}"
+            if self.settings.group == "system":
+                raise InputError(reason, setting="model.auto.group")
+            log.warning("model=auto: %s; inner folds by text instead", reason)
+            self.group, self.fallback_ = "text", f"{reason}: inner folds by text"
+            return self._inner_folds(tables)
         order = np.random.default_rng(self.seed).permutation(len(names))
         fold_of = {names[i]: n % min(k, len(names)) for n, i in enumerate(order)}
         return pd.DataFrame({"text_id": systems.index, "fold": systems.map(fold_of).to_numpy()})
 
     def fit(self, tables: Tables) -> AutoCalibrator:
         """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``."""
+        self.fallback_ = None
         folds = self._inner_folds(tables)
         splits = [
             (tables.subset(folds.text_id[folds.fold != k]), tables.subset(folds.text_id[folds.fold == k]))
@@ -157,6 +168,7 @@ class AutoCalibrator:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
         log.info("model=auto (%s, inner folds by %s): weights %s", self.settings.rule, self.group, self.weights_)
         self.members_ = self._fit_members(tables, list(self.weights_))
+        self._cover(tables)
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
         self.train_texts_ = texts_fingerprint(tables.text_ids)
@@ -169,6 +181,9 @@ class AutoCalibrator:
         networks = [n for n in self.settings.candidates if n in NETWORK_CANDIDATES]
         for name in self.settings.candidates:
             start = time.perf_counter()
+            if name in self.unusable_:
+                yield name, None, 0.0, f"not applicable: {self.unusable_[name]}"
+                continue
             try:
                 if name in networks:
                     models = [candidate(name, self.rubric, self.model, self.trainer, self.seed) for _ in splits]
@@ -202,6 +217,20 @@ class AutoCalibrator:
                 members[name].fit(tables)
         return members
 
+    def _cover(self, tables: Tables) -> None:
+        """Questions with annotations that no weighted member predicts (a categorical question when
+        only ordinal families have weight) get ``ridge_judge`` as a member of weight 0: it predicts
+        exactly those questions."""
+        answered = [q for q in self.rubric.ids if q in set(tables.annotations.question_id)]
+        covered = {q for m in self.members_.values() for q in getattr(m, "questions_", self.rubric.ids)}
+        uncovered = [q for q in answered if q not in covered]
+        if uncovered and "ridge_judge" not in self.members_:
+            log.info("model=auto: %s predicted by ridge_judge (no weighted candidate predicts them)", uncovered)
+            self.members_["ridge_judge"] = RidgeJudge(self.rubric, self.seed).fit(
+                tables, [self.rubric.main.id, *uncovered]
+            )
+            self.weights_["ridge_judge"] = 0.0
+
     @property
     def val_nll_(self) -> float:
         """The inner-CV NLL of the main question of the chosen mixture (its weights fitted on the same
@@ -217,13 +246,15 @@ class AutoCalibrator:
         """(pairs, questions, max options): each question's weighted mixture of the members that
         predict it (weights renormalised over them); NaN for a question none predicts."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
-        total, weight = None, np.zeros(len(self.rubric.questions))
-        for name, w in self.weights_.items():
-            probs = self.members_[name].predict_proba(tables, pairs)
-            known = np.isfinite(probs).all(axis=(0, 2)) if len(probs) else np.ones(probs.shape[1], bool)
-            probs = np.where(known[None, :, None], probs, 0.0) * w
-            total = probs if total is None else total + probs
-            weight += w * known
+        probs = {name: self.members_[name].predict_proba(tables, pairs) for name in self.weights_}
+        known = {
+            n: np.isfinite(p).all(axis=(0, 2)) if len(p) else ~np.isnan(p).all(axis=(0, 2)) for n, p in probs.items()
+        }
+        share = {n: w * known[n] for n, w in self.weights_.items() if w > 0}
+        uncovered = sum(share.values()) == 0
+        share.update({n: uncovered * known[n] for n, w in self.weights_.items() if w == 0})  # the cover members
+        total = sum(np.where(known[n][None, :, None], probs[n], 0.0) * share[n][None, :, None] for n in share)
+        weight = sum(share.values())
         with np.errstate(invalid="ignore", divide="ignore"):
             out = total / np.where(weight > 0, weight, np.nan)[None, :, None]
         check_finite_predictions(out[:, weight > 0], getattr(self, "source_", "<model>"))
@@ -248,6 +279,7 @@ class AutoCalibrator:
             "trainer": vars(self.trainer),
             "seed": self.seed,
             "group": self.group,
+            "fallback": self.fallback_,
             "weights": self.weights_,
             "inner_cv": self.table_,
             "inner_nll": self.inner_nll_,
@@ -281,16 +313,19 @@ class AutoCalibrator:
         self = cls(rubric, meta["model"], meta["trainer"], meta["seed"], meta["group"])
         self.weights_, self.table_, self.inner_nll_ = meta["weights"], meta.get("inner_cv", {}), meta.get("inner_nll")
         self.layout_, self.judges_ = FeatureLayout.from_dict(meta["layout"]), JudgeMap(tuple(meta["judges"]))
-        self.train_texts_, self.source_ = meta.get("train_texts"), source
+        self.train_texts_, self.source_, self.fallback_ = meta.get("train_texts"), source, meta.get("fallback")
         self.members_ = {}
         for name, member_meta in meta["members"].items():
             part = split_tensors(tensors, name)
-            if name in NETWORK_CANDIDATES:
-                self.members_[name] = Calibrator.from_state(member_meta, part, source)
-            elif name == "ridge_judge":
-                self.members_[name] = RidgeJudge.from_state(rubric, member_meta, part)
-            else:
-                self.members_[name] = MixedOrdinal.from_state(rubric, member_meta, part)
+            try:
+                if name in NETWORK_CANDIDATES:
+                    self.members_[name] = Calibrator.from_state(member_meta, part, source)
+                elif name == "ridge_judge":
+                    self.members_[name] = RidgeJudge.from_state(rubric, member_meta, part)
+                else:
+                    self.members_[name] = MixedOrdinal.from_state(rubric, member_meta, part)
+            except (KeyError, ValueError, RuntimeError) as e:
+                raise InputError(f"checkpoint member {name} does not fit its own metadata: {e!r}", file=source) from e
         return self
 
 

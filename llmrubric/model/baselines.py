@@ -376,6 +376,11 @@ def make_method(name: str, rubric: Rubric, seed: int = 0, model: dict | None = N
     if method in LLM_METHODS and source:
         return simple[method](rubric, seed, source)
     model = dict(model or {})
+    if name == "llm_rubric" and model.get("family") == "auto":
+        from llmrubric.model.auto import AutoCalibrator
+
+        return AutoCalibrator(rubric, model, trainer, seed)
+    model["family"] = "network"  # the network variants of Table 1
     if name == "llm_rubric":
         return Calibrator(rubric, model, trainer, seed)
     if name == "no_personalization":

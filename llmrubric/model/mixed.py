@@ -18,8 +18,7 @@ not seen in training gets the population values (u = 0, v = 0).
 A missing block is masked: ``own``/``all`` fill it with the training mean of its column, ``mean``
 averages the sources present; a text without any input column of its question is predicted at
 the training mean of the inputs. A question without a block of its own is predicted from all
-blocks. A categorical question gets each judge's training answer distribution, pooled toward the
-population one (add-one smoothing on the population counts).
+blocks. Categorical questions are not predicted (NaN): the family is ordinal.
 """
 
 from __future__ import annotations
@@ -121,7 +120,7 @@ class MixedOrdinal:
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.blocks_ = column_blocks(self.layout_, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
-        self.scales_, self.fits_, self.marginals_ = {}, {}, {}
+        self.scales_, self.fits_ = {}, {}
         texts = tables.text_ids
         columns = text_columns(self.layout_, self.rubric, tables.features, texts)
         wanted = questions or [q.id for q in self.rubric.questions]
@@ -133,15 +132,16 @@ class MixedOrdinal:
                     continue
                 judge = self.judges_.indices(pairs.judge_id)
                 if not question.ordered:
-                    self.marginals_[qid] = _judge_marginals(y, judge, len(question.keys), len(self.judges_.judges))
                     continue
                 f = self._inputs(columns, question, fit=True)[pd.Index(texts).get_indexer(pairs.text_id)]
                 self.fits_[qid] = _fit_question(
                     torch.from_numpy(f), torch.from_numpy(judge), torch.from_numpy(y), len(question.keys), self
                 )
-        self.questions_ = [q for q in wanted if q in self.fits_ or q in self.marginals_]
+        self.questions_ = [q for q in wanted if q in self.fits_]
         if not self.questions_:
-            raise InputError(f"no annotations of {wanted} to fit {self.name}")
+            raise InputError(
+                f"{self.name} fits ordered questions: no annotations of an ordered question among {wanted}"
+            )
         return self
 
     def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
@@ -159,9 +159,6 @@ class MixedOrdinal:
                 f = torch.from_numpy(self._inputs(columns, question)[rows])
                 with torch.no_grad(), one_thread():
                     p = self.fits_[question.id].log_probs(f, judge).exp().numpy()
-            elif question.id in self.marginals_:
-                table = self.marginals_[question.id]
-                p = np.where((judge >= 0).numpy()[:, None], table[judge.clamp(min=0).numpy()], table[-1])
             else:
                 continue
             out[:, qi, :k], out[:, qi, k:] = p, 0.0
@@ -181,8 +178,6 @@ class MixedOrdinal:
                 tensors[f"fit.{qid}.{key}"] = value.detach().clone()
             mean, scale = self.scales_[qid]
             tensors[f"scale.{qid}.mean"], tensors[f"scale.{qid}.scale"] = torch.tensor(mean), torch.tensor(scale)
-        for qid, table in self.marginals_.items():
-            tensors[f"marginal.{qid}"] = torch.tensor(table)
         meta = {
             "inputs": self.inputs,
             "rounds": self.rounds,
@@ -190,6 +185,7 @@ class MixedOrdinal:
             "judges": list(self.judges_.judges),
             "questions": self.questions_,
             "fitted": list(self.fits_),
+            "options": {qid: len(self.rubric[qid].options) for qid in self.fits_},
         }
         return meta, tensors
 
@@ -199,28 +195,14 @@ class MixedOrdinal:
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.blocks_ = column_blocks(self.layout_, rubric)
         self.judges_ = JudgeMap(tuple(meta["judges"]))
-        self.questions_, self.fits_, self.scales_, self.marginals_ = meta["questions"], {}, {}, {}
+        self.questions_, self.fits_, self.scales_ = meta["questions"], {}, {}
         for qid in meta["fitted"]:
             mean, scale = tensors[f"scale.{qid}.mean"].numpy(), tensors[f"scale.{qid}.scale"].numpy()
             self.scales_[qid] = (mean, scale)
-            fit = _QuestionFit(len(mean), len(rubric[qid].options), len(self.judges_.judges))
+            fit = _QuestionFit(len(mean), meta["options"][qid], len(self.judges_.judges))
             fit.load_state_dict({k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"fit.{qid}.")})
             self.fits_[qid] = fit
-        for qid in set(self.questions_) - set(meta["fitted"]):
-            self.marginals_[qid] = tensors[f"marginal.{qid}"].numpy()
         return self
-
-
-def _judge_marginals(y: np.ndarray, judge: np.ndarray, options: int, judges: int) -> np.ndarray:
-    """(judges + 1, options): each judge's answer distribution shrunk toward the population's
-    (its counts plus the population distribution times ``options``), the population's last."""
-    counts = np.zeros((judges + 1, options))
-    np.add.at(counts, (judge[y >= 0].clip(min=0), y[y >= 0]), 1.0)
-    population = counts.sum(axis=0) + 1.0
-    population /= population.sum()
-    counts[-1] = 0.0
-    table = counts + options * population
-    return table / table.sum(axis=1, keepdims=True)
 
 
 def _fit_question(f: torch.Tensor, judge: torch.Tensor, y: torch.Tensor, options: int, owner) -> _QuestionFit:

@@ -74,7 +74,16 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
             ):
                 model.fit(split.train)
                 log.info("%s: model=auto weights %s", split.name, {k: round(w, 3) for k, w in model.weights_.items()})
-                run.log_dict({"weights": model.weights_, "inner_cv": model.table_}, f"auto/{split.name}.json")
+                run.log_dict(
+                    {
+                        "weights": model.weights_,
+                        "inner_folds_by": model.group,
+                        "fallback": model.fallback_,
+                        "inner_cv": model.table_,
+                    },
+                    f"auto/{split.name}.json",
+                )
+                run.log_metrics({f"auto/weight/{name}/{split.name}": w for name, w in model.weights_.items()})
         else:
             with tqdm(desc="training", unit="epoch", disable=len(splits) == 1) as progress:
                 fit_together(models, [split.train for split in splits], progress=progress)

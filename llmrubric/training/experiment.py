@@ -121,15 +121,10 @@ def check_settings(cfg: DictConfig) -> Rubric:
     seed = check_range("seed", cfg.seed, integer=True)
     model, trainer = (OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "trainer"))
     build_model(rubric, model, trainer, seed)
-    if cfg.search.get("enabled") and model.get("family") == "auto":
-        raise InputError(
-            "search=optuna tunes the network's settings; add model=default (model=auto chooses among model families by itself)",
-            setting="search",
-        )
     if cfg.search.get("enabled"):
-        from llmrubric.training.search import Setting, check_space
+        from llmrubric.training.search import check_space, searched_setting
 
-        check_space(OmegaConf.to_container(cfg.search.space, resolve=True), Setting(model, trainer), rubric)
+        check_space(OmegaConf.to_container(cfg.search.space, resolve=True), searched_setting(cfg), rubric)
     if cfg.protocol not in PROTOCOLS:
         raise InputError(f"{cfg.protocol!r} is not a protocol ({', '.join(PROTOCOLS)})", setting="protocol")
     if cfg.protocol == "cv":

@@ -537,10 +537,19 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     return study.trials_dataframe(attrs=("number", "state", "value", "params", "user_attrs", "duration"))
 
 
+def searched_setting(cfg: DictConfig) -> Setting:
+    """The configuration a search starts from: the network of ``model.*`` (under ``model=auto`` the
+    network candidate: the search tunes the network, not the choice among families)."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if model.get("family") == "auto":
+        log.info("search=optuna tunes the network: model.family=auto becomes network for the search and its refit")
+    return Setting({**model, "family": "network"}, OmegaConf.to_container(cfg.trainer, resolve=True))
+
+
 def select_for_split(cfg: DictConfig, rubric: Rubric, split, run=None) -> Setting:
     """Search on one training split (``train.py search=optuna``); writes
     ``<run_dir>/search/<split>/selected.json`` and ``trials.csv`` and returns the selection."""
-    base = Setting(OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.trainer, resolve=True))
+    base = searched_setting(cfg)
     tracker = Tracker.from_config(cfg) if run is not None else None
     setting, study = run_search(
         rubric, split.train, base, cfg.search, f"{cfg.name}-{split.name}", cfg.seed, tracker, run

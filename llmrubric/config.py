@@ -27,7 +27,7 @@ CONF_PATH = f"pkg://{CONF_PACKAGE}"
 VERSION_BASE = "1.3"
 
 
-AUTO_CANDIDATES = ("network", "ordinal", "clmm_own", "clmm_all", "clmm_mean", "ridge_judge")
+AUTO_CANDIDATES = ("network", "clmm_own", "clmm_all", "clmm_mean", "ridge_judge")
 
 
 @dataclass

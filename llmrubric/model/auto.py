@@ -127,7 +127,7 @@ class AutoCalibrator:
 
     def fit(self, tables: Tables) -> AutoCalibrator:
         """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``."""
-        self.fallback_ = None
+        self.fallback_, self._refitted = None, {}
         folds = self._inner_folds(tables)
         splits = [
             (tables.subset(folds.text_id[folds.fold != k]), tables.subset(folds.text_id[folds.fold == k]))
@@ -139,7 +139,7 @@ class AutoCalibrator:
             [pd.Index(main.keys).get_indexer(_keys(test, main, p)) for (_, test), (p, _) in zip(splits, held)]
         )
         self.table_, likelihood = {}, {}
-        for name, probs, seconds, error in self._inner_predictions(splits, [p for p, _ in held]):
+        for name, probs, seconds, error in self._inner_predictions(splits, [p for p, _ in held], tables):
             if error is not None:
                 self.table_[name] = {"error": error, "seconds": seconds}
                 log.warning("model=auto: candidate %s failed: %s", name, error)
@@ -168,14 +168,16 @@ class AutoCalibrator:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
         log.info("model=auto (%s, inner folds by %s): weights %s", self.settings.rule, self.group, self.weights_)
         self.members_ = self._fit_members(tables, list(self.weights_))
+        self._refitted = {}
         self._cover(tables)
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
         self.train_texts_ = texts_fingerprint(tables.text_ids)
         return self
 
-    def _inner_predictions(self, splits: list[tuple], pairs: list[pd.DataFrame]):
-        """(name, out-of-fold main-question probabilities (pairs, options), seconds, error) of every candidate."""
+    def _inner_predictions(self, splits: list[tuple], pairs: list[pd.DataFrame], tables: Tables):
+        """(name, out-of-fold main-question probabilities (pairs, options), seconds, error) of every
+        candidate; the network's refit on all of ``tables`` is trained with its folds (:attr:`_refitted`)."""
         main_index = self.rubric.ids.index(self.rubric.main.id)
         k = len(self.rubric.main.options)
         networks = [n for n in self.settings.candidates if n in NETWORK_CANDIDATES]
@@ -184,8 +186,24 @@ class AutoCalibrator:
             if name in self.unusable_:
                 yield name, None, 0.0, f"not applicable: {self.unusable_[name]}"
                 continue
+            if (
+                name == "clmm_mean"
+                and "clmm_own" in self.settings.candidates
+                and self._one_source_per_question(splits[0][0])
+            ):
+                yield name, None, 0.0, "identical to clmm_own: every question has at most one LLM source"
+                continue
             try:
-                if name in networks:
+                if name == "network":  # the refit on all of ``tables`` joins the folds' stacked program
+                    models = [
+                        candidate(name, self.rubric, self.model, self.trainer, self.seed)
+                        for _ in range(len(splits) + 1)
+                    ]
+                    fit_together(
+                        models, [train for train, _ in splits] + [tables], JudgeMap.from_annotations(tables.annotations)
+                    )
+                    self._refitted[name] = models.pop()
+                elif name in networks:
                     models = [candidate(name, self.rubric, self.model, self.trainer, self.seed) for _ in splits]
                     fit_together(models, [train for train, _ in splits])
                 else:
@@ -206,10 +224,17 @@ class AutoCalibrator:
             except (*USER_ERRORS, TrainingDiverged, ValueError, RuntimeError) as e:
                 yield name, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
 
+    def _one_source_per_question(self, tables: Tables) -> bool:
+        blocks = FeatureLayout.from_features(tables.features, self.rubric).blocks
+        questions = [b.question_id for b in blocks]
+        return len(questions) == len(set(questions))
+
     def _fit_members(self, tables: Tables, names: list[str]) -> dict:
-        """The weighted candidates fitted on all of ``tables``."""
-        members = {n: candidate(n, self.rubric, self.model, self.trainer, self.seed) for n in names}
-        networks = [n for n in names if n in NETWORK_CANDIDATES]
+        """The weighted candidates fitted on all of ``tables`` (those refitted already are taken as they are)."""
+        members = {
+            n: self._refitted.get(n) or candidate(n, self.rubric, self.model, self.trainer, self.seed) for n in names
+        }
+        networks = [n for n in names if n in NETWORK_CANDIDATES and n not in self._refitted]
         if networks:
             fit_together([members[n] for n in networks], [tables] * len(networks))
         for name in names:

@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 from llmrubric.config import group, model_file  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
-from llmrubric.evaluation.app import evaluate_predicted  # noqa: E402
+from llmrubric.evaluation.app import evaluate_predicted, predicted_annotations  # noqa: E402
 from llmrubric.evaluation.transfer import system_metrics  # noqa: E402
 from llmrubric.io.errors import InputError, reports_errors  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
@@ -161,7 +161,9 @@ def figures(predictions: pd.DataFrame, seconds: float, rubric: Rubric, test_tabl
         "seconds": seconds,
     }
     if groups is not None:
-        s = system_metrics(predictions, annotations, rubric.main, systems, groups)
+        s = system_metrics(
+            predictions, predicted_annotations(predictions, annotations, rubric.main)[0], rubric.main, systems, groups
+        )
         out.update(system_rms=s["rms_error"], system_kendall=s["kendall"], coverage=s["coverage"])
     else:
         out.update(system_rms=None, system_kendall=None, coverage=None)

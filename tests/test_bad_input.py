@@ -743,6 +743,19 @@ CASES = [
         train("protocol=system_groups", "system_groups=9"),
         ("setting system_groups", "9 groups of 4 systems"),
     ),
+    Case(
+        "train-auto-unknown-candidate",
+        "train.py",
+        train("model.auto.candidates=[network,forest]"),
+        ("setting model.auto.candidates", "'forest'"),
+    ),
+    Case("train-auto-unknown-rule", "train.py", train("model.auto.rule=vote"), ("setting model.auto.rule", "'vote'")),
+    Case(
+        "train-auto-system-folds-of-one-system",
+        "train.py",
+        train("model.auto.group=system", "protocol=system_groups", "system_groups=2"),  # 2 training systems
+        ("setting model.auto.group", "at least 3 training systems"),
+    ),
     Case("train-test-fraction-zero", "train.py", train("test_fraction=0"), ("test_fraction",)),
     Case("train-unknown-main-question", "train.py", train("main_question=Q99"), ("Q99", "main question")),
     Case(

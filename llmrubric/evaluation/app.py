@@ -139,16 +139,22 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     return metrics
 
 
-def evaluate_predicted(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> dict:
-    """:func:`evaluate` on the annotated pairs a method predicted; ``not_predicted`` counts the others
-    (an LLM baseline has no prediction for a text that no LLM source answered)."""
+def predicted_annotations(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> tuple[pd.DataFrame, int]:
+    """The annotations of ``question`` whose pair has a prediction, and how many have none (an LLM
+    baseline has no prediction for a text that no LLM source answered)."""
     ann = with_round(annotations)
     ann = ann[ann.question_id == question.id]
     keys = pd.MultiIndex.from_frame(with_round(predictions[predictions.question_id == question.id])[PAIR])
     predicted = pd.MultiIndex.from_frame(ann[PAIR]).isin(keys)
     if not predicted.any():
         raise InputError(f"no held-out pair of {question.id} was predicted")
-    return {**evaluate(predictions, ann[predicted], question), "not_predicted": int((~predicted).sum())}
+    return ann[predicted], int((~predicted).sum())
+
+
+def evaluate_predicted(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> dict:
+    """:func:`evaluate` on the annotated pairs a method predicted, with ``not_predicted``: the count of the others."""
+    ann, missing = predicted_annotations(predictions, annotations, question)
+    return {**evaluate(predictions, ann, question), "not_predicted": missing}
 
 
 def _rounded(weights: dict) -> dict:
@@ -168,7 +174,10 @@ def system_figures(protocol: str, tables: dict, annotations: pd.DataFrame, quest
         return None
     held = [text_systems(s.test) for s in splits]
     groups = pd.Series({system: s.name for s, part in zip(splits, held) for system in part.unique()})
-    return {name: system_metrics(t, annotations, question, pd.concat(held), groups) for name, t in tables.items()}
+    return {
+        name: system_metrics(t, predicted_annotations(t, annotations, question)[0], question, pd.concat(held), groups)
+        for name, t in tables.items()
+    }
 
 
 SYSTEM_FIGURES = ("rms_error", "kendall", "kendall_within_groups", "coverage", "width")

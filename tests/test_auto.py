@@ -1,0 +1,258 @@
+"""model=auto (inner-CV choice among model families), the cumulative-link mixed model and the new baselines."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import FAST, ROOT
+
+from llmrubric.config import model_file
+from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
+from llmrubric.evaluation.app import evaluate_predicted
+from llmrubric.io.errors import InputError
+from llmrubric.io.schemas import Tables
+from llmrubric.model import auto as auto_module
+from llmrubric.model.auto import AutoCalibrator, _weights
+from llmrubric.model.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method
+from llmrubric.model.estimator import load_model
+from llmrubric.model.mixed import MixedOrdinal
+
+FAST_AUTO = {**model_file("auto"), "ensemble": 1}
+
+
+@pytest.fixture(scope="module")
+def sources3(rubric):
+    """120 texts of 6 systems answered by 3 LLM sources, 4 judges."""
+    return simulate(0, 120, 4, 2, rubric, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
+
+
+def test_stacking_weights_maximise_the_mixture_likelihood():
+    rng = np.random.default_rng(0)
+    good, bad = rng.uniform(0.4, 0.9, 400), rng.uniform(0.05, 0.3, 400)
+    assert _weights(np.stack([bad, good], axis=1), "select").tolist() == [0.0, 1.0]
+    weights = _weights(np.stack([bad, good], axis=1), "stack")
+    assert weights[1] > 0.95 and weights.sum() == pytest.approx(1.0)
+    mixed = np.where(np.arange(400) % 2 == 0, good, bad), np.where(np.arange(400) % 2 == 0, bad, good)
+    both = _weights(np.stack(mixed, axis=1), "stack")
+    stacked = np.log(np.stack(mixed, axis=1) @ both).mean()
+    assert all(stacked > np.log(m).mean() for m in mixed) and min(both) > 0.2
+
+
+def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp_path):
+    train, test = sources3.subset(sources3.text_ids[:90]), sources3.subset(sources3.text_ids[90:])
+    model = AutoCalibrator(rubric, FAST_AUTO, FAST, seed=0).fit(train)
+    assert sum(model.weights_.values()) == pytest.approx(1.0) and min(model.weights_.values()) >= 0
+    assert set(model.table_) == set(FAST_AUTO["auto"]["candidates"])
+    assert all(np.isfinite(row["nll"]) for row in model.table_.values() if "error" not in row)
+    assert model.val_nll_ <= min(row["nll"] for row in model.table_.values() if "nll" in row) + 1e-9
+    probs = model.predict_proba(test)
+    assert probs.shape[1] == len(rubric.questions)
+    for q, question in enumerate(rubric.questions):
+        np.testing.assert_allclose(probs[:, q, : len(question.options)].sum(axis=1), 1.0, atol=1e-6)
+    predictions = model.predict(test)
+    assert set(predictions.question_id) == set(rubric.ids)
+    model.save(tmp_path / "auto.safetensors")
+    loaded = load_model(tmp_path / "auto.safetensors")
+    assert isinstance(loaded, AutoCalibrator) and loaded.weights_ == model.weights_
+    np.testing.assert_allclose(loaded.predict_proba(test), probs, atol=1e-6)
+
+
+def test_select_keeps_the_candidate_with_the_lowest_inner_nll(sources3, rubric):
+    settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "rule": "select", "candidates": ["clmm_all", "ridge_judge"]}}
+    model = AutoCalibrator(rubric, settings, FAST, seed=1).fit(sources3)
+    best = min(model.table_, key=lambda n: model.table_[n]["nll"])
+    assert model.weights_ == {best: 1.0} and list(model.members_) == [best]
+
+
+def test_inner_folds_by_system_never_split_a_system(sources3, rubric):
+    model = AutoCalibrator(rubric, FAST_AUTO, FAST, seed=0, group="system")
+    folds = model._inner_folds(sources3)
+    systems = sources3.texts.set_index("text_id").system_id
+    per_system = folds.assign(system=folds.text_id.map(systems)).groupby("system").fold.nunique()
+    assert (per_system == 1).all() and folds.fold.nunique() == 5
+
+
+def test_too_few_systems_is_an_error_or_a_recorded_fallback(sources3, rubric):
+    names = sorted(sources3.texts.system_id.unique())[:2]
+    two = sources3.subset(sources3.texts.text_id[sources3.texts.system_id.isin(names)])
+    forced = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "group": "system"}}
+    with pytest.raises(InputError, match="at least 3 training systems") as error:
+        AutoCalibrator(rubric, forced, FAST, group="system").fit(two)
+    assert error.value.setting == "model.auto.group"
+    settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["ridge_judge"]}}
+    model = AutoCalibrator(rubric, settings, FAST, group="system").fit(two)
+    assert model.group == "text" and "at least 3 training systems" in model.fallback_
+
+
+def test_a_failing_candidate_is_recorded_and_all_failing_is_an_error(sources3, rubric, monkeypatch):
+    def broken(self, tables, questions=None):
+        raise ValueError("broken on purpose")
+
+    monkeypatch.setattr(MixedOrdinal, "fit", broken)
+    settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all", "ridge_judge"]}}
+    model = AutoCalibrator(rubric, settings, FAST).fit(sources3)
+    assert "broken on purpose" in model.table_["clmm_all"]["error"] and model.weights_ == {"ridge_judge": 1.0}
+    only = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all"]}}
+    with pytest.raises(InputError, match="every candidate failed") as error:
+        AutoCalibrator(rubric, only, FAST).fit(sources3)
+    assert error.value.setting == "model.auto.candidates"
+
+
+@pytest.mark.parametrize(
+    "auto, setting",
+    [
+        ({"candidates": ["network", "forest"]}, "model.auto.candidates"),
+        ({"candidates": []}, "model.auto.candidates"),
+        ({"rule": "vote"}, "model.auto.rule"),
+        ({"group": "judge"}, "model.auto.group"),
+        ({"folds": 1}, "model.auto.folds"),
+    ],
+)
+def test_bad_auto_settings_name_the_setting(rubric, auto, setting):
+    with pytest.raises(InputError) as error:
+        AutoCalibrator(rubric, {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], **auto}})
+    assert error.value.setting == setting
+
+
+def test_a_categorical_question_is_covered_when_only_ordinal_families_have_weight(rubric, monkeypatch):
+    from dataclasses import replace
+
+    questions = tuple(replace(q, ordered=False) if q.id == "Q8" else q for q in rubric.questions)
+    categorical = replace(rubric, questions=questions)
+    tables = simulate(2, 80, 4, 2, rubric)[0]
+    monkeypatch.setattr(auto_module, "_weights", lambda likelihood, rule: np.eye(likelihood.shape[1])[0])
+    settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all", "ridge_judge"]}}
+    model = AutoCalibrator(categorical, settings, FAST).fit(tables)
+    assert model.weights_ == {"clmm_all": 1.0, "ridge_judge": 0.0}
+    probs = model.predict_proba(tables)
+    q8 = categorical.ids.index("Q8")
+    ridge = model.members_["ridge_judge"].predict_proba(tables)
+    np.testing.assert_allclose(probs[:, q8], ridge[:, q8])
+    np.testing.assert_allclose(probs[:, 0], model.members_["clmm_all"].predict_proba(tables)[:, 0])
+
+
+def test_the_mixed_model_recovers_its_own_generating_slope_and_judge_spread(rubric):
+    rng = np.random.default_rng(0)
+    n_texts, judges = 600, 8
+    x = rng.uniform(-1, 1, n_texts)
+    shift = rng.normal(0, 0.8, judges)
+    rows, feats = [], []
+    for t in range(n_texts):
+        for j in rng.choice(judges, 3, replace=False):
+            latent = 1.5 * x[t] - shift[j] + rng.logistic()
+            answer = int(np.digitize(latent, [-2, 0, 2]) + 1)
+            rows.append((f"t{t}", f"j{j}", "Q0", str(answer)))
+        value, p = 2.5 + x[t], np.zeros(4)  # two neighbouring options whose expected answer is exactly 2.5 + x
+        low = int(np.floor(value))
+        p[low - 1], p[low] = low + 1 - value, value - low
+        feats += [(f"t{t}", "llm", "Q0", str(k + 1), float(v)) for k, v in enumerate(p)]
+    annotations = pd.DataFrame(rows, columns=["text_id", "judge_id", "question_id", "answer"])
+    features = pd.DataFrame(feats, columns=["text_id", "source", "question_id", "option", "prob"])
+    model = MixedOrdinal(rubric, "own").fit(Tables(annotations, features), ["Q0"])
+    fit = model.fits_["Q0"]
+    expected = np.arange(1.0, 5.0)
+    raw = (features.pivot(index="text_id", columns="option", values="prob").to_numpy() @ expected).std()
+    assert float(fit.beta[0]) / raw == pytest.approx(1.5, rel=0.25)
+    assert 0.2 < float(fit.variances[0]) < 2.0  # the judges' location spread (true variance 0.64)
+    probs = model.predict_proba(Tables(annotations, features))[:, 0, :4]
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-9)
+    pairs = pd.DataFrame(
+        {
+            "text_id": [f"t{t}" for t in range(n_texts)] * 2,
+            "judge_id": ["new"] * n_texts + [f"j{np.argmax(shift)}"] * n_texts,
+        }
+    )
+    both = model.predict_proba(Tables(annotations, features), pairs.assign(round="1"))[:, 0, :4]
+    unseen, shifted = both[:n_texts], both[n_texts:]
+    np.testing.assert_allclose(unseen.sum(axis=1), 1.0, atol=1e-9)
+    assert (unseen @ np.arange(4) > shifted @ np.arange(4)).all()  # the population, above the harshest judge
+
+
+def test_mean_of_sources_averages_the_sources_present_and_counts_the_rest(sources3, rubric):
+    features = sources3.features
+    lacking = sources3.text_ids[:5]
+    drop = features.text_id.isin(lacking) & (features.source == "llm-a") & (features.question_id == rubric.main.id)
+    none = sources3.text_ids[5]
+    drop |= (features.text_id == none) & (features.question_id == rubric.main.id)
+    tables = Tables(sources3.annotations, features[~drop], sources3.texts)
+    predicted = MeanOfSources(rubric).predict(tables)
+    assert none not in set(predicted.text_id) and set(lacking) <= set(predicted.text_id)
+    only_bc = MeanOfSources(rubric).predict(Tables(sources3.annotations, features[features.source != "llm-a"]))
+    key = ["text_id", "judge_id"]
+    merged = predicted.merge(only_bc, on=key, suffixes=("", "_bc"))
+    merged = merged[merged.text_id.isin(lacking)]
+    np.testing.assert_allclose(merged["mean"], merged["mean_bc"])
+    figures = evaluate_predicted(predicted, tables.annotations, rubric.main)
+    answered = tables.annotations[(tables.annotations.text_id == none) & (tables.annotations.question_id == "Q0")]
+    assert figures["not_predicted"] == len(answered) > 0 and np.isfinite(figures["nll"])
+    assert np.isfinite(RidgeJudge(rubric).fit(tables).predict(tables)["mean"]).all()
+
+
+def test_raw_linear_system_fits_a_line_through_the_system_means(rubric):
+    rows, feats = [], []
+    for s, answer in enumerate([1, 2, 4, 4]):  # system s: the LLM's mode s + 1, every human answer ``answer``
+        for t in range(5):
+            text = f"s{s}t{t}"
+            p = np.full(4, 0.01) + 0.96 * np.eye(4)[s]
+            feats += [(text, "llm", "Q0", str(k + 1), float(v)) for k, v in enumerate(p)]
+            rows.append((text, "j1", "Q0", str(answer), f"S{s}"))
+    annotations = pd.DataFrame(rows, columns=["text_id", "judge_id", "question_id", "answer", "system_id"])
+    features = pd.DataFrame(feats, columns=["text_id", "source", "question_id", "option", "prob"])
+    model = RawLinearSystem(rubric).fit(Tables(annotations, features))
+    x = np.array([(np.full(4, 0.01) + 0.96 * np.eye(4)[i]) @ np.arange(1, 5) for i in range(4)])
+    y = np.array([1.0, 2.0, 4.0, 4.0])
+    slope, intercept = np.polyfit(x, y, 1)
+    assert model.slope_ == pytest.approx(slope) and model.intercept_ == pytest.approx(intercept)
+    assert make_method("raw_linear_system", rubric).name == "raw_linear_system"
+
+
+def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, tmp_path):
+    """A text lacking one source's block, or every source's, is no reason to refuse the data set."""
+    features = sources3.features
+    main = features.question_id == rubric.main.id
+    lacking, none = sources3.text_ids[:6], sources3.text_ids[6]
+    drop = (features.text_id.isin(lacking) & (features.source == "llm-a") & main) | ((features.text_id == none) & main)
+    paths = {}
+    for name, frame in (
+        ("annotations", sources3.annotations),
+        ("features", features[~drop]),
+        ("texts", sources3.texts),
+    ):
+        paths[name] = tmp_path / f"{name}.csv"
+        frame.to_csv(paths[name], index=False)
+    args = [
+        "experiment=demo",
+        f"run_dir={tmp_path / 'run'}",
+        "logger=none",
+        "protocol=system_groups",
+        "system_groups=2",
+        "model.ensemble=1",
+        "baselines=[expected_llm,mean_of_sources,raw_linear_system,ridge_judge]",
+        *[f"data.train.{name}={path}" for name, path in paths.items()],
+        *[f"trainer.{k}={v}" for k, v in FAST.items()],
+    ]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    for script in ("train.py", "evaluate.py"):
+        done = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    methods = metrics["methods"]
+    pairs = lambda texts: int(
+        sources3.annotations[sources3.annotations.text_id.isin(texts) & (sources3.annotations.question_id == "Q0")]
+        .drop_duplicates(["text_id", "judge_id"])
+        .shape[0]
+    )
+    assert methods["expected_llm/llm-a"]["not_predicted"] == pairs([*lacking, none])
+    assert methods["expected_llm"]["not_predicted"] == methods["mean_of_sources"]["not_predicted"] == pairs([none])
+    assert methods["llm_rubric"]["not_predicted"] == methods["ridge_judge"]["not_predicted"] == 0
+    smooth = ("llm_rubric", "ridge_judge", "raw_linear_system")  # a raw LLM source may give an answer probability 0
+    assert all(np.isfinite(methods[name]["nll"]) for name in smooth) and methods["llm_rubric"]["n"] > 0
+    assert set(metrics["auto"]) == {"fold0", "fold1"}
+    for choice in metrics["auto"].values():
+        assert sum(choice["weights"].values()) == pytest.approx(1.0) and choice["inner_folds_by"] == "system"
+        assert set(choice["inner_cv"]) == set(model_file("auto")["auto"]["candidates"])
+    assert "model=auto, fold0: weights" in (tmp_path / "run" / "metrics.md").read_text()

@@ -401,3 +401,16 @@ def test_bad_judges_add_input_is_one_line_exit_2_and_writes_nothing(case, judge_
         ]
     )
     one_line_exit_2(code, capsys, before, tmp_path, *where)
+
+
+def test_benchmark_bad_input_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "labels.py"), "--reps", "0", "--out", str(tmp_path / "l.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
+    assert "--reps" in done.stderr and not (tmp_path / "l.json").exists()

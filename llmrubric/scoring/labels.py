@@ -84,8 +84,8 @@ def uniform_interval(
     """``classical``, ``ppi`` or ``ppi_pp`` interval of a mean from uniformly drawn labels (ppi_py).
 
     ``labels`` and ``labelled_f``: human labels and scores of the k labelled texts;
-    ``unlabelled_f``: scores of the others. Fewer than 2 labels: NaN. Without unlabelled texts
-    every method is the classical mean."""
+    ``unlabelled_f``: scores of the others. Fewer than 2 labels: NaN. With fewer than 2 unlabelled
+    texts every method is the classical mean."""
     labels, labelled_f, unlabelled_f = (np.asarray(a, float) for a in (labels, labelled_f, unlabelled_f))
     n = len(labels)
     if n < 2:

@@ -639,7 +639,10 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
             "",
             f"k: human-labelled texts of the system (draws under active sampling); sampling: {info['sampling']}.",
         ]
-        lines += [f"- {LABEL_HEADS[m]}: {info['methods'][m]}, {level} ({info['small_sample']})" for m in methods]
+        kind = {"student": "widened to Student's t with k - 1 degrees of freedom", "normal": "normal"}[
+            info["small_sample"]
+        ]
+        lines += [f"- {LABEL_HEADS[m]}: {info['methods'][m]}; {level}, {kind}" for m in methods]
     return "\n".join(lines) + "\n"
 
 

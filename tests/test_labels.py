@@ -371,6 +371,8 @@ def test_add_judge_refuses_other_families_and_judges_without_parameters(judge_wo
         add_judge(RidgeJudge(rubric), tables, NEW)
     with pytest.raises(InputError, match="no judge-specific parameters"):
         add_judge(Calibrator.load(w / "none.safetensors"), tables, NEW)
+    with pytest.raises(InputError, match="not trained"):
+        add_judge(Calibrator(rubric), tables, NEW)
 
 
 @pytest.mark.parametrize("case", ["known_judge", "too_few", "other_rubric"])

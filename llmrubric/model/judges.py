@@ -27,6 +27,7 @@ import torch
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import Tables, source_of
+from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.cumulative import CumulativeNet
 from llmrubric.model.encoding import JudgeMap
 from llmrubric.model.network import CalibrationNet
@@ -118,10 +119,10 @@ def add_judge(
     Errors (:class:`InputError`): a model that is not a :class:`Calibrator` or has no judge-specific
     parameters, a judge the checkpoint already knows, fewer than ``min_annotations`` answers of the
     main question."""
-    from llmrubric.model.calibrator import Calibrator
-
     if not isinstance(calibrator, Calibrator):
         raise InputError(f"judges can be added to llmrubric calibrators only, not to a {type(calibrator).__name__}")
+    if not getattr(calibrator, "nets_", None):
+        raise InputError("the calibrator is not trained: fit or load it before adding a judge")
     if calibrator.pair_features is not None:
         raise InputError("judges cannot be added to a calibrator with pair features (an oracle study model)")
     kinds = judge_parameters(calibrator.nets_[0])
@@ -138,11 +139,8 @@ def add_judge(
         )
     main = calibrator.rubric.main.id
     mine = ann[(ann.judge_id == judge_id) & (ann.question_id == main)]
-    n_params = sum(
-        int(t.numel() // t.shape[axis])
-        for name, axis in kinds.items()
-        for t in [calibrator.nets_[0].state_dict()[name]]
-    )
+    state = calibrator.nets_[0].state_dict()
+    n_params = sum(state[name].numel() // state[name].shape[axis] for name, axis in kinds.items())
     if len(mine) < min_annotations:
         raise InputError(
             f"judge {judge_id!r} has {len(mine)} answers of the main question {main}; fitting its {n_params} "

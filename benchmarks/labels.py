@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/labels.py [--sets simulated_shift llm_rubric_synthetic] [--reps 500]
                                           [--llm-rubric ROOT] [--cache outputs/labels]
+                                          [--judges 6] [--draws 3] [--judge-models default paper ordinal]
 
 Intervals. Sets: ``simulated_shift`` (:func:`llmrubric.data.simulate.simulate_shift`, seed 0: 12 systems
 of 60 texts) and ``llm_rubric_synthetic`` (DS1..DS5 of the release at ``--llm-rubric``). Each system
@@ -27,9 +28,13 @@ Judge added. On ``simulated_shift``, texts split 2:1 by text into train and test
 ``--judges`` judges, a model trained without that judge gets it by ``judges add`` from k ∈ {5, 10,
 20, 50} of its annotated training texts (``--draws`` draws), and a full retrain on the same
 training annotations plus the same k gets it too; NLL of the judge's main answers on the test
-texts for both (``nll_added``, ``nll_retrain``), the add's seconds, and for reference the NLL of
+texts for both (``nll_added``, ``nll_retrain``), the add's seconds (the penalty chosen by
+cross-validation, ``conf/labels/default.yaml``; ``nll_added_delta_l2`` with the checkpoint's
+``trainer.delta_l2`` instead), and for reference the NLL of
 the judge unseen (``nll_unseen``) and after a retrain with all its training annotations
-(``nll_retrain_all``). Writes ``benchmarks/results/labels.json``.
+(``nll_retrain_all``); the model is ``conf/model/<option>.yaml`` with one network for each of
+``--judge-models`` (default: the shipped one), the first in ``judge_add``, all in
+``judge_add_by_model``. Writes ``benchmarks/results/labels.json``.
 """
 
 from __future__ import annotations
@@ -70,8 +75,9 @@ SETS = ("simulated_shift", "llm_rubric_synthetic")
 MIN_UNLABELLED = 5  # a system enters k's figures when it has at least k + 5 labelled texts
 
 
-def model_settings() -> dict:
-    return {**group("model", "default"), "ensemble": 1}
+def model_settings(option: str = "default") -> dict:
+    """``conf/model/<option>.yaml`` with one network."""
+    return {**group("model", option), "ensemble": 1}
 
 
 def load_set(name: str, args) -> tuple[Rubric, Tables]:
@@ -191,7 +197,9 @@ def nll(model, tables: Tables, rubric: Rubric) -> float:
     return float(-np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None)).mean())
 
 
-def judge_add_figures(rubric: Rubric, tables: Tables, n_judges: int, draws: int, settings: dict) -> dict:
+def judge_add_figures(
+    rubric: Rubric, tables: Tables, n_judges: int, draws: int, settings: dict, model: str = "default"
+) -> dict:
     """``{k: {nll_added, nll_retrain, seconds, ...}}`` averaged over judges and draws (module doc)."""
     train_ids, test_ids = holdout_texts(pd.Series(tables.text_ids), 1 / 3, 0)
     train, test = tables.subset(train_ids), tables.subset(test_ids)
@@ -213,23 +221,20 @@ def judge_add_figures(rubric: Rubric, tables: Tables, n_judges: int, draws: int,
         ]
         started = time.perf_counter()
         models = fit_together(
-            [Calibrator(rubric, model_settings(), trainer, 0) for _ in range(len(picks) + 2)],
+            [Calibrator(rubric, model_settings(model), trainer, 0) for _ in range(len(picks) + 2)],
             [without, train, *retrain_tables],
         )
         print(f"judge {j}: {len(models)} fits in {time.perf_counter() - started:.0f} s", flush=True)
         base, full, retrained = models[0], models[1], models[2:]
         unseen, every = nll(base, target, rubric), nll(full, target, rubric)
         for (k, d, p), again in zip(picks, retrained):
+            annotated = Tables(own[own.text_id.isin(p)], train.features)
+            args = (settings.get("min_annotations", 5),)
+            more = (tuple(settings.get("l2_grid", (0.001, 0.01, 0.1, 1.0, 10.0))), settings.get("cv_folds", 5))
             t0 = time.perf_counter()
-            added = add_judge(
-                base,
-                Tables(own[own.text_id.isin(p)], train.features),
-                j,
-                settings.get("min_annotations", 5),
-                settings.get("l2"),
-                settings.get("max_iter", 200),
-            )
+            added = add_judge(base, annotated, j, *args, settings.get("l2", "cv"), settings.get("max_iter", 200), *more)
             seconds = time.perf_counter() - t0
+            fixed = add_judge(base, annotated, j, *args, None, settings.get("max_iter", 200), *more)
             rows.append(
                 {
                     "judge": j,
@@ -238,6 +243,8 @@ def judge_add_figures(rubric: Rubric, tables: Tables, n_judges: int, draws: int,
                     "nll_added": nll(added, target, rubric),
                     "nll_retrain": nll(again, target, rubric),
                     "seconds": seconds,
+                    "l2": added.summaries_[0]["added_judges"][-1]["l2"],
+                    "nll_added_delta_l2": nll(fixed, target, rubric),
                     "nll_unseen": unseen,
                     "nll_retrain_all": every,
                 }
@@ -246,8 +253,10 @@ def judge_add_figures(rubric: Rubric, tables: Tables, n_judges: int, draws: int,
     out = {}
     for k, g in df.groupby("k"):
         out[str(k)] = {
-            c: float(g[c].mean()) for c in ("nll_added", "nll_retrain", "seconds", "nll_unseen", "nll_retrain_all")
+            c: float(g[c].mean())
+            for c in ("nll_added", "nll_retrain", "seconds", "nll_added_delta_l2", "nll_unseen", "nll_retrain_all")
         }
+        out[str(k)]["l2_median"] = float(g.l2.median())
         out[str(k)]["seconds_max"] = float(g.seconds.max())
         out[str(k)]["added_minus_retrain"] = float((g.nll_added - g.nll_retrain).mean())
         out[str(k)]["fits"] = len(g)
@@ -272,6 +281,13 @@ def run(argv: list[str] | None) -> int:
     parser.add_argument("--judges", type=int, default=6, help="judges left out of training in turn")
     parser.add_argument("--draws", type=int, default=3, help="draws of the k annotated texts per judge")
     parser.add_argument("--no-judges", action="store_true", help="skip the judge-add part")
+    parser.add_argument(
+        "--judge-models",
+        nargs="+",
+        default=["default"],
+        choices=["default", "paper", "ordinal", "combined"],
+        help="conf/model/ options of the judge-add part (the first fills judge_add, all judge_add_by_model)",
+    )
     parser.add_argument("--cache", default=str(ROOT / "outputs" / "labels"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "labels.json"))
     args = parser.parse_args(argv)
@@ -306,9 +322,13 @@ def run(argv: list[str] | None) -> int:
         print(f"k=0 shift interval: {figures['0']['shift']}; labels to match classical at 40: {match}", flush=True)
     if not args.no_judges:
         rubric, tables = load_set("simulated_shift", args)
-        report["judge_add"] = judge_add_figures(rubric, tables, args.judges, args.draws, labels_conf["judges"])
-        for k, v in report["judge_add"].items():
-            print(f"judge add k={k}: " + ", ".join(f"{c} {x:.4f}" for c, x in v.items()), flush=True)
+        report["judge_add_by_model"] = {}
+        for option in args.judge_models:
+            figures = judge_add_figures(rubric, tables, args.judges, args.draws, labels_conf["judges"], option)
+            report["judge_add_by_model"][option] = figures
+            for k, v in figures.items():
+                print(f"[{option}] judge add k={k}: " + ", ".join(f"{c} {x:.4f}" for c, x in v.items()), flush=True)
+        report["judge_add"] = report["judge_add_by_model"][args.judge_models[0]]
     report["meta"] = {
         "model": {**model_settings(), "trainer": "conf/trainer/default.yaml"},
         "reps": args.reps,

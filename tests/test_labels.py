@@ -315,6 +315,7 @@ def test_added_judge_fits_only_its_own_parameters(family, judge_world):
     q = f"p_{rubric.main.keys[0]}"
     assert np.allclose(new.predict(others)[q], old.predict(others)[q], atol=1e-6)
     fit = new.summaries_[0]["added_judges"][-1]
+    assert fit["l2"] == min(fit["l2_cv"], key=fit["l2_cv"].get) and len(fit["l2_cv"]) == 5  # chosen by CV
     assert (
         fit["nll_fitted"] < fit["nll_unseen"]
         and fit["answers"] == (tables.annotations.question_id == rubric.main.id).sum()

@@ -11,10 +11,14 @@ the shared ones (weights, standardisation, temperatures, ordinal blend) frozen:
 The new parameters start at zero, where the judge is predicted as an unseen judge (the shared
 weights alone), and minimise the mean NLL of the judge's answers to the main question under the
 member's temperature-scaled distribution (its ordinal blend, like the temperatures fitted after
-training, is applied when predicting) plus ``l2`` times their squared norm (default: the
-checkpoint's ``trainer.delta_l2``, the penalty its judges' deltas were trained with), by
-full-batch L-BFGS. Other questions keep the unseen-judge prediction wherever the
-judge's parameters do not reach them (a cumulative head's other cut points).
+training, is applied when predicting) plus ``l2`` times their squared norm, by full-batch L-BFGS.
+``l2`` is a number, None (the checkpoint's ``trainer.delta_l2``, the penalty its judges were
+trained with) or ``"cv"``: the value of ``l2_grid`` with the lowest NLL under ``cv_folds``-fold
+cross-validation over the judge's own annotated texts (first member; nothing else is looked at).
+Training fits the judges' parameters by early-stopped mini-batches among many judges; a full fit
+to a few answers needs its own penalty (the per-judge deltas, thousands of parameters, overfit
+5 answers at 0.01). Other questions keep the unseen-judge prediction wherever the judge's
+parameters do not reach them (a cumulative head's other cut points).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import copy
 import time
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -70,6 +75,31 @@ def _extended(old: CalibrationNet, new: CalibrationNet) -> tuple[CalibrationNet,
     return new.eval(), masks
 
 
+def _nll(net: CalibrationNet, x, judge, y, main: int) -> torch.Tensor:
+    """Mean NLL of the main answers ``y[:, main]`` under ``net``'s temperature-scaled distribution."""
+    logp = torch.log_softmax(net(x, judge)[:, main], dim=-1)
+    return -logp[torch.arange(len(y)), y[:, main]].mean()
+
+
+def choose_l2(make_net, old: CalibrationNet, data, main: int, grid, folds: int, max_iter: int) -> dict:
+    """``{l2: mean held-out NLL}`` of each value of ``grid``, ``folds``-fold over the texts of
+    ``data`` = (x, judge, y, text ids), each fold fitted from ``old`` (a fresh net of ``make_net()``)."""
+    x, judge, y, texts = data
+    unique = np.array(sorted(set(texts)))
+    parts = np.array_split(np.random.default_rng(0).permutation(len(unique)), min(folds, len(unique)))
+    scores = {}
+    for l2 in grid:
+        total = 0.0
+        for part in parts:
+            held = torch.from_numpy(np.isin(texts, unique[part]))
+            net, masks = _extended(old, make_net())
+            _fit(net, masks, x[~held], judge[~held], y[~held], main, float(l2), max_iter)
+            with torch.no_grad():
+                total += float(_nll(net, x[held], judge[held], y[held], main)) * int(held.sum())
+        scores[float(l2)] = total / len(texts)
+    return scores
+
+
 def _fit(net: CalibrationNet, masks: dict, x, judge, y, main: int, l2: float, max_iter: int) -> dict:
     """Fit the masked entries of ``net``'s judge parameters (everything else frozen); returns the losses."""
     params = dict(net.named_parameters())
@@ -82,11 +112,9 @@ def _fit(net: CalibrationNet, masks: dict, x, judge, y, main: int, l2: float, ma
         hooks.append(p.register_hook(lambda g, mask=mask: g * mask))
         trainable.append(p)
     optimizer = torch.optim.LBFGS(trainable, lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
-    target = y[:, main]
 
     def nll() -> torch.Tensor:
-        logp = torch.log_softmax(net(x, judge)[:, main], dim=-1)
-        return -logp[torch.arange(len(target)), target].mean()
+        return _nll(net, x, judge, y, main)
 
     def closure():
         optimizer.zero_grad()
@@ -110,8 +138,10 @@ def add_judge(
     tables: Tables,
     judge_id: str,
     min_annotations: int = 5,
-    l2: float | None = None,
+    l2: float | str | None = "cv",
     max_iter: int = 200,
+    l2_grid: tuple = (0.001, 0.01, 0.1, 1.0, 10.0),
+    cv_folds: int = 5,
 ):
     """A copy of ``calibrator`` that knows judge ``judge_id``, fitted from that judge's annotations in
     ``tables`` (with the features of the annotated texts); see the module doc.
@@ -148,22 +178,29 @@ def add_judge(
             file=src,
             column="judge_id",
         )
-    l2 = calibrator.trainer.delta_l2 if l2 is None else float(l2)
+    if l2 is not None and l2 != "cv" and not isinstance(l2, (int, float)):
+        raise InputError(f"{l2!r} is not a number, null or cv", setting="judges.l2")
     started = time.perf_counter()
     new = copy.copy(calibrator)
     new.judges_ = JudgeMap((*calibrator.judges_.judges, judge_id))
     data = new.encode(Tables(mine, tables.features, tables.texts))
     rows = (data.y[:, calibrator.rubric.ids.index(main)] >= 0).nonzero().squeeze(1)
     x, judge, y = data.x[rows], data.judge[rows], data.y[rows]
-    nets, fits = [], []
+    main_index = calibrator.rubric.ids.index(main)
+    nets, fits, cv = [], [], None
     with one_thread():
+        if l2 == "cv":
+            texts = data.pairs.text_id.to_numpy()[rows.numpy()]
+            cv = choose_l2(new._net, calibrator.nets_[0], (x, judge, y, texts), main_index, l2_grid, cv_folds, max_iter)
+            l2 = min(cv, key=cv.get)
+        l2 = calibrator.trainer.delta_l2 if l2 is None else float(l2)
         for old in calibrator.nets_:
             net, masks = _extended(old, new._net())
-            fits.append(_fit(net, masks, x, judge, y, calibrator.rubric.ids.index(main), l2, max_iter))
+            fits.append(_fit(net, masks, x, judge, y, main_index, l2, max_iter))
             nets.append(net.eval())
     seconds = time.perf_counter() - started
     new.nets_ = nets
-    record = {"judge": judge_id, "answers": int(len(rows)), "l2": l2, "seconds": seconds}
+    record = {"judge": judge_id, "answers": int(len(rows)), "l2": l2, "l2_cv": cv, "seconds": seconds}
     new.summaries_ = [
         {**s, "added_judges": [*s.get("added_judges", []), {**record, **fit}]}
         for s, fit in zip(calibrator.summaries_ or [{}] * len(nets), fits)

@@ -50,7 +50,7 @@ def register(subparsers) -> None:
     a.add_argument("--texts", help="texts table of the annotated texts")
     a.add_argument("--config", help="settings YAML (default: conf/labels/default.yaml)")
     a.add_argument("--min-annotations", dest="min_annotations", type=int)
-    a.add_argument("--l2", type=float)
+    a.add_argument("--l2", help="L2 on the new judge's parameters: a number, or cv (see conf/labels/default.yaml)")
     a.set_defaults(run=run_add_judge)
 
 
@@ -109,8 +109,13 @@ def run_add_judge(args) -> int:
         load_settings(args.config, CONF / "labels" / "default.yaml").get("judges", {}), args, ["min_annotations", "l2"]
     )
     min_annotations = check_range("--min-annotations", settings.get("min_annotations", 5), 1, integer=True)
-    l2 = settings.get("l2")
-    l2 = None if l2 is None else check_range("--l2", l2, 0)
+    l2 = settings.get("l2", "cv")
+    l2 = l2 if l2 in (None, "cv") else check_range("--l2", l2, 0)
+    grid = settings.get("l2_grid", [0.001, 0.01, 0.1, 1.0, 10.0])
+    if not isinstance(grid, list) or not grid:
+        raise InputError(f"{grid!r} is not a list of numbers", setting="judges.l2_grid")
+    grid = [check_range("judges.l2_grid", value, 0) for value in grid]
+    cv_folds = check_range("judges.cv_folds", settings.get("cv_folds", 5), 2, integer=True)
     max_iter = check_range("judges.max_iter", settings.get("max_iter", 200), 1, integer=True)
     out = Path(args.out)
     check_outputs(
@@ -128,8 +133,8 @@ def run_add_judge(args) -> int:
     judge = annotated_judge(annotations, args.judge)
     features = validate_features(read_table(args.features, "features"), model.rubric)
     texts = read_table(args.texts, "texts") if args.texts else None
-    new = add_judge(model, Tables(annotations, features, texts), judge, min_annotations, l2, max_iter)
+    new = add_judge(model, Tables(annotations, features, texts), judge, min_annotations, l2, max_iter, grid, cv_folds)
     new.save(out)
     record = new.summaries_[0]["added_judges"][-1]
-    print(json.dumps({"out": str(out), "judge": judge, "answers": record["answers"], "seconds": record["seconds"]}))
+    print(json.dumps({"out": str(out), "judge": judge, **{k: record[k] for k in ("answers", "l2", "seconds")}}))
     return 0

@@ -19,8 +19,9 @@ no width (ppi_py's weighted interval uses the uncentred w·(Y − λf), which ch
 λ rule assumes unweighted samples): this estimator is therefore written here, with the λ ∈ [0, 1]
 that minimises that variance. With uniform q it equals ppi_py's ``ppi_mean_ci`` over all N texts
 (a test checks it).
-Labels may arrive in rounds, each drawn with its own probabilities: every draw is an
-independent unbiased term, so the draws of all rounds are pooled.
+Labels may arrive in rounds, each drawn with its own probabilities: each draw's weighted terms
+w·(Y − λf) and w have the same expectations (the system's mean residual, and 1) whatever its
+round's q, so the draws of all rounds are pooled.
 
 Every interval is normal (z) with the library's variance convention (ddof 0); ``small_sample:
 student`` widens each by t_{k−1}/z · sqrt(k/(k−1)) (Student's interval with Bessel's correction),

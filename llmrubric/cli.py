@@ -5,6 +5,8 @@ llmrubric models fetch
 llmrubric extract features | bank | summaries
 llmrubric score texts
 llmrubric leaderboard build | correlate
+llmrubric label suggest
+llmrubric judges add
 llmrubric ir qrels | trec-eval | nuggets | grounded-qa
 llmrubric schema show
 llmrubric train | evaluate [key=value ...]   (the Hydra apps behind train.py and evaluate.py)
@@ -25,6 +27,7 @@ COMMAND_MODULES = (
     "llmrubric.extract.models_cli",
     "llmrubric.extract.cli",
     "llmrubric.scoring.cli",
+    "llmrubric.scoring.labels_cli",
     "llmrubric.ir.cli",
     "llmrubric.training.cli",
     "llmrubric.evaluation.cli",

@@ -16,6 +16,8 @@ GRAMMAR = {
     "extract": ["features", "bank", "summaries"],
     "score": ["texts"],
     "leaderboard": ["build", "correlate"],
+    "label": ["suggest"],
+    "judges": ["add"],
     "ir": ["qrels", "trec-eval", "nuggets", "grounded-qa"],
     "schema": ["show"],
 }

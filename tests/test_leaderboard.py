@@ -83,22 +83,16 @@ def test_paired_comparison_by_query_and_holm(small):
     assert np.allclose(lb.holm([0.01, 0.04, 0.03]), [0.03, 0.06, 0.06])
 
 
-def test_prediction_powered_estimate_by_hand():
-    out = lb.ppi_mean(np.array([3.0, 4.0]), np.array([2.0, 3.0, 4.0]), np.array([3.0, 3.0, 5.0]))
-    assert out["ppi"] == pytest.approx(3.5 + 2 / 3)
-    half = 1.959964 * math.sqrt(0.5 / 2 + (1 / 3) / 3)
-    assert out["ppi_low"] == pytest.approx(out["ppi"] - half, abs=1e-5) and out["ppi_high"] == pytest.approx(
-        out["ppi"] + half, abs=1e-5
-    )
-    classical = lb.ppi_mean(np.array([]), np.array([1.0, 2.0]), np.array([2.0, 4.0]))
-    assert classical["ppi"] == 3.0 and classical["unlabelled"] == 0
-
-
-def test_ppi_column_in_the_leaderboard(small):
+def test_label_columns_in_the_leaderboard(small):
     labels = pd.Series({"a1": 4.0, "b1": 1.0, "b2": 1.0})
-    board = lb.build(small, Q, n_boot=20, labels=labels).board.set_index("system")
+    res = lb.build(small, Q, n_boot=20, labels=labels)
+    board = res.board.set_index("system")
     assert math.isnan(board.at["A", "ppi"]) and board.at["A", "labelled"] == 1  # one label: no interval, no estimate
-    assert board.at["B", "ppi"] == pytest.approx(1.0) and board.at["B", "unlabelled"] == 0
+    assert board.at["B", "ppi_pp"] == pytest.approx(1.0) and board.at["B", "unlabelled"] == 0  # all labelled: classical
+    assert res.settings["label_intervals"]["k"] == {"A": 1, "B": 2}
+    assert "uniform" in res.settings["label_intervals"]["sampling"]
+    text = lb.markdown(res.board, "t", res.settings)
+    assert "| k | classical [interval] | PPI [interval] | PPI++ [interval] |" in text and "- PPI++: power-tuned" in text
 
 
 def test_rank_correlation_with_ties_and_missing_systems():

@@ -13,8 +13,8 @@ the K other systems, the interval is ``estimate ± t_{K, 1-α/2} · sqrt(mean e_
 ``llmrubric leaderboard build --shift-errors``. :func:`system_metrics` sums up a run whose folds are
 whole systems (RMS error, Kendall τ-b within held-out groups and overall, shift-interval coverage),
 as ``llmrubric evaluate`` writes it to ``metrics.json``. :func:`ppi_intervals` instead corrects the estimate with k
-human labels of the new system (prediction-powered inference, :func:`llmrubric.scoring.leaderboard.ppi_mean`),
-averaged over random draws of the k labelled pairs.
+human labels of the new system (prediction-powered inference through ``ppi_py``,
+:func:`llmrubric.scoring.labels.uniform_interval`), averaged over random draws of the k labelled pairs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from llmrubric.evaluation.metrics import align
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Question
 from llmrubric.io.schemas import source_of
-from llmrubric.scoring.leaderboard import ppi_mean, rank_correlation, rms, shift_half_width
+from llmrubric.scoring.labels import uniform_interval
+from llmrubric.scoring.leaderboard import rank_correlation, rms, shift_half_width
 
 
 def pair_scores(
@@ -81,9 +82,18 @@ def shift_intervals(means: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     return means.assign(low=means.predicted - half, high=means.predicted + half)
 
 
-def ppi_intervals(pairs: pd.DataFrame, k: int, draws: int = 50, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
-    """Per system and draw: the PPI estimate of the human mean from ``k`` randomly labelled pairs of
-    the system plus the predictions of the others (``estimate, low, high, human``)."""
+def ppi_intervals(
+    pairs: pd.DataFrame,
+    k: int,
+    draws: int = 50,
+    seed: int = 0,
+    alpha: float = 0.05,
+    method: str = "ppi",
+    small_sample: str = "normal",
+) -> pd.DataFrame:
+    """Per system and draw: the ``method`` (classical, ppi, ppi_pp) estimate of the human mean from
+    ``k`` randomly labelled pairs of the system plus the predictions of the others (``estimate, low,
+    high, human``)."""
     rows = []
     rng = np.random.default_rng(seed)
     for system, part in pairs.groupby("system_id"):
@@ -95,14 +105,14 @@ def ppi_intervals(pairs: pd.DataFrame, k: int, draws: int = 50, seed: int = 0, a
             labelled = np.zeros(len(part), dtype=bool)
             labelled[rng.choice(len(part), k, replace=False)] = True
             y, yhat = part.y.to_numpy(), part.yhat.to_numpy()
-            est = ppi_mean(yhat[~labelled], yhat[labelled], y[labelled], alpha)
+            est = uniform_interval(method, y[labelled], yhat[labelled], yhat[~labelled], alpha, small_sample)
             rows.append(
                 {
                     "system_id": system,
                     "draw": d,
-                    "estimate": est["ppi"],
-                    "low": est["ppi_low"],
-                    "high": est["ppi_high"],
+                    "estimate": est["estimate"],
+                    "low": est["low"],
+                    "high": est["high"],
                     "human": y.mean(),
                 }
             )

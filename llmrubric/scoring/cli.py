@@ -65,7 +65,12 @@ def register(subparsers) -> None:
     b.add_argument("--rubric", help="rubric YAML of the predictions (default: conf/rubric/llm_rubric.yaml)")
     b.add_argument("--texts", help="texts table with system_id (and query_id to pair systems by query)")
     b.add_argument(
-        "--annotations", help="human annotations: adds the human leaderboard, its rank correlation and the PPI estimate"
+        "--annotations",
+        help="human annotations: adds the human leaderboard, its rank correlation and classical, PPI and PPI++ intervals",
+    )
+    b.add_argument(
+        "--sampling",
+        help="sampling-probability file of `llmrubric label suggest` the annotated texts were drawn by: active PPI++ intervals",
     )
     b.add_argument("--reference", help="reference leaderboard file (system, score) to rank-correlate with")
     b.add_argument(
@@ -135,6 +140,7 @@ def run_leaderboard(args) -> int:
     from llmrubric.io.rubric import Rubric
     from llmrubric.io.schemas import read_table, validate_annotations
     from llmrubric.scoring import leaderboard as lb
+    from llmrubric.scoring.labels import read_sampling
 
     settings = load_settings(args.config, CONF / "scoring" / "default.yaml")
     board_settings = with_flags(
@@ -167,16 +173,35 @@ def run_leaderboard(args) -> int:
             "--annotations": args.annotations,
             "--reference": args.reference,
             "--shift-errors": args.shift_errors,
+            "--sampling": args.sampling,
             "--config": args.config,
             "--rubric": args.rubric,
         },
     )
+    small_sample = board_settings.get("small_sample", "student")
+    if small_sample not in ("student", "normal"):
+        raise InputError(f"{small_sample!r} is not student or normal", setting="leaderboard.small_sample")
+    if args.sampling and not args.annotations:
+        raise InputError("--sampling needs the labels of the drawn texts (--annotations)", setting="--sampling")
     shift_errors = lb.read_shift_errors(args.shift_errors) if args.shift_errors else None
     predictions = lb.read_predictions(args.predictions)
     texts = read_table(args.texts, "texts") if args.texts else None
     annotations = (
         validate_annotations(read_table(args.annotations, "annotations"), rubric) if args.annotations else None
     )
+    labels = draws = None
+    if annotations is not None:
+        systems, _ = lb.system_data(predictions, question, texts, judges)
+        lb.check_labelled_texts(systems, annotations, question)
+        if args.sampling:
+            draws = lb.check_sampling(
+                read_sampling(args.sampling),
+                systems,
+                lb.human_labels_by_round(annotations, question),
+                str(args.annotations),
+            )
+        else:
+            labels = lb.human_labels(annotations, question)
     result = lb.build(
         predictions,
         question,
@@ -186,9 +211,12 @@ def run_leaderboard(args) -> int:
         seed=seed,
         alpha=alpha,
         sample_answers=bool(board_settings.get("sample_answers", True)),
-        labels=lb.human_labels(annotations, question) if annotations is not None else None,
+        labels=labels,
         band_replicates=band_replicates,
         shift_errors=shift_errors,
+        draws=draws,
+        small_sample=small_sample,
+        sampling_rule=f"active, drawn by {args.sampling} (inverse-probability weighted)" if args.sampling else None,
     )
     scores = result.board.set_index("system").score
     extra: dict = {}
@@ -202,7 +230,7 @@ def run_leaderboard(args) -> int:
             scores, lb.read_leaderboard(args.reference), missing, str(args.predictions), str(args.reference)
         )
     paths = lb.write(result, args.out_dir, plot=not args.no_plot, extra=extra)
-    print(lb.markdown(result.board, f"{question.id} leaderboard"))
+    print(lb.markdown(result.board, f"{question.id} leaderboard", result.settings))
     for name, corr in extra.items():
         print(f"{name}: Spearman {corr['spearman']:.3f}, Kendall {corr['kendall']:.3f} over {corr['systems']} systems")
     print("written: " + ", ".join(str(p) for p in paths.values()))

@@ -8,8 +8,10 @@ differences are paired by judge), resamples each system's texts, and replaces ea
 give intervals on differences between systems and the density bands of the plot.
 
 Also: paired tests between systems (by ``query_id`` where texts share queries, else
-unpaired), the prediction-powered estimate (PPI, Angelopoulos et al. 2023) when some
-texts have human labels, rank correlations between leaderboards, and shift intervals that
+unpaired), classical, PPI and PPI++ intervals of system means and of their differences when
+some texts have human labels (:mod:`llmrubric.scoring.labels`, through ``ppi_py``; active
+PPI++ when the labelled texts were drawn by ``llmrubric label suggest``), rank correlations
+between leaderboards, and shift intervals that
 widen each score by the errors a leave-one-system-out run measured on held-out systems
 (:func:`shift_half_width`, :mod:`llmrubric.evaluation.transfer`).
 """
@@ -333,40 +335,145 @@ def human_leaderboard(annotations: pd.DataFrame, question: Question, texts: pd.D
     return values.groupby(systems.to_numpy()).mean().rename_axis("system")
 
 
-def ppi_mean(predicted: np.ndarray, labelled_predicted: np.ndarray, labels: np.ndarray, alpha: float = 0.05) -> dict:
-    """Prediction-powered estimate of a mean (Angelopoulos et al. 2023).
-
-    θ̂ = mean f(unlabelled) + mean (Y − f(labelled)), with the normal interval from
-    var f / N + var(Y − f) / n. ``predicted``: f on the N unlabelled texts. Without
-    unlabelled texts it is the classical mean of Y.
-    """
-    n, big_n = len(labels), len(predicted)
-    if n < 2:
-        return {"ppi": math.nan, "ppi_low": math.nan, "ppi_high": math.nan, "labelled": n, "unlabelled": big_n}
-    rect = labels - labelled_predicted
-    if big_n == 0:
-        est, var = float(labels.mean()), float(labels.var(ddof=1) / n)
-    else:
-        est = float(predicted.mean() + rect.mean())
-        var = float((predicted.var(ddof=1) if big_n > 1 else 0.0) / big_n + rect.var(ddof=1) / n)
-    z = stats.norm.ppf(1 - alpha / 2)
-    half = z * math.sqrt(var)
-    return {"ppi": est, "ppi_low": est - half, "ppi_high": est + half, "labelled": n, "unlabelled": big_n}
+def human_labels_by_round(annotations: pd.DataFrame, question: Question) -> pd.DataFrame:
+    """One row per labelled (text, round) of ``question``: ``text_id, round, label`` (mean human
+    answer as the option value) and ``row``, the annotations file row of its first answer."""
+    ann = annotations[annotations.question_id == question.id]
+    rounds = ann["round"].astype(str) if "round" in ann.columns else pd.Series("1", index=ann.index)
+    values = ann.answer.map({k: v for k, v in zip(question.keys, question.values)}).astype(float)
+    frame = pd.DataFrame({"text_id": ann.text_id.to_numpy(), "round": rounds.to_numpy(), "label": values.to_numpy()})
+    frame["row"] = ann.index.to_numpy()
+    return frame.groupby(["text_id", "round"], as_index=False, sort=True).agg(
+        label=("label", "mean"), row=("row", "min")
+    )
 
 
-def ppi_leaderboard(systems: list[SystemData], labels: pd.Series, alpha: float = 0.05) -> pd.DataFrame:
-    """Per system: PPI estimate and interval from judge-free scores corrected by ``labels`` (text id → human mean)."""
+def check_labelled_texts(systems: list[SystemData], annotations: pd.DataFrame, question: Question) -> None:
+    """Every annotated text of ``question`` must have predictions, else an error naming its annotations row."""
+    known = {t for s in systems for t in s.text_ids}
+    ann = annotations[annotations.question_id == question.id]
+    unknown = ~ann.text_id.isin(known)
+    if unknown.any():
+        row = ann.index[unknown.to_numpy().argmax()]
+        raise InputError(
+            f"text {ann.at[row, 'text_id']!r} has human labels but no predictions of {question.id}",
+            file=source_of(annotations),
+            row=int(row),
+            column="text_id",
+        )
+
+
+def check_sampling(
+    sampling: pd.DataFrame, systems: list[SystemData], labelled: pd.DataFrame, src_labels: str
+) -> pd.DataFrame:
+    """The draws of a sampling-probability file (:func:`llmrubric.scoring.labels.read_sampling`) matched
+    with the ``labelled`` (text, round) pairs: one row per drawn (text, round) with ``system, prob, draws, label``.
+
+    Errors (naming file, row and column): a text not in the predictions, a system's probabilities of a
+    round that do not cover its texts or do not sum to 1, a labelled text not drawn or with probability 0,
+    a drawn text without labels."""
+    src = source_of(sampling)
+    system_of = {t: s.system for s in systems for t in s.text_ids}
+    counts = {s.system: len(s.text_ids) for s in systems}
+    unknown = ~sampling.text_id.isin(system_of.keys())
+    if unknown.any():
+        row = sampling.index[unknown.to_numpy().argmax()]
+        raise InputError(
+            f"text {sampling.at[row, 'text_id']!r} has no predictions", file=src, row=int(row), column="text_id"
+        )
+    sampling = sampling.assign(system=sampling.text_id.map(system_of))
+    for (system, rnd), part in sampling.groupby(["system", "round"], sort=True):
+        if len(part) != counts[system] or abs(part.prob.sum() - 1) > SUM_TOLERANCE:
+            raise InputError(
+                f"the probabilities of system {system!r} in round {rnd!r} cover {len(part)} of its {counts[system]} texts "
+                f"and sum to {part.prob.sum():.6f}; they must cover every text and sum to 1",
+                file=src,
+                row=int(part.index[0]),
+                column="prob",
+            )
+    merged = labelled.merge(
+        sampling.reset_index(names="sampling_row"), on=["text_id", "round"], how="outer", indicator=True
+    )
+    not_drawn = (merged._merge == "left_only") | ((merged._merge == "both") & (merged.draws.fillna(0) == 0))
+    if not_drawn.any():
+        r = merged[not_drawn].iloc[0]
+        raise InputError(
+            f"text {r.text_id!r} has labels in round {r['round']!r} but was not drawn in that round of the sampling file",
+            file=src_labels,
+            row=int(r.row),
+            column="text_id",
+        )
+    zero = (merged._merge == "both") & (merged.prob <= 0)
+    if zero.any():
+        r = merged[zero].iloc[0]
+        raise InputError(
+            f"labelled text {r.text_id!r} has sampling probability 0", file=src, row=int(r.sampling_row), column="prob"
+        )
+    unlabelled = (merged._merge == "right_only") & (merged.draws > 0)
+    if unlabelled.any():
+        r = merged[unlabelled].iloc[0]
+        raise InputError(
+            f"text {r.text_id!r} was drawn in round {r['round']!r} but has no labels in {src_labels}",
+            file=src,
+            row=int(r.sampling_row),
+            column="draws",
+        )
+    drawn = merged[merged._merge == "both"]
+    return drawn[["text_id", "round", "system", "prob", "draws", "label"]].reset_index(drop=True)
+
+
+def label_intervals(
+    systems: list[SystemData],
+    labels: pd.Series | None = None,
+    draws: pd.DataFrame | None = None,
+    alpha: float = 0.05,
+    small_sample: str = "student",
+) -> pd.DataFrame:
+    """Per system: ``labelled`` (k), ``unlabelled`` and each method's estimate and interval
+    (``<method>, <method>_low, <method>_high``, :mod:`llmrubric.scoring.labels`).
+
+    ``labels`` (text id → human mean, drawn uniformly): ``classical``, ``ppi`` and ``ppi_pp``;
+    ``draws`` (from :func:`check_sampling`, drawn actively): ``active_ppi_pp``. Fewer than 2 labels: NaN."""
+    from llmrubric.scoring import labels as lab
+
     rows = []
     for s in systems:
         f = pd.Series(s.text_scores(), index=s.text_ids)
-        has = f.index.isin(labels.index)
-        rows.append(
-            {
-                "system": s.system,
-                **ppi_mean(f[~has].to_numpy(), f[has].to_numpy(), labels.reindex(f.index[has]).to_numpy(), alpha),
-            }
-        )
+        row = {"system": s.system}
+        if draws is None:
+            has = f.index.isin(labels.index)
+            y, fl, fu = labels.reindex(f.index[has]).to_numpy(), f[has].to_numpy(), f[~has].to_numpy()
+            row.update(labelled=int(has.sum()), unlabelled=int((~has).sum()))
+            for method in lab.UNIFORM:
+                out = lab.uniform_interval(method, y, fl, fu, alpha, small_sample)
+                row.update({method: out["estimate"], f"{method}_low": out["low"], f"{method}_high": out["high"]})
+        else:
+            mine = draws[draws.system == s.system]
+            times = mine.draws.to_numpy(int)
+            y, q = np.repeat(mine.label.to_numpy(float), times), np.repeat(mine.prob.to_numpy(float), times)
+            fl = np.repeat(f.reindex(mine.text_id).to_numpy(), times)
+            out = lab.active_ppi_pp(y, fl, q, f.to_numpy(), alpha, small_sample=small_sample)
+            row.update(labelled=int(times.sum()), unlabelled=len(f))
+            row.update(active_ppi_pp=out["estimate"], active_ppi_pp_low=out["low"], active_ppi_pp_high=out["high"])
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+def label_differences(board: pd.DataFrame, comparisons: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """``comparisons`` with ``<method>_diff, _low, _high`` for each label method of ``board``: the
+    difference of the two systems' estimates, its interval from the sum of their variances (the
+    systems' texts are labelled independently; each variance read off its interval)."""
+    from llmrubric.scoring.labels import METHODS
+
+    z = stats.norm.ppf(1 - alpha / 2)
+    by = board.set_index("system")
+    out = comparisons.copy()
+    for method in [m for m in METHODS if m in board.columns]:
+        se = (by[f"{method}_high"] - by[f"{method}_low"]) / (2 * z)
+        a, b = out.system_a.map(by[method]), out.system_b.map(by[method])
+        half = z * np.sqrt(out.system_a.map(se) ** 2 + out.system_b.map(se) ** 2)
+        out[f"{method}_diff"], out[f"{method}_diff_low"], out[f"{method}_diff_high"] = a - b, a - b - half, a - b + half
+    return out
 
 
 def rank_correlation(a: pd.Series, b: pd.Series, missing: str = "error", name_a: str = "a", name_b: str = "b") -> dict:
@@ -494,22 +601,48 @@ def with_shift_interval(board: pd.DataFrame, errors: pd.Series, alpha: float = 0
     return board.assign(shift_low=board.score - half, shift_high=board.score + half)
 
 
-def markdown(board: pd.DataFrame, title: str = "") -> str:
-    """A markdown leaderboard table."""
-    extra = [c for c in ("shift_low", "ppi", "ppi_low", "ppi_high", "human") if c in board.columns]
-    head = ["rank", "system", "score", "95% interval", "texts"] + [
-        {"shift_low": "shift interval"}.get(c, c) for c in extra if c not in ("ppi_low", "ppi_high")
-    ]
+LABEL_HEADS = {"classical": "classical", "ppi": "PPI", "ppi_pp": "PPI++", "active_ppi_pp": "active PPI++"}
+
+
+def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None) -> str:
+    """A markdown leaderboard table; with label intervals, a ``k`` column and a legend that says what
+    each interval column is and how its labels were sampled (``settings["label_intervals"]``)."""
+    from llmrubric.scoring.labels import METHODS
+
+    methods = [m for m in METHODS if m in board.columns]
+    extra = [c for c in ("shift_low", "human") if c in board.columns]
+    head = ["rank", "system", "score", "95% interval", "texts"]
+    head += ["shift interval"] if "shift_low" in extra else []
+    head += (["k"] if methods else []) + [f"{LABEL_HEADS[m]} [interval]" for m in methods]
+    head += ["human"] if "human" in extra else []
     lines = ([f"### {title}", ""] if title else []) + ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for r in board.itertuples():
-        cells = [f"{r.rank:g}", str(r.system), f"{r.score:.3f}", f"[{r.low:.3f}, {r.high:.3f}]", str(r.texts)]
+    for r in board.to_dict("records"):
+        cells = [
+            f"{r['rank']:g}",
+            str(r["system"]),
+            f"{r['score']:.3f}",
+            f"[{r['low']:.3f}, {r['high']:.3f}]",
+            str(r["texts"]),
+        ]
         if "shift_low" in extra:
-            cells.append(f"[{r.shift_low:.3f}, {r.shift_high:.3f}]")
-        if "ppi" in extra:
-            cells.append(f"{r.ppi:.3f} [{r.ppi_low:.3f}, {r.ppi_high:.3f}]")
+            cells.append(f"[{r['shift_low']:.3f}, {r['shift_high']:.3f}]")
+        if methods:
+            cells.append(str(r["labelled"]))
+        cells += [f"{r[m]:.3f} [{r[m + '_low']:.3f}, {r[m + '_high']:.3f}]" for m in methods]
         if "human" in extra:
-            cells.append(f"{r.human:.3f}")
+            cells.append(f"{r['human']:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
+    info = (settings or {}).get("label_intervals")
+    if info:
+        level = f"{100 * (1 - info['alpha']):g} %"
+        lines += [
+            "",
+            f"k: human-labelled texts of the system (draws under active sampling); sampling: {info['sampling']}.",
+        ]
+        kind = {"student": "widened to Student's t with k - 1 degrees of freedom", "normal": "normal"}[
+            info["small_sample"]
+        ]
+        lines += [f"- {LABEL_HEADS[m]}: {info['methods'][m]}; {level}, {kind}" for m in methods]
     return "\n".join(lines) + "\n"
 
 
@@ -534,14 +667,34 @@ def build(
     labels: pd.Series | None = None,
     band_replicates: int = 200,
     shift_errors: pd.Series | None = None,
+    draws: pd.DataFrame | None = None,
+    small_sample: str = "student",
+    sampling_rule: str | None = None,
 ) -> LeaderboardResult:
-    """Leaderboard, pairwise comparisons, (with human ``labels``) PPI columns and (with
-    ``shift_errors``, :func:`read_shift_errors`) shift intervals of one question."""
+    """Leaderboard, pairwise comparisons, label intervals (:func:`label_intervals`: with human
+    ``labels`` drawn uniformly, or the ``draws`` of active sampling, :func:`check_sampling`) and
+    (with ``shift_errors``, :func:`read_shift_errors`) shift intervals of one question."""
+    from llmrubric.scoring.labels import DESCRIPTIONS
+
     systems, judges = system_data(predictions, question, texts, judges)
     boot = bootstrap(systems, n_boot, seed, sample_answers, keep_text_scores=band_replicates)
     board = leaderboard(systems, boot, alpha)
-    if labels is not None:
-        board = board.merge(ppi_leaderboard(systems, labels, alpha), on="system", how="left")
+    comparisons = compare_systems(systems, boot, alpha)
+    label_settings = {}
+    if labels is not None or draws is not None:
+        board = board.merge(label_intervals(systems, labels, draws, alpha, small_sample), on="system", how="left")
+        comparisons = label_differences(board, comparisons, alpha) if len(comparisons) else comparisons
+        methods = ["active_ppi_pp"] if draws is not None else ["classical", "ppi", "ppi_pp"]
+        label_settings = {
+            "label_intervals": {
+                "methods": {m: DESCRIPTIONS[m] for m in methods},
+                "sampling": sampling_rule
+                or ("uniform at random (assumed)" if draws is None else "active, inverse-probability weighted"),
+                "k": dict(zip(board.system, board.labelled.astype(int))),
+                "alpha": alpha,
+                "small_sample": small_sample,
+            }
+        }
     if shift_errors is not None:
         board = with_shift_interval(board, shift_errors, alpha)
     settings = {
@@ -556,8 +709,9 @@ def build(
             if shift_errors is not None
             else {}
         ),
+        **label_settings,
     }
-    return LeaderboardResult(board, compare_systems(systems, boot, alpha), boot, systems, settings)
+    return LeaderboardResult(board, comparisons, boot, systems, settings)
 
 
 def write(
@@ -578,7 +732,7 @@ def write(
             },
             out_dir / "leaderboard.json",
         ),
-        "md": write_text(markdown(result.board, title), out_dir / "leaderboard.md"),
+        "md": write_text(markdown(result.board, title, result.settings), out_dir / "leaderboard.md"),
     }
     if plot:
         paths["plot"] = density_plot(result.systems, result.boot, out_dir / "density.png", title)

@@ -1,0 +1,350 @@
+"""Few human labels of a new system, and a new judge from a few annotations (issue 26).
+
+    .venv/bin/python benchmarks/labels.py [--sets simulated_shift llm_rubric_synthetic] [--reps 500]
+                                          [--llm-rubric ROOT] [--cache outputs/labels]
+                                          [--judges 6] [--draws 3] [--judge-models default paper ordinal]
+
+Intervals. Sets: ``simulated_shift`` (:func:`llmrubric.data.simulate.simulate_shift`, seed 0: 12 systems
+of 60 texts) and ``llm_rubric_synthetic`` (DS1..DS5 of the release at ``--llm-rubric``). Each system
+is held out in turn and scored by a calibrator trained on the others: the shipped default
+(``conf/model/default.yaml``, ``conf/trainer/default.yaml``) but with ``ensemble=1`` (one network, to
+keep the 17 fits within minutes; they are cached in ``--cache``). A text's score f is the mean over
+the model's judges of the expected main answer, its uncertainty the square root of their mean
+predicted variance, its human label the mean of its human answers; the truth is the system's
+mean label over all its texts. For k ∈ {5, 10, 20, 40} labelled texts, ``--reps`` repetitions per
+system with at least k + 5 annotated texts (on the release DS4 and DS5 have 41 and 34, so k = 40
+is over DS1..DS3): ``classical``, ``ppi``, ``ppi_pp`` with k texts drawn uniformly without replacement, and
+``active_ppi_pp`` with k draws by ``llmrubric label suggest``'s probabilities (floor from
+``conf/labels/default.yaml``), all as ``llmrubric leaderboard build`` computes them
+(:mod:`llmrubric.scoring.labels`, ``small_sample`` from ``conf/scoring/default.yaml``). Coverage of
+the truth and mean width over systems and repetitions; k = 0 holds the leave-one-system-out shift
+interval (score ± t·RMS of the other systems' errors), the leaderboard's interval without labels.
+``labels_to_match_classical_at_40``: the fewest labels (k = 2..40) at which a method's mean width
+is at most the classical interval's at k = 40, over the systems with at least 45 texts, beside
+``imputed_width_floor``: the width 2·z·sd(f)/√N that the term var f / N of the prediction-powered
+variance alone gives, whatever the number of labels.
+
+Judge added. On ``simulated_shift``, texts split 2:1 by text into train and test; for each of
+``--judges`` judges, a model trained without that judge gets it by ``judges add`` from k ∈ {5, 10,
+20, 50} of its annotated training texts (``--draws`` draws), and a full retrain on the same
+training annotations plus the same k gets it too; NLL of the judge's main answers on the test
+texts for both (``nll_added``, ``nll_retrain``), the add's seconds (the penalty chosen by
+cross-validation, ``conf/labels/default.yaml``; ``nll_added_delta_l2`` with the checkpoint's
+``trainer.delta_l2`` instead), and for reference the NLL of
+the judge unseen (``nll_unseen``) and after a retrain with all its training annotations
+(``nll_retrain_all``); the model is ``conf/model/<option>.yaml`` with one network for each of
+``--judge-models`` (default: the shipped one), the first in ``judge_add``, all in
+``judge_add_by_model``. Writes ``benchmarks/results/labels.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from llmrubric.config import group, load_file  # noqa: E402
+from llmrubric.data import llm_rubric  # noqa: E402
+from llmrubric.data.simulate import simulate_shift  # noqa: E402
+from llmrubric.evaluation.metrics import align  # noqa: E402
+from llmrubric.io.errors import InputError  # noqa: E402
+from llmrubric.io.predictions import probabilities  # noqa: E402
+from llmrubric.io.rubric import Rubric  # noqa: E402
+from llmrubric.io.schemas import Tables, read_table, write_json, write_table  # noqa: E402
+from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
+from llmrubric.model.judges import add_judge  # noqa: E402
+from llmrubric.scoring import labels as lab  # noqa: E402
+from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
+from llmrubric.training.splits import holdout_texts, system_folds  # noqa: E402
+
+KS = (0, 5, 10, 20, 40)
+JUDGE_KS = (5, 10, 20, 50)
+SETS = ("simulated_shift", "llm_rubric_synthetic")
+MIN_UNLABELLED = 5  # a system enters k's figures when it has at least k + 5 labelled texts
+
+
+def model_settings(option: str = "default") -> dict:
+    """``conf/model/<option>.yaml`` with one network."""
+    return {**group("model", option), "ensemble": 1}
+
+
+def load_set(name: str, args) -> tuple[Rubric, Tables]:
+    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
+    if name == "simulated_shift":
+        return rubric, simulate_shift(0, rubric=rubric)[0]
+    return rubric, llm_rubric.load(args.llm_rubric, "synthetic", rubric)
+
+
+def held_out_texts(name: str, rubric: Rubric, tables: Tables, cache: Path) -> pd.DataFrame:
+    """Per text of every system, scored by a model trained without its system: ``system_id, f, u, label``."""
+    path = cache / f"{name}_texts.parquet"
+    if path.is_file():
+        return read_table(path, "texts").astype({"f": float, "u": float, "label": float})
+    folds = system_folds(tables)
+    systems = sorted(folds.system_id.unique())
+    splits = [
+        (tables.subset(folds.text_id[folds.system_id != s]), tables.subset(folds.text_id[folds.system_id == s]))
+        for s in systems
+    ]
+    started = time.perf_counter()
+    models = fit_together(
+        [Calibrator(rubric, model_settings(), group("trainer", "default"), 0) for _ in splits], [tr for tr, _ in splits]
+    )
+    print(f"{name}: {len(models)} leave-one-system-out fits in {time.perf_counter() - started:.0f} s", flush=True)
+    main = rubric.main
+    values = dict(zip(main.keys, main.values))
+    parts = []
+    for system, model, (_, test) in zip(systems, models, splits):
+        texts = sorted(test.annotations.text_id.unique())
+        pairs = pd.MultiIndex.from_product([texts, model.judges_.judges], names=["text_id", "judge_id"]).to_frame(
+            index=False
+        )
+        pred = model.predict(test, pairs=pairs, questions=[main.id])
+        by_text = pred.groupby("text_id")
+        ann = test.annotations[test.annotations.question_id == main.id]
+        label = ann.answer.map(values).astype(float).groupby(ann.text_id).mean()
+        parts.append(
+            pd.DataFrame(
+                {
+                    "text_id": texts,
+                    "system_id": system,
+                    "f": by_text["mean"].mean().reindex(texts).to_numpy(),
+                    "u": np.sqrt(by_text["var"].mean().reindex(texts).to_numpy()),
+                    "label": label.reindex(texts).to_numpy(),
+                }
+            )
+        )
+    out = pd.concat(parts, ignore_index=True).dropna(subset=["label"])
+    write_table(out, path)
+    return out
+
+
+def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float, small: str, rng) -> dict:
+    """``{method: (hits, widths)}`` of ``reps`` draws of k labels in each of ``systems`` (id → texts)."""
+    out: dict[str, tuple[list, list]] = {m: ([], []) for m in lab.METHODS}
+    for g in systems.values():
+        f, y, truth = g.f.to_numpy(), g.label.to_numpy(), g.label.mean()
+        q = lab.sampling_probabilities(g.u.to_numpy(), floor)
+        for _ in range(reps):
+            chosen = np.zeros(len(g), bool)
+            chosen[rng.choice(len(g), k, replace=False)] = True
+            outs = {m: lab.uniform_interval(m, y[chosen], f[chosen], f[~chosen], alpha, small) for m in lab.UNIFORM}
+            i = rng.choice(len(g), k, p=q)
+            outs["active_ppi_pp"] = lab.active_ppi_pp(y[i], f[i], q[i], f, alpha, small_sample=small)
+            for m, o in outs.items():
+                out[m][0].append(o["low"] <= truth <= o["high"])
+                out[m][1].append(o["high"] - o["low"])
+    return out
+
+
+def interval_figures(texts: pd.DataFrame, reps: int, floor: float, alpha: float, small: str, seed: int) -> tuple:
+    """``{k: {method: {coverage, width}}}`` over the systems with at least k + MIN_UNLABELLED texts and the
+    repetitions, and the fewest labels at which PPI++ / active PPI++ are as narrow as classical at k = 40
+    (over the systems that have k = 40 + MIN_UNLABELLED texts, ``reps // 4`` repetitions per k)."""
+    rng = np.random.default_rng(seed)
+    systems = {s: g for s, g in texts.groupby("system_id")}
+    errors = {s: g.f.mean() - g.label.mean() for s, g in systems.items()}
+    shift = []
+    for s, g in systems.items():
+        half = shift_half_width([e for t, e in errors.items() if t != s], alpha)
+        shift.append((abs(g.f.mean() - g.label.mean()) <= half, 2 * half))
+    figures: dict = {"0": {m: {"coverage": None, "width": None} for m in lab.METHODS}}
+    figures["0"]["shift"] = {
+        "coverage": float(np.mean([c for c, _ in shift])),
+        "width": float(np.mean([w for _, w in shift])),
+        "systems": len(shift),
+    }
+    for k in KS[1:]:
+        eligible = {s: g for s, g in systems.items() if len(g) >= k + MIN_UNLABELLED}
+        res = draw_intervals(eligible, k, reps, floor, alpha, small, rng)
+        figures[str(k)] = {
+            m: {"coverage": float(np.mean(h)), "width": float(np.mean(w)), "systems": len(eligible)}
+            for m, (h, w) in res.items()
+        }
+    largest = max(KS)
+    eligible = {s: g for s, g in systems.items() if len(g) >= largest + MIN_UNLABELLED}
+    target = float(np.mean(draw_intervals(eligible, largest, reps, floor, alpha, small, rng)["classical"][1]))
+    z = stats.norm.ppf(1 - alpha / 2)
+    floor_width = float(np.mean([2 * z * g.f.std(ddof=0) / math.sqrt(len(g)) for g in eligible.values()]))
+    match: dict = {"classical_width_at_40": target, "systems": sorted(eligible), "imputed_width_floor": floor_width}
+    for m in ("ppi_pp", "active_ppi_pp"):
+        match[m] = None
+        for k in range(2, largest + 1):
+            if np.mean(draw_intervals(eligible, k, max(reps // 4, 50), floor, alpha, small, rng)[m][1]) <= target:
+                match[m] = k
+                break
+    return figures, match
+
+
+def nll(model, tables: Tables, rubric: Rubric) -> float:
+    """Mean NLL of the annotated main answers of ``tables``."""
+    pred = model.predict(tables, questions=[rubric.main.id])
+    merged = align(pred, tables.annotations, rubric.main)
+    p = probabilities(merged, rubric.main)
+    y = pd.Index(rubric.main.keys).get_indexer(merged.answer)
+    return float(-np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None)).mean())
+
+
+def judge_add_figures(
+    rubric: Rubric, tables: Tables, n_judges: int, draws: int, settings: dict, model: str = "default"
+) -> dict:
+    """``{k: {nll_added, nll_retrain, seconds, ...}}`` averaged over judges and draws (module doc)."""
+    train_ids, test_ids = holdout_texts(pd.Series(tables.text_ids), 1 / 3, 0)
+    train, test = tables.subset(train_ids), tables.subset(test_ids)
+    ann = train.annotations
+    judges = sorted(ann.judge_id.unique())[:n_judges]
+    rows = []
+    trainer = group("trainer", "default")
+    for j in judges:
+        own = ann[ann.judge_id == j]
+        without = Tables(ann[ann.judge_id != j], train.features, train.texts)
+        target = Tables(test.annotations[test.annotations.judge_id == j], test.features, test.texts)
+        rng = np.random.default_rng(len(rows))
+        picks = [
+            (k, d, rng.choice(sorted(own.text_id.unique()), k, replace=False)) for k in JUDGE_KS for d in range(draws)
+        ]
+        retrain_tables = [
+            Tables(pd.concat([without.annotations, own[own.text_id.isin(p)]]), train.features, train.texts)
+            for _, _, p in picks
+        ]
+        started = time.perf_counter()
+        models = fit_together(
+            [Calibrator(rubric, model_settings(model), trainer, 0) for _ in range(len(picks) + 2)],
+            [without, train, *retrain_tables],
+        )
+        print(f"judge {j}: {len(models)} fits in {time.perf_counter() - started:.0f} s", flush=True)
+        base, full, retrained = models[0], models[1], models[2:]
+        unseen, every = nll(base, target, rubric), nll(full, target, rubric)
+        for (k, d, p), again in zip(picks, retrained):
+            annotated = Tables(own[own.text_id.isin(p)], train.features)
+            args = (settings.get("min_annotations", 5),)
+            more = (tuple(settings.get("l2_grid", (0.001, 0.01, 0.1, 1.0, 10.0))), settings.get("cv_folds", 5))
+            t0 = time.perf_counter()
+            added = add_judge(base, annotated, j, *args, settings.get("l2", "cv"), settings.get("max_iter", 200), *more)
+            seconds = time.perf_counter() - t0
+            fixed = add_judge(base, annotated, j, *args, None, settings.get("max_iter", 200), *more)
+            rows.append(
+                {
+                    "judge": j,
+                    "k": k,
+                    "draw": d,
+                    "nll_added": nll(added, target, rubric),
+                    "nll_retrain": nll(again, target, rubric),
+                    "seconds": seconds,
+                    "l2": added.summaries_[0]["added_judges"][-1]["l2"],
+                    "nll_added_delta_l2": nll(fixed, target, rubric),
+                    "nll_unseen": unseen,
+                    "nll_retrain_all": every,
+                }
+            )
+    df = pd.DataFrame(rows)
+    out = {}
+    for k, g in df.groupby("k"):
+        out[str(k)] = {
+            c: float(g[c].mean())
+            for c in ("nll_added", "nll_retrain", "seconds", "nll_added_delta_l2", "nll_unseen", "nll_retrain_all")
+        }
+        out[str(k)]["l2_median"] = float(g.l2.median())
+        out[str(k)]["seconds_max"] = float(g.seconds.max())
+        out[str(k)]["added_minus_retrain"] = float((g.nll_added - g.nll_retrain).mean())
+        out[str(k)]["fits"] = len(g)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sets", nargs="*", default=list(SETS), choices=list(SETS))
+    parser.add_argument(
+        "--llm-rubric", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric"))
+    )
+    parser.add_argument("--reps", type=int, default=500, help="repetitions per system and k (>= 200)")
+    parser.add_argument("--judges", type=int, default=6, help="judges left out of training in turn")
+    parser.add_argument("--draws", type=int, default=3, help="draws of the k annotated texts per judge")
+    parser.add_argument("--no-judges", action="store_true", help="skip the judge-add part")
+    parser.add_argument(
+        "--judge-models",
+        nargs="+",
+        default=["default"],
+        choices=["default", "paper", "ordinal", "combined"],
+        help="conf/model/ options of the judge-add part (the first fills judge_add, all judge_add_by_model)",
+    )
+    parser.add_argument("--cache", default=str(ROOT / "outputs" / "labels"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "labels.json"))
+    args = parser.parse_args(argv)
+    if args.reps < 1 or args.judges < 1 or args.draws < 1:
+        raise InputError("--reps, --judges and --draws must be >= 1", column="--reps")
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    labels_conf = load_file(ROOT / "conf" / "labels" / "default.yaml")
+    board_conf = load_file(ROOT / "conf" / "scoring" / "default.yaml")["leaderboard"]
+    floor, alpha, small = (
+        labels_conf["suggest"]["floor"],
+        board_conf["alpha"],
+        board_conf.get("small_sample", "student"),
+    )
+    sets = [s for s in args.sets if s != "llm_rubric_synthetic" or Path(args.llm_rubric).is_dir()]
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    report: dict = {"intervals": {}, "labels_to_match_classical_at_40": {}, "judge_add": {}}
+    started = time.perf_counter()
+    for name in sets:
+        rubric, tables = load_set(name, args)
+        texts = held_out_texts(name, rubric, tables, cache)
+        t0 = time.perf_counter()
+        figures, match = interval_figures(texts, args.reps, floor, alpha, small, 0)
+        report["intervals"][name] = figures
+        report["labels_to_match_classical_at_40"][name] = match
+        print(f"{name}: intervals in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"| {name} k | " + " | ".join(f"{m} cov / width" for m in lab.METHODS) + " |", flush=True)
+        for k in KS[1:]:
+            cells = [f"{figures[str(k)][m]['coverage']:.3f} / {figures[str(k)][m]['width']:.3f}" for m in lab.METHODS]
+            print(f"| {k} | " + " | ".join(cells) + " |")
+        print(f"k=0 shift interval: {figures['0']['shift']}; labels to match classical at 40: {match}", flush=True)
+    if not args.no_judges:
+        rubric, tables = load_set("simulated_shift", args)
+        report["judge_add_by_model"] = {}
+        for option in args.judge_models:
+            figures = judge_add_figures(rubric, tables, args.judges, args.draws, labels_conf["judges"], option)
+            report["judge_add_by_model"][option] = figures
+            for k, v in figures.items():
+                print(f"[{option}] judge add k={k}: " + ", ".join(f"{c} {x:.4f}" for c, x in v.items()), flush=True)
+        report["judge_add"] = report["judge_add_by_model"][args.judge_models[0]]
+    report["meta"] = {
+        "model": {**model_settings(), "trainer": "conf/trainer/default.yaml"},
+        "reps": args.reps,
+        "floor": floor,
+        "alpha": alpha,
+        "small_sample": small,
+        "judges": args.judges,
+        "draws": args.draws,
+        "sets": sets,
+        "seconds": time.perf_counter() - started,
+        "cpus": os.cpu_count(),
+    }
+    write_json(report, args.out)
+    print(f"written: {args.out} ({report['meta']['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""``llmrubric label suggest`` (which texts of new systems to label next) and ``llmrubric judges add``
+(a new judge from a few annotations, without retraining).
+
+Settings come from ``conf/labels/default.yaml`` (or ``--config``); flags override them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from llmrubric.cli import add_noun
+from llmrubric.config import conf_path
+from llmrubric.io.errors import InputError
+from llmrubric.io.guards import check_outputs, check_range
+from llmrubric.scoring.cli import load_settings, with_flags
+
+CONF = conf_path()
+
+
+def register(subparsers) -> None:
+    label = add_noun(subparsers, "label", "choose which texts of new systems humans label next")
+    s = label.add_parser(
+        "suggest",
+        help="draw the texts of each system to label, with probabilities that grow with the model's uncertainty",
+        description=__doc__,
+    )
+    s.add_argument("predictions", help="predictions table of the new systems' texts (with var)")
+    s.add_argument("--texts", required=True, help="texts table (text_id, system_id): the texts to choose from")
+    s.add_argument("--budget", required=True, type=int, help="draws per system (with replacement)")
+    s.add_argument("--out", required=True, help="sampling-probability file: one row per text (prob, draws)")
+    s.add_argument("--rubric", help="rubric YAML of the predictions (default: conf/rubric/llm_rubric.yaml)")
+    s.add_argument("--config", help="settings YAML (default: conf/labels/default.yaml)")
+    s.add_argument("--trusted-judges", dest="trusted_judges", nargs="+")
+    s.add_argument("--question")
+    s.add_argument("--floor", type=float)
+    s.add_argument("--seed", type=int)
+    s.add_argument("--round")
+    s.set_defaults(run=run_suggest)
+
+    judges = add_noun(subparsers, "judges", "judges of a trained calibrator")
+    a = judges.add_parser(
+        "add", help="fit a new judge's own parameters from a few annotations, shared ones frozen", description=__doc__
+    )
+    a.add_argument("checkpoint", help="calibrator checkpoint (.safetensors)")
+    a.add_argument("annotations", help="the new judge's annotations")
+    a.add_argument("--features", required=True, help="features table of the annotated texts")
+    a.add_argument("--out", required=True, help="new checkpoint (.safetensors)")
+    a.add_argument("--judge", help="judge id to add (default: the one judge of the annotations)")
+    a.add_argument("--texts", help="texts table of the annotated texts")
+    a.add_argument("--config", help="settings YAML (default: conf/labels/default.yaml)")
+    a.add_argument("--min-annotations", dest="min_annotations", type=int)
+    a.add_argument("--l2", help="L2 on the new judge's parameters: a number, or cv (see conf/labels/default.yaml)")
+    a.set_defaults(run=run_add_judge)
+
+
+def run_suggest(args) -> int:
+    from llmrubric.io.rubric import Rubric
+    from llmrubric.io.schemas import check_table_path, read_table, write_table
+    from llmrubric.scoring import labels as lab
+    from llmrubric.scoring.leaderboard import read_predictions
+
+    settings = with_flags(
+        load_settings(args.config, CONF / "labels" / "default.yaml").get("suggest", {}),
+        args,
+        ["floor", "seed", "round", "question"],
+    )
+    floor = check_range("--floor", settings.get("floor", 0.2), 0, 1, open_low=True)
+    seed = check_range("--seed", settings.get("seed", 0), integer=True)
+    budget = check_range("--budget", args.budget, 1, integer=True)
+    out = Path(args.out)
+    check_outputs(
+        {"--out": out},
+        {"predictions": args.predictions, "--texts": args.texts, "--config": args.config, "--rubric": args.rubric},
+    )
+    check_table_path(out, "--out")
+    rubric = Rubric.load(args.rubric or CONF / "rubric" / "llm_rubric.yaml")
+    question = settings.get("question") or rubric.main.id
+    if question not in rubric:
+        raise InputError(f"question {question!r} is not in rubric {rubric.name!r} {rubric.ids}", setting="--question")
+    predictions = read_predictions(args.predictions)
+    texts = read_table(args.texts, "texts")
+    if "system_id" not in texts.columns or texts.system_id.isna().any():
+        row = int(texts.index[texts.system_id.isna().to_numpy().argmax()]) if "system_id" in texts.columns else None
+        raise InputError("every text needs a system_id", file=str(args.texts), row=row, column="system_id")
+    uncertainty = lab.text_uncertainty(predictions, question, args.trusted_judges)
+    unknown = ~texts.text_id.isin(uncertainty.index)
+    if unknown.any():
+        row = texts.index[unknown.to_numpy().argmax()]
+        raise InputError(
+            f"text {texts.at[row, 'text_id']!r} has no predictions of {question}",
+            file=str(args.texts),
+            row=int(row),
+            column="text_id",
+        )
+    table = lab.suggest(texts, uncertainty, budget, floor, seed, str(settings.get("round", "1")))
+    write_table(table, out)
+    drawn = table[table.draws > 0].groupby("system_id").size()
+    print(json.dumps({"out": str(out), "budget": budget, "floor": floor, "texts_to_label": drawn.to_dict()}))
+    return 0
+
+
+def run_add_judge(args) -> int:
+    from llmrubric.io.schemas import Tables, read_table, validate_annotations, validate_features
+    from llmrubric.model.calibrator import Calibrator
+    from llmrubric.model.judges import add_judge, annotated_judge
+
+    settings = with_flags(
+        load_settings(args.config, CONF / "labels" / "default.yaml").get("judges", {}), args, ["min_annotations", "l2"]
+    )
+    min_annotations = check_range("--min-annotations", settings.get("min_annotations", 5), 1, integer=True)
+    l2 = settings.get("l2", "cv")
+    l2 = l2 if l2 in (None, "cv") else check_range("--l2", l2, 0)
+    grid = settings.get("l2_grid", [0.001, 0.01, 0.1, 1.0, 10.0])
+    if not isinstance(grid, list) or not grid:
+        raise InputError(f"{grid!r} is not a list of numbers", setting="judges.l2_grid")
+    grid = [check_range("judges.l2_grid", value, 0) for value in grid]
+    cv_folds = check_range("judges.cv_folds", settings.get("cv_folds", 5), 2, integer=True)
+    max_iter = check_range("judges.max_iter", settings.get("max_iter", 200), 1, integer=True)
+    out = Path(args.out)
+    check_outputs(
+        {"--out": out},
+        {
+            "checkpoint": args.checkpoint,
+            "annotations": args.annotations,
+            "--features": args.features,
+            "--texts": args.texts,
+            "--config": args.config,
+        },
+    )
+    model = Calibrator.load(args.checkpoint)
+    annotations = validate_annotations(read_table(args.annotations, "annotations"), model.rubric)
+    judge = annotated_judge(annotations, args.judge)
+    features = validate_features(read_table(args.features, "features"), model.rubric)
+    texts = read_table(args.texts, "texts") if args.texts else None
+    new = add_judge(model, Tables(annotations, features, texts), judge, min_annotations, l2, max_iter, grid, cv_folds)
+    new.save(out)
+    record = new.summaries_[0]["added_judges"][-1]
+    print(json.dumps({"out": str(out), "judge": judge, **{k: record[k] for k in ("answers", "l2", "seconds")}}))
+    return 0

@@ -13,11 +13,14 @@ from conftest import ROOT
 from scipy import stats
 
 from llmrubric.cli import main
+from llmrubric.config import model_file
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
-from llmrubric.model.baselines import RidgeJudge
+from llmrubric.model.auto import AutoCalibrator
+from llmrubric.model.baselines import RidgeJudge, answered_pairs
 from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.estimator import load_model
 from llmrubric.model.judges import add_judge
 from llmrubric.scoring import labels as lab
 
@@ -300,7 +303,28 @@ def judge_world(tmp_path_factory):
         ("none", {"ensemble": 1, "personalize": "none"}),
     ):
         Calibrator(rubric, model, FAST, 0).fit(tables).save(w / f"{name}.safetensors")
+    AutoCalibrator(rubric, {**model_file("auto"), "ensemble": 1}, FAST, 0).fit(tables).save(w / "auto.safetensors")
     return w, rubric
+
+
+def test_a_judge_added_to_model_auto_reaches_every_member(judge_world, tmp_path):
+    w, rubric = judge_world
+    old = load_model(w / "auto.safetensors")
+    tables = load_tables(w / "new.csv", w / "feats.csv", rubric)
+    new = add_judge(old, tables, NEW)
+    assert new.judges_.judges == (*old.judges_.judges, NEW) and new.weights_ == old.weights_
+    assert all(NEW in member.judges_.judges for member in new.members_.values())
+    others = load_tables(w / "train.csv", w / "feats.csv", rubric)
+    np.testing.assert_allclose(new.predict_proba(others), old.predict_proba(others), atol=1e-6)
+    main_index = rubric.ids.index(rubric.main.id)
+    pairs, values = answered_pairs(tables, rubric.main)
+    answers = pd.Index(rubric.main.values).get_indexer(values)
+    nll = lambda m: -np.log(m.predict_proba(tables, pairs)[np.arange(len(answers)), main_index, answers]).mean()
+    assert nll(new) < nll(old)  # the judge's own answers, fitted
+    new.save(tmp_path / "auto_new.safetensors")
+    back = load_model(tmp_path / "auto_new.safetensors")
+    np.testing.assert_allclose(back.predict_proba(tables), new.predict_proba(tables), atol=1e-6)
+    assert back.added_judges_[-1]["judge"] == NEW and back.added_judges_[-1]["answers"] == len(answers)
 
 
 @pytest.mark.parametrize("family", ["input", "deltas", "ordinal"])

@@ -311,6 +311,7 @@ class AutoCalibrator:
             "layout": self.layout_.to_dict(),
             "judges": list(self.judges_.judges),
             "train_texts": self.train_texts_,
+            "added_judges": getattr(self, "added_judges_", []),
             "members": {},
         }
         tensors = {}
@@ -339,6 +340,7 @@ class AutoCalibrator:
         self.weights_, self.table_, self.inner_nll_ = meta["weights"], meta.get("inner_cv", {}), meta.get("inner_nll")
         self.layout_, self.judges_ = FeatureLayout.from_dict(meta["layout"]), JudgeMap(tuple(meta["judges"]))
         self.train_texts_, self.source_, self.fallback_ = meta.get("train_texts"), source, meta.get("fallback")
+        self.added_judges_ = meta.get("added_judges", [])
         self.members_ = {}
         for name, member_meta in meta["members"].items():
             part = split_tensors(tensors, name)

@@ -17,6 +17,8 @@ mean of the sources' expected answers); :func:`expand_baselines` names them for 
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pandas as pd
 import torch
@@ -261,7 +263,12 @@ class RidgeJudge(MainQuestionBaseline):
         if question.ordered:
             model = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(x, y)
             sigma = max(float(np.std(y - model.predict(x))), 1e-3)
-            return {"coef": model.coef_, "intercept": np.atleast_1d(model.intercept_), "sigma": np.array([sigma])}
+            return {
+                "coef": model.coef_,
+                "intercept": np.atleast_1d(model.intercept_),
+                "sigma": np.array([sigma]),
+                "alpha": np.array([model.alpha_]),
+            }
         pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
         grid = {"logisticregression__C": np.logspace(-3, 3, 7)}
         folds = min(5, int(np.bincount(y).max())) if len(np.unique(y)) > 1 else 0
@@ -316,6 +323,29 @@ class RidgeJudge(MainQuestionBaseline):
         return questions_proba(
             self.rubric, {q: self._question_proba(self.rubric[q], x)[0] for q in self.fits_}, len(pairs)
         )
+
+    def add_judge(self, tables: Tables, judge_id: str) -> RidgeJudge:
+        """A copy that knows ``judge_id``: on each ordered question its indicator's coefficient is the
+        ridge estimate from its residuals against the shared prediction (sum / (answers + alpha)); on a
+        categorical question it keeps the shared prediction (coefficient 0)."""
+        new = copy.deepcopy(self)
+        new.judges_ = JudgeMap((*self.judges_.judges, str(judge_id)))
+        mine = tables.annotations[tables.annotations.judge_id.astype(str) == str(judge_id)]
+        for qid, fit in new.fits_.items():
+            question = self.rubric[qid]
+            if "prior" in fit:
+                continue
+            coef = 0.0
+            pairs, y = answered_pairs(Tables(mine, tables.features), question)
+            if question.ordered and len(pairs):
+                shared = self._question_proba(question, self._design(tables, pairs))[1]  # the judge unseen
+                coef = float(np.sum(y - shared) / (len(y) + fit["alpha"][0]))
+            if question.ordered:
+                fit["coef"] = np.append(fit["coef"], coef)
+            else:
+                fit["coef"] = np.hstack([fit["coef"], np.zeros((len(fit["coef"]), 1))])
+                fit["mean"], fit["scale"] = np.append(fit["mean"], 0.0), np.append(fit["scale"], 1.0)
+        return new
 
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         tensors = {

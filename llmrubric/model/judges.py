@@ -1,5 +1,10 @@
 """A new judge from a few annotations, without retraining: fit only that judge's own parameters.
 
+A ``model=auto`` checkpoint gets the judge in every member: its networks as below, the mixed
+model's judge effects as their posterior mode under the fitted prior, ridge regression's judge
+coefficient from the residuals (:meth:`llmrubric.model.mixed.MixedOrdinal.add_judge`,
+:meth:`llmrubric.model.baselines.RidgeJudge.add_judge`).
+
 :func:`add_judge` extends a trained :class:`~llmrubric.model.calibrator.Calibrator`'s judge map by
 one judge and fits, in every ensemble member, the parameters that belong to that judge alone, with
 the shared ones (weights, standardisation, temperatures, ordinal blend) frozen:
@@ -149,6 +154,10 @@ def add_judge(
     Errors (:class:`InputError`): a model that is not a :class:`Calibrator` or has no judge-specific
     parameters, a judge the checkpoint already knows, fewer than ``min_annotations`` answers of the
     main question."""
+    from llmrubric.model.auto import AutoCalibrator
+
+    if isinstance(calibrator, AutoCalibrator):
+        return _add_to_auto(calibrator, tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)
     if not isinstance(calibrator, Calibrator):
         raise InputError(f"judges can be added to llmrubric calibrators only, not to a {type(calibrator).__name__}")
     if not getattr(calibrator, "nets_", None):
@@ -206,6 +215,52 @@ def add_judge(
         for s, fit in zip(calibrator.summaries_ or [{}] * len(nets), fits)
     ]
     return new
+
+
+def _add_to_auto(model, tables: Tables, judge_id: str, min_annotations: int, *network_args):
+    """``model=auto``: the judge added to every member (the networks by :func:`add_judge`, the mixed
+    model's and ridge regression's own ``add_judge``), the weights unchanged."""
+    judge_id = str(judge_id)
+    ann = tables.annotations
+    if judge_id in model.judges_.judges:
+        rows = ann.index[(ann.judge_id.astype(str) == judge_id).to_numpy()]
+        raise InputError(
+            f"judge {judge_id!r} is already in the checkpoint (it knows {list(model.judges_.judges)})",
+            file=source_of(ann),
+            row=int(rows[0]) if len(rows) else None,
+            column="judge_id",
+        )
+    main = model.rubric.main.id
+    answers = int(((ann.judge_id.astype(str) == judge_id) & (ann.question_id == main)).sum())
+    if answers < min_annotations:
+        raise InputError(
+            f"judge {judge_id!r} has {answers} answers of the main question {main}; at least {min_annotations} "
+            "are needed (judges.min_annotations)",
+            file=source_of(ann),
+            column="judge_id",
+        )
+    started = time.perf_counter()
+    new = copy.copy(model)
+    new.members_ = {
+        name: add_judge(member, tables, judge_id, min_annotations, *network_args)
+        if isinstance(member, Calibrator)
+        else member.add_judge(tables, judge_id)
+        for name, member in model.members_.items()
+    }
+    new.judges_ = JudgeMap((*model.judges_.judges, judge_id))
+    record = {"judge": judge_id, "answers": answers, "seconds": time.perf_counter() - started}
+    network = new.members_.get("network")
+    if network is not None:
+        record["l2"] = network.summaries_[0]["added_judges"][-1]["l2"]
+    new.added_judges_ = [*getattr(model, "added_judges_", []), record]
+    return new
+
+
+def added_record(model) -> dict:
+    """The record of the judge added last (answers, penalty, seconds)."""
+    if getattr(model, "added_judges_", None):
+        return model.added_judges_[-1]
+    return model.summaries_[0]["added_judges"][-1]
 
 
 def annotated_judge(annotations: pd.DataFrame, judge_id: str | None) -> str:

@@ -23,6 +23,8 @@ blocks. Categorical questions are not predicted (NaN): the family is ordinal.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pandas as pd
 import torch
@@ -62,10 +64,11 @@ class _QuestionFit(nn.Module):
         self.register_buffer("variances", torch.tensor([0.25] * (options - 1) + [0.05], dtype=torch.float64))
         self.register_buffer("tau2", torch.tensor(1.0, dtype=torch.float64))
 
-    def log_probs(self, f: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
-        """Inputs (B, dim), judge index (B,) (-1: population) → log-probabilities (B, K)."""
+    def log_probs(self, f: torch.Tensor, judge: torch.Tensor, effects: torch.Tensor | None = None) -> torch.Tensor:
+        """Inputs (B, dim), judge index (B,) (-1: population) → log-probabilities (B, K); ``effects``
+        replaces the judges' effects (judges, K)."""
         seen = (judge >= 0)[:, None].to(f.dtype)
-        effects = self.effects[judge.clamp(min=0)] * seen
+        effects = (self.effects if effects is None else effects)[judge.clamp(min=0)] * seen
         raw = self.cuts[None] + effects[:, :-1]
         cuts = torch.cat([raw[:, :1], nn.functional.softplus(raw[:, 1:])], dim=1).cumsum(dim=1)
         score = torch.exp(effects[:, -1]) * (f @ self.beta)
@@ -169,6 +172,40 @@ class MixedOrdinal:
         probs = self.predict_proba(tables, pairs)
         index = [self.rubric.ids.index(q) for q in self.questions_]
         return predictions_frame(pairs, [self.rubric[q] for q in self.questions_], probs[:, index])
+
+    def add_judge(self, tables: Tables, judge_id: str) -> MixedOrdinal:
+        """A copy that knows ``judge_id``: its effects on each fitted question are the posterior mode
+        given its annotations in ``tables`` under the fitted prior, everything shared frozen (a
+        question it did not answer keeps the population values)."""
+        new = copy.deepcopy(self)
+        new.judges_ = JudgeMap((*self.judges_.judges, str(judge_id)))
+        mine = tables.annotations[tables.annotations.judge_id.astype(str) == str(judge_id)]
+        texts = sorted(mine.text_id.unique())
+        columns = text_columns(self.layout_, self.rubric, tables.features, texts)
+        with one_thread():
+            for qid, fit in new.fits_.items():
+                pairs, y = question_targets(Tables(mine, tables.features), self.rubric[qid])
+                row = torch.zeros(1, fit.effects.shape[1], dtype=torch.float64, requires_grad=True)
+                keep = y >= 0
+                if keep.any():
+                    f = torch.from_numpy(
+                        self._inputs(columns, self.rubric[qid])[pd.Index(texts).get_indexer(pairs.text_id)]
+                    )
+                    f, target = f[keep], torch.from_numpy(y[keep])
+                    judge = torch.full((len(target),), len(self.judges_.judges), dtype=torch.long)
+                    optimizer = torch.optim.LBFGS([row], lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
+
+                    def closure(f=f, target=target, judge=judge, fit=fit):
+                        optimizer.zero_grad()
+                        effects = torch.cat([fit.effects.detach(), row])
+                        logp = fit.log_probs(f, judge, effects)
+                        loss = -logp.gather(1, target[:, None]).sum() + 0.5 * (row**2 / fit.variances).sum()
+                        loss.backward()
+                        return loss
+
+                    optimizer.step(closure)
+                fit.effects = nn.Parameter(torch.cat([fit.effects.detach(), row.detach()]))
+        return new
 
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """JSON metadata and tensors that :meth:`from_state` restores."""

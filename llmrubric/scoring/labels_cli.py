@@ -102,8 +102,8 @@ def run_suggest(args) -> int:
 
 def run_add_judge(args) -> int:
     from llmrubric.io.schemas import Tables, read_table, validate_annotations, validate_features
-    from llmrubric.model.calibrator import Calibrator
-    from llmrubric.model.judges import add_judge, annotated_judge
+    from llmrubric.model.estimator import load_model
+    from llmrubric.model.judges import add_judge, added_record, annotated_judge
 
     settings = with_flags(
         load_settings(args.config, CONF / "labels" / "default.yaml").get("judges", {}), args, ["min_annotations", "l2"]
@@ -128,13 +128,13 @@ def run_add_judge(args) -> int:
             "--config": args.config,
         },
     )
-    model = Calibrator.load(args.checkpoint)
+    model = load_model(args.checkpoint)
     annotations = validate_annotations(read_table(args.annotations, "annotations"), model.rubric)
     judge = annotated_judge(annotations, args.judge)
     features = validate_features(read_table(args.features, "features"), model.rubric)
     texts = read_table(args.texts, "texts") if args.texts else None
     new = add_judge(model, Tables(annotations, features, texts), judge, min_annotations, l2, max_iter, grid, cv_folds)
     new.save(out)
-    record = new.summaries_[0]["added_judges"][-1]
-    print(json.dumps({"out": str(out), "judge": judge, **{k: record[k] for k in ("answers", "l2", "seconds")}}))
+    record = added_record(new)
+    print(json.dumps({"out": str(out), "judge": judge, **{k: record.get(k) for k in ("answers", "l2", "seconds")}}))
     return 0

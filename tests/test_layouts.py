@@ -184,7 +184,7 @@ def test_layouts_end_to_end(layout, tmp_path):
 
     methods = json.loads((run_dir / "metrics.json").read_text())["methods"]
     sources = ["llm-a", "llm-b", "llm-c"]
-    assert set(methods) == {"llm_rubric", "constant", "ridge_judge"} | {
+    assert set(methods) == {"llm_rubric", "constant", "ridge_judge", "mean_of_sources", "raw_linear_system"} | {
         f"{m}{s}" for m in ("expected_llm", "argmax_llm") for s in ["", *[f"/{x}" for x in sources]]
     }
     for values in methods.values():

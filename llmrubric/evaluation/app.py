@@ -91,9 +91,14 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
                 "fallback": model.fallback_,
                 "inner_cv": model.table_,
             }
-        for name in baselines:
-            method = make_method(name, rubric, cfg.seed).fit(split.train)
-            predictions.setdefault(name, []).append(method.predict(split.test))
+        for name in [b for b in baselines if b not in skipped]:
+            try:
+                method = make_method(name, rubric, cfg.seed).fit(split.train)
+                predictions.setdefault(name, []).append(method.predict(split.test))
+            except InputError as e:  # a baseline that does not apply to these data is recorded, not fatal
+                skipped[name] = f"{split.name}: {e}"
+                predictions.pop(name, None)
+                log.warning("baseline %s skipped: %s", name, skipped[name])
     tables = {name: pd.concat(parts, ignore_index=True) for name, parts in predictions.items()}
     annotations = pd.concat([s.test.annotations for s in splits], ignore_index=True)
     metrics = {name: evaluate_predicted(table, annotations, rubric.main) for name, table in tables.items()}

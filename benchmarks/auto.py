@@ -15,9 +15,10 @@ Sets and protocols (each outer fold's model sees nothing of its test texts or sy
 - ``--data DIR``: the canonical tables in DIR under ``--rubric``: ``systems`` and 3 system groups
   with 3+ systems, else 5-fold CV by text.
 
-Methods: ``auto`` (the shipped ``conf/model/auto.yaml``: stacking; inner folds by system under the
-system protocols, by text otherwise), ``auto_select`` (the same inner CV, its lowest-NLL candidate
-alone), each candidate alone (``network`` is ``model=default``), ``mean_of_sources`` and
+Methods: ``auto`` (the shipped ``conf/model/auto.yaml``, ``rule=select``: the candidate with the lowest
+inner-CV NLL, fitted on the outer training data; inner folds by system under the system protocols,
+by text otherwise), ``auto_stack`` (``rule=stack`` on the same inner CV: the weighted mixture of the
+candidates, the other rule), each candidate alone (``network`` is ``model=default``), ``mean_of_sources`` and
 ``raw_linear_system``. Figures of the main question: ``pair_pearson``, ``pair_nll`` (on the pairs a
 method predicts; ``not_predicted`` counts the others), ``system_rms``, ``system_kendall`` and the
 shift intervals' ``coverage`` (:func:`llmrubric.evaluation.transfer.system_metrics`; system
@@ -109,7 +110,7 @@ def protocols(name: str, tables) -> dict[str, pd.DataFrame | None]:
 
 
 def methods() -> list[str]:
-    return ["auto", "auto_select", *model_file("auto")["auto"]["candidates"], *BASELINES]
+    return ["auto", "auto_stack", *model_file("auto")["auto"]["candidates"], *BASELINES]
 
 
 def run_fold(job: tuple, args_tuple: tuple) -> dict:
@@ -128,10 +129,13 @@ def run_fold(job: tuple, args_tuple: tuple) -> dict:
     main = [rubric.main.id]
     out, choice = {}, {}
     start = time.process_time()
-    auto = AutoCalibrator(rubric, model_file("auto"), trainer, 0, "system" if "system" in protocol else "text")
+    settings = model_file("auto")
+    shipped = settings["auto"]["rule"]
+    stack = {**settings, "auto": {**settings["auto"], "rule": "stack"}}
+    auto = AutoCalibrator(rubric, stack, trainer, 0, "system" if "system" in protocol else "text")
     auto.fit(train)
-    out["auto"] = (auto.predict(test, questions=main), time.process_time() - start)
-    choice = {"weights": auto.weights_, "inner_folds_by": auto.group, "inner_nll": auto.table_}
+    out["auto_stack"] = (auto.predict(test, questions=main), time.process_time() - start)
+    choice = {"stack_weights": auto.weights_, "inner_folds_by": auto.group, "inner_cv": auto.table_}
     for name in methods()[2:]:
         start = time.process_time()
         if name in BASELINES:
@@ -141,7 +145,9 @@ def run_fold(job: tuple, args_tuple: tuple) -> dict:
             model = model.fit(train, main) if isinstance(model, (MixedOrdinal, RidgeJudge)) else model.fit(train)
         out[name] = (_main(model.predict(test), rubric), time.process_time() - start)
     best = min((n for n, r in auto.table_.items() if "nll" in r), key=lambda n: auto.table_[n]["nll"])
-    out["auto_select"] = (out[best][0], out["auto"][1])
+    if shipped != "select":
+        raise InputError(f"the benchmark derives rule=select from the stack's inner CV; the shipped rule is {shipped}")
+    out["auto"] = (out[best][0], out["auto_stack"][1])  # rule=select: the lowest inner NLL, refitted alone
     choice["select"] = best
     return {"job": job, "predictions": out, "choice": choice}
 
@@ -240,7 +246,7 @@ def summarise(set_name: str, protocol: str, results: list[dict], args) -> dict:
         predictions = pd.concat([p for p, _ in parts], ignore_index=True)
         out[name] = figures(predictions, float(sum(s for _, s in parts)), rubric, test_tables, systems, groups)
         per_pair[name] = pair_log_likelihood(predictions, test_tables.annotations, rubric.main)
-    singles = [n for n in methods() if not n.startswith("auto")]
+    singles = [n for n in methods() if not n.startswith("auto")]  # the candidates and baselines alone
     best = min(singles, key=lambda n: out[n]["pair_nll"])
     try:
         strata = text_systems(test_tables)

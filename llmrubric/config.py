@@ -37,15 +37,17 @@ class AutoConfig:
     Attributes:
         candidates: names of :data:`llmrubric.model.auto.CANDIDATES` (``network`` is the network of
             the other ``model.*`` settings).
-        rule: ``stack`` (non-negative weights summing to 1 that maximise the inner-CV likelihood of
-            the main question) or ``select`` (the candidate with the lowest inner-CV NLL).
+        rule: ``select`` (the candidate with the lowest inner-CV NLL) or ``stack`` (non-negative
+            weights summing to 1 that maximise the inner-CV likelihood of the main question);
+            ``select`` had the lower pair NLL on all four design protocols of ``benchmarks/auto.py``
+            (synthetic DS1..DS5 and the simulated 12-system set, leave one system out and system groups).
         group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
             score unseen systems (``systems``, ``system_groups``), else by text.
         folds: inner folds (by system: at most one per training system).
     """
 
     candidates: list[str] = field(default_factory=lambda: list(AUTO_CANDIDATES))
-    rule: str = "stack"
+    rule: str = "select"
     group: str = "auto"
     folds: int = 5
 

@@ -3,9 +3,9 @@
 The candidates (:data:`CANDIDATES`: the calibration network, its cumulative-link heads, the
 cumulative-link mixed model on three kinds of input, probabilistic ridge regression) are each
 fitted on the inner folds of the training data, grouped by text or by system as the model will be
-used, and scored by the out-of-fold likelihood of the main question's answers. ``rule=select``
-keeps the candidate with the lowest inner NLL; ``rule=stack`` (the default) fits non-negative
-weights summing to 1 that maximise the out-of-fold log-likelihood of the weighted mixture of the
+used, and scored by the out-of-fold likelihood of the main question's answers. ``rule=select`` (the
+default) keeps the candidate with the lowest inner NLL; ``rule=stack`` fits non-negative weights
+summing to 1 that maximise the out-of-fold log-likelihood of the weighted mixture of the
 candidates' distributions (a super learner; EM on the simplex). The candidates with weight are
 then refitted on all the training data; every question's prediction is the weighted mixture of
 the candidates that predict it. A candidate that fails to fit is recorded with its reason and left

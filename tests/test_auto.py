@@ -256,3 +256,29 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
         assert sum(choice["weights"].values()) == pytest.approx(1.0) and choice["inner_folds_by"] == "system"
         assert set(choice["inner_cv"]) == set(model_file("auto")["auto"]["candidates"])
     assert "model=auto, fold0: weights" in (tmp_path / "run" / "metrics.md").read_text()
+
+
+@pytest.mark.parametrize("rule", ["select", "stack"])
+def test_score_texts_and_leaderboard_use_an_auto_checkpoint(sources3, rubric, tmp_path, rule):
+    from llmrubric.cli import main as cli
+
+    train, new = sources3.subset(sources3.text_ids[:80]), sources3.subset(sources3.text_ids[80:])
+    settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "rule": rule, "candidates": ["clmm_all", "ridge_judge"]}}
+    model = AutoCalibrator(rubric, settings, FAST).fit(train)
+    model.save(tmp_path / "auto.safetensors")
+    new.features.to_csv(tmp_path / "features.csv", index=False)
+    new.texts.to_csv(tmp_path / "texts.csv", index=False)
+    args = ["score", "texts", str(tmp_path / "auto.safetensors"), str(tmp_path / "features.csv")]
+    args += ["--texts", str(tmp_path / "texts.csv"), "--out", str(tmp_path / "scores.csv")]
+    assert cli([*args, "--predictions", str(tmp_path / "pred.csv"), "--questions", "Q0", "--no-progress"]) == 0
+    scores = pd.read_csv(tmp_path / "scores.csv", dtype={"text_id": str}).set_index("text_id")
+    judges = list(model.judges_.judges)
+    pairs = pd.DataFrame(
+        {"text_id": np.repeat(new.text_ids, len(judges)), "judge_id": judges * len(new.text_ids), "round": "1"}
+    )
+    expected = model.predict(new, pairs, ["Q0"]).groupby("text_id")["mean"].mean()
+    np.testing.assert_allclose(scores.loc[expected.index, "mean"], expected.to_numpy(), atol=1e-6)
+    assert (scores.status == "ok").all()
+    board = ["leaderboard", "build", str(tmp_path / "pred.csv"), "--texts", str(tmp_path / "texts.csv")]
+    assert cli([*board, "--out-dir", str(tmp_path / "board"), "--bootstrap", "50"]) == 0
+    assert any((tmp_path / "board").iterdir())

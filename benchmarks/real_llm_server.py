@@ -67,10 +67,11 @@ def same_tokens(model: str, tasks, backend: TransformersBackend, reference: pd.D
     llama.cpp's own tokenizer gives the same ids (the server tokenises the text itself)."""
     from llama_cpp import Llama
 
-    llama = Llama(model, n_ctx=n_ctx, logits_all=False, verbose=False)
+    prepared = [backend._prepare(t) for t in tasks]
+    width = min(n_ctx, max(len(p.ids) for p in prepared) + 8)
+    llama = Llama(model, n_ctx=width, logits_all=True, verbose=False)
     rows, same = [], 0
-    for t in tasks:
-        p = backend._prepare(t)
+    for t, p in zip(tasks, prepared):
         own = llama.tokenize(backend._prompt_text(t.prompt).encode(), add_bos=True, special=True)
         same += own == p.ids
         llama.reset()
@@ -167,7 +168,13 @@ def server(args, cfg: dict) -> dict:
             ("completions", "completions", "space_tokens"),
         ):
             backend = OpenAIBackend(
-                srv.settings["alias"], srv.url, endpoint=endpoint, api_key_env=None, concurrency=1, timeout=300
+                srv.settings["alias"],
+                srv.url,
+                endpoint=endpoint,
+                api_key_env=None,
+                concurrency=1,
+                timeout=300,
+                top_logprobs=load_file(ROOT / "conf" / "extract" / "llama_cpp.yaml")["top_logprobs"],
             )
             feats, results, seconds = features(tasks, backend, rubric)
             prompt_tokens = {r.task.key: r.prompt_tokens for r in results}

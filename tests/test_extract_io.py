@@ -48,8 +48,8 @@ def task(qid, prompt, labels):
 
 def expected_api_probs(model, tok, prompt, labels, follow_whitespace=False):
     """What the client should report: mass of tokens whose stripped text uniquely begins a label; with
-    ``follow_whitespace`` (completions) plus, for each whitespace-only token, its probability times the
-    labels' mass after it."""
+    ``follow_whitespace`` (completions) plus, for each whitespace-only token of probability >= 0.05, that
+    probability times the labels' mass after it."""
     with torch.no_grad():
         p = torch.softmax(model(input_ids=torch.tensor([tok(prompt)["input_ids"]])).logits[0, -1].float(), -1)
     out = {lab: 0.0 for lab in labels}
@@ -62,7 +62,7 @@ def expected_api_probs(model, tok, prompt, labels, follow_whitespace=False):
         hits = [lab for lab in labels if s.strip() and lab.startswith(s.strip())]
         if len(hits) == 1:
             out[hits[0]] += float(p[i])
-        if follow_whitespace and s and not s.strip():
+        if follow_whitespace and s and not s.strip() and float(p[i]) >= 0.05:
             after = expected_api_probs(model, tok, prompt + s, labels)
             for lab in labels:
                 out[lab] += float(p[i]) * after[lab]

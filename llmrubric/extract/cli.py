@@ -49,6 +49,7 @@ BACKEND_KEYS = {
         "pause",
         "max_pause",
         "whitespace_continuation",
+        "whitespace_min_prob",
     ),
 }
 DEFAULTS = {

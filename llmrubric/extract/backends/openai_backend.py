@@ -8,9 +8,9 @@ unknown mass (it is below the smallest returned probability): it is recorded as 
 result is ``incomplete``, never set to 0. For a multi-token label the first token stands for
 the label (an upper bound of the full continuation) — servers return no continuation scores
 through this API. On the completions endpoint a whitespace-only token among the returned ones
-(tokenizers that spell ``" 1"`` as ``" "`` + ``"1"``, e.g. SmolLM2's) is followed: the prompt
-plus that token is asked once more and its labels' mass, times the token's probability, is
-added (``whitespace_continuation``). The protocols of real servers: ``docs/extract.md``.
+with probability at least ``whitespace_min_prob`` (tokenizers that spell ``" 1"`` as ``" "`` +
+``"1"``, e.g. SmolLM2's) is followed: the prompt plus that token is asked once more and its
+labels' mass, times the token's probability, is added (``whitespace_continuation``). The protocols of real servers: ``docs/extract.md``.
 
 ``base_url`` may list several replicas of one model (e.g. vLLM servers): each request goes
 to the live endpoint with the fewest requests in flight, at most ``concurrency`` per endpoint
@@ -47,8 +47,9 @@ log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
-def map_top_logprobs(top: dict[str, float], labels: Sequence[str]) -> tuple[list[float | None], str]:
-    """Label probabilities from one position's top logprobs; None where unknown, with why."""
+def _label_mass(top: dict[str, float], labels: Sequence[str]) -> tuple[list[float], list[bool], set[int]]:
+    """Per label: the mass of the returned tokens that (stripped) begin it and no other label, whether
+    any did; and the labels a returned token begins along with another one (ambiguous)."""
     mass = [0.0] * len(labels)
     seen = [False] * len(labels)
     ambiguous = set()
@@ -62,37 +63,40 @@ def map_top_logprobs(top: dict[str, float], labels: Sequence[str]) -> tuple[list
             seen[hits[0]] = True
         elif len(hits) > 1:
             ambiguous.update(hits)
-    floor = math.exp(min(top.values())) if top else 1.0
-    probs: list[float | None] = []
-    unknown = []
-    for i, label in enumerate(labels):
-        if i in ambiguous or not seen[i]:
-            probs.append(None)
-            unknown.append(label)
-        else:
-            probs.append(mass[i])
-    reason = ""
-    if unknown:
-        reason = (
-            f"mass unknown for {unknown}: absent from the {len(top)} top logprobs (each below {floor:.3g}) or ambiguous"
-        )
-    return probs, reason
+    return mass, seen, ambiguous
+
+
+def map_top_logprobs(top: dict[str, float], labels: Sequence[str]) -> tuple[list[float | None], str]:
+    """Label probabilities from one position's top logprobs; None where unknown, with why."""
+    return combine([(1.0, top, "")], labels)
 
 
 def combine(
     parts: Sequence[tuple[float, dict[str, float], str]], labels: Sequence[str]
 ) -> tuple[list[float | None], str]:
-    """Label probabilities from several positions: ``(weight, top logprobs, what)`` each (the first
-    token, then each followed whitespace token with its probability as weight). A label's mass is
-    the weighted sum; it is unknown (None) unless every part saw it."""
-    total: list[float | None] = [0.0] * len(labels)
-    reasons = []
-    for weight, top, what in parts:
-        probs, reason = map_top_logprobs(top, labels)
-        if reason:
-            reasons.append(f"{what}: {reason}" if what else reason)
-        total = [None if t is None or p is None else t + weight * p for t, p in zip(total, probs)]
-    return total, "; ".join(reasons)
+    """Label probabilities from one or several positions: ``(weight, top logprobs, what)`` each (the
+    first token; then each followed whitespace token, its probability the weight). A label's mass is
+    the weighted sum over the parts that returned it (a part that did not adds less than its weight
+    times its smallest returned probability); None where no part returned it or a token is ambiguous."""
+    total = [0.0] * len(labels)
+    seen = [False] * len(labels)
+    ambiguous: set[int] = set()
+    for weight, top, _ in parts:
+        mass, hit, both = _label_mass(top, labels)
+        total = [t + weight * m for t, m in zip(total, mass)]
+        seen = [a or b for a, b in zip(seen, hit)]
+        ambiguous |= both
+    unknown = [i for i in range(len(labels)) if not seen[i] or i in ambiguous]
+    if not unknown:
+        return list(total), ""
+    top = parts[0][1]
+    floor = math.exp(min(top.values())) if top else 1.0
+    after = "".join(f" or {what}" for _, _, what in parts[1:])
+    reason = (
+        f"mass unknown for {[labels[i] for i in unknown]}: absent from the {len(top)} top logprobs (each below "
+        f"{floor:.3g}){after} or ambiguous"
+    )
+    return [None if i in unknown else total[i] for i in range(len(labels))], reason
 
 
 def check_urls(base_url: str | Sequence[str]) -> list[str]:
@@ -230,7 +234,8 @@ class OpenAIBackend(Backend):
         azure_api_version: set for Azure: deployment URLs, ``api-key`` header.
         top_logprobs: how many alternatives to request (OpenAI and vLLM's default allow up to 20); at
             least the number of options.
-        whitespace_continuation: completions endpoint: follow whitespace-only first tokens (module doc).
+        whitespace_continuation, whitespace_min_prob: completions endpoint: follow whitespace-only first
+            tokens at least this likely (module doc).
         concurrency: requests in flight per endpoint.
         max_retries, timeout, backoff, max_backoff: retries per request; seconds.
         pause_after, pause, max_pause: failures in a row that pause an endpoint; seconds.
@@ -254,6 +259,7 @@ class OpenAIBackend(Backend):
         max_pause: float = 300.0,
         system_prompt: str | None = None,
         whitespace_continuation: bool = True,
+        whitespace_min_prob: float = 0.05,
     ):
         if endpoint not in ("chat", "completions"):
             raise InputError(f"endpoint must be 'chat' or 'completions', not {endpoint!r}")
@@ -267,12 +273,13 @@ class OpenAIBackend(Backend):
         self.pool = EndpointPool(self.urls, self.concurrency, pause_after, pause, max_pause)
         self.system_prompt = system_prompt
         self.whitespace_continuation = bool(whitespace_continuation) and endpoint == "completions"
+        self.whitespace_min_prob = float(whitespace_min_prob)
         self.stats = {"requests": 0, "retries": 0}
         self._lock = threading.Lock()
 
     @property
     def model_id(self) -> str:
-        ws = "|ws" if self.whitespace_continuation else ""
+        ws = f"|ws{self.whitespace_min_prob:g}" if self.whitespace_continuation else ""
         return (
             f"openai:{self.base_url}|{self.model}|{self.endpoint}|top{self.top_logprobs}|sys={self.system_prompt!r}{ws}"
         )
@@ -411,7 +418,7 @@ class OpenAIBackend(Backend):
         parts = [(1.0, top, "")]
         if self.whitespace_continuation:
             for token, logprob in top.items():
-                if token and not token.strip():
+                if token and not token.strip() and math.exp(logprob) >= self.whitespace_min_prob:
                     after, error = self._fetch(task, task.prompt + token)
                     if after is None:
                         return Result(task, None, "failed", f"after {token!r}: {error}")

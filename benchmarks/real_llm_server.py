@@ -194,7 +194,9 @@ def server(args, cfg: dict) -> dict:
         if args.record:
             out["recorded"] = record(srv, rubric, Path(args.record))
     out["note"] = (
-        "transformers de-quantises the Q4_1 weights to float32; llama.cpp multiplies the quantised weights "
-        "(activations rounded to 8 bits in its Q4_1 x Q8_1 kernels): the differences are those kernels'"
+        "transformers de-quantises the Q4_1 weights to float32, llama.cpp multiplies them with activations rounded "
+        "to 8 bits (chat_same_tokens_in_process: the kernels alone); and llama.cpp's tokenizer writes the template's "
+        "'\\n\\n' before an option's digit as one token where transformers' GGUF tokenizer writes two "
+        "(prompts_with_equal_token_counts 0)"
     )
     return out

@@ -1,12 +1,17 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test bench clean
+SERVER_LOG := $(VENV)/llama-cpp-python-build.log
+
+.PHONY: setup demo demo-llm test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
+	@echo "installing the optional group [server] (llama-cpp-python; its first build takes about 5 minutes on 2 cores, later setups reuse the wheel pip cached)"
+	@if CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -e ".[test,server]" > $(SERVER_LOG) 2>&1; then rm -f $(SERVER_LOG); \
+	else echo "setup: the optional group [server] (llama-cpp-python) did not install, see $(SERVER_LOG); its tests will skip"; fi
 	touch $@
 
 setup: $(VENV)/.installed
@@ -23,6 +28,24 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) train.py experiment=demo
 	$(PY) evaluate.py experiment=demo
+
+# SmolLM2 on the texts of data/demo_llm/, a calibrator trained on the real LLM-Rubric annotations of its features,
+# then scores and a leaderboard of the new texts (docs: data/demo_llm/README.md)
+DEMO_LLM := outputs/demo_llm
+demo-llm: setup
+	$(VENV)/bin/llmrubric extract features data/demo_llm/texts.csv --config conf/extract/smollm2.yaml \
+		--out $(DEMO_LLM)/new_texts/features.csv --no-progress
+	$(PY) train.py experiment=demo_llm
+	$(PY) evaluate.py experiment=demo_llm
+	$(VENV)/bin/llmrubric score texts $(DEMO_LLM)/fold0.safetensors $(DEMO_LLM)/new_texts/features.csv \
+		--texts data/demo_llm/texts.csv --out $(DEMO_LLM)/new_texts/scores.csv \
+		--predictions $(DEMO_LLM)/new_texts/predictions.csv --no-progress
+	$(VENV)/bin/llmrubric leaderboard build $(DEMO_LLM)/new_texts/predictions.csv --texts data/demo_llm/texts.csv \
+		--out-dir $(DEMO_LLM)/new_texts/leaderboard
+	@echo "features of the new texts:    $(DEMO_LLM)/new_texts/features.csv (+ .failures.csv, .summary.json)"
+	@echo "calibrator and its metrics:   $(DEMO_LLM)/fold0.safetensors, $(DEMO_LLM)/metrics.md (held-out real dialogues)"
+	@echo "scores of the new texts:      $(DEMO_LLM)/new_texts/scores.csv, predictions.csv"
+	@echo "leaderboard of their systems: $(DEMO_LLM)/new_texts/leaderboard/"
 
 test: setup
 	$(PY) -m ruff check .

@@ -10,10 +10,11 @@ lengths. float32 vs bfloat16 is timed on the ``--dtype-dialogues`` shortest dial
 be shared: wall-clock rates are given beside rates per CPU second of this process, which
 times the thread count estimate an idle machine.
 
-Parts ``injection`` and ``orders`` (``real_llm_probe.py``) and ``cv`` (``real_llm_cv.py``) are
-described in their modules; each part writes only its own key of the JSON, keeping the others.
+Parts ``injection`` and ``orders`` (``real_llm_probe.py``), ``cv`` (``real_llm_cv.py``) and ``server``
+(``real_llm_server.py``, key ``real_server``) are described in their modules; each part writes only its own
+key of the JSON, keeping the others.
 
-Usage: ``python benchmarks/real_llm.py [--part a|cv|injection|orders] [--data FILE] [--subset 20] [--dtype-dialogues 3]``
+Usage: ``python benchmarks/real_llm.py [--part a|cv|injection|orders|server] [--data FILE] [--subset 20] [--dtype-dialogues 3]``
 """
 
 from __future__ import annotations
@@ -156,7 +157,9 @@ def main() -> None:
     parser.add_argument("--cache", help="also store the subset's results in this cache (e.g. the full extraction's)")
     parser.add_argument("--from-cache", help="summarise a subset run cut short from its cache instead of running")
     parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--part", choices=["a", "cv", "injection", "orders"], default="a")
+    parser.add_argument("--part", choices=["a", "cv", "injection", "orders", "server"], default="a")
+    parser.add_argument("--server-dialogues", type=int, default=10, help="server: the n shortest dialogues")
+    parser.add_argument("--record", help="server: also store raw responses of the server in this folder")
     parser.add_argument("--probe-dialogues", type=int, default=8, help="injection/orders: the n shortest dialogues")
     parser.add_argument("--probe-cache", default=str(ROOT / "outputs" / "real_llm_bench" / "probe.cache.sqlite"))
     parser.add_argument("--orders", type=int, nargs="+", default=[1, 2, 4], help="orders: option orders to compare")
@@ -170,11 +173,17 @@ def main() -> None:
     if args.part != "a":
         import real_llm_cv
         import real_llm_probe
+        import real_llm_server
 
-        run_part = {"cv": real_llm_cv.cv, "injection": real_llm_probe.injection, "orders": real_llm_probe.orders}
+        run_part = {
+            "cv": real_llm_cv.cv,
+            "injection": real_llm_probe.injection,
+            "orders": real_llm_probe.orders,
+            "server": real_llm_server.server,
+        }
         figures = run_part[args.part](args, cfg)
         result = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
-        result[args.part] = figures
+        result["real_server" if args.part == "server" else args.part] = figures
         write_json(result, args.out)
         print(json.dumps(figures, indent=1))
         return

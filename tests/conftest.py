@@ -78,3 +78,16 @@ def llama(tok):
     from extract_fixtures import make_llama
 
     return make_llama(tok, max_positions=2048)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (GGUF de-quantised to float32): (model, tokenizer)."""
+    import torch
+
+    from llmrubric.extract import models
+
+    path = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `make setup` (llmrubric models fetch smollm2 models)")
+    return models.load(models.resolve(path), torch.float32)

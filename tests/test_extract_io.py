@@ -46,8 +46,10 @@ def task(qid, prompt, labels):
     return Task("t1", qid, prompt, tuple(labels), tuple(labels), "g", "h", text_hash(prompt, *labels))
 
 
-def expected_api_probs(model, tok, prompt, labels):
-    """What the client should report: mass of tokens whose stripped text uniquely begins a label."""
+def expected_api_probs(model, tok, prompt, labels, follow_whitespace=False):
+    """What the client should report: mass of tokens whose stripped text uniquely begins a label; with
+    ``follow_whitespace`` (completions) plus, for each whitespace-only token of probability >= 0.05, that
+    probability times the labels' mass after it."""
     with torch.no_grad():
         p = torch.softmax(model(input_ids=torch.tensor([tok(prompt)["input_ids"]])).logits[0, -1].float(), -1)
     out = {lab: 0.0 for lab in labels}
@@ -60,6 +62,10 @@ def expected_api_probs(model, tok, prompt, labels):
         hits = [lab for lab in labels if s.strip() and lab.startswith(s.strip())]
         if len(hits) == 1:
             out[hits[0]] += float(p[i])
+        if follow_whitespace and s and not s.strip() and float(p[i]) >= 0.05:
+            after = expected_api_probs(model, tok, prompt + s, labels)
+            for lab in labels:
+                out[lab] += float(p[i]) * after[lab]
     return out
 
 
@@ -77,7 +83,7 @@ def test_openai_client_reports_real_model_logprobs(llama, tok, endpoint):
     assert len(results) == 4
     for r in results:
         assert r.status == "ok", r.reason
-        expected = expected_api_probs(llama, tok, r.task.prompt, labels)
+        expected = expected_api_probs(llama, tok, r.task.prompt, labels, follow_whitespace=endpoint == "completions")
         for lab in labels:
             assert r.probs[lab] == pytest.approx(expected[lab], rel=1e-3, abs=1e-7)
 
@@ -112,8 +118,14 @@ def test_openai_failure_is_recorded_never_zero(llama, tok):
 
 def test_openai_absent_option_mass_is_unknown(llama, tok):
     with FakeOpenAI(llama, tok) as server:
-        backend = OpenAIBackend("tiny", server.url, endpoint="completions", api_key_env=None, top_logprobs=1)
+        backend = OpenAIBackend("tiny", server.url, endpoint="completions", api_key_env=None, top_logprobs=4)
         ex = extract([task("Q0", PROMPTS[0], ["1", "2", "3", "4"])], backend, ResultCache(None), "api", progress=False)
+        backend.top_logprobs, sent = 3, server.requests
+        with pytest.raises(
+            InputError, match="extract setting top_logprobs: 3 is fewer than the 4 options of question 'Q0'"
+        ):
+            list(backend.score([task("Q0", PROMPTS[0], ["1", "2", "3", "4"])]))
+        assert server.requests == sent  # refused before any request
     assert ex.features.empty
     assert ex.failures.status.tolist() == ["incomplete"] and "mass unknown" in ex.failures.reason[0]
     probs, reason = map_top_logprobs({" 4": math.log(0.5), "3": math.log(0.2)}, ["1", "2", "3", "4"])

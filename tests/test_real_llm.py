@@ -1,17 +1,17 @@
 """The real SmolLM2-135M-Instruct (GGUF, fetched by ``make setup``) on 2 dialogues x 2 questions.
 
 The dialogues are short invented enterprise chats (no real data in the repository); the model is
-loaded once per session.
+loaded once per session (``smollm2`` in conftest.py).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from llmrubric.extract import models
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import likert_tasks
@@ -27,16 +27,6 @@ DIALOGUES = [
     "user: What is the travel budget for Q3?\nassistant: I like turtles.\nuser: That does not answer my question.\n"
     "assistant: Budgets are things that companies have.",
 ]
-
-
-@pytest.fixture(scope="session")
-def smollm2():
-    path = models.MODELS_DIR.parents[1] / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.is_file():
-        pytest.fail(f"{path} is missing: run `make setup` (llmrubric models fetch smollm2 models)")
-    import torch
-
-    return models.load(models.resolve(path), torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +137,16 @@ def test_killed_run_resumes_without_recomputing(smollm2, tasks, chat_run, tmp_pa
     assert ex.summary["cached"] == 1 and ex.summary["computed"] == 3 and len(scored) == 3 and ex.summary["done"] == 4
     resumed = {(t, q): dict(zip(g.option, g.prob)) for (t, q), g in ex.features.groupby(["text_id", "question_id"])}
     assert_same(probs_of(chat_run[0]), resumed)
+
+
+def test_release_annotations_with_smollm2_features(shared_root, rubric):
+    """`make demo-llm`'s training data: the release's real annotations, SmolLM2's committed features."""
+    from llmrubric.data import llm_rubric
+
+    root = Path(__file__).resolve().parents[1]
+    smollm2 = llm_rubric.load(shared_root, "real", rubric, features=root / "data" / "real_llm" / "smollm2_real.csv")
+    gpt = llm_rubric.load(shared_root, "real", rubric)
+    assert set(smollm2.features.source) == {"SmolLM2-135M-Instruct.Q4_1.gguf/llm_rubric"}
+    assert set(gpt.features.source) == {"gpt-3.5-turbo-16k"}
+    assert set(smollm2.annotations.text_id) <= set(smollm2.features.text_id)
+    assert set(smollm2.annotations.text_id) == set(gpt.annotations.text_id)  # both LLMs judged every real dialogue

@@ -43,6 +43,7 @@ def backend(urls, tok, **kw):
         backoff=0.02,
         pause_after=2,
         pause=0.2,
+        whitespace_continuation=False,  # one request per prompt: the tests count requests per endpoint
     )
     return OpenAIBackend("tiny", urls, **{**settings, **kw})
 

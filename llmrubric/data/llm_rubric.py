@@ -16,7 +16,7 @@ import pandas as pd
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, require_features, validate_annotations, validate_features
+from llmrubric.io.schemas import Tables, read_table, require_features, validate_annotations, validate_features
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +120,20 @@ def read_features(path: Path, rubric: Rubric) -> pd.DataFrame:
     return validate_features(features, rubric)
 
 
-def load(root: str | Path, split: str, rubric: Rubric, drop_unfeatured: bool = True) -> Tables:
-    """Canonical tables of one split (``synthetic`` or ``real``) of the release at ``root``."""
+def load(
+    root: str | Path, split: str, rubric: Rubric, drop_unfeatured: bool = True, features: str | Path | None = None
+) -> Tables:
+    """Canonical tables of one split (``synthetic`` or ``real``) of the release at ``root``;
+    ``features``: a features table of another LLM to use instead of the release's GPT-3.5 one."""
     if split not in FILES:
         raise InputError(f"unknown LLM-Rubric split {split!r} (use {sorted(FILES)})")
     root = Path(root)
     human_file, llm_file = (root / f for f in FILES[split])
     annotations = read_annotations(human_file, split, rubric)
-    features = read_features(llm_file, rubric)
+    if features is None:
+        features = read_features(llm_file, rubric)
+    else:
+        features = validate_features(read_table(features, "features"), rubric)
     annotations = require_features(annotations, features, drop_unfeatured)
     texts = (
         annotations.groupby("text_id", sort=True)["system_id"].first().reset_index()

@@ -48,6 +48,8 @@ BACKEND_KEYS = {
         "pause_after",
         "pause",
         "max_pause",
+        "whitespace_continuation",
+        "whitespace_min_prob",
     ),
 }
 DEFAULTS = {
@@ -142,7 +144,7 @@ def register(subparsers) -> None:
     )
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
         flag = "--" + key.replace("_", "-")
-        if key in ("prefix_reuse", "chat_template"):
+        if key in ("prefix_reuse", "chat_template", "whitespace_continuation"):
             p.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None)
         else:
             p.add_argument(flag, dest=key, default=None, type=_number)

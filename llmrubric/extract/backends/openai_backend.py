@@ -2,11 +2,15 @@
 logprobs of the first generated token.
 
 For each task one request asks for one token with ``top_logprobs``; the probability of a
-label is the mass of the returned tokens that (stripped) begin that label and no other.
-A label no returned token points to has unknown mass (it is below the smallest returned
-probability): it is recorded as None and the result is ``incomplete``, never set to 0.
-For a multi-token label the first token stands for the label (an upper bound of the full
-continuation) — servers return no continuation scores through this API.
+label is the mass of the returned tokens that (stripped) begin that label and no other, so
+``"1"`` and ``" 1"`` both count for label ``1``. A label no returned token points to has
+unknown mass (it is below the smallest returned probability): it is recorded as None and the
+result is ``incomplete``, never set to 0. For a multi-token label the first token stands for
+the label (an upper bound of the full continuation) — servers return no continuation scores
+through this API. On the completions endpoint a whitespace-only token among the returned ones
+with probability at least ``whitespace_min_prob`` (tokenizers that spell ``" 1"`` as ``" "`` +
+``"1"``, e.g. SmolLM2's) is followed: the prompt plus that token is asked once more and its
+labels' mass, times the token's probability, is added (``whitespace_continuation``). The protocols of real servers: ``docs/extract.md``.
 
 ``base_url`` may list several replicas of one model (e.g. vLLM servers): each request goes
 to the live endpoint with the fewest requests in flight, at most ``concurrency`` per endpoint
@@ -43,8 +47,9 @@ log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
-def map_top_logprobs(top: dict[str, float], labels: Sequence[str]) -> tuple[list[float | None], str]:
-    """Label probabilities from one position's top logprobs; None where unknown, with why."""
+def _label_mass(top: dict[str, float], labels: Sequence[str]) -> tuple[list[float], list[bool], set[int]]:
+    """Per label: the mass of the returned tokens that (stripped) begin it and no other label, whether
+    any did; and the labels a returned token begins along with another one (ambiguous)."""
     mass = [0.0] * len(labels)
     seen = [False] * len(labels)
     ambiguous = set()
@@ -58,21 +63,40 @@ def map_top_logprobs(top: dict[str, float], labels: Sequence[str]) -> tuple[list
             seen[hits[0]] = True
         elif len(hits) > 1:
             ambiguous.update(hits)
+    return mass, seen, ambiguous
+
+
+def map_top_logprobs(top: dict[str, float], labels: Sequence[str]) -> tuple[list[float | None], str]:
+    """Label probabilities from one position's top logprobs; None where unknown, with why."""
+    return combine([(1.0, top, "")], labels)
+
+
+def combine(
+    parts: Sequence[tuple[float, dict[str, float], str]], labels: Sequence[str]
+) -> tuple[list[float | None], str]:
+    """Label probabilities from one or several positions: ``(weight, top logprobs, what)`` each (the
+    first token; then each followed whitespace token, its probability the weight). A label's mass is
+    the weighted sum over the parts that returned it (a part that did not adds less than its weight
+    times its smallest returned probability); None where no part returned it or a token is ambiguous."""
+    total = [0.0] * len(labels)
+    seen = [False] * len(labels)
+    ambiguous: set[int] = set()
+    for weight, top, _ in parts:
+        mass, hit, both = _label_mass(top, labels)
+        total = [t + weight * m for t, m in zip(total, mass)]
+        seen = [a or b for a, b in zip(seen, hit)]
+        ambiguous |= both
+    unknown = [i for i in range(len(labels)) if not seen[i] or i in ambiguous]
+    if not unknown:
+        return list(total), ""
+    top = parts[0][1]
     floor = math.exp(min(top.values())) if top else 1.0
-    probs: list[float | None] = []
-    unknown = []
-    for i, label in enumerate(labels):
-        if i in ambiguous or not seen[i]:
-            probs.append(None)
-            unknown.append(label)
-        else:
-            probs.append(mass[i])
-    reason = ""
-    if unknown:
-        reason = (
-            f"mass unknown for {unknown}: absent from the {len(top)} top logprobs (each below {floor:.3g}) or ambiguous"
-        )
-    return probs, reason
+    after = "".join(f" or {what}" for _, _, what in parts[1:])
+    reason = (
+        f"mass unknown for {[labels[i] for i in unknown]}: absent from the {len(top)} top logprobs (each below "
+        f"{floor:.3g}){after} or ambiguous"
+    )
+    return [None if i in unknown else total[i] for i in range(len(labels))], reason
 
 
 def check_urls(base_url: str | Sequence[str]) -> list[str]:
@@ -208,7 +232,10 @@ class OpenAIBackend(Backend):
         endpoint: ``chat`` or ``completions``.
         api_key_env: environment variable holding the key (none needed for a local server).
         azure_api_version: set for Azure: deployment URLs, ``api-key`` header.
-        top_logprobs: how many alternatives to request (OpenAI allows up to 20).
+        top_logprobs: how many alternatives to request (OpenAI and vLLM's default allow up to 20); at
+            least the number of options.
+        whitespace_continuation, whitespace_min_prob: completions endpoint: follow whitespace-only first
+            tokens at least this likely (module doc).
         concurrency: requests in flight per endpoint.
         max_retries, timeout, backoff, max_backoff: retries per request; seconds.
         pause_after, pause, max_pause: failures in a row that pause an endpoint; seconds.
@@ -231,6 +258,8 @@ class OpenAIBackend(Backend):
         pause: float = 10.0,
         max_pause: float = 300.0,
         system_prompt: str | None = None,
+        whitespace_continuation: bool = True,
+        whitespace_min_prob: float = 0.05,
     ):
         if endpoint not in ("chat", "completions"):
             raise InputError(f"endpoint must be 'chat' or 'completions', not {endpoint!r}")
@@ -243,12 +272,17 @@ class OpenAIBackend(Backend):
         self.backoff, self.max_backoff = float(backoff), float(max_backoff)
         self.pool = EndpointPool(self.urls, self.concurrency, pause_after, pause, max_pause)
         self.system_prompt = system_prompt
+        self.whitespace_continuation = bool(whitespace_continuation) and endpoint == "completions"
+        self.whitespace_min_prob = float(whitespace_min_prob)
         self.stats = {"requests": 0, "retries": 0}
         self._lock = threading.Lock()
 
     @property
     def model_id(self) -> str:
-        return f"openai:{self.base_url}|{self.model}|{self.endpoint}|top{self.top_logprobs}|sys={self.system_prompt!r}"
+        ws = f"|ws{self.whitespace_min_prob:g}" if self.whitespace_continuation else ""
+        return (
+            f"openai:{self.base_url}|{self.model}|{self.endpoint}|top{self.top_logprobs}|sys={self.system_prompt!r}{ws}"
+        )
 
     def _url(self, base_url: str | None = None) -> str:
         base = base_url or self.base_url
@@ -295,19 +329,20 @@ class OpenAIBackend(Backend):
             self.stats["requests"] += 1
             self.stats["retries"] += int(retry)
 
-    def _attempt(self, task: Task, body: dict, endpoint: Endpoint) -> tuple[Result | None, str, float | None]:
-        """One request to ``endpoint``: (the result, or None to retry; the error; its Retry-After)."""
+    def _attempt(self, body: dict, endpoint: Endpoint) -> tuple[dict | None, str, float | None, bool]:
+        """One request to ``endpoint``: (its top logprobs with ``"prompt_tokens"``, or None; the error; its
+        Retry-After; whether the error is final, i.e. not worth a retry)."""
         try:
             response = self._post(body, endpoint.url)
         except urllib.error.HTTPError as e:
-            error = f"HTTP {e.code} from {endpoint.url}: {e.read()[:300].decode(errors='replace')}"
+            error = f"HTTP {e.code} from {self._url(endpoint.url)}: {e.read()[:300].decode(errors='replace')}"
             if e.code not in RETRY_STATUS:
                 self.pool.release(endpoint, ok=True)
-                return Result(task, None, "failed", error), error, None
+                return None, error, None, True
             header = e.headers.get("Retry-After") if e.headers else None
             retry_after = float(header) if header and header.replace(".", "", 1).isdigit() else None
             self.pool.release(endpoint, ok=False, retry_after=retry_after, reason=error)
-            return None, error, retry_after
+            return None, error, retry_after, False
         except (
             OSError,
             http.client.HTTPException,
@@ -315,24 +350,31 @@ class OpenAIBackend(Backend):
         ) as e:  # refused, dropped, timed out, cut short
             error = f"{type(e).__name__} from {endpoint.url}: {getattr(e, 'reason', e)}"
             self.pool.release(endpoint, ok=False, reason=error)
-            return None, error, None
+            return None, error, None, False
         self.pool.release(endpoint, ok=True)
         try:
             top = self._top(response)
-        except (KeyError, IndexError, TypeError) as e:
-            return Result(task, None, "failed", f"response without logprobs ({type(e).__name__}: {e})"), "", None
-        probs, reason = map_top_logprobs(top, task.labels)
-        tokens = int(response.get("usage", {}).get("prompt_tokens", 0))
+        except (KeyError, IndexError, TypeError, AttributeError) as e:
+            setting = "top_logprobs with logprobs: true" if self.endpoint == "chat" else "logprobs"
+            return (
+                None,
+                f"the response of {self._url(endpoint.url)} has no token logprobs ({type(e).__name__}: {e}); the "
+                f"request asked for them ({setting} = {self.top_logprobs}): does this server return logprobs?",
+                None,
+                True,
+            )
+        tokens = response.get("usage") or {}
         return (
-            Result(task, dict(zip(task.options, probs)), "incomplete" if reason else "ok", reason, tokens, tokens),
+            {"top": top, "prompt_tokens": int(tokens.get("prompt_tokens") or 0), "url": endpoint.url},
             "",
             None,
+            False,
         )
 
-    def request(self, task: Task) -> Result:
-        """One task, with retries on the least busy live endpoint; never raises for a server or network failure.
-        An attempt while every endpoint is paused fails at once (and waits its back-off)."""
-        body = self._body(task.prompt)
+    def _fetch(self, task: Task, prompt: str) -> tuple[dict | None, str]:
+        """The top logprobs after ``prompt``, with retries on the least busy live endpoint: (answer, '') or
+        (None, why). An attempt while every endpoint is paused fails at once (and waits its back-off)."""
+        body = self._body(prompt)
         last, previous = "", None
         for attempt in range(self.max_retries + 1):
             endpoint = self.pool.acquire(avoid=previous)
@@ -341,9 +383,11 @@ class OpenAIBackend(Backend):
                 last = f"every endpoint is paused after failing (last: {self.pool.last_failure})"
             else:
                 self._count(retry=attempt > 0)
-                result, last, retry_after = self._attempt(task, body, endpoint)
-                if result is not None:
-                    return result
+                answer, last, retry_after, final = self._attempt(body, endpoint)
+                if answer is not None:
+                    return answer, ""
+                if final:
+                    return None, last
                 previous = endpoint
             if attempt < self.max_retries:
                 delay = (
@@ -353,7 +397,42 @@ class OpenAIBackend(Backend):
                 )
                 log.debug("task %s/%s: %s; retry in %.2fs", task.text_id, task.question_id, last, delay)
                 time.sleep(delay)
-        return Result(task, None, "failed", f"{last} (after {self.max_retries + 1} attempts)")
+        return None, f"{last} (after {self.max_retries + 1} attempts)"
+
+    def request(self, task: Task) -> Result:
+        """One task (and its whitespace continuations); never raises for a server or network failure."""
+        answer, error = self._fetch(task, task.prompt)
+        if answer is None:
+            return Result(task, None, "failed", error)
+        top, tokens = answer["top"], answer["prompt_tokens"]
+        if len(top) < len(task.labels):
+            return Result(
+                task,
+                dict.fromkeys(task.options),
+                "incomplete",
+                f"{self._url(answer['url'])} returned {len(top)} top logprobs, fewer than the {len(task.labels)} "
+                f"options (top_logprobs = {self.top_logprobs}; the server's cap, e.g. vLLM's --max-logprobs?)",
+                tokens,
+                tokens,
+            )
+        parts = [(1.0, top, "")]
+        if self.whitespace_continuation:
+            for token, logprob in top.items():
+                if token and not token.strip() and math.exp(logprob) >= self.whitespace_min_prob:
+                    after, error = self._fetch(task, task.prompt + token)
+                    if after is None:
+                        return Result(task, None, "failed", f"after {token!r}: {error}")
+                    parts.append((math.exp(logprob), after["top"], f"after {token!r}"))
+                    tokens += after["prompt_tokens"]
+        probs, reason = combine(parts, task.labels)
+        return Result(
+            task,
+            dict(zip(task.options, probs)),
+            "incomplete" if reason else "ok",
+            reason,
+            answer["prompt_tokens"],
+            tokens,
+        )
 
     def check_endpoints(self) -> None:
         """Before any request: an InputError if no endpoint accepts a connection; unreachable ones are paused."""
@@ -371,6 +450,13 @@ class OpenAIBackend(Backend):
     def score(self, tasks: Sequence[Task]) -> Iterator[Result]:
         if not tasks:
             return
+        widest = max(tasks, key=lambda t: len(t.labels))
+        if self.top_logprobs < len(widest.labels):
+            raise InputError(
+                f"extract setting top_logprobs: {self.top_logprobs} is fewer than the {len(widest.labels)} options of "
+                f"question {widest.question_id!r}: the mass of the others would be unknown; ask for at least "
+                f"{len(widest.labels)} (OpenAI and vLLM's default allow 20)"
+            )
         self.check_endpoints()
         with ThreadPoolExecutor(self.concurrency * len(self.urls)) as pool:
             futures = [pool.submit(self.request, t) for t in tasks]

@@ -1,0 +1,202 @@
+"""Part ``server`` of ``benchmarks/real_llm.py``: the OpenAI backend against llama.cpp's real
+OpenAI-compatible server (llama-cpp-python, optional group ``server``) vs the transformers backend,
+SmolLM2-135M-Instruct (the same GGUF), on the same prompts: the ``--server-dialogues`` shortest real
+LLM-Rubric dialogues (ties by text_id, chosen without labels) × their applicable rubric questions.
+
+- ``chat``: the server's ``/chat/completions`` (it applies the GGUF's chat template) vs transformers
+  with ``chat_template: true`` (the tokenizer's template, labels right after the assistant turn opens);
+- ``completions``: ``/completions`` on the raw prompt, which counts ``"1"`` and, after each whitespace token
+  at least 0.05 likely (whitespace continuation), ``"1"`` again, vs transformers' ``"1"`` plus ``" 1"`` plus
+  ``"\n1"`` (``label_prefix`` ``""``, ``" "`` and ``"\n"``): they differ by the mass of the whitespace
+  tokens the server does not follow (or follows beyond those two).
+
+Reported per endpoint: the largest and mean probability difference, per question the Pearson
+correlation of expected answers, label-mass medians, prompt tokens (the server's ``usage`` against
+the transformers tokenizer's count: equal means the same template and special tokens), seconds.
+``--record DIR`` also stores raw responses of the server (tests/data/llama_cpp/) for the parser tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from llmrubric.config import load_file
+from llmrubric.extract import models
+from llmrubric.extract.adapters import llm_rubric_real_texts
+from llmrubric.extract.backends.openai_backend import OpenAIBackend
+from llmrubric.extract.backends.transformers_backend import TransformersBackend
+from llmrubric.extract.families import likert_tasks
+from llmrubric.extract.prompts import PromptTemplate
+from llmrubric.extract.runner import assemble
+from llmrubric.io.rubric import Rubric
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from llama_server import LlamaServer, compare, unavailable  # noqa: E402
+from real_llm_probe import shortest  # noqa: E402
+
+
+def features(tasks, backend, rubric) -> tuple[pd.DataFrame, list, float]:
+    """The features table of ``tasks``, the results, and the seconds they took."""
+    start = time.perf_counter()
+    results = list(backend.score(tasks))
+    seconds = round(time.perf_counter() - start, 1)
+    ex = assemble(
+        tasks, {(r.task.template_hash, r.task.key, r.task.question_id): r for r in results}, "bench", (), rubric
+    )
+    return ex.features, results, seconds
+
+
+def summed(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Two features tables of the same blocks, their probabilities added option by option."""
+    keys = ["text_id", "source", "question_id", "option"]
+    both = a.merge(b, on=keys, suffixes=("", "_b"))
+    return both.assign(prob=both.prob + both.prob_b)[[*keys, "prob"]]
+
+
+def same_tokens(model: str, tasks, backend: TransformersBackend, reference: pd.DataFrame, n_ctx: int) -> dict:
+    """llama.cpp in this process (``llama_cpp.Llama``) fed the transformers tokenizer's ids of each chat
+    prompt: its label probabilities against transformers' (the kernels alone) and, per prompt, whether
+    llama.cpp's own tokenizer gives the same ids (the server tokenises the text itself)."""
+    from llama_cpp import Llama
+
+    prepared = [backend._prepare(t) for t in tasks]
+    width = min(n_ctx, max(len(p.ids) for p in prepared) + 8)
+    llama = Llama(model, n_ctx=width, logits_all=True, verbose=False)
+    rows, same = [], 0
+    for t, p in zip(tasks, prepared):
+        own = llama.tokenize(backend._prompt_text(t.prompt).encode(), add_bos=True, special=True)
+        same += own == p.ids
+        llama.reset()
+        llama.eval(p.ids)
+        logits = torch.tensor(llama.scores[llama.n_tokens - 1])
+        lp = torch.log_softmax(logits.float(), -1)
+        for option, label in zip(t.options, p.labels):
+            rows.append(
+                {"text_id": t.text_id, "question_id": t.question_id, "option": option, "p": float(lp[label[0]].exp())}
+            )
+    mine = pd.DataFrame(rows).merge(reference, on=["text_id", "question_id", "option"])
+    return {
+        "max_abs_prob_diff": round(float((mine.p - mine.prob).abs().max()), 4),
+        "mean_abs_prob_diff": round(float((mine.p - mine.prob).abs().mean()), 5),
+        "prompts_llama_cpp_tokenises_alike": same,
+    }
+
+
+def record(server: LlamaServer, rubric: Rubric, out: Path) -> list[str]:
+    """Raw responses of the server for one prompt (the first shipped text of ``data/demo_llm``, question Q0):
+    both endpoints, the completions continuations the backend asks for, a chat request without
+    ``top_logprobs``, and a prompt longer than the context."""
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(1)
+    prompt = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))[0][0].prompt
+    chat = {"model": "smollm2", "max_tokens": 1, "temperature": 0, "logprobs": True, "top_logprobs": 20}
+    completions = {"model": "smollm2", "max_tokens": 1, "temperature": 0, "logprobs": 20}
+    cases = {
+        "chat": ("chat/completions", {**chat, "messages": [{"role": "user", "content": prompt}]}),
+        "completions": ("completions", {**completions, "prompt": prompt}),
+        "chat_without_top_logprobs": (
+            "chat/completions",
+            {**chat, "top_logprobs": None, "messages": [{"role": "user", "content": prompt}]},
+        ),
+        "completions_overflow": (
+            "completions",
+            {**completions, "prompt": "word " * (int(server.settings["n_ctx"]) + 100) + prompt},
+        ),
+    }
+    first = server.post("completions", {**completions, "prompt": prompt})["choices"][0]["logprobs"]["top_logprobs"][0]
+    for token, logprob in first.items():  # the continuations the backend asks for (whitespace_min_prob 0.05)
+        if token and not token.strip() and math.exp(logprob) >= 0.05:
+            name = {" ": "space", "\n": "newline"}.get(token, f"whitespace{len(cases)}")
+            cases[f"completions_after_{name}"] = ("completions", {**completions, "prompt": prompt + token})
+    written = []
+    for name, (path, body) in cases.items():
+        response = server.post(path, body)
+        if name == "completions_overflow":
+            body = {**body, "prompt": f"'word ' x {int(server.settings['n_ctx']) + 100} + the prompt of chat.json"}
+        file = out / f"{name}.json"
+        file.write_text(json.dumps({"path": path, "request": body, "response": response}, indent=1) + "\n")
+        written.append(str(file.relative_to(ROOT)))
+    return written
+
+
+def server(args, cfg: dict) -> dict:
+    why = unavailable()
+    if why:
+        raise SystemExit(f"part server: {why}")
+    rubric = Rubric.load(ROOT / cfg["rubric"])
+    texts = shortest(llm_rubric_real_texts(args.data), args.server_dialogues)
+    tasks, _ = likert_tasks(texts, rubric, PromptTemplate(cfg.get("template") or "llm_rubric"))
+    model = str(ROOT / cfg["model"])
+    out: dict = {"dialogues": len(texts), "prompts": len(tasks), "model": Path(model).name, "endpoints": {}}
+    local = {}
+    weights, tokenizer = models.load(models.resolve(model), torch.float32)
+    for name, kwargs in {
+        "chat": {"chat_template": True},
+        "space": {"chat_template": False, "label_prefix": " "},
+        "no_space": {"chat_template": False, "label_prefix": ""},
+        "newline": {"chat_template": False, "label_prefix": "\n"},
+    }.items():
+        backend = TransformersBackend(weights, tokenizer, model_id=name, batch_size=cfg.get("batch_size", 4), **kwargs)
+        local[name] = features(tasks, backend, rubric)
+        if name in ("chat", "space"):
+            local[f"{name}_tokens"] = {t.key: len(backend._prepare(t).ids) for t in tasks}
+        if name == "chat":
+            n_ctx = int(load_file(ROOT / "conf" / "extract" / "server" / "llama_cpp.yaml")["n_ctx"])
+            out["chat_same_tokens_in_process"] = same_tokens(model, tasks, backend, local["chat"][0], n_ctx)
+    local["completions"] = (
+        summed(summed(local["space"][0], local["no_space"][0]), local["newline"][0]),
+        None,
+        local["space"][2] + local["no_space"][2] + local["newline"][2],
+    )
+    log = ROOT / "outputs" / "real_llm_bench" / "llama_server.log"
+    with LlamaServer(log, model) as srv:
+        out["server"] = {
+            "command": " ".join(srv.command()[1:]).replace(str(ROOT) + "/", ""),
+            "n_ctx": srv.settings["n_ctx"],
+        }
+        for endpoint, reference, tokens in (
+            ("chat", "chat", "chat_tokens"),
+            ("completions", "completions", "space_tokens"),
+        ):
+            backend = OpenAIBackend(
+                srv.settings["alias"],
+                srv.url,
+                endpoint=endpoint,
+                api_key_env=None,
+                concurrency=1,
+                timeout=300,
+                top_logprobs=load_file(ROOT / "conf" / "extract" / "llama_cpp.yaml")["top_logprobs"],
+            )
+            feats, results, seconds = features(tasks, backend, rubric)
+            prompt_tokens = {r.task.key: r.prompt_tokens for r in results}
+            same = sum(prompt_tokens[k] == n for k, n in local[tokens].items())
+            out["endpoints"][endpoint] = {
+                "against": {
+                    "chat": "transformers, chat_template: true",
+                    "completions": "transformers, label_prefix '' + ' ' + newline",
+                }[endpoint],
+                **compare(feats, local[reference][0]),
+                "server_status": pd.Series([r.status for r in results]).value_counts().to_dict(),
+                "requests": backend.stats["requests"],
+                "prompts_with_equal_token_counts": same,
+                "server_seconds": seconds,
+                "transformers_seconds": local[reference][2],
+            }
+        if args.record:
+            out["recorded"] = record(srv, rubric, Path(args.record))
+    out["note"] = (
+        "transformers de-quantises the Q4_1 weights to float32, llama.cpp multiplies them with activations rounded "
+        "to 8 bits (chat_same_tokens_in_process: the kernels alone); and llama.cpp's tokenizer writes the template's "
+        "'\\n\\n' before an option's digit as one token where transformers' GGUF tokenizer writes two "
+        "(prompts_with_equal_token_counts 0)"
+    )
+    return out

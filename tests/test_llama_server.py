@@ -1,0 +1,137 @@
+"""The OpenAI backend against llama.cpp's real OpenAI-compatible server (llama-cpp-python, the optional
+group ``server``; skipped with the reason when it is not installed) serving SmolLM2-135M-Instruct on
+127.0.0.1: both endpoints against the transformers backend on the same prompts (the texts of
+``data/demo_llm``, the rubric's questions without references), and the CLI through it with a text
+longer than the server's context."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from llama_server import LlamaServer, compare, expected_answers, unavailable
+
+from llmrubric.cli import main
+from llmrubric.config import load_file
+from llmrubric.extract.backends.openai_backend import OpenAIBackend
+from llmrubric.extract.backends.transformers_backend import TransformersBackend
+from llmrubric.extract.cache import ResultCache
+from llmrubric.extract.families import likert_tasks
+from llmrubric.extract.prompts import PromptTemplate
+from llmrubric.extract.runner import extract
+from llmrubric.io.rubric import Rubric
+
+REASON = unavailable()
+if REASON:
+    pytest.skip(REASON, allow_module_level=True)
+
+pytestmark = pytest.mark.llm
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["d01", "d06", "d09"]  # a good, a vague and an off-topic answer (data/demo_llm/texts.csv)
+QUESTIONS = ["Q0", "Q1", "Q6", "Q7", "Q8"]  # those that need no references
+# Tolerances (docs/extract.md, "Logprob protocols of real servers"): llama.cpp's kernels move label
+# probabilities by up to about 0.02 on the same tokens; its tokenisation of "\n\n" before an option's
+# digit (one token, where transformers' GGUF tokenizer writes two) by up to about 0.15.
+MAX_PROB_DIFF = 0.2
+MIN_PEARSON = 0.9  # of expected answers, over all compared blocks
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with LlamaServer(tmp_path_factory.mktemp("llama") / "server.log") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def setup(rubric):
+    subset = Rubric.from_dict(
+        {"name": "no_references", "questions": [q for q in rubric.to_dict()["questions"] if q["id"] in QUESTIONS]}
+    )
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv")
+    tasks, skipped = likert_tasks(texts[texts.text_id.isin(TEXTS)], subset, PromptTemplate("llm_rubric"))
+    assert len(tasks) == len(TEXTS) * len(QUESTIONS) and not skipped
+    return tasks, subset
+
+
+def features(tasks, backend, rubric):
+    ex = extract(tasks, backend, ResultCache(None), "s", (), rubric, progress=False)
+    assert ex.summary["done"] == len(tasks), ex.failures.reason.tolist()
+    return ex.features
+
+
+def pooled_pearson(a: pd.DataFrame, b: pd.DataFrame) -> float:
+    e = pd.concat({"a": expected_answers(a), "b": expected_answers(b)}, axis=1)
+    return float(e.a.corr(e.b))
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_the_real_server_matches_transformers_on_the_same_prompts(server, setup, smollm2, endpoint):
+    """chat: the server applies the GGUF's chat template, transformers the tokenizer's; completions: the
+    server's "1" and, after each whitespace token at least 0.05 likely, "1" against transformers'
+    label_prefix "" plus " " plus "\n"."""
+    tasks, rubric = setup
+    top = load_file(ROOT / "conf" / "extract" / "llama_cpp.yaml")["top_logprobs"]
+    client = OpenAIBackend(
+        server.settings["alias"], server.url, endpoint=endpoint, api_key_env=None, concurrency=1, top_logprobs=top
+    )
+    remote = features(tasks, client, rubric)
+    model, tokenizer = smollm2
+    if endpoint == "chat":
+        backend = TransformersBackend(model, tokenizer, model_id="s", chat_template=True)
+        local = features(tasks, backend, rubric)
+        assert client.stats["requests"] == len(tasks)
+        served = {r.task.key: r.prompt_tokens for r in client.score(tasks[:3])}
+        for t in tasks[:3]:  # the server's count: transformers' less one per "\n\n" before a digit
+            merged = len(re.findall(r"\n\n(?=\d)", backend._prompt_text(t.prompt)))
+            assert merged > 0 and served[t.key] == len(backend._prepare(t).ids) - merged
+    else:
+        space, bare, newline = (
+            features(tasks, TransformersBackend(model, tokenizer, model_id="s", label_prefix=p), rubric)
+            for p in (" ", "", "\n")
+        )
+        local = space.assign(prob=space.prob + bare.prob + newline.prob)
+        assert client.stats["requests"] >= 2 * len(tasks)  # at least each prompt's " " was followed
+    figures = compare(remote, local)
+    assert figures["blocks_compared"] == len(tasks) and figures["blocks_only_one_side"] == 0
+    assert figures["max_abs_prob_diff"] <= MAX_PROB_DIFF, figures
+    assert pooled_pearson(remote, local) >= MIN_PEARSON, figures
+
+
+def test_cli_through_the_server_records_a_context_overflow_per_prompt_and_resumes(server, setup, tmp_path, capsys):
+    tasks, rubric = setup
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(rubric.to_dict()))
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(1)[["text_id", "text"]]
+    n_ctx = int(server.settings["n_ctx"])
+    texts.loc[len(texts)] = ["long", "user: hello\nassistant: " + "word " * (n_ctx + 100)]
+    texts.to_csv(tmp_path / "t.csv", index=False)
+    out = tmp_path / "f.csv"
+    argv = [
+        "extract",
+        "features",
+        str(tmp_path / "t.csv"),
+        "--config",
+        str(ROOT / "conf" / "extract" / "llama_cpp.yaml"),
+        "--set",
+        f"base_url={server.url}",
+        "--rubric",
+        str(tmp_path / "r.yaml"),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    failures = pd.read_csv(tmp_path / "f.failures.csv")
+    assert summary["done"] == len(QUESTIONS) and summary["failed"] == len(QUESTIONS)
+    assert set(pd.read_csv(out).text_id) == {"d01"} and set(failures.text_id) == {"long"}
+    assert failures.reason.str.startswith(f"HTTP 400 from {server.url}/chat/completions: ").all()
+    assert failures.reason.str.contains("maximum context length is").all()
+    assert main(argv) == 0  # the failed prompts are asked again, the rest comes from the cache
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (
+        again["cached"] == len(QUESTIONS) and again["computed"] == len(QUESTIONS) and again["failed"] == len(QUESTIONS)
+    )

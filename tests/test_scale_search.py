@@ -30,6 +30,15 @@ from llmrubric.training.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"
 tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
+if {stall}:  # the worker to kill stalls in its second trial, so that it dies mid-trial however fast trials run
+    import llmrubric.training.search as search
+    calls, train = [], search.fit_together
+    def stalling(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            time.sleep(120)
+        return train(*args, **kwargs)
+    search.fit_together = stalling
 while not os.path.exists({go!r}):  # imported; wait for the signal to start
     time.sleep(0.05)
 run_search(rubric, tables, BASE, config({storage!r}), "shared", seed=0)
@@ -52,8 +61,8 @@ def postgres():
         yield server
 
 
-def worker(storage: str, go: Path) -> subprocess.Popen:
-    code = WORKER.format(root=str(ROOT), tests=str(ROOT / "tests"), storage=storage, go=str(go))
+def worker(storage: str, go: Path, stall: bool = False) -> subprocess.Popen:
+    code = WORKER.format(root=str(ROOT), tests=str(ROOT / "tests"), storage=storage, go=str(go), stall=stall)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -65,7 +74,7 @@ def outcome(study: optuna.Study) -> dict:
 def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgres, tmp_path, rubric, simulated):
     storage = postgres.create_database("shared")
     (tmp_path / "go-first").touch()
-    killed = worker(storage, tmp_path / "go-first")
+    killed = worker(storage, tmp_path / "go-first", stall=True)
     workers = [
         worker(storage, tmp_path / "go"),
         worker(storage, tmp_path / "go"),

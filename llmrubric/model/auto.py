@@ -28,9 +28,9 @@ from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import Tables
-from llmrubric.model.baselines import RidgeJudge, answered_pairs
+from llmrubric.model.baselines import RidgeJudge
 from llmrubric.model.calibrator import Calibrator, fit_together
-from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of
+from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.estimator import read_checkpoint, split_tensors, write_checkpoint
 from llmrubric.model.mixed import MixedOrdinal
 from llmrubric.training.module import TrainConfig
@@ -134,10 +134,8 @@ class AutoCalibrator:
             for k in sorted(folds.fold.unique())
         ]
         main = self.rubric.main
-        held = [answered_pairs(test, main) for _, test in splits]
-        answers = np.concatenate(
-            [pd.Index(main.keys).get_indexer(_keys(test, main, p)) for (_, test), (p, _) in zip(splits, held)]
-        )
+        held = [question_targets(test, main) for _, test in splits]
+        answers = np.concatenate([index for _, index in held])
         self.table_, likelihood = {}, {}
         for name, probs, seconds, error in self._inner_predictions(splits, [p for p, _ in held], tables):
             if error is not None:
@@ -208,10 +206,8 @@ class AutoCalibrator:
                     fit_together(models, [train for train, _ in splits])
                 else:
                     models = [
-                        _fit(
-                            candidate(name, self.rubric, self.model, self.trainer, self.seed),
-                            train,
-                            [self.rubric.main.id],
+                        candidate(name, self.rubric, self.model, self.trainer, self.seed).fit(
+                            train, [self.rubric.main.id]
                         )
                         for train, _ in splits
                     ]
@@ -369,19 +365,6 @@ def check_auto(settings: AutoConfig) -> None:
     if unknown or not names or len(set(names)) != len(names):
         what = f"unknown candidate(s) {unknown}" if unknown else "candidates must be distinct and not empty"
         raise InputError(f"{what}; known: {list(CANDIDATES)}", setting="model.auto.candidates")
-
-
-def _fit(model, tables: Tables, questions: list[str]):
-    return model.fit(tables, questions)
-
-
-def _keys(tables: Tables, question, pairs: pd.DataFrame) -> np.ndarray:
-    """The answers (option keys) of ``pairs`` to ``question``."""
-    from llmrubric.model.encoding import PAIR, with_round
-
-    ann = with_round(tables.annotations)
-    ann = ann[ann.question_id == question.id].drop_duplicates(PAIR).set_index(PAIR)
-    return ann.answer.reindex(pd.MultiIndex.from_frame(pairs[PAIR])).to_numpy()
 
 
 def _point_figures(probs: np.ndarray, answers: np.ndarray, question) -> dict:

@@ -34,7 +34,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import Tables, source_of
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.columns import text_columns
-from llmrubric.model.encoding import PAIR, Block, FeatureLayout, JudgeMap, pairs_of, with_round
+from llmrubric.model.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.training.threads import one_thread
 
 
@@ -196,16 +196,7 @@ def _text_system(tables: Tables) -> pd.Series:
 
 def answered_pairs(tables: Tables, question) -> tuple[pd.DataFrame, np.ndarray]:
     """The pairs that answered ``question`` and their answers' values (ordered) or option indices."""
-    ann = tables.annotations[tables.annotations.question_id == question.id]
-    pairs = pairs_of(ann)
-    answers = (
-        with_round(ann)
-        .drop_duplicates(PAIR)
-        .set_index(PAIR)
-        .answer.reindex(pd.MultiIndex.from_frame(pairs[PAIR]))
-        .to_numpy()
-    )
-    index = pd.Index(question.keys).get_indexer(answers)
+    pairs, index = question_targets(tables, question)
     return pairs, (np.asarray(question.values)[index] if question.ordered else index)
 
 

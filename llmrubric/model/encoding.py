@@ -191,6 +191,15 @@ def pairs_of(annotations: pd.DataFrame) -> pd.DataFrame:
     return ann[cols].drop_duplicates(PAIR).sort_values(PAIR, kind="stable").reset_index(drop=True)
 
 
+def question_targets(tables: Tables, question) -> tuple[pd.DataFrame, np.ndarray]:
+    """The annotated pairs of ``question`` and each pair's option index (-1: not an option)."""
+    ann = with_round(tables.annotations)
+    ann = ann[ann.question_id == question.id]
+    pairs = pairs_of(ann)
+    answers = ann.drop_duplicates(PAIR).set_index(PAIR).answer.reindex(pd.MultiIndex.from_frame(pairs[PAIR]))
+    return pairs, pd.Index(question.keys).get_indexer(answers.to_numpy())
+
+
 def encode(
     tables: Tables, rubric: Rubric, layout: FeatureLayout, judges: JudgeMap, pairs: pd.DataFrame | None = None
 ) -> Encoded:

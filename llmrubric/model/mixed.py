@@ -36,20 +36,11 @@ from llmrubric.io.rubric import Question, Rubric
 from llmrubric.io.schemas import Tables
 from llmrubric.model.columns import column_blocks, text_columns
 from llmrubric.model.cumulative import interval_log_probs
-from llmrubric.model.encoding import PAIR, FeatureLayout, JudgeMap, pairs_of, with_round
+from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.training.threads import one_thread
 
 INPUTS = ("own", "all", "mean")
 VARIANCE_FLOOR, VARIANCE_CEILING = 1e-4, 100.0
-
-
-def question_targets(tables: Tables, question: Question) -> tuple[pd.DataFrame, np.ndarray]:
-    """The annotated pairs of ``question`` and each pair's option index."""
-    ann = with_round(tables.annotations)
-    ann = ann[ann.question_id == question.id]
-    pairs = pairs_of(ann)
-    answers = ann.drop_duplicates(PAIR).set_index(PAIR).answer.reindex(pd.MultiIndex.from_frame(pairs[PAIR]))
-    return pairs, pd.Index(question.keys).get_indexer(answers.to_numpy())
 
 
 class _QuestionFit(nn.Module):

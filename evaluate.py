@@ -1,6 +1,6 @@
-"""``python evaluate.py [overrides…]``: the same as ``llmrubric evaluate`` (:mod:`llmrubric.evaluation.app`)."""
+"""``python evaluate.py [overrides…]``: the same as ``llmrubric evaluate`` (:mod:`llmrubric.apps.evaluate`)."""
 
-from llmrubric.evaluation.app import main
+from llmrubric.apps.evaluate import main
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
-"""``python train.py [overrides…]``: the same as ``llmrubric train`` (:mod:`llmrubric.training.app`)."""
+"""``python train.py [overrides…]``: the same as ``llmrubric train`` (:mod:`llmrubric.apps.train`)."""
 
-from llmrubric.training.app import main
+from llmrubric.apps.train import main
 
 if __name__ == "__main__":
     main()

@@ -48,10 +48,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from llmrubric.apps.evaluate import evaluate_predicted, predicted_annotations  # noqa: E402
 from llmrubric.config import group, model_file  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
-from llmrubric.evaluation.app import evaluate_predicted, predicted_annotations  # noqa: E402
+from llmrubric.data.splits import system_folds, system_group_folds, text_folds, text_systems  # noqa: E402
 from llmrubric.evaluation.transfer import system_metrics  # noqa: E402
 from llmrubric.io.errors import InputError, reports_errors  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
@@ -60,8 +61,7 @@ from llmrubric.model.auto import AutoCalibrator, candidate  # noqa: E402
 from llmrubric.model.baselines import RidgeJudge, make_method  # noqa: E402
 from llmrubric.model.encoding import PAIR, with_round  # noqa: E402
 from llmrubric.model.mixed import MixedOrdinal  # noqa: E402
-from llmrubric.training.splits import system_folds, system_group_folds, text_folds, text_systems  # noqa: E402
-from llmrubric.training.threads import single_threaded  # noqa: E402
+from llmrubric.model.threads import single_threaded  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "auto.json"
 SETS = ("llm_rubric_synthetic", "simulated_shift", "llm_rubric_real", "llm_rubric_real_cv")

@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 from llmrubric.config import group, load_file  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
+from llmrubric.data.splits import holdout_texts, system_folds  # noqa: E402
 from llmrubric.evaluation.metrics import align  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
 from llmrubric.io.predictions import probabilities  # noqa: E402
@@ -67,7 +68,6 @@ from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
 from llmrubric.model.judges import add_judge  # noqa: E402
 from llmrubric.scoring import labels as lab  # noqa: E402
 from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
-from llmrubric.training.splits import holdout_texts, system_folds  # noqa: E402
 
 KS = (0, 5, 10, 20, 40)
 JUDGE_KS = (5, 10, 20, 50)

@@ -44,13 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llmrubric.data import llm_rubric  # noqa: E402
+from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.schemas import Tables, write_json  # noqa: E402
 from llmrubric.model.baselines import ExpectedLLM  # noqa: E402
 from llmrubric.model.calibrator import Calibrator  # noqa: E402
 from llmrubric.scoring import leaderboard as lb  # noqa: E402
 from llmrubric.scoring.scores import score_texts  # noqa: E402
-from llmrubric.training.splits import text_folds  # noqa: E402
 
 SETTINGS = yaml.safe_load((ROOT / "conf" / "scoring" / "default.yaml").read_text())
 PAPER_HUMAN = {  # paper Tables 4–5, mean human Q0 per system

@@ -29,10 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from llmrubric.apps.extract import load_config
 from llmrubric.extract.adapters import llm_rubric_real_texts
+from llmrubric.extract.backends import BACKEND_KEYS
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
-from llmrubric.extract.cli import BACKEND_KEYS, load_config
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import extract

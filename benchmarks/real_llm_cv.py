@@ -31,12 +31,12 @@ from table1 import make
 from tqdm.auto import tqdm
 
 from llmrubric.data import llm_rubric
+from llmrubric.data.splits import text_folds
 from llmrubric.evaluation.calibration import smece
 from llmrubric.evaluation.metrics import evaluate
 from llmrubric.evaluation.significance import align_methods, pair_nll
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import Tables, read_table, validate_features
-from llmrubric.training.splits import text_folds
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = {llm_rubric.SOURCE: "gpt35"}

@@ -29,8 +29,8 @@ import pandas as pd
 
 from llmrubric.data import llm_rubric
 from llmrubric.extract.adapters import llm_rubric_real_texts
+from llmrubric.extract.backends import make_backend_from
 from llmrubric.extract.cache import ResultCache
-from llmrubric.extract.cli import make_backend_from
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.injection import InjectionDetector
 from llmrubric.extract.prompts import PromptTemplate

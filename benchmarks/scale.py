@@ -33,6 +33,7 @@ from extract_fixtures import make_llama, make_tokenizer, write_texts  # noqa: E4
 from extract_server import FakeOpenAI  # noqa: E402
 from pg_server import PostgresServer, unavailable  # noqa: E402
 
+from llmrubric.experiments.search import finished_trials  # noqa: E402
 from llmrubric.extract.backends.openai_backend import OpenAIBackend  # noqa: E402
 from llmrubric.extract.cache import ResultCache  # noqa: E402
 from llmrubric.extract.families import likert_tasks  # noqa: E402
@@ -40,7 +41,6 @@ from llmrubric.extract.prompts import PromptTemplate  # noqa: E402
 from llmrubric.extract.runner import extract  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.schemas import write_json  # noqa: E402
-from llmrubric.training.search import finished_trials  # noqa: E402
 
 WORKER = """
 import sys
@@ -48,7 +48,7 @@ sys.path.insert(0, {tests!r})
 from test_search import BASE, search_config
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
-from llmrubric.training.search import run_search
+from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"
 tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")

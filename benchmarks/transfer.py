@@ -65,6 +65,7 @@ sys.path.insert(0, str(ROOT))
 from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
+from llmrubric.data.splits import system_folds  # noqa: E402
 from llmrubric.evaluation.metrics import evaluate  # noqa: E402
 from llmrubric.evaluation.transfer import coverage, pair_scores, ppi_intervals, shift_intervals, system_means  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
@@ -73,7 +74,6 @@ from llmrubric.io.schemas import load_tables, write_json  # noqa: E402
 from llmrubric.model.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
 from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
 from llmrubric.scoring.leaderboard import rms, shift_half_width  # noqa: E402
-from llmrubric.training.splits import system_folds  # noqa: E402
 
 METHODS = ("default", "ordinal", "combined", "ridge_judge", "mean_of_sources", "best_source")
 HEADS = ("default", "ordinal", "combined")

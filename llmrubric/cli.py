@@ -20,32 +20,24 @@ import logging
 import os
 import sys
 
+from llmrubric.apps.commands import add_hydra_app, add_noun
 from llmrubric.io.errors import USER_ERRORS, report
 
 COMMAND_MODULES = (
-    "llmrubric.data.cli",
-    "llmrubric.extract.models_cli",
-    "llmrubric.extract.cli",
-    "llmrubric.scoring.cli",
-    "llmrubric.scoring.labels_cli",
-    "llmrubric.ir.cli",
-    "llmrubric.training.cli",
-    "llmrubric.evaluation.cli",
+    "llmrubric.apps.data",
+    "llmrubric.apps.models",
+    "llmrubric.apps.extract",
+    "llmrubric.apps.score",
+    "llmrubric.apps.labels",
+    "llmrubric.apps.ir",
 )
-
-
-def add_noun(subparsers, name: str, help: str):
-    """The noun ``name`` under ``subparsers``; returns the subparsers its verbs are added to."""
-    noun = subparsers.add_parser(name, help=help, description=help)
-    return noun.add_subparsers(dest="verb", required=True)
-
-
-def add_hydra_app(subparsers, name: str, help: str, app_module: str) -> None:
-    """``llmrubric <name> [overrides…]``: everything after ``name`` goes to the Hydra app ``app_module.main``
-    (imported when run): overrides (``key=value``) and its flags (``--help``, ``--cfg job``, ``--multirun``)."""
-    p = subparsers.add_parser(name, help=help, add_help=False, prefix_chars="\0")
-    p.add_argument("argv", nargs="*", help="Hydra overrides and flags")
-    p.set_defaults(run=lambda args: importlib.import_module(app_module).main(args.argv))
+HYDRA_APPS = (  # llmrubric <name> [overrides…]: the Hydra apps behind train.py and evaluate.py, imported when run
+    ("train", "train calibrators on an experiment's data and save checkpoints (Hydra: conf/, key=value overrides)"),
+    (
+        "evaluate",
+        "evaluate an experiment's checkpoints and baselines on held-out texts (Hydra: conf/, key=value overrides)",
+    ),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         except ImportError as e:
             raise RuntimeError(f"cannot load the commands of {module}: {e}") from e
         commands.register(sub)
+    for name, help in HYDRA_APPS:
+        add_hydra_app(sub, name, help, f"llmrubric.apps.{name}")
     schema = add_noun(sub, "schema", "the table contracts that the validators check")
     show = schema.add_parser("show", help="print the columns, types and what NA means of every table")
     show.set_defaults(run=_show_schema)

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from conftest import FAST, ROOT
 
+from llmrubric.apps.evaluate import evaluate_predicted
 from llmrubric.config import model_file
 from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
-from llmrubric.evaluation.app import evaluate_predicted
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import Tables
 from llmrubric.model import auto as auto_module

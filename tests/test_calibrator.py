@@ -5,10 +5,10 @@ import pandas as pd
 import pytest
 from conftest import FAST, PAPER
 
+from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import Tables
 from llmrubric.model.calibrator import Calibrator
-from llmrubric.training.splits import holdout_texts
 
 
 @pytest.fixture(scope="module")

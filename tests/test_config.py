@@ -13,6 +13,7 @@ from llmrubric.config import (
     AUTO_CANDIDATES,
     AutoConfig,
     ModelConfig,
+    TrainConfig,
     compose,
     conf_path,
     group,
@@ -24,7 +25,6 @@ from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.baselines import make_method
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.network import CalibrationNet
-from llmrubric.training.module import TrainConfig
 
 
 def test_the_python_api_the_hydra_apps_and_the_cli_default_to_the_same_settings(rubric, capsys):

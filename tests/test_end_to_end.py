@@ -12,9 +12,9 @@ from conftest import FAST, PAPER, ROOT
 from scipy import stats
 
 from llmrubric.cli import main as cli
+from llmrubric.data.splits import holdout_texts
 from llmrubric.evaluation.metrics import evaluate
 from llmrubric.model.calibrator import Calibrator
-from llmrubric.training.splits import holdout_texts
 
 OVERRIDES = [f"trainer.{k}={v}" for k, v in FAST.items()]
 
@@ -208,8 +208,8 @@ def test_train_with_search_selects_refits_and_tracks_nested_trials(tmp_path, mlf
 
 def test_cv_training_runs_every_fold_in_one_stacked_program(tmp_path, monkeypatch):
     import llmrubric.model.calibrator as calibrator
+    from llmrubric.apps.train import train_app
     from llmrubric.config import compose
-    from llmrubric.training.app import train_app
 
     stacked = []
 

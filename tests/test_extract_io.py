@@ -401,7 +401,7 @@ def test_cli_extract_bank_reports_unusable_model_output_and_bad_queries(model_di
 
 
 def test_extract_configs_are_composed_by_hydra_with_overrides(tmp_path):
-    from llmrubric.extract.cli import load_config
+    from llmrubric.apps.extract import load_config
 
     vllm = load_config(ROOT / "conf" / "extract" / "vllm.yaml", ["model=m", "concurrency=2"])
     assert vllm["backend"] == "openai" and vllm["endpoint"] == "completions" and vllm["top_logprobs"] == 20

@@ -9,6 +9,7 @@ import pytest
 from conftest import FAST, ROOT
 
 from llmrubric.cli import main
+from llmrubric.data.splits import holdout_texts
 from llmrubric.extract.testbank import Item, read_bank, write_bank
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
@@ -16,7 +17,6 @@ from llmrubric.ir import autograder as ag
 from llmrubric.ir import nuggets as ng
 from llmrubric.ir.calibrated import calibrated_labels, ir_tables
 from llmrubric.model.calibrator import Calibrator
-from llmrubric.training.splits import holdout_texts
 
 GRADES = pd.DataFrame(
     [

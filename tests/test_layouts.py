@@ -11,7 +11,9 @@ from layouts_data import SYSTEMS, write_layout_data
 from test_end_to_end import run
 
 from llmrubric.cli import main as cli
+from llmrubric.data.splits import holdout_texts
 from llmrubric.evaluation.metrics import categorical_metrics, evaluate
+from llmrubric.experiments.experiment import Split
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
@@ -19,8 +21,6 @@ from llmrubric.model.baselines import expand_baselines, make_method
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.report.plan import ReportPlan
 from llmrubric.report.settings import ReportSettings
-from llmrubric.training.experiment import Split
-from llmrubric.training.splits import holdout_texts
 
 
 @pytest.fixture(scope="module")

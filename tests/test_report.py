@@ -13,6 +13,10 @@ import pytest
 from conftest import ROOT
 
 from llmrubric.config import compose
+from llmrubric.data.splits import holdout_texts
+from llmrubric.experiments import variants as studies
+from llmrubric.experiments.experiment import Split
+from llmrubric.experiments.variants import Variant, ensemble, run_variants
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import Tables, write_folder
 from llmrubric.model.baselines import METHODS
@@ -20,10 +24,6 @@ from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
 from llmrubric.report.build import check_report_config
 from llmrubric.report.settings import ReportSettings
-from llmrubric.training import studies
-from llmrubric.training.experiment import Split
-from llmrubric.training.splits import holdout_texts
-from llmrubric.training.studies import Variant, ensemble, run_variants
 
 TINY = {"pretrain_epochs": 4, "finetune_epochs": 4, "patience": 2, "lr": 0.01}
 CHROMIUM = Path("/usr/bin/chromium")

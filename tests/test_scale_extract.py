@@ -149,8 +149,9 @@ def test_bad_endpoint_lists_are_one_line_errors_before_any_request(tasks, tok):
 
 
 def test_cli_takes_an_endpoint_list_and_refuses_a_malformed_one(tmp_path, capsys):
+    from llmrubric.apps.extract import load_config
     from llmrubric.cli import main
-    from llmrubric.extract.cli import load_config, make_backend_from
+    from llmrubric.extract.backends import make_backend_from
 
     config = load_config(
         ROOT / "conf" / "extract" / "vllm.yaml",

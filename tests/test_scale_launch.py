@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 from test_end_to_end import TINY_SEARCH
 
-from llmrubric.training.search import finished_trials
+from llmrubric.experiments.search import finished_trials
 
 
 def test_search_workers_launched_by_submitit_share_one_study(tmp_path):

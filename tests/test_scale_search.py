@@ -13,8 +13,8 @@ import pytest
 from pg_server import PostgresServer, unavailable
 from test_search import BASE, search_config
 
+from llmrubric.experiments.search import create_study, finished_trials, run_search
 from llmrubric.io.errors import InputError
-from llmrubric.training.search import create_study, finished_trials, run_search
 
 ROOT = Path(__file__).resolve().parents[1]
 N_TRIALS = 4
@@ -26,12 +26,12 @@ from test_scale_search import config
 from test_search import BASE
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
-from llmrubric.training.search import run_search
+from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"
 tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
 if {stall}:  # the worker to kill stalls in its second trial, so that it dies mid-trial however fast trials run
-    import llmrubric.training.search as search
+    import llmrubric.experiments.search as search
     calls, train = [], search.fit_together
     def stalling(*args, **kwargs):
         calls.append(1)

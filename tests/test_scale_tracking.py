@@ -18,9 +18,9 @@ from omegaconf import OmegaConf
 from pg_server import free_port
 from test_tracking import config
 
-from llmrubric.evaluation.app import evaluate_app
-from llmrubric.training.app import train_app
-from llmrubric.training.tracking import Tracker, TrackingError
+from llmrubric.apps.evaluate import evaluate_app
+from llmrubric.apps.train import train_app
+from llmrubric.experiments.tracking import Tracker, TrackingError
 
 SPACE = {"trainer.lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True}}
 
@@ -121,7 +121,7 @@ def test_train_search_and_evaluate_log_to_a_tracking_server(server, tmp_path):
 def test_a_server_stopped_mid_run_costs_the_logging_not_the_run(server, tmp_path, monkeypatch, caplog):
     process, url, root = server
     cfg = search_config(tmp_path, "stopped")
-    Run = sys.modules["llmrubric.training.tracking"].Run
+    Run = sys.modules["llmrubric.experiments.tracking"].Run
     log_config = Run.log_config
 
     def then_stop(self, cfg):  # the train run has started and logged its config: stop the server
@@ -129,13 +129,13 @@ def test_a_server_stopped_mid_run_costs_the_logging_not_the_run(server, tmp_path
         stop_server(process)
 
     monkeypatch.setattr(Run, "log_config", then_stop)
-    with caplog.at_level(logging.WARNING, logger="llmrubric.training.tracking"):
+    with caplog.at_level(logging.WARNING, logger="llmrubric.experiments.tracking"):
         score = train_app(cfg)
     assert score == score  # finished with a number
     assert (tmp_path / "run" / "fold0.safetensors").is_file() and (
         tmp_path / "run" / "search" / "fold0" / "selected.json"
     ).is_file()
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "llmrubric.training.tracking"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "llmrubric.experiments.tracking"]
     assert f"MLflow server {url} stopped answering" in warning
     for what in (
         "run 'trial-",

@@ -8,8 +8,8 @@ import optuna
 import pytest
 from omegaconf import OmegaConf
 
-from llmrubric.io.errors import InputError
-from llmrubric.training.search import (
+from llmrubric.data.splits import text_folds
+from llmrubric.experiments.search import (
     Objective,
     Setting,
     check_space,
@@ -19,7 +19,7 @@ from llmrubric.training.search import (
     setting_of,
     suggest,
 )
-from llmrubric.training.splits import text_folds
+from llmrubric.io.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = Setting(
@@ -85,7 +85,7 @@ from omegaconf import OmegaConf
 from test_search import BASE, search_config
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
-from llmrubric.training.search import run_search
+from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"
 tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
@@ -137,7 +137,7 @@ sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from test_search import BASE, search_config
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
-from llmrubric.training.search import run_search
+from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"
 tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
@@ -195,9 +195,9 @@ def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rub
 
 
 def test_cross_validation_scores_equal_the_metrics_of_its_predictions(rubric, simulated):
+    from llmrubric.data.splits import text_folds
     from llmrubric.evaluation.metrics import evaluate
-    from llmrubric.training.search import cross_validate
-    from llmrubric.training.splits import text_folds
+    from llmrubric.experiments.search import cross_validate
 
     metrics, predictions = cross_validate(rubric, simulated, BASE, text_folds(simulated.text_ids, 3, seed=0), seed=0)
     expected = evaluate(predictions, simulated.annotations, rubric.main, per_judge=False)
@@ -260,7 +260,7 @@ def test_a_trial_whose_combination_the_model_refuses_is_failed_and_the_batch_tra
 def test_a_worker_that_loses_the_race_to_create_a_new_studys_schema_opens_it_again(tmp_path, monkeypatch):
     from sqlalchemy.exc import IntegrityError, OperationalError
 
-    import llmrubric.training.search as search
+    import llmrubric.experiments.search as search
 
     real, calls = search.HeartbeatStorage, []
 

@@ -3,12 +3,12 @@ import pytest
 import torch
 from conftest import FAST
 
+from llmrubric.config import TrainConfig
+from llmrubric.data.splits import text_folds
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, encode
+from llmrubric.model.engine import train_stacked
 from llmrubric.model.network import CalibrationNet
-from llmrubric.training.engine import train_stacked
-from llmrubric.training.module import TrainConfig
-from llmrubric.training.splits import text_folds
 
 TRAINER = {**FAST, "delta_l2": 0.01, "weight_decay": 0.001, "batch_size": 32}
 

@@ -14,10 +14,10 @@ import pytest
 from conftest import ROOT
 from omegaconf import OmegaConf
 
+from llmrubric.apps.evaluate import evaluate_app
+from llmrubric.apps.train import train_app
 from llmrubric.config import compose
-from llmrubric.evaluation.app import evaluate_app
-from llmrubric.training.app import train_app
-from llmrubric.training.tracking import Tracker
+from llmrubric.experiments.tracking import Tracker
 
 DATA = ROOT / "data" / "simulated"
 TABLES = ("annotations", "features", "texts")
@@ -181,7 +181,7 @@ def test_logger_none_writes_nothing_and_never_imports_mlflow(tmp_path, monkeypat
     assert (tmp_path / "run" / "fold0.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     code = (
-        "import sys; from omegaconf import OmegaConf; from llmrubric.training.tracking import Tracker\n"
+        "import sys; from omegaconf import OmegaConf; from llmrubric.experiments.tracking import Tracker\n"
         "cfg = OmegaConf.create({'logger': {'enabled': False}, 'data': {}})\n"
         "with Tracker.from_config(cfg).run('x', nested=True) as run:\n"
         "    run.log_config(cfg); run.log_metrics({'val/nll': 1.0}); run.log_history([]); run.log_artifact('missing')\n"

@@ -76,7 +76,7 @@ class CachedModel(Backend):
 
 def run_shard(settings: dict, tasks: list[Task], cache: str, source: str) -> dict:
     """One shard job: its tasks into its own cache. Returns the model id and the run's counts."""
-    from llmrubric.extract.cli import make_backend_from
+    from llmrubric.extract.backends import make_backend_from
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     backend = make_backend_from(settings)

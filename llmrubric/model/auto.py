@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from llmrubric.config import AutoConfig, model_file, model_settings
+from llmrubric.config import AutoConfig, TrainConfig, model_file, model_settings
+from llmrubric.data.splits import text_folds, text_systems
 from llmrubric.io.errors import USER_ERRORS, InputError, TrainingDiverged
 from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
@@ -33,8 +34,6 @@ from llmrubric.model.calibrator import Calibrator, fit_together
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.estimator import read_checkpoint, split_tensors, write_checkpoint
 from llmrubric.model.mixed import MixedOrdinal
-from llmrubric.training.module import TrainConfig
-from llmrubric.training.splits import text_folds, text_systems
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-auto/1"

@@ -35,7 +35,7 @@ from llmrubric.io.schemas import Tables, source_of
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.columns import text_columns
 from llmrubric.model.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets
-from llmrubric.training.threads import one_thread
+from llmrubric.model.threads import one_thread
 
 
 class MainQuestionBaseline:

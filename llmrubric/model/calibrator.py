@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from llmrubric.config import ModelConfig, model_settings
+from llmrubric.config import ModelConfig, TrainConfig, model_settings
+from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError, TrainingDiverged
 from llmrubric.io.guards import check_range
 from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
@@ -24,14 +25,12 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import Tables
 from llmrubric.model.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.model.encoding import Encoded, FeatureLayout, JudgeMap, encode
+from llmrubric.model.engine import structure, train_stacked
 from llmrubric.model.estimator import read_checkpoint, write_checkpoint
 from llmrubric.model.network import INPUTS, PERSONALIZATION, CalibrationNet
 from llmrubric.model.ordinal import fit_ordinal_weight
 from llmrubric.model.temperature import fit_temperature
-from llmrubric.training.engine import structure, train_stacked
-from llmrubric.training.module import TrainConfig
-from llmrubric.training.splits import holdout_texts
-from llmrubric.training.threads import one_thread
+from llmrubric.model.threads import one_thread
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
@@ -313,7 +312,7 @@ def fit_together(
     progress=None,
 ) -> list[Calibrator]:
     """Fit each calibrator on its tables; all their members train as one stacked program
-    (:func:`llmrubric.training.engine.train_stacked`; one per network structure, e.g. two when some
+    (:func:`llmrubric.model.engine.train_stacked`; one per network structure, e.g. two when some
     are personalized by judge deltas and others not, or when their training sets see different
     numbers of judges).
 

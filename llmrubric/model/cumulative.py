@@ -25,11 +25,11 @@ import math
 import torch
 from torch import nn
 
+from llmrubric.config import TrainConfig
 from llmrubric.model.encoding import Encoded
+from llmrubric.model.engine import PHASES, masked_nll, phase_mask
 from llmrubric.model.network import CalibrationNet
-from llmrubric.training.engine import PHASES, masked_nll, phase_mask
-from llmrubric.training.module import TrainConfig
-from llmrubric.training.threads import one_thread
+from llmrubric.model.threads import one_thread
 
 HEADS = ("softmax", "ordinal", "combined")
 LBFGS_STEPS = 10  # L-BFGS iterations per epoch of train_cumulative
@@ -181,7 +181,7 @@ def train_cumulative(
     deltas. An epoch is up to :data:`LBFGS_STEPS` L-BFGS iterations; each phase stops early when the
     held-out NLL of its questions has not improved for ``patience`` epochs (best weights restored)
     or when L-BFGS has converged. Returns the summary per phase. Nothing is random here: ``seed``
-    (kept for the signature of :func:`llmrubric.training.engine.train_stacked`) only seeded the initial
+    (kept for the signature of :func:`llmrubric.model.engine.train_stacked`) only seeded the initial
     weights, which the caller drew."""
     try:
         with one_thread():

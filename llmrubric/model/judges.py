@@ -41,7 +41,7 @@ from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.cumulative import CumulativeNet
 from llmrubric.model.encoding import JudgeMap
 from llmrubric.model.network import CalibrationNet
-from llmrubric.training.threads import one_thread
+from llmrubric.model.threads import one_thread
 
 
 def judge_parameters(net: CalibrationNet) -> dict[str, int]:

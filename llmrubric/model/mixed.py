@@ -37,7 +37,7 @@ from llmrubric.io.schemas import Tables
 from llmrubric.model.columns import column_blocks, text_columns
 from llmrubric.model.cumulative import interval_log_probs
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
-from llmrubric.training.threads import one_thread
+from llmrubric.model.threads import one_thread
 
 INPUTS = ("own", "all", "mean")
 VARIANCE_FLOOR, VARIANCE_CEILING = 1e-4, 100.0

@@ -3,7 +3,7 @@
     python evaluate.py report=full experiment=llm_rubric_real
 
 :func:`build_report` trains every variant the chosen sections need under the experiment's
-protocol (:mod:`llmrubric.training.studies`; which ones: :mod:`llmrubric.report.plan`), computes
+protocol (:mod:`llmrubric.experiments.variants`; which ones: :mod:`llmrubric.report.plan`), computes
 the sections from their predictions (:mod:`llmrubric.report.sections`, :mod:`llmrubric.report.calibration`)
 and writes one self-contained folder (:mod:`llmrubric.report.render`): ``report.md``, ``report.html``
 (tables and figures embedded), ``report.json`` and one CSV per table (every number), and
@@ -25,14 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import write_folder
-from llmrubric.report.plan import ReportPlan
-from llmrubric.report.render import report_files
-from llmrubric.report.results import Results
-from llmrubric.report.sections import build_sections
-from llmrubric.report.settings import ReportSettings, check_questions
-from llmrubric.training.experiment import (
+from llmrubric.experiments.experiment import (
     FOLDS_FILE,
     Split,
     load_data,
@@ -41,7 +34,14 @@ from llmrubric.training.experiment import (
     prepare,
     splits_from_folds,
 )
-from llmrubric.training.studies import run_variants
+from llmrubric.experiments.variants import run_variants
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import write_folder
+from llmrubric.report.plan import ReportPlan
+from llmrubric.report.render import report_files
+from llmrubric.report.results import Results
+from llmrubric.report.sections import build_sections
+from llmrubric.report.settings import ReportSettings, check_questions
 
 log = logging.getLogger(__name__)
 

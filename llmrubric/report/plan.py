@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from llmrubric.io.rubric import Rubric
-from llmrubric.model.encoding import FeatureLayout
-from llmrubric.model.oracles import JudgeAnswers
-from llmrubric.report.settings import ReportSettings, check_questions
-from llmrubric.training.experiment import Split
-from llmrubric.training.studies import (
+from llmrubric.experiments.experiment import Split
+from llmrubric.experiments.variants import (
     Variant,
     ablation_variants,
     learning_curve_variants,
@@ -18,6 +14,10 @@ from llmrubric.training.studies import (
     per_question_variants,
     table1_variants,
 )
+from llmrubric.io.rubric import Rubric
+from llmrubric.model.encoding import FeatureLayout
+from llmrubric.model.oracles import JudgeAnswers
+from llmrubric.report.settings import ReportSettings, check_questions
 
 LLM_ANSWER_METHODS = ("argmax_llm", "expected_llm", "calibrated_q0")  # need an LLM's answers to the main question
 

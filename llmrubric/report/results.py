@@ -6,8 +6,8 @@ import pandas as pd
 
 from llmrubric.evaluation.metrics import evaluate
 from llmrubric.evaluation.significance import Aligned, compare_methods
+from llmrubric.experiments.variants import ensemble
 from llmrubric.report.plan import ReportPlan
-from llmrubric.training.studies import ensemble
 
 DROP_METRICS = ("rmse", "pearson")
 

@@ -21,17 +21,17 @@ from llmrubric.evaluation.significance import (
     compare_methods,
     superscripts,
 )
-from llmrubric.report import calibration
-from llmrubric.report.plots import learning_curve_figure, png_bytes
-from llmrubric.report.results import DROP_METRICS, Results, as_predictions, drop_tests
-from llmrubric.report.settings import SECTIONS
-from llmrubric.report.tables import Section, Sup, Table, fmt, fmt_ci, fmt_p
-from llmrubric.training.studies import (
+from llmrubric.experiments.variants import (
     ablation_variants,
     learning_curve_variants,
     oracle_variants,
     per_question_variants,
 )
+from llmrubric.report import calibration
+from llmrubric.report.plots import learning_curve_figure, png_bytes
+from llmrubric.report.results import DROP_METRICS, Results, as_predictions, drop_tests
+from llmrubric.report.settings import SECTIONS
+from llmrubric.report.tables import Section, Sup, Table, fmt, fmt_ci, fmt_p
 
 
 def _metric_rows(

@@ -29,7 +29,7 @@ from llmrubric.io.integrity import check_finite_predictions
 from llmrubric.io.predictions import predictions_frame, probabilities
 from llmrubric.io.schemas import Tables, atomic_path, source_of
 from llmrubric.model.calibrator import Calibrator
-from llmrubric.training.threads import one_thread
+from llmrubric.model.threads import one_thread
 
 log = logging.getLogger(__name__)
 SCORE_COLUMNS = ["text_id", "system_id", "question_id", "mean", "max", "quantile", "judges", "status", "missing_blocks"]

@@ -1,8 +1,42 @@
 """LLM backends behind one interface (:class:`~llmrubric.extract.backends.base.Backend`)."""
 
 from llmrubric.extract.backends.base import Backend, check_labels
+from llmrubric.io.errors import InputError
 
-__all__ = ["Backend", "check_labels", "make_backend"]
+__all__ = ["BACKEND_KEYS", "Backend", "check_labels", "make_backend", "make_backend_from"]
+
+BACKEND_KEYS = {
+    "transformers": (
+        "gguf_file",
+        "device",
+        "dtype",
+        "threads",
+        "batch_size",
+        "prefix_batch_size",
+        "prefix_reuse",
+        "max_length",
+        "overflow",
+        "label_prefix",
+        "chat_template",
+    ),
+    "openai": (
+        "base_url",
+        "endpoint",
+        "api_key_env",
+        "azure_api_version",
+        "top_logprobs",
+        "concurrency",
+        "max_retries",
+        "timeout",
+        "backoff",
+        "max_backoff",
+        "pause_after",
+        "pause",
+        "max_pause",
+        "whitespace_continuation",
+        "whitespace_min_prob",
+    ),
+}
 
 
 def make_backend(name: str, **kwargs) -> Backend:
@@ -15,6 +49,20 @@ def make_backend(name: str, **kwargs) -> Backend:
         from llmrubric.extract.backends.openai_backend import OpenAIBackend
 
         return OpenAIBackend(**kwargs)
-    from llmrubric.io.errors import InputError
-
     raise InputError(f"unknown backend {name!r} (use 'transformers' or 'openai')")
+
+
+def make_backend_from(settings: dict) -> Backend:
+    """The backend that extraction ``settings`` (``backend``, ``model`` and that backend's keys) name."""
+    name = settings["backend"]
+    kwargs = {k: settings[k] for k in BACKEND_KEYS[name] if settings.get(k) is not None}
+    if name == "transformers":
+        try:
+            return make_backend(name, path=settings["model"], **kwargs)
+        except OSError as e:
+            raise InputError(
+                f"cannot load the model (not a model folder or a reachable Hugging Face id): {' '.join(str(e).split())[:300]}",
+                file=str(settings["model"]),
+                setting="--model",
+            ) from e
+    return make_backend(name, model=settings["model"], **kwargs)

@@ -37,14 +37,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from tqdm.auto import tqdm
 
+from llmrubric.data.splits import text_folds
 from llmrubric.evaluation.metrics import nll, point_metrics
+from llmrubric.experiments.tracking import Tracker
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import Tables, write_json, write_table
 from llmrubric.model.calibrator import Calibrator, fit_together
 from llmrubric.model.encoding import JudgeMap
-from llmrubric.training.splits import text_folds
-from llmrubric.training.tracking import Tracker
 
 log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -394,7 +394,7 @@ def run_search(
     study holds ``search.n_trials`` finished trials (so a resumed search does not start over),
     ``search.batch`` trials at a time as one stacked program; trials running in other workers
     count, so several workers on one storage run ``n_trials`` in all. With a
-    :class:`llmrubric.training.tracking.Tracker`, each trial is an MLflow run nested under ``parent``."""
+    :class:`llmrubric.experiments.tracking.Tracker`, each trial is an MLflow run nested under ``parent``."""
     space = OmegaConf.to_container(search.space, resolve=True)
     check_space(space, base, rubric)
     study = create_study(search, study_name)

@@ -10,7 +10,7 @@ import json
 import logging
 from pathlib import Path
 
-from llmrubric.cli import add_noun
+from llmrubric.apps.commands import add_noun
 from llmrubric.config import conf_path, load_file
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range, check_writable_dir

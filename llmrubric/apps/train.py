@@ -30,9 +30,9 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
+from llmrubric.experiments.experiment import FOLDS_FILE, SYSTEM_PROTOCOLS, check_settings, prepare
+from llmrubric.experiments.tracking import Tracker
 from llmrubric.io.errors import reports_errors
-from llmrubric.training.experiment import FOLDS_FILE, SYSTEM_PROTOCOLS, check_settings, prepare
-from llmrubric.training.tracking import Tracker
 
 log = logging.getLogger("train")
 
@@ -53,9 +53,9 @@ def train_app(cfg: DictConfig) -> float:
 
 def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
     # imported here, not at the top: Lightning costs seconds that --help need not pay
+    from llmrubric.experiments.search import Setting, select_for_split
     from llmrubric.model.auto import AutoCalibrator, build_model
     from llmrubric.model.calibrator import fit_together
-    from llmrubric.training.search import Setting, select_for_split
 
     rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)
     with Tracker.from_config(cfg).run("train", nested=True, tags={"job": "train"}) as run:

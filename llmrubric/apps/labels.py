@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmrubric.cli import add_noun
+from llmrubric.apps.commands import add_noun
+from llmrubric.apps.score import load_settings, with_flags
 from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range
-from llmrubric.scoring.cli import load_settings, with_flags
 
 CONF = conf_path()
 

@@ -11,7 +11,7 @@ under those two protocols also every method's system-level figures, ``systems``,
 skipped, with the reason recorded, when no source answered the main question).
 With ``report=fast|full`` it also writes the report folder (``report.dir``, see
 :mod:`llmrubric.report.build`), which trains its own models, so checkpoints are then optional.
-Each finished evaluation is logged as an MLflow run (:mod:`llmrubric.training.tracking`; ``logger=none``: off).
+Each finished evaluation is logged as an MLflow run (:mod:`llmrubric.experiments.tracking`; ``logger=none``: off).
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
+from llmrubric.data.splits import text_systems
 from llmrubric.evaluation.metrics import evaluate, markdown_table, metric_names
 from llmrubric.evaluation.transfer import shift_errors, system_metrics
+from llmrubric.experiments.experiment import SYSTEM_PROTOCOLS, check_settings, prepare
+from llmrubric.experiments.tracking import Tracker, metric_keys
 from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.integrity import check_fits
 from llmrubric.io.schemas import write_json, write_table, write_text
 from llmrubric.model.encoding import PAIR, with_round
 from llmrubric.scoring.leaderboard import rms
-from llmrubric.training.experiment import SYSTEM_PROTOCOLS, check_settings, prepare
-from llmrubric.training.splits import text_systems
-from llmrubric.training.tracking import Tracker, metric_keys
 
 log = logging.getLogger("evaluate")
 SYSTEM_ERRORS_FILE = "system_errors.csv"

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from llmrubric.cli import add_noun
+from llmrubric.apps.commands import add_noun
 from llmrubric.data.fetch import UPSTREAM_BASE_URL
 
 

@@ -14,44 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from llmrubric.cli import add_noun
+from llmrubric.apps.commands import add_noun
 from llmrubric.config import load_file
+from llmrubric.extract.backends import BACKEND_KEYS, make_backend_from
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import read_table, write_json, write_table
 
 log = logging.getLogger(__name__)
-BACKEND_KEYS = {
-    "transformers": (
-        "gguf_file",
-        "device",
-        "dtype",
-        "threads",
-        "batch_size",
-        "prefix_batch_size",
-        "prefix_reuse",
-        "max_length",
-        "overflow",
-        "label_prefix",
-        "chat_template",
-    ),
-    "openai": (
-        "base_url",
-        "endpoint",
-        "api_key_env",
-        "azure_api_version",
-        "top_logprobs",
-        "concurrency",
-        "max_retries",
-        "timeout",
-        "backoff",
-        "max_backoff",
-        "pause_after",
-        "pause",
-        "max_pause",
-        "whitespace_continuation",
-        "whitespace_min_prob",
-    ),
-}
 DEFAULTS = {
     "backend": "transformers",
     "family": "likert",
@@ -198,23 +167,6 @@ def _settings(args) -> dict:
     if settings.get("model") in (None, "???"):
         raise InputError("no model given (--model or model: in the config)")
     return settings
-
-
-def make_backend_from(settings: dict):
-    from llmrubric.extract.backends import make_backend
-
-    name = settings["backend"]
-    kwargs = {k: settings[k] for k in BACKEND_KEYS[name] if settings.get(k) is not None}
-    if name == "transformers":
-        try:
-            return make_backend(name, path=settings["model"], **kwargs)
-        except OSError as e:
-            raise InputError(
-                f"cannot load the model (not a model folder or a reachable Hugging Face id): {' '.join(str(e).split())[:300]}",
-                file=str(settings["model"]),
-                setting="--model",
-            ) from e
-    return make_backend(name, model=settings["model"], **kwargs)
 
 
 def run(args) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmrubric.cli import add_noun
+from llmrubric.apps.commands import add_noun
 
 
 def register(subparsers) -> None:

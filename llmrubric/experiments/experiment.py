@@ -21,11 +21,7 @@ from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from llmrubric.io.errors import USER_ERRORS, InputError, report
-from llmrubric.io.guards import check_range, check_writable_dir
-from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables
-from llmrubric.training.splits import (
+from llmrubric.data.splits import (
     holdout_texts,
     load_folds,
     save_folds,
@@ -33,6 +29,10 @@ from llmrubric.training.splits import (
     system_group_folds,
     text_folds,
 )
+from llmrubric.io.errors import USER_ERRORS, InputError, report
+from llmrubric.io.guards import check_range, check_writable_dir
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.schemas import Tables
 
 log = logging.getLogger(__name__)
 FOLDS_FILE = "folds.csv"
@@ -122,7 +122,7 @@ def check_settings(cfg: DictConfig) -> Rubric:
     model, trainer = (OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "trainer"))
     build_model(rubric, model, trainer, seed)
     if cfg.search.get("enabled"):
-        from llmrubric.training.search import check_space, searched_setting
+        from llmrubric.experiments.search import check_space, searched_setting
 
         check_space(OmegaConf.to_container(cfg.search.space, resolve=True), searched_setting(cfg), rubric)
     if cfg.protocol not in PROTOCOLS:

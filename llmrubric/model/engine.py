@@ -26,11 +26,11 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from llmrubric.config import TrainConfig
 from llmrubric.io.errors import InputError
 from llmrubric.model.encoding import Encoded
 from llmrubric.model.network import CalibrationNet
-from llmrubric.training.module import TrainConfig
-from llmrubric.training.threads import one_thread
+from llmrubric.model.threads import one_thread
 
 BETAS, EPS = (0.9, 0.999), 1e-8
 COMPACT_BELOW = 0.75  # re-stack the running models once fewer than this share of the stack still runs

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from llmrubric.experiments.experiment import Split
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import option_columns
 from llmrubric.io.rubric import Rubric
@@ -30,8 +31,7 @@ from llmrubric.model.baselines import DETERMINISTIC, METHODS, make_method
 from llmrubric.model.calibrator import Calibrator, fit_together
 from llmrubric.model.encoding import PAIR, JudgeMap, with_round
 from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
-from llmrubric.training.experiment import Split
-from llmrubric.training.threads import one_thread, single_threaded
+from llmrubric.model.threads import one_thread, single_threaded
 
 log = logging.getLogger(__name__)
 SINGLE_RUN = frozenset(DETERMINISTIC) | {"random"}

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmrubric.cli import add_noun
+from llmrubric.apps.commands import add_noun
+from llmrubric.apps.score import CONF, load_settings, with_flags
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
-from llmrubric.scoring.cli import CONF, load_settings, with_flags
 
 
 def register(subparsers) -> None:

@@ -1,1 +1,0 @@
-"""Training, cross-validation, search and tracking."""

@@ -303,6 +303,22 @@ class Calibrator:
         return self
 
 
+def _train_alone(nets, trains, vals, main, configs, seeds, progress, on_epoch) -> list[dict]:
+    """Full-batch L-BFGS members one by one (never pruned: ``on_epoch`` is not called)."""
+    return [train_cumulative(n, t, v, main, c) for n, t, v, c in zip(nets, trains, vals, configs)]
+
+
+PROGRAMS = {"stacked": train_stacked, "lbfgs": _train_alone}  # how a network class trains: its ``program``
+
+
+def _program(net: CalibrationNet, trainer: TrainConfig) -> tuple:
+    """The training program a member joins: all stacked networks of one structure and accelerator
+    train together; each L-BFGS network alone."""
+    if net.program == "stacked":
+        return (net.program, *structure(net), trainer.accelerator)
+    return (net.program, id(net))
+
+
 def fit_together(
     calibrators: list[Calibrator],
     tables: list[Tables],
@@ -349,27 +365,21 @@ def _fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, pr
         members += [(i, n, tr, v, s) for n, tr, v, s in zip(nets, trains, vals, c.seeds)]
     main = calibrators[0].rubric.ids.index(calibrators[0].rubric.main.id)
     summaries: list[dict] = [{}] * len(members)
-    kinds: dict[tuple | str, list[int]] = {}
+    programs: dict[tuple, list[int]] = {}
     for m, (i, net, *_) in enumerate(members):
-        kind = "cumulative" if isinstance(net, CumulativeNet) else (*structure(net), calibrators[i].trainer.accelerator)
-        kinds.setdefault(kind, []).append(m)
-    for kind, group in kinds.items():
+        programs.setdefault(_program(net, calibrators[i].trainer), []).append(m)
+    for program, group in programs.items():
         owner = torch.tensor([members[m][0] for m in group])
         nets, trains, vals, seeds = ([members[m][k] for m in group] for k in (1, 2, 3, 4))
         configs = [calibrators[members[m][0]].trainer for m in group]
-        if kind == "cumulative":
-            result = [
-                train_cumulative(n, t, v, main, c, s) for n, t, v, c, s in zip(nets, trains, vals, configs, seeds)
-            ]
-        else:
 
-            def member_epoch(phase, epoch, val_nll, owner=owner):
-                if on_epoch is None:
-                    return None
-                stop = on_epoch(phase, epoch, {int(i): val_nll[owner == i] for i in owner.unique()})
-                return torch.tensor([int(i) in set(stop or ()) for i in owner])
+        def member_epoch(phase, epoch, val_nll, owner=owner):
+            if on_epoch is None:
+                return None
+            stop = on_epoch(phase, epoch, {int(i): val_nll[owner == i] for i in owner.unique()})
+            return torch.tensor([int(i) in set(stop or ()) for i in owner])
 
-            result = train_stacked(nets, trains, vals, main, configs, seeds, progress, member_epoch)
+        result = PROGRAMS[program[0]](nets, trains, vals, main, configs, seeds, progress, member_epoch)
         for m, summary in zip(group, result):
             summaries[m] = summary
     for i, c in enumerate(calibrators):

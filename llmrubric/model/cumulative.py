@@ -27,7 +27,7 @@ from torch import nn
 
 from llmrubric.config import TrainConfig
 from llmrubric.model.encoding import Encoded
-from llmrubric.model.engine import PHASES, masked_nll, phase_mask
+from llmrubric.model.engine import PHASES, EarlyStopping, masked_nll, phase_mask
 from llmrubric.model.network import CalibrationNet
 from llmrubric.model.threads import one_thread
 
@@ -51,6 +51,8 @@ class CumulativeNet(CalibrationNet):
         (``personalize`` must be ``"none"``), ``inputs`` must include the expected answers, and
         ``input_dropout`` is not used (full-batch L-BFGS needs a deterministic objective).
     """
+
+    program = "lbfgs"  # trained alone by train_cumulative
 
     def __init__(
         self,
@@ -173,16 +175,16 @@ def interval_log_probs(lcdf: torch.Tensor) -> torch.Tensor:
 
 
 def train_cumulative(
-    net: CumulativeNet, train: Encoded, val: Encoded | None, main_index: int, config: TrainConfig, seed: int
+    net: CumulativeNet, train: Encoded, val: Encoded | None, main_index: int, config: TrainConfig
 ) -> dict:
     """Pretrain on all questions, then finetune on the main one, each phase by full-batch L-BFGS
     (the heads are small and near-convex: mini-batches only slow them down) on the mean NLL plus
     ``weight_decay`` times the squared shared weights and ``delta_l2`` times the squared judge cut
     deltas. An epoch is up to :data:`LBFGS_STEPS` L-BFGS iterations; each phase stops early when the
     held-out NLL of its questions has not improved for ``patience`` epochs (best weights restored)
-    or when L-BFGS has converged. Returns the summary per phase. Nothing is random here: ``seed``
-    (kept for the signature of :func:`llmrubric.model.engine.train_stacked`) only seeded the initial
-    weights, which the caller drew."""
+    or when L-BFGS has converged (:class:`llmrubric.model.engine.EarlyStopping`, the stacked
+    networks' rule). Returns the summary per phase. Nothing is random here: the caller's seed drew
+    the initial weights."""
     try:
         with one_thread():
             summary = {}
@@ -223,7 +225,8 @@ def _phase(
         loss.backward()
         return loss
 
-    best, best_epoch, best_state, wait, history, stopped = math.inf, epochs - 1, None, 0, [], "max_epochs"
+    stopping = EarlyStopping(torch.tensor([config.patience]), torch.tensor([has_val]))
+    best_state, history, stopped = None, [], "max_epochs"
     net.eval()  # deterministic objective for the line search: no input dropout
     previous = None
     for epoch in range(epochs):
@@ -240,13 +243,11 @@ def _phase(
             history.append(
                 {"epoch": epoch, "train/loss": loss, "val/nll": value, "iterations": int(state.get("n_iter", 0))}
             )
-            if value < best:
-                best, best_epoch, best_state, wait = value, epoch, copy.deepcopy(net.state_dict()), 0
-            else:
-                wait += 1
-                if wait >= config.patience:
-                    stopped = "early"
-                    break
+            if stopping.update(epoch, torch.tensor([value]), torch.tensor([True]))[0]:
+                best_state = copy.deepcopy(net.state_dict())
+            elif stopping.exhausted(torch.tensor([value]))[0]:
+                stopped = "early"
+                break
         if converged:
             stopped = "converged"
             break
@@ -255,8 +256,8 @@ def _phase(
         net.load_state_dict(best_state)
     return {
         "epochs": epoch + 1,
-        "best_epoch": best_epoch,
-        "val_nll": best if has_val else None,
+        "best_epoch": int(stopping.best_epoch[0]) if best_state is not None else epochs - 1,
+        "val_nll": float(stopping.best[0]) if has_val else None,
         "stopped": stopped,
         "history": history,
     }

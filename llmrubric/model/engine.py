@@ -1,4 +1,4 @@
-"""The training engine: calibration networks trained as one stacked LightningModule, run by Lightning Fabric.
+"""The training engine: calibration networks trained as one stacked module, run by Lightning Fabric.
 
 The fold models of a cross-validation, the members of each ensemble and even several search
 trials train together: :class:`StackedNets` holds every model's parameters as one padded flat
@@ -10,19 +10,21 @@ Each model keeps its own training rows, batch order, dropout masks (drawn per ep
 its own seed, on the model's device), ``torch.optim.Adam`` state and step count, validation set
 and early stopping, so a model trained in a stack equals the same model trained alone (tested).
 
-Lightning Fabric, not ``Trainer``, runs the loop: a stacked step is a few hundred microseconds
-and the Trainer's per-step hooks would cost more than the step (``benchmarks/engine.py``
-measures both). Fabric places the module and data on the accelerator (CPU, CUDA, …).
+The loop is this module's own (:class:`_Phase`), not Lightning's ``Trainer``: a stacked step is a
+few hundred microseconds and the Trainer's per-step hooks would cost more than the step
+(``benchmarks/engine.py`` measures both). :class:`StackedNets` is therefore a plain ``nn.Module``;
+Lightning Fabric places it, its optimiser and the data on the accelerator (CPU, CUDA, …) and runs
+the backward pass.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass, field
 
 import lightning_fabric as lf
 import numpy as np
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
@@ -130,7 +132,7 @@ def structure(net: CalibrationNet) -> tuple:
     )
 
 
-class Layout:
+class ParameterPacking:
     """Where each named parameter of the padded architecture lives in a flat (M, P) row.
 
     Hidden sizes are padded at the end; the input columns of ``layer1`` (and of ``delta1``,
@@ -155,7 +157,7 @@ class Layout:
         parts = flat.split([n for _, _, _, n in self.entries], dim=1)
         return {k: part.view(flat.shape[0], *shape) for (k, shape, _, _), part in zip(self.entries, parts)}
 
-    def index_in(self, source: Layout) -> torch.Tensor:
+    def index_in(self, source: ParameterPacking) -> torch.Tensor:
         """(P,) positions in ``source`` rows of this layout's entries (a layout no wider than ``source``)."""
         positions = torch.arange(source.size)[None]
         out = torch.zeros(1, self.size, dtype=torch.long)
@@ -201,7 +203,7 @@ class Layout:
                 p.copy_(views[k][self._region(net, k, p.shape)])
 
 
-class StackedNets(pl.LightningModule):
+class StackedNets(nn.Module):
     """M networks of one architecture as one module, each model's parameters one padded flat row.
 
     Every row is its own ``nn.Parameter`` so that ``torch.optim.Adam`` keeps each model's step
@@ -210,7 +212,7 @@ class StackedNets(pl.LightningModule):
     optionally on a narrower layout (the running models' own largest sizes).
     """
 
-    def __init__(self, template: CalibrationNet, layout: Layout, flat, real, decay, mean, scale, dropout, lr):
+    def __init__(self, template: CalibrationNet, layout: ParameterPacking, flat, real, decay, mean, scale, dropout, lr):
         super().__init__()
         self.template, self.layout = template, layout
         self.rows = nn.ParameterList([nn.Parameter(row.clone()) for row in flat])
@@ -218,7 +220,7 @@ class StackedNets(pl.LightningModule):
             self.register_buffer(name, value)
         self.lr = lr
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def optimizer(self) -> torch.optim.Optimizer:
         """Adam with one parameter group per learning rate (decay is added to the gradients: see :meth:`finish_gradients`)."""
         groups: dict[float, list[nn.Parameter]] = {}
         for row, lr in zip(self.rows, self.lr):
@@ -230,7 +232,7 @@ class StackedNets(pl.LightningModule):
     def flat(self, ids: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """(len(ids), P) the rows of models ``ids`` (padding is zero and stays so: its gradient is
         dropped before each step, see :meth:`finish_gradients`), in the layout of ``index``
-        (positions of a narrower layout, see :meth:`Layout.index_in`) if given."""
+        (positions of a narrower layout, see :meth:`ParameterPacking.index_in`) if given."""
         flat = torch.stack([self.rows[i] for i in ids.tolist()])
         return flat if index is None else flat[:, index]
 
@@ -240,7 +242,7 @@ class StackedNets(pl.LightningModule):
         n_models, batch = judge.shape
         return self.template.features(x.reshape(n_models * batch, -1), judge.reshape(-1)).view(n_models, batch, -1)
 
-    def forward(self, ids, layout: Layout, flat, features, judge, keep=None) -> torch.Tensor:
+    def forward(self, ids, layout: ParameterPacking, flat, features, judge, keep=None) -> torch.Tensor:
         """Logits (M, B, Q, O) of models ``ids`` with parameters ``flat`` (in ``layout``) on
         unstandardised ``features`` (M, B, F) (:meth:`raw_features`), judge (M, B); ``keep``
         (M, B, F) bool: the input dropout masks (training)."""
@@ -283,30 +285,32 @@ def _phase_rows(data: Encoded, mask: torch.Tensor) -> torch.Tensor:
     return ((data.y >= 0) & mask).any(dim=1).nonzero().squeeze(1)
 
 
+@dataclass
 class _Program:
-    """The models of one :func:`train_stacked` call through both phases."""
+    """The models of one :func:`train_stacked` call through both phases: their packed parameters
+    (``result``, updated after each phase), standardisation and summaries."""
 
-    def __init__(self, fabric, nets, trains, vals, main_index, configs, seeds):
-        self.fabric, self.nets, self.trains, self.vals, self.configs, self.seeds = (
-            fabric,
-            nets,
-            trains,
-            vals,
-            configs,
-            seeds,
-        )
-        self.main_index = main_index
+    fabric: lf.Fabric
+    nets: list[CalibrationNet]
+    trains: list[Encoded]
+    vals: list[Encoded | None]
+    main_index: int
+    configs: list[TrainConfig]
+    seeds: list[int]
+
+    def __post_init__(self):
+        nets = self.nets
         self.base = _template(nets)
         self.n_features = self.base.n_widest_features
-        self.layout = Layout(nets, self.n_features)
+        self.layout = ParameterPacking(nets, self.n_features)
         self.result, self.real, self.is_delta = self.layout.pack(nets)
         self.mean, self.scale = torch.zeros(len(nets), self.n_features), torch.ones(len(nets), self.n_features)
         for m, net in enumerate(nets):
             self.mean[m, net.feature_columns], self.scale[m, net.feature_columns] = net.input_mean, net.input_scale
         self.summaries: list[dict] = [{} for _ in nets]
         self.dropped = torch.zeros(len(nets), dtype=torch.bool)  # pruned or diverged: no further phases
-        self.device = fabric.device
-        self.noise = [torch.Generator(device=self.device).manual_seed(stream_seed(s, 0)) for s in seeds]
+        self.device = self.fabric.device
+        self.noise = [torch.Generator(device=self.device).manual_seed(stream_seed(s, 0)) for s in self.seeds]
 
     def run(self, progress, on_epoch) -> list[dict]:
         for phase in PHASES:
@@ -353,7 +357,7 @@ class _Program:
             _phase_rows(self.vals[m], mask) if h else torch.zeros(0, dtype=torch.long) for m, h in zip(members, has_val)
         ]
         module = self._module(ids)
-        wrapped, optimizer = self.fabric.setup(module, module.configure_optimizers())
+        wrapped, optimizer = self.fabric.setup(module, module.optimizer())
         to = self.fabric.to_device
         run = _Phase(
             fabric=self.fabric,
@@ -362,7 +366,6 @@ class _Program:
             optimizer=optimizer,
             layout=self.layout,
             mask=to(mask),
-            n=len(members),
             seeds=[self.seeds[m] for m in members],
             noise=[self.noise[m] for m in members],
             phase=phase,
@@ -393,28 +396,82 @@ class _Program:
             self.dropped[m] |= reason in ("pruned", "diverged")
             self.summaries[m][phase] = {
                 "epochs": len(history[j]),
-                "best_epoch": int(run.best_epoch[j]) if has_val[j] else len(history[j]) - 1,
-                "val_nll": float(run.best[j]) if has_val[j] else None,
+                "best_epoch": int(run.stopping.best_epoch[j]) if has_val[j] else len(history[j]) - 1,
+                "val_nll": float(run.stopping.best[j]) if has_val[j] else None,
                 "stopped": reason,
                 "history": history[j],
             }
 
 
-class _Phase:
-    """One phase of the stacked models: shuffled mini-batches, Adam steps, validation, early stopping."""
+@dataclass
+class EarlyStopping:
+    """Early stopping of n models on held-out NLL: each model's best value and epoch, and its epochs
+    without improvement (models without a validation set never improve nor wait)."""
 
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-        self.device = self.mask.device
-        self.steps = (self.n_rows + self.batch - 1) // self.batch
-        n = self.n
-        self.best_flat = self.final_flat().detach().clone()
+    patience: torch.Tensor  # (n,) epochs without improvement before a model stops
+    has_val: torch.Tensor  # (n,) bool: the model has a validation set
+    best: torch.Tensor = field(init=False)
+    best_epoch: torch.Tensor = field(init=False)
+    wait: torch.Tensor = field(init=False)
+
+    def __post_init__(self):
+        n = len(self.patience)
         self.best = torch.full((n,), math.inf)
         self.best_epoch = torch.full((n,), -1)
         self.wait = torch.zeros(n, dtype=torch.long)
-        self.running = torch.ones(n, dtype=torch.bool)
+
+    def update(self, epoch: int, val_nll: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
+        """Record an epoch's held-out NLL (n,) of the ``running`` models; returns which improved."""
+        improved = running & self.has_val & (val_nll < self.best)
+        self.best = torch.where(improved, val_nll, self.best)
+        self.best_epoch = torch.where(improved, epoch, self.best_epoch)
+        self.wait = torch.where(improved, 0, self.wait + (running & self.has_val).long())
+        return improved
+
+    def exhausted(self, val_nll: torch.Tensor) -> torch.Tensor:
+        """(n,) bool: out of patience, or a non-finite held-out NLL."""
+        return self.has_val & ((self.wait >= self.patience) | ~torch.isfinite(val_nll))
+
+
+@dataclass
+class _Phase:
+    """One phase of the stacked models: shuffled mini-batches, Adam steps, validation, early stopping.
+
+    Tensors and lists hold one entry per model of the phase; ``train`` and ``val`` are the
+    (unstandardised features, judge, y) of :func:`_stack_rows` (the last row padding)."""
+
+    fabric: lf.Fabric
+    module: StackedNets
+    wrapped: nn.Module  # the module as Fabric set it up
+    optimizer: torch.optim.Optimizer
+    layout: ParameterPacking
+    nets: list[CalibrationNet]
+    n_features: int
+    phase: str  # "pretrain" or "finetune"
+    mask: torch.Tensor  # (Q,) the questions this phase trains on
+    main: torch.Tensor  # (Q,) the main question alone
+    seeds: list[int]  # batch order (+ 1 when finetuning)
+    noise: list[torch.Generator]  # input dropout masks, on the device
+    has_val: torch.Tensor  # (n,) bool
+    max_epochs: torch.Tensor  # (n,)
+    batch: torch.Tensor  # (n,) batch sizes
+    patience: torch.Tensor  # (n,)
+    n_rows: torch.Tensor  # (n,) training rows
+    train: list[torch.Tensor]
+    val: list[torch.Tensor]
+    stopping: EarlyStopping = field(init=False)
+    running: torch.Tensor = field(init=False)  # (n,) bool: still training
+    stack: torch.Tensor = field(init=False)  # the models in the stacked tensors (compacted as models stop)
+
+    def __post_init__(self):
+        self.n = len(self.seeds)
+        self.device = self.mask.device
+        self.steps = (self.n_rows + self.batch - 1) // self.batch
+        self.best_flat = self.final_flat().detach().clone()
+        self.stopping = EarlyStopping(self.patience, self.has_val)
+        self.running = torch.ones(self.n, dtype=torch.bool)
         self.shuffles = [torch.Generator().manual_seed(s + (self.phase == "finetune")) for s in self.seeds]
-        self.stack = torch.arange(n)  # the models in the stacked tensors (compacted as models stop)
+        self.stack = torch.arange(self.n)
         self.narrow, self.narrow_layout = None, self.layout
         self.drops = (self.module.dropout > 0).tolist()
 
@@ -431,12 +488,9 @@ class _Phase:
                 stopped[j] = "diverged"
             self.running &= finite
             val_nll, main_nll = self._validate()
-            improved = self.running & self.has_val & (val_nll < self.best)
-            self.best = torch.where(improved, val_nll, self.best)
-            self.best_epoch = torch.where(improved, epoch, self.best_epoch)
+            improved = self.stopping.update(epoch, val_nll, self.running)
             if improved.any():
                 self.best_flat[improved.to(self.device)] = self.final_flat()[improved.to(self.device)]
-            self.wait = torch.where(improved, 0, self.wait + (self.running & self.has_val).long())
             for j in self.running.nonzero().squeeze(1).tolist():
                 history[j].append(
                     {"epoch": epoch, "train/loss": float(losses[j] / self.steps[j]), "val/nll": float(val_nll[j])}
@@ -444,7 +498,7 @@ class _Phase:
             reported = torch.full((n_all,), math.nan)
             reported[ids] = torch.where(self.running, main_nll, math.nan)
             judged = self.running.clone()  # a model that reports may be pruned, even if this epoch ends its phase
-            early = self.has_val & ((self.wait >= self.patience) | ~torch.isfinite(val_nll))
+            early = self.stopping.exhausted(val_nll)
             for j in (self.running & early).nonzero().squeeze(1).tolist():
                 stopped[j] = "early"
             self.running &= ~early
@@ -467,7 +521,7 @@ class _Phase:
     def _compact(self) -> None:
         """Stack only the running models, padded to their own largest hidden sizes."""
         self.stack = self.running.nonzero().squeeze(1)
-        layout = Layout([self.nets[j] for j in self.stack.tolist()], self.n_features)
+        layout = ParameterPacking([self.nets[j] for j in self.stack.tolist()], self.n_features)
         if layout.size < self.layout.size:
             self.narrow, self.narrow_layout = layout.index_in(self.layout).to(self.device), layout
         else:

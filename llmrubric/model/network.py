@@ -76,6 +76,8 @@ class CalibrationNet(nn.Module):
         extra_dim: number of further per-pair inputs after the flags, used as they are.
     """
 
+    program = "stacked"  # trained by llmrubric.model.engine.train_stacked with the other stacked networks
+
     def __init__(
         self,
         block_values: list[list[float]],

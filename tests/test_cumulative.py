@@ -119,3 +119,24 @@ def test_cumulative_heads_refuse_a_categorical_question(rubric):
     with pytest.raises(InputError, match=r"categorical.yaml.*\['Q8'\] are categorical"):
         Calibrator(categorical, ORDINAL)
     assert Calibrator(categorical, {"ensemble": 1}).model["head"] == "softmax"
+
+
+def test_cumulative_heads_run_the_stacked_networks_epoch_loop_pruning_included(rubric, shift):
+    """The L-BFGS heads report every epoch to ``on_epoch`` like the stacked networks, and can be pruned."""
+    calls = []
+
+    def prune_the_ordinal_head(phase, epoch, main_nll):
+        calls.append((phase, epoch, sorted(main_nll)))
+        return [0] if epoch == 1 else None
+
+    ordinal, network = fit_together(
+        [Calibrator(rubric, ORDINAL, FAST, 0), Calibrator(rubric, {"ensemble": 1}, FAST, 0)],
+        [shift[0]] * 2,
+        on_epoch=prune_the_ordinal_head,
+    )
+    assert ordinal.pruned_ and not network.pruned_
+    pretrain = ordinal.summaries_[0]["pretrain"]
+    assert pretrain["stopped"] == "pruned" and pretrain["epochs"] == 2
+    assert "finetune" not in ordinal.summaries_[0]  # a pruned model skips its later phase
+    assert [0] in [ids for _, _, ids in calls] and [1] in [ids for _, _, ids in calls]
+    assert all(set(entry) == {"epoch", "train/loss", "val/nll", "iterations"} for entry in pretrain["history"])

@@ -303,20 +303,15 @@ class Calibrator:
         return self
 
 
-def _train_alone(nets, trains, vals, main, configs, seeds, progress, on_epoch) -> list[dict]:
-    """Full-batch L-BFGS members one by one (never pruned: ``on_epoch`` is not called)."""
-    return [train_cumulative(n, t, v, main, c) for n, t, v, c in zip(nets, trains, vals, configs)]
-
-
-PROGRAMS = {"stacked": train_stacked, "lbfgs": _train_alone}  # how a network class trains: its ``program``
+PROGRAMS = {"stacked": train_stacked, "lbfgs": train_cumulative}  # how a network class trains: its ``program``
 
 
 def _program(net: CalibrationNet, trainer: TrainConfig) -> tuple:
-    """The training program a member joins: all stacked networks of one structure and accelerator
-    train together; each L-BFGS network alone."""
+    """The training program a member joins: the stacked networks of one structure and accelerator
+    train as one stack; the L-BFGS heads, each with its own optimiser, in one program."""
     if net.program == "stacked":
         return (net.program, *structure(net), trainer.accelerator)
-    return (net.program, id(net))
+    return (net.program,)
 
 
 def fit_together(
@@ -341,8 +336,10 @@ def fit_together(
     turned non-finite raises :class:`TrainingDiverged`, or with ``tolerate_divergence`` gets
     ``diverged_`` set to the reason. ``pruned_`` tells whether a calibrator was stopped.
     ``progress`` (a tqdm bar, optional) advances once per epoch of each stacked program.
-    Members with a cumulative head (``model.head`` ordinal or combined) are fitted one by one by
-    :func:`llmrubric.model.cumulative.train_cumulative` (never pruned: ``on_epoch`` is not called for them).
+    Each member joins the training program its class names (:data:`PROGRAMS`): the stacked networks
+    above, or with a cumulative head (``model.head`` ordinal or combined) full-batch L-BFGS
+    (:func:`llmrubric.model.cumulative.train_cumulative`); both run the same epoch loop
+    (:func:`llmrubric.model.engine.run_phase`), pruning included.
     With ``trainer.temperature_scaling``, each member of a calibrator that finished then gets
     its per-question temperatures from its early-stopping split (:mod:`llmrubric.model.temperature`),
     and with ``trainer.ordinal_blend`` its per-question ordinal weights (:mod:`llmrubric.model.ordinal`).

@@ -27,16 +27,14 @@ from torch import nn
 
 from llmrubric.config import TrainConfig
 from llmrubric.model.encoding import Encoded
-from llmrubric.model.engine import PHASES, EarlyStopping, masked_nll, phase_mask
+from llmrubric.model.engine import PHASES, EarlyStopping, PhaseRun, masked_nll, phase_mask, phase_summaries, run_phase
 from llmrubric.model.network import CalibrationNet
 from llmrubric.model.threads import one_thread
 
 HEADS = ("softmax", "ordinal", "combined")
 LBFGS_STEPS = 10  # L-BFGS iterations per epoch of train_cumulative
-MONOTONE_START = -3.0
-LOG_FLOOR = math.log(
-    1e-12
-)  # no answer gets probability 0 (an infinite NLL)  # softplus(-3) ≈ 0.05: constrained weights start small and positive
+MONOTONE_START = -3.0  # softplus(-3) ≈ 0.05: constrained weights start small and positive
+LOG_FLOOR = math.log(1e-12)  # no answer gets probability 0 (an infinite NLL)
 
 
 class CumulativeNet(CalibrationNet):
@@ -175,26 +173,51 @@ def interval_log_probs(lcdf: torch.Tensor) -> torch.Tensor:
 
 
 def train_cumulative(
-    net: CumulativeNet, train: Encoded, val: Encoded | None, main_index: int, config: TrainConfig
-) -> dict:
-    """Pretrain on all questions, then finetune on the main one, each phase by full-batch L-BFGS
-    (the heads are small and near-convex: mini-batches only slow them down) on the mean NLL plus
-    ``weight_decay`` times the squared shared weights and ``delta_l2`` times the squared judge cut
-    deltas. An epoch is up to :data:`LBFGS_STEPS` L-BFGS iterations; each phase stops early when the
-    held-out NLL of its questions has not improved for ``patience`` epochs (best weights restored)
-    or when L-BFGS has converged (:class:`llmrubric.model.engine.EarlyStopping`, the stacked
-    networks' rule). Returns the summary per phase. Nothing is random here: the caller's seed drew
-    the initial weights."""
+    nets: list[CumulativeNet],
+    trains: list[Encoded],
+    vals: list[Encoded | None],
+    main_index: int,
+    configs: list[TrainConfig],
+    seeds: list[int] | None = None,
+    progress=None,
+    on_epoch=None,
+) -> list[dict]:
+    """Train ``nets`` in place: pretrain on all questions, then finetune on the main one, each phase
+    by full-batch L-BFGS (the heads are small and near-convex: mini-batches only slow them down) on
+    the mean NLL plus ``weight_decay`` times the squared shared weights and ``delta_l2`` times the
+    squared judge cut deltas. An epoch is up to :data:`LBFGS_STEPS` L-BFGS iterations of each model;
+    :func:`llmrubric.model.engine.run_phase`, the stacked networks' loop, runs the epochs (early
+    stopping on held-out NLL with the best weights restored, or convergence; ``progress`` and
+    ``on_epoch`` as in :func:`llmrubric.model.engine.train_stacked`). Nothing is random here: the
+    caller's ``seeds`` drew the initial weights. Returns one summary per model and phase."""
+    summaries: list[dict] = [{} for _ in nets]
+    dropped = torch.zeros(len(nets), dtype=torch.bool)  # pruned or diverged: no further phases
     try:
         with one_thread():
-            summary = {}
             for phase in PHASES:
-                epochs = getattr(config, f"{phase}_epochs")
-                if epochs > 0:
-                    summary[phase] = _phase(net, train, val, phase_mask(net.n_q, main_index, phase), config, epochs)
-            return summary
+                epochs = torch.tensor([getattr(c, f"{phase}_epochs") for c in configs])
+                ids = ((epochs > 0) & ~dropped).nonzero().squeeze(1)
+                if not len(ids):
+                    continue
+                members = ids.tolist()
+                run = LbfgsPhase(
+                    phase,
+                    [nets[m] for m in members],
+                    [trains[m] for m in members],
+                    [vals[m] for m in members],
+                    main_index,
+                    [configs[m] for m in members],
+                    epochs[ids],
+                )
+                history, stopped = run_phase(run, progress, on_epoch, ids, len(nets))
+                run.restore_best()
+                for m, summary in zip(members, phase_summaries(run, history, stopped)):
+                    dropped[m] |= summary["stopped"] in ("pruned", "diverged")
+                    summaries[m][phase] = summary
+        return summaries
     finally:
-        net.eval()
+        for net in nets:
+            net.eval()
 
 
 def _nll(logp: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -202,62 +225,84 @@ def _nll(logp: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return masked_nll(logp[None], y[None], mask)[0]
 
 
-def _phase(
-    net: CumulativeNet, train: Encoded, val: Encoded | None, mask: torch.Tensor, config: TrainConfig, epochs: int
-) -> dict:
-    rows = ((train.y >= 0) & mask).any(dim=1).nonzero().squeeze(1)
-    if not len(rows):
-        raise ValueError("no training annotations for this phase")
-    has_val = val is not None and len(val) > 0
-    with torch.no_grad():  # the features do not change during training
-        f, judge, y = net.standardized(train.x[rows], train.judge[rows]), train.judge[rows], train.y[rows]
-        vf = net.standardized(val.x, val.judge) if has_val else None
-    shared = net.shared_parameters()
-    optimizer = torch.optim.LBFGS(
-        shared + net.delta_parameters(), lr=1.0, max_iter=LBFGS_STEPS, line_search_fn="strong_wolfe"
-    )
+class LbfgsPhase(PhaseRun):
+    """One phase of cumulative heads, each model its own full-batch L-BFGS on its phase rows."""
 
-    def closure():
-        optimizer.zero_grad()
-        loss = _nll(net.log_probs(f, judge), y, mask) + config.delta_l2 * net.delta_penalty()
-        if config.weight_decay:
-            loss = loss + config.weight_decay * sum((p**2).sum() for p in shared)
-        loss.backward()
-        return loss
-
-    stopping = EarlyStopping(torch.tensor([config.patience]), torch.tensor([has_val]))
-    best_state, history, stopped = None, [], "max_epochs"
-    net.eval()  # deterministic objective for the line search: no input dropout
-    previous = None
-    for epoch in range(epochs):
-        loss = float(optimizer.step(closure).detach())
-        if not math.isfinite(loss):
-            stopped = "diverged"
-            break
-        state = optimizer.state[shared[0]]
-        converged = previous is not None and abs(previous - loss) < 1e-7
-        previous = loss
-        if has_val:
-            with torch.no_grad():
-                value = float(_nll(net.log_probs(vf, val.judge), val.y, mask))
-            history.append(
-                {"epoch": epoch, "train/loss": loss, "val/nll": value, "iterations": int(state.get("n_iter", 0))}
+    def __init__(self, phase, nets, trains, vals, main_index, configs, max_epochs: torch.Tensor):
+        self.phase, self.nets, self.vals, self.configs, self.max_epochs = phase, nets, vals, configs, max_epochs
+        self.n = len(nets)
+        self.mask = phase_mask(nets[0].n_q, main_index, phase)
+        self.main = phase_mask(nets[0].n_q, main_index, "finetune")
+        self.has_val = torch.tensor([v is not None and len(v) > 0 for v in vals])
+        self.stopping = EarlyStopping(torch.tensor([c.patience for c in configs]), self.has_val)
+        self.running = torch.ones(self.n, dtype=torch.bool)
+        self.best_state: list[dict | None] = [None] * self.n
+        self.previous: list[float | None] = [None] * self.n
+        self.iterations = [0] * self.n
+        self.optimizers, self.closures, self.val_features = [], [], []
+        for net, train, val, config, has_val in zip(nets, trains, vals, configs, self.has_val.tolist()):
+            rows = ((train.y >= 0) & self.mask).any(dim=1).nonzero().squeeze(1)
+            if not len(rows):
+                raise ValueError("no training annotations for this phase")
+            net.eval()  # deterministic objective for the line search: no input dropout
+            with torch.no_grad():  # the features do not change during training
+                f = net.standardized(train.x[rows], train.judge[rows])
+                self.val_features.append(net.standardized(val.x, val.judge) if has_val else None)
+            optimizer = torch.optim.LBFGS(
+                net.shared_parameters() + net.delta_parameters(),
+                lr=1.0,
+                max_iter=LBFGS_STEPS,
+                line_search_fn="strong_wolfe",
             )
-            if stopping.update(epoch, torch.tensor([value]), torch.tensor([True]))[0]:
-                best_state = copy.deepcopy(net.state_dict())
-            elif stopping.exhausted(torch.tensor([value]))[0]:
-                stopped = "early"
-                break
-        if converged:
-            stopped = "converged"
-            break
-    net.eval()
-    if best_state is not None:
-        net.load_state_dict(best_state)
-    return {
-        "epochs": epoch + 1,
-        "best_epoch": int(stopping.best_epoch[0]) if best_state is not None else epochs - 1,
-        "val_nll": float(stopping.best[0]) if has_val else None,
-        "stopped": stopped,
-        "history": history,
-    }
+            self.optimizers.append(optimizer)
+            self.closures.append(self._closure(net, optimizer, f, train.judge[rows], train.y[rows], config))
+
+    def _closure(self, net, optimizer, f, judge, y, config):
+        shared = net.shared_parameters()
+
+        def closure():
+            optimizer.zero_grad()
+            loss = _nll(net.log_probs(f, judge), y, self.mask) + config.delta_l2 * net.delta_penalty()
+            if config.weight_decay:
+                loss = loss + config.weight_decay * sum((p**2).sum() for p in shared)
+            loss.backward()
+            return loss
+
+        return closure
+
+    def epoch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        losses, finite = torch.zeros(self.n, dtype=torch.float64), torch.ones(self.n, dtype=torch.bool)
+        converged = torch.zeros(self.n, dtype=torch.bool)
+        for j in self.running.nonzero().squeeze(1).tolist():
+            loss = float(self.optimizers[j].step(self.closures[j]).detach())
+            losses[j], finite[j] = loss, math.isfinite(loss)
+            if not finite[j]:
+                continue
+            shared = self.nets[j].shared_parameters()[0]
+            self.iterations[j] = int(self.optimizers[j].state[shared].get("n_iter", 0))
+            converged[j] = self.previous[j] is not None and abs(self.previous[j] - loss) < 1e-7
+            self.previous[j] = loss
+        return losses, finite, converged
+
+    @torch.no_grad()
+    def validate(self) -> tuple[torch.Tensor, torch.Tensor]:
+        val_nll, main_nll = torch.full((self.n,), math.nan), torch.full((self.n,), math.nan)
+        for j in (self.running & self.has_val).nonzero().squeeze(1).tolist():
+            val = self.vals[j]
+            logp = self.nets[j].log_probs(self.val_features[j], val.judge)
+            val_nll[j], main_nll[j] = _nll(logp, val.y, self.mask), _nll(logp, val.y, self.main)
+        return val_nll, main_nll
+
+    def keep_best(self, improved: torch.Tensor) -> None:
+        for j in improved.nonzero().squeeze(1).tolist():
+            self.best_state[j] = copy.deepcopy(self.nets[j].state_dict())
+
+    def entry(self, j: int, epoch: int, loss: float, val_nll: float) -> dict:
+        return {"epoch": epoch, "train/loss": loss, "val/nll": val_nll, "iterations": self.iterations[j]}
+
+    def restore_best(self) -> None:
+        """Each model's best weights of the phase (those with a validation set)."""
+        for net, state in zip(self.nets, self.best_state):
+            net.eval()
+            if state is not None:
+                net.load_state_dict(state)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import lightning_fabric as lf
@@ -388,19 +389,94 @@ class _Program:
             nets=[self.nets[m] for m in members],
             n_features=self.n_features,
         )
-        history, stopped = run.loop(progress, on_epoch, ids, len(self.nets))
+        history, stopped = run_phase(run, progress, on_epoch, ids, len(self.nets))
         kept = torch.where(has_val[:, None], run.best_flat.cpu(), run.final_flat().cpu())
         self.result[ids] = kept
-        for j, m in enumerate(members):
-            reason = stopped.get(j, "max_epochs")
-            self.dropped[m] |= reason in ("pruned", "diverged")
-            self.summaries[m][phase] = {
-                "epochs": len(history[j]),
-                "best_epoch": int(run.stopping.best_epoch[j]) if has_val[j] else len(history[j]) - 1,
-                "val_nll": float(run.stopping.best[j]) if has_val[j] else None,
-                "stopped": reason,
-                "history": history[j],
-            }
+        for m, summary in zip(members, phase_summaries(run, history, stopped)):
+            self.dropped[m] |= summary["stopped"] in ("pruned", "diverged")
+            self.summaries[m][phase] = summary
+
+
+class PhaseRun(ABC):
+    """One training phase of n models, driven epoch by epoch by :func:`run_phase`: the stacked
+    networks' mini-batch Adam (:class:`_Phase`) and the cumulative heads' full-batch L-BFGS
+    (:class:`llmrubric.model.cumulative.LbfgsPhase`). Holds ``phase``, ``n``, ``running`` (n,) bool,
+    ``has_val`` and ``max_epochs`` (n,), and ``stopping`` (:class:`EarlyStopping`)."""
+
+    @abstractmethod
+    def epoch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Train the running models one epoch: loss sums, finite and converged (n,)."""
+
+    @abstractmethod
+    def validate(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held-out NLL (n,) of the phase's questions (early stopping) and of the main question (nan: none)."""
+
+    @abstractmethod
+    def keep_best(self, improved: torch.Tensor) -> None:
+        """Remember the current weights of the ``improved`` models (n,) as their best."""
+
+    @abstractmethod
+    def entry(self, j: int, epoch: int, loss: float, val_nll: float) -> dict:
+        """Model j's history entry of this epoch."""
+
+    def after_epoch(self) -> None:
+        """Called after an epoch in which some model still runs."""
+
+
+def run_phase(run: PhaseRun, progress, on_epoch, ids: torch.Tensor, n_all: int) -> tuple[list[list], dict]:
+    """The training loop: epochs of ``run`` until every model stopped (early, max_epochs, converged,
+    diverged or pruned). ``on_epoch(phase, epoch, main_nll)`` gets the main question's held-out NLL
+    of all ``n_all`` models (the phase's are ``ids``) and may return a (n_all,) bool tensor to prune.
+    Returns each model's history and its stop reason where it did not run to ``max_epochs``."""
+    history: list[list] = [[] for _ in range(run.n)]
+    stopped: dict[int, str] = {}
+    for epoch in range(int(run.max_epochs.max())):
+        losses, finite, converged = run.epoch()
+        for j in (~finite & run.running).nonzero().squeeze(1).tolist():
+            stopped[j] = "diverged"
+        run.running &= finite
+        val_nll, main_nll = run.validate()
+        improved = run.stopping.update(epoch, val_nll, run.running)
+        if improved.any():
+            run.keep_best(improved)
+        for j in run.running.nonzero().squeeze(1).tolist():
+            history[j].append(run.entry(j, epoch, float(losses[j]), float(val_nll[j])))
+        reported = torch.full((n_all,), math.nan)
+        reported[ids] = torch.where(run.running, main_nll, math.nan)
+        judged = run.running.clone()  # a model that reports may be pruned, even if this epoch ends its phase
+        for reason, ends in (("early", run.stopping.exhausted(val_nll)), ("converged", converged)):
+            for j in (run.running & ends).nonzero().squeeze(1).tolist():
+                stopped[j] = reason
+            run.running &= ~ends
+        run.running &= epoch + 1 < run.max_epochs
+        if progress is not None:
+            progress.update(1)
+        if on_epoch is not None:
+            prune = on_epoch(run.phase, epoch, reported)
+            if prune is not None:
+                cut = judged & prune[ids]
+                for j in cut.nonzero().squeeze(1).tolist():
+                    stopped[j] = "pruned"
+                run.running &= ~cut
+        if not run.running.any():
+            break
+        run.after_epoch()
+    return history, stopped
+
+
+def phase_summaries(run: PhaseRun, history: list[list], stopped: dict) -> list[dict]:
+    """Each model's summary of a phase: epochs, best epoch, best held-out NLL, stop reason, history."""
+    has_val, best_epoch, best = run.has_val, run.stopping.best_epoch, run.stopping.best
+    return [
+        {
+            "epochs": len(history[j]),
+            "best_epoch": int(best_epoch[j]) if has_val[j] else len(history[j]) - 1,
+            "val_nll": float(best[j]) if has_val[j] else None,
+            "stopped": stopped.get(j, "max_epochs"),
+            "history": history[j],
+        }
+        for j in range(run.n)
+    ]
 
 
 @dataclass
@@ -434,8 +510,8 @@ class EarlyStopping:
 
 
 @dataclass
-class _Phase:
-    """One phase of the stacked models: shuffled mini-batches, Adam steps, validation, early stopping.
+class _Phase(PhaseRun):
+    """One phase of the stacked models: shuffled mini-batches and Adam steps (:func:`run_phase` runs the epochs).
 
     Tensors and lists hold one entry per model of the phase; ``train`` and ``val`` are the
     (unstandardised features, judge, y) of :func:`_stack_rows` (the last row padding)."""
@@ -479,44 +555,22 @@ class _Phase:
         with torch.no_grad():
             return torch.stack(list(self.module.rows)) * self.module.real
 
-    def loop(self, progress, on_epoch, ids: torch.Tensor, n_all: int) -> tuple[list[list], dict]:
-        history: list[list] = [[] for _ in range(self.n)]
-        stopped: dict[int, str] = {}
-        for epoch in range(int(self.max_epochs.max())):
-            losses, finite = self._epoch()
-            for j in (~finite & self.running).nonzero().squeeze(1).tolist():
-                stopped[j] = "diverged"
-            self.running &= finite
-            val_nll, main_nll = self._validate()
-            improved = self.stopping.update(epoch, val_nll, self.running)
-            if improved.any():
-                self.best_flat[improved.to(self.device)] = self.final_flat()[improved.to(self.device)]
-            for j in self.running.nonzero().squeeze(1).tolist():
-                history[j].append(
-                    {"epoch": epoch, "train/loss": float(losses[j] / self.steps[j]), "val/nll": float(val_nll[j])}
-                )
-            reported = torch.full((n_all,), math.nan)
-            reported[ids] = torch.where(self.running, main_nll, math.nan)
-            judged = self.running.clone()  # a model that reports may be pruned, even if this epoch ends its phase
-            early = self.stopping.exhausted(val_nll)
-            for j in (self.running & early).nonzero().squeeze(1).tolist():
-                stopped[j] = "early"
-            self.running &= ~early
-            self.running &= epoch + 1 < self.max_epochs
-            if progress is not None:
-                progress.update(1)
-            if on_epoch is not None:
-                prune = on_epoch(self.phase, epoch, reported)
-                if prune is not None:
-                    cut = judged & prune[ids]
-                    for j in cut.nonzero().squeeze(1).tolist():
-                        stopped[j] = "pruned"
-                    self.running &= ~cut
-            if not self.running.any():
-                break
-            if self.running[self.stack].float().mean() < COMPACT_BELOW:
-                self._compact()
-        return history, stopped
+    def epoch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        losses, finite = self._epoch()
+        return losses, finite, torch.zeros(self.n, dtype=torch.bool)
+
+    def validate(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._validate()
+
+    def keep_best(self, improved: torch.Tensor) -> None:
+        self.best_flat[improved.to(self.device)] = self.final_flat()[improved.to(self.device)]
+
+    def entry(self, j: int, epoch: int, loss: float, val_nll: float) -> dict:
+        return {"epoch": epoch, "train/loss": float(loss / self.steps[j]), "val/nll": val_nll}
+
+    def after_epoch(self) -> None:
+        if self.running[self.stack].float().mean() < COMPACT_BELOW:
+            self._compact()
 
     def _compact(self) -> None:
         """Stack only the running models, padded to their own largest hidden sizes."""

@@ -61,9 +61,10 @@ from llmrubric.data.simulate import simulate_shift  # noqa: E402
 from llmrubric.data.splits import holdout_texts, system_folds  # noqa: E402
 from llmrubric.evaluation.metrics import align  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
+from llmrubric.io.files import write_json, write_table  # noqa: E402
 from llmrubric.io.predictions import probabilities  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.schemas import Tables, read_table, write_json, write_table  # noqa: E402
+from llmrubric.io.tables import Tables, read_table  # noqa: E402
 from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
 from llmrubric.model.judges import add_judge  # noqa: E402
 from llmrubric.scoring import labels as lab  # noqa: E402

@@ -69,8 +69,9 @@ from llmrubric.data.splits import system_folds  # noqa: E402
 from llmrubric.evaluation.metrics import evaluate  # noqa: E402
 from llmrubric.evaluation.transfer import coverage, pair_scores, ppi_intervals, shift_intervals, system_means  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
+from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.schemas import load_tables, write_json  # noqa: E402
+from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
 from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
 from llmrubric.scoring.leaderboard import rms, shift_half_width  # noqa: E402

@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import load_tables, read_table, write_table
+from llmrubric.io.files import write_table
+from llmrubric.io.tables import load_tables, read_table
 
 ANN = "text_id,judge_id,question_id,answer\nt1,a,Q0,3\nt1,a,Q1,4.0\nt2,b,Q0,1\n"
 FEAT = "".join(f"t{t},llm,{q},{o},0.25\n" for t in (1, 2) for q in ("Q0", "Q1") for o in (1, 2, 3, 4))

@@ -13,7 +13,7 @@ from llmrubric.cli import main
 from llmrubric.data.simulate import CITATION, DEFAULT_RUBRIC, FILES, simulate, simulate_shift, write_simulated
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import load_tables
+from llmrubric.io.tables import load_tables
 
 EMBEDDED = Path(__file__).parents[1] / "data" / "simulated"
 

@@ -40,8 +40,9 @@ import pandas as pd
 
 from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
+from llmrubric.io.files import write_json, write_table
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, validate_annotations, validate_features, write_json, write_table
+from llmrubric.io.tables import Tables, validate_annotations, validate_features
 
 DEFAULT_RUBRIC = conf_path("rubric", "llm_rubric.yaml")
 SOURCE = "simulated-llm"

@@ -24,7 +24,8 @@ import pandas as pd
 from sklearn.metrics import cohen_kappa_score
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import read_raw, source_of, write_text
+from llmrubric.io.files import write_text
+from llmrubric.io.tables import read_raw, source_of
 
 log = logging.getLogger(__name__)
 GRADES = ["query_id", "doc_id", "item_id", "grade"]

@@ -30,7 +30,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import source_of
+from llmrubric.io.tables import source_of
 
 log = logging.getLogger(__name__)
 WORD = re.compile(r"\w+")

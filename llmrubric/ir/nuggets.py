@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import source_of
+from llmrubric.io.tables import source_of
 
 log = logging.getLogger(__name__)
 LABELS = ("support", "partial_support", "not_support")

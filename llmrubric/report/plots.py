@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.figure import Figure
 
-from llmrubric.io.schemas import atomic_path
+from llmrubric.io.files import atomic_path
 
 DPI = 110
 

@@ -39,7 +39,7 @@ import pandas as pd
 from scipy import stats
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import source_of
+from llmrubric.io.tables import source_of
 
 UNIFORM = ("classical", "ppi", "ppi_pp")
 METHODS = (*UNIFORM, "active_ppi_pp")
@@ -214,7 +214,7 @@ def suggest(
 def read_sampling(path) -> pd.DataFrame:
     """A sampling-probability file of :func:`suggest` (``text_id, prob, draws`` + ``round``), checked:
     each ``prob`` a number in (0, 1], each ``draws`` a non-negative integer, no (text, round) twice."""
-    from llmrubric.io.schemas import read_raw
+    from llmrubric.io.tables import read_raw
 
     path = Path(path)
     if not path.is_file():

@@ -28,9 +28,10 @@ import pandas as pd
 from scipy import stats
 
 from llmrubric.io.errors import InputError
+from llmrubric.io.files import write_json, write_table, write_text
 from llmrubric.io.predictions import probabilities
 from llmrubric.io.rubric import Question
-from llmrubric.io.schemas import read_raw, source_of, write_json, write_table, write_text
+from llmrubric.io.tables import read_raw, source_of
 
 log = logging.getLogger(__name__)
 LEADERBOARD_COLUMNS = ["rank", "system", "score", "low", "high", "texts"]
@@ -517,7 +518,7 @@ def rank_correlation(a: pd.Series, b: pd.Series, missing: str = "error", name_a:
 
 def read_predictions(path: str | Path) -> pd.DataFrame:
     """A predictions table file; ``p_<option>``, ``mean`` and ``var`` become numbers (bad cells are errors)."""
-    from llmrubric.io.schemas import read_table
+    from llmrubric.io.tables import read_table
 
     pred = read_table(path, "predictions")
     for column in [c for c in pred.columns if c.startswith("p_")] + ["mean", "var"]:
@@ -752,7 +753,7 @@ def density_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from llmrubric.io.schemas import atomic_path
+    from llmrubric.io.files import atomic_path
 
     values = systems[0].values
     grid = np.linspace(np.nanmin(values) - 0.5, np.nanmax(values) + 0.5, grid_points)

@@ -25,9 +25,10 @@ import torch
 from tqdm.auto import tqdm
 
 from llmrubric.io.errors import InputError
+from llmrubric.io.files import atomic_path
 from llmrubric.io.integrity import check_finite_predictions
 from llmrubric.io.predictions import predictions_frame, probabilities
-from llmrubric.io.schemas import Tables, atomic_path, source_of
+from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.threads import one_thread
 

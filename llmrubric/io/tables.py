@@ -1,4 +1,4 @@
-"""The canonical long tables (DESIGN.md): read, validate and write them.
+"""The canonical long tables (DESIGN.md): read them and check them against their contracts.
 
 Row numbers in errors are 1-based data rows (the header is not counted); frames keep
 them as their index so that errors raised after a join still point into the file.
@@ -6,113 +6,18 @@ them as their index so that errors raised after a join still point into the file
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from llmrubric.io.contracts import NA_ANSWERS, PROB_TOLERANCE, SPECS
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric, option_key
 
-PROB_TOLERANCE = 1e-6  # per option: probabilities written with 6 decimals may sum to 1 + options × 1e-6
-NA_ANSWERS = ("", "NA")  # an answer cell that is empty or NA: the row is absent (dropped and counted)
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """A table contract: required and optional columns, which are ids (read as strings), and
-    what each column holds (``columns``: name → type and what NA means), shown by ``llmrubric schema show``."""
-
-    required: tuple[str, ...]
-    optional: tuple[str, ...] = ()
-    ids: tuple[str, ...] = ()
-    columns: tuple[tuple[str, str], ...] = ()
-    na_absent: tuple[str, ...] = ()  # NA in these columns: the row is absent (dropped, counted, warned)
-
-
-SPECS = {
-    "annotations": TableSpec(
-        ("text_id", "judge_id", "question_id", "answer"),
-        ("system_id", "round"),
-        ("text_id", "judge_id", "question_id", "system_id", "round"),
-        (
-            ("text_id", "string id; NA is an error"),
-            ("judge_id", "string id; NA is an error"),
-            ("question_id", "string, a rubric question id; NA is an error"),
-            (
-                "answer",
-                "an option value or label of the question; empty or NA: the row is absent (dropped, counted in a warning)",
-            ),
-            ("system_id", "string id; NA: system unknown"),
-            ("round", "string, a judge's repeated annotation of a text; NA: round 1"),
-        ),
-        ("answer",),
-    ),
-    "features": TableSpec(
-        ("text_id", "source", "question_id", "option", "prob"),
-        (),
-        ("text_id", "source", "question_id", "option"),
-        (
-            ("text_id", "string id; NA is an error"),
-            ("source", "string, the LLM (model, prompt variant) that answered; NA is an error"),
-            ("question_id", "string, a rubric question id or any other block name; NA is an error"),
-            ("option", "an option of the question (a rubric question's llm_options); NA is an error"),
-            (
-                "prob",
-                f"float >= 0; a block (text, source, question) sums to at most 1 + options × {PROB_TOLERANCE:g} "
-                "(unnormalised); an absent block, or a block of 2+ options that are all 0, is missing (masked, counted in a warning); "
-                "a one-option block is a value, 0 included; NA is an error",
-            ),
-        ),
-    ),
-    "texts": TableSpec(
-        ("text_id",),
-        ("system_id", "query_id", "text"),
-        ("text_id", "system_id", "query_id"),
-        (
-            ("text_id", "string id; NA is an error"),
-            ("system_id", "string id; NA: system unknown"),
-            ("query_id", "string id; NA: not paired by query"),
-            ("text", "string, the text itself; NA: not given"),
-        ),
-    ),
-    "predictions": TableSpec(
-        ("text_id", "judge_id", "question_id", "mean", "var"),
-        ("system_id",),
-        ("text_id", "judge_id", "question_id"),
-        (
-            ("text_id", "string id; NA is an error"),
-            ("judge_id", "string id; NA is an error"),
-            ("question_id", "string id; NA is an error"),
-            (
-                "p_<option>",
-                "float in [0, 1], one column per option; a question's columns sum to 1 (± 1e-3); NA: not an option of that question",
-            ),
-            ("mean", "float, the expected answer; NA is an error"),
-            ("var", "float, the variance of the distribution; NA is an error"),
-            ("system_id", "string id; NA: system unknown"),
-            ("round", "string; NA: round 1"),
-        ),
-    ),
-}
-
-
-def schema_text() -> str:
-    """The table contracts as Markdown, from :data:`SPECS` (the validators' own specs)."""
-    lines = []
-    for kind, spec in SPECS.items():
-        lines += [f"## {kind}", "", "| column | required | type and NA |", "| --- | --- | --- |"]
-        lines += [f"| {name} | {'yes' if name in spec.required else 'no'} | {text} |" for name, text in spec.columns]
-        lines.append("")
-    return "\n".join(lines)
 
 
 def source_of(df: pd.DataFrame) -> str:
@@ -400,130 +305,6 @@ def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.Data
     df.attrs["source"] = src
     df.attrs["zero_blocks"] = int(zero.sum())
     return df
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | Path):
-    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success,
-    with the permissions the user's umask gives a new file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_folder(out_dir: str | Path, files: dict[str, bytes]) -> Path:
-    """Write ``files`` (relative path → bytes) as the folder ``out_dir``, atomically.
-
-    Everything goes to a temporary sibling folder that is renamed onto ``out_dir``; an
-    existing folder there is replaced only once the new one is complete.
-    """
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    old = None
-    try:
-        for rel, data in files.items():
-            path = tmp / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        os.chmod(tmp, 0o777 & ~_umask())
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-            os.rename(out, old / out.name)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and (old / out.name).exists() and not out.exists():
-            os.rename(old / out.name, out)
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    return out
-
-
-TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")
-
-
-def check_table_path(path: str | Path, name: str) -> Path:
-    """An output table path with a known format suffix (checked before any work)."""
-    path = Path(path)
-    if path.suffix not in TABLE_SUFFIXES:
-        raise InputError(
-            f"unknown table format {path.suffix!r} (use {', '.join(TABLE_SUFFIXES)})", file=str(path), setting=name
-        )
-    return path
-
-
-def write_table(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write a table by its suffix, atomically: a failure leaves no partial file."""
-    path = Path(path)
-    writers = {
-        ".parquet": lambda t: df.to_parquet(t, index=False),
-        ".csv": lambda t: df.to_csv(t, index=False),
-        ".tsv": lambda t: df.to_csv(t, sep="\t", index=False),
-        ".jsonl": lambda t: df.to_json(t, orient="records", lines=True),
-    }
-    if path.suffix not in writers:
-        raise InputError(f"unknown table format {path.suffix!r} (use .csv, .tsv, .parquet or .jsonl)", file=str(path))
-    with atomic_path(path) as tmp:
-        writers[path.suffix](tmp)
-    return path
-
-
-def write_text(text: str, path: str | Path) -> Path:
-    """Write a text file atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
-    return Path(path)
-
-
-def write_json(data: dict, path: str | Path) -> Path:
-    """Write JSON atomically (NumPy scalars converted, non-finite floats as null: never a bare NaN)."""
-    return write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n", path)
-
-
-def json_safe(value):
-    """``value`` with NumPy scalars and arrays as Python values and non-finite floats as None."""
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return json_safe(value.tolist())
-    if isinstance(value, (float, np.floating)):
-        return float(value) if np.isfinite(value) else None
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (str, int)) or value is None:
-        return value
-    if value is pd.NA or value is pd.NaT:
-        return None
-    return _json_default(value)
-
-
-def _json_default(value):
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, pd.Timestamp):
-        return value.isoformat()
-    raise TypeError(f"not JSON serialisable: {type(value)}")
 
 
 @dataclass

@@ -54,15 +54,21 @@ def _parse(path: Path) -> pd.DataFrame:
     raise InputError(f"unknown table format {suffix!r} (use .csv, .tsv, .parquet or .jsonl)", file=str(path))
 
 
-def read_table(path: str | Path, kind: str) -> pd.DataFrame:
-    """Read a canonical table of ``kind`` and check its columns; ids become strings."""
+def read_nonempty(path: str | Path, what: str, empty: str | None = None) -> pd.DataFrame:
+    """:func:`read_raw` of a file that must exist (``<what> file not found``) and hold rows
+    (``empty``, by default ``the <what> table is empty``)."""
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"{kind} file not found", file=str(path))
+        raise InputError(f"{what} file not found", file=str(path))
     df = read_raw(path)
     if df.empty:
-        raise InputError(f"the {kind} table is empty", file=str(path))
-    return check_columns(df, kind)
+        raise InputError(empty or f"the {what} table is empty", file=str(path))
+    return df
+
+
+def read_table(path: str | Path, kind: str) -> pd.DataFrame:
+    """Read a canonical table of ``kind`` and check its columns; ids become strings."""
+    return check_columns(read_nonempty(path, kind), kind)
 
 
 def _map_unique(values: pd.Series, func) -> pd.Series:

@@ -30,8 +30,9 @@ from scipy import stats
 from llmrubric.io.errors import InputError
 from llmrubric.io.files import write_json, write_table, write_text
 from llmrubric.io.predictions import probabilities
+from llmrubric.io.rows import check_unique
 from llmrubric.io.rubric import Question
-from llmrubric.io.tables import read_raw, source_of
+from llmrubric.io.tables import read_nonempty, source_of
 
 log = logging.getLogger(__name__)
 LEADERBOARD_COLUMNS = ["rank", "system", "score", "low", "high", "texts"]
@@ -107,15 +108,13 @@ def system_data(
         pred = pred.groupby(
             ["text_id", "judge_id"], sort=False, as_index=False
         ).first()  # repeated rounds share x and judge
-    dup = pred.duplicated(["text_id", "judge_id"])
-    if dup.any():
-        row = pred.index[dup.argmax()]
-        raise InputError(
-            f"two predictions for (text {pred.at[row, 'text_id']!r}, judge {pred.at[row, 'judge_id']!r})",
-            file=src,
-            row=int(row),
-            column="judge_id",
-        )
+    check_unique(
+        pred,
+        ["text_id", "judge_id"],
+        "two predictions for (text {text_id!r}, judge {judge_id!r})",
+        file=src,
+        column="judge_id",
+    )
     p = check_distributions(pred, question, src)
     out = []
     judge_index = {j: i for i, j in enumerate(judges)}
@@ -552,11 +551,7 @@ def read_system_values(path: str | Path, what: str, columns_of) -> pd.DataFrame:
     """A table with one row per ``system`` (or ``system_id``) and the numeric columns that
     ``columns_of(its columns)`` names, indexed by system; each problem an error naming file, row and column."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{what} file not found", file=str(path))
-    df = read_raw(path)
-    if df.empty:
-        raise InputError(f"the {what} is empty", file=str(path))
+    df = read_nonempty(path, what, empty=f"the {what} is empty")
     system = "system" if "system" in df.columns else "system_id" if "system_id" in df.columns else None
     wanted = columns_of(list(df.columns))
     absent = [c for c in wanted if c not in df.columns]
@@ -577,10 +572,7 @@ def read_system_values(path: str | Path, what: str, columns_of) -> pd.DataFrame:
             )
         values[column] = value.to_numpy(float)
     names = df[system].astype(str).str.strip()
-    dup = names.duplicated()
-    if dup.any():
-        row = df.index[dup.argmax()]
-        raise InputError(f"system {names[row]!r} is listed twice", file=str(path), row=int(row), column=system)
+    check_unique(names.to_frame("name"), "name", "system {name!r} is listed twice", file=str(path), column=system)
     return pd.DataFrame(values, index=pd.Index(names.to_numpy(), name="system"))
 
 

@@ -224,80 +224,17 @@ def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.Data
     df = check_columns(df, "features")
     src = source_of(df)
     df["option"] = _map_unique(df["option"], option_key)
-    prob = df["prob"] if pd.api.types.is_float_dtype(df["prob"]) else pd.to_numeric(df["prob"], errors="coerce")
-    values = prob.to_numpy(dtype=float, na_value=np.nan)
-    bad = ~np.isfinite(values) | (values < 0)
-    if bad.any():
-        row = df.index[bad.argmax()]
-        raise InputError(
-            f"probability {df.at[row, 'prob']!r} is not a finite number >= 0", file=src, row=int(row), column="prob"
-        )
-    df["prob"] = values
-    factors = [pd.factorize(df[c]) for c in ("text_id", "source", "question_id")]
-    codes = [f[0].astype(np.int64) for f in factors]
-    sizes = [len(f[1]) for f in factors]
-    pair_code, pair_values = pd.factorize(codes[1] * sizes[2] + codes[2])
-    block_code = np.unique(codes[0] * (sizes[1] * sizes[2]) + codes[1] * sizes[2] + codes[2], return_inverse=True)[1]
-    option_code, option_values = pd.factorize(df["option"])
-    dup = pd.Series(block_code * len(option_values) + option_code).duplicated(keep=False).to_numpy()
-    if dup.any():
-        first = block_code[dup.argmax()]
-        rows = df.index[(block_code == first) & dup].tolist()[:2]
-        raise InputError(
-            f"option listed twice in one (text, source, question) block, rows {rows}",
-            file=src,
-            row=int(rows[1]),
-            column="option",
-        )
-    n_blocks = int(block_code.max()) + 1
-    sums = np.bincount(block_code, weights=values, minlength=n_blocks)
-    counts = np.bincount(block_code, minlength=n_blocks)
-    over = sums > 1 + counts * PROB_TOLERANCE + 1e-12
-    if over.any():
-        b = int(over.argmax())
-        row = df.index[(block_code == b).argmax()]
-        raise InputError(
-            f"probabilities of block (text {df.at[row, 'text_id']!r}, source {df.at[row, 'source']!r}, question {df.at[row, 'question_id']!r}) "
-            f"sum to {sums[b]:.6f} > 1 + {counts[b]} options × {PROB_TOLERANCE:g}",
-            file=src,
-            row=int(row),
-            column="prob",
-        )
-    order = np.argsort(block_code, kind="stable")
-    starts = np.flatnonzero(np.r_[True, np.diff(block_code[order]) != 0])
-    signature = np.add.reduceat(
-        _option_hash(option_values)[option_code][order], starts
-    )  # order-free hash of each block's option set
-    block_pair = np.zeros(n_blocks, dtype=np.int64)
-    block_pair[block_code] = pair_code
-    blocks = pd.DataFrame({"pair": block_pair, "signature": signature, "count": counts})
-    for pair, part in blocks.groupby("pair", sort=False):
-        source, qid = factors[1][1][pair_values[pair] // sizes[2]], factors[2][1][pair_values[pair] % sizes[2]]
-        if rubric is not None and qid in rubric:
-            keys = list(rubric[qid].llm_options)
-            expected_sig, expected = np.add.reduce(_option_hash(keys)), keys
-        else:
-            expected_sig = part.signature.value_counts().index[0]
-            expected = None
-        wrong = part.index[part.signature.to_numpy() != expected_sig]
-        if len(wrong):
-            rows = block_code == wrong[0]
-            row = df.index[rows.argmax()]
-            found = sorted(df["option"].to_numpy()[rows])
-            if expected is None:
-                model = part.index[part.signature.to_numpy() == expected_sig][0]
-                expected = sorted(df["option"].to_numpy()[block_code == model])
-            raise InputError(
-                f"features block (text {df.at[row, 'text_id']!r}, source {source!r}, question {qid!r}) has {len(found)} options "
-                f"{found}, expected {len(expected)} {sorted(expected)}",
-                file=src,
-                row=int(row),
-                column="option",
-            )
-    zero = (sums <= 0) & (counts >= 2)  # a one-option block is a value (e.g. a coverage fraction): its 0 is data
+    df["prob"] = _probabilities(df, src)
+    blocks = _FeatureBlocks.of(df)
+    blocks.check_options_once(df, src)
+    blocks.check_sums(df, src)
+    blocks.check_option_sets(df, rubric, src)
+    zero = (blocks.sums <= 0) & (
+        blocks.counts >= 2
+    )  # a one-option block is a value (e.g. a coverage fraction): its 0 is data
     if zero.any():
         b = int(zero.argmax())
-        row = df.index[(block_code == b).argmax()]
+        row = df.index[(blocks.code == b).argmax()]
         log.warning(
             "%s: %d blocks of all-zero probabilities are treated as missing (masked), e.g. text %r, source %r, question %r (row %d)",
             src,
@@ -307,10 +244,118 @@ def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.Data
             df.at[row, "question_id"],
             int(row),
         )
-        df = df[~zero[block_code]].copy()
+        df = df[~zero[blocks.code]].copy()
     df.attrs["source"] = src
     df.attrs["zero_blocks"] = int(zero.sum())
     return df
+
+
+def _probabilities(df: pd.DataFrame, src: str) -> np.ndarray:
+    """The ``prob`` column as floats; a cell that is not a finite number >= 0 is an error."""
+    prob = df["prob"] if pd.api.types.is_float_dtype(df["prob"]) else pd.to_numeric(df["prob"], errors="coerce")
+    values = prob.to_numpy(dtype=float, na_value=np.nan)
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        row = df.index[bad.argmax()]
+        raise InputError(
+            f"probability {df.at[row, 'prob']!r} is not a finite number >= 0", file=src, row=int(row), column="prob"
+        )
+    return values
+
+
+@dataclass(frozen=True)
+class _FeatureBlocks:
+    """The (text, source, question) blocks of a features table, as integer codes for vectorised checks.
+
+    ``code``: each row's block; ``option_code``/``options``: each row's option; ``pair``: each
+    block's (source, question) pair, named by ``pair_names``; ``sums``/``counts``: each block's
+    probability mass and number of options."""
+
+    code: np.ndarray
+    option_code: np.ndarray
+    options: pd.Index
+    pair: np.ndarray
+    pair_names: list[tuple[str, str]]
+    sums: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, df: pd.DataFrame) -> _FeatureBlocks:
+        factors = [pd.factorize(df[c]) for c in ("text_id", "source", "question_id")]
+        codes = [f[0].astype(np.int64) for f in factors]
+        sizes = [len(f[1]) for f in factors]
+        pair_code, pair_values = pd.factorize(codes[1] * sizes[2] + codes[2])
+        block_code = np.unique(codes[0] * (sizes[1] * sizes[2]) + codes[1] * sizes[2] + codes[2], return_inverse=True)[
+            1
+        ]
+        option_code, option_values = pd.factorize(df["option"])
+        n_blocks = int(block_code.max()) + 1
+        block_pair = np.zeros(n_blocks, dtype=np.int64)
+        block_pair[block_code] = pair_code
+        pair_names = [(factors[1][1][v // sizes[2]], factors[2][1][v % sizes[2]]) for v in pair_values]
+        sums = np.bincount(block_code, weights=df["prob"].to_numpy(), minlength=n_blocks)
+        counts = np.bincount(block_code, minlength=n_blocks)
+        return cls(block_code, option_code, option_values, block_pair, pair_names, sums, counts)
+
+    def check_options_once(self, df: pd.DataFrame, src: str) -> None:
+        """No option listed twice in one block."""
+        dup = pd.Series(self.code * len(self.options) + self.option_code).duplicated(keep=False).to_numpy()
+        if dup.any():
+            first = self.code[dup.argmax()]
+            rows = df.index[(self.code == first) & dup].tolist()[:2]
+            raise InputError(
+                f"option listed twice in one (text, source, question) block, rows {rows}",
+                file=src,
+                row=int(rows[1]),
+                column="option",
+            )
+
+    def check_sums(self, df: pd.DataFrame, src: str) -> None:
+        """No block sums to more than 1 + options × :data:`PROB_TOLERANCE`."""
+        over = self.sums > 1 + self.counts * PROB_TOLERANCE + 1e-12
+        if over.any():
+            b = int(over.argmax())
+            row = df.index[(self.code == b).argmax()]
+            raise InputError(
+                f"probabilities of block (text {df.at[row, 'text_id']!r}, source {df.at[row, 'source']!r}, question {df.at[row, 'question_id']!r}) "
+                f"sum to {self.sums[b]:.6f} > 1 + {self.counts[b]} options × {PROB_TOLERANCE:g}",
+                file=src,
+                row=int(row),
+                column="prob",
+            )
+
+    def check_option_sets(self, df: pd.DataFrame, rubric: Rubric | None, src: str) -> None:
+        """Each (source, question)'s blocks offer the rubric question's ``llm_options``, or (another
+        question) all the same options as its most common block."""
+        order = np.argsort(self.code, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(self.code[order]) != 0])
+        signature = np.add.reduceat(
+            _option_hash(self.options)[self.option_code][order], starts
+        )  # order-free hash of each block's option set
+        blocks = pd.DataFrame({"pair": self.pair, "signature": signature, "count": self.counts})
+        for pair, part in blocks.groupby("pair", sort=False):
+            source, qid = self.pair_names[pair]
+            if rubric is not None and qid in rubric:
+                keys = list(rubric[qid].llm_options)
+                expected_sig, expected = np.add.reduce(_option_hash(keys)), keys
+            else:
+                expected_sig = part.signature.value_counts().index[0]
+                expected = None
+            wrong = part.index[part.signature.to_numpy() != expected_sig]
+            if len(wrong):
+                rows = self.code == wrong[0]
+                row = df.index[rows.argmax()]
+                found = sorted(df["option"].to_numpy()[rows])
+                if expected is None:
+                    model = part.index[part.signature.to_numpy() == expected_sig][0]
+                    expected = sorted(df["option"].to_numpy()[self.code == model])
+                raise InputError(
+                    f"features block (text {df.at[row, 'text_id']!r}, source {source!r}, question {qid!r}) has {len(found)} options "
+                    f"{found}, expected {len(expected)} {sorted(expected)}",
+                    file=src,
+                    row=int(row),
+                    column="option",
+                )
 
 
 @dataclass

@@ -104,6 +104,32 @@ def answer_scores(support: pd.DataFrame, answers: pd.DataFrame, bank, partial_we
     ``run_id`` or ``system_id``); bank: test-bank items (``query_id, item_id, importance``).
     Assignments of nuggets that are not in the answer's query's bank are an error.
     """
+    answers = _checked_answers(answers)
+    nuggets: dict[str, list] = {}
+    for item in bank:
+        nuggets.setdefault(item.query_id, []).append(item)
+    _check_assignments(support, dict(zip(answers.text_id, answers.query_id)), bank)
+    lookup = {
+        (t, n): (s, p) for t, n, s, p in zip(support.text_id, support.item_id, support.p_support, support.p_partial)
+    }
+    rows = [
+        _answer_row(text_id, run_id, query_id, nuggets.get(query_id, []), lookup, partial_weight)
+        for text_id, run_id, query_id in zip(answers.text_id, answers.run_id, answers.query_id)
+    ]
+    out = pd.DataFrame(rows)
+    bad = out[out.status != "ok"]
+    if len(bad):
+        log.warning(
+            "%d answers are left out of the nugget scores: %s",
+            len(bad),
+            "; ".join(f"{t}: {s}" for t, s in zip(bad.text_id[:5], bad.status[:5])),
+        )
+    return out
+
+
+def _checked_answers(answers: pd.DataFrame) -> pd.DataFrame:
+    """``text_id, query_id, run_id`` as strings (run: ``run_id``, else ``system_id``, else ``run``);
+    an answer listed twice or a run with two answers to a query is an error."""
     src = source_of(answers)
     for column in ("text_id", "query_id"):
         if column not in answers.columns:
@@ -122,10 +148,11 @@ def answer_scores(support: pd.DataFrame, answers: pd.DataFrame, bank, partial_we
         file=src,
         column="query_id",
     )
-    nuggets: dict[str, list] = {}
-    for item in bank:
-        nuggets.setdefault(item.query_id, []).append(item)
-    query_of = dict(zip(answers.text_id, answers.query_id))
+    return answers
+
+
+def _check_assignments(support: pd.DataFrame, query_of: dict[str, str], bank) -> None:
+    """Every assignment is for a known answer and a nugget of that answer's query's bank."""
     unknown_answer = ~support.text_id.isin(query_of)
     if unknown_answer.any():
         i = int(unknown_answer.to_numpy().argmax())
@@ -145,55 +172,38 @@ def answer_scores(support: pd.DataFrame, answers: pd.DataFrame, bank, partial_we
             row=row_number(support.index[i]),
             column="item_id",
         )
-    lookup = {
-        (t, n): (s, p) for t, n, s, p in zip(support.text_id, support.item_id, support.p_support, support.p_partial)
+
+
+def _answer_row(text_id: str, run_id: str, query_id: str, items: list, lookup: dict, partial_weight: float) -> dict:
+    """One answer's scores, or its status (``no_nuggets``, ``incomplete``) and NaN scores."""
+    row = {
+        "text_id": text_id,
+        "run_id": run_id,
+        "query_id": query_id,
+        "nuggets": len(items),
+        "vital": sum(i.importance == "vital" for i in items),
     }
-    rows = []
-    for text_id, run_id, query_id in zip(answers.text_id, answers.run_id, answers.query_id):
-        items = nuggets.get(query_id, [])
-        row = {
-            "text_id": text_id,
-            "run_id": run_id,
-            "query_id": query_id,
-            "nuggets": len(items),
-            "vital": sum(i.importance == "vital" for i in items),
+    got = [lookup.get((text_id, i.item_id)) for i in items]
+    if not items:
+        return {**row, "status": "no_nuggets", **dict.fromkeys(SCORES, math.nan)}
+    if any(g is None for g in got):
+        return {
+            **row,
+            "status": f"incomplete ({sum(g is None for g in got)} of {len(items)} nuggets unassigned)",
+            **dict.fromkeys(SCORES, math.nan),
         }
-        got = [lookup.get((text_id, i.item_id)) for i in items]
-        if not items:
-            rows.append({**row, "status": "no_nuggets", **dict.fromkeys(SCORES, math.nan)})
-            continue
-        if any(g is None for g in got):
-            rows.append(
-                {
-                    **row,
-                    "status": f"incomplete ({sum(g is None for g in got)} of {len(items)} nuggets unassigned)",
-                    **dict.fromkeys(SCORES, math.nan),
-                }
-            )
-            continue
-        strict = np.array([g[0] for g in got])
-        partial = strict + partial_weight * np.array([g[1] for g in got])
-        vital = np.array([i.importance == "vital" for i in items])
-        v = (lambda x: float(x[vital].mean())) if vital.any() else (lambda x: math.nan)
-        rows.append(
-            {
-                **row,
-                "status": "ok",
-                "A_strict": float(strict.mean()),
-                "V_strict": v(strict),
-                "A_partial": float(partial.mean()),
-                "V_partial": v(partial),
-            }
-        )
-    out = pd.DataFrame(rows)
-    bad = out[out.status != "ok"]
-    if len(bad):
-        log.warning(
-            "%d answers are left out of the nugget scores: %s",
-            len(bad),
-            "; ".join(f"{t}: {s}" for t, s in zip(bad.text_id[:5], bad.status[:5])),
-        )
-    return out
+    strict = np.array([g[0] for g in got])
+    partial = strict + partial_weight * np.array([g[1] for g in got])
+    vital = np.array([i.importance == "vital" for i in items])
+    v = (lambda x: float(x[vital].mean())) if vital.any() else (lambda x: math.nan)
+    return {
+        **row,
+        "status": "ok",
+        "A_strict": float(strict.mean()),
+        "V_strict": v(strict),
+        "A_partial": float(partial.mean()),
+        "V_partial": v(partial),
+    }
 
 
 def run_scores(scores: pd.DataFrame) -> pd.DataFrame:

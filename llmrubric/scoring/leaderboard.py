@@ -35,7 +35,6 @@ from llmrubric.io.rubric import Question
 from llmrubric.io.tables import read_nonempty, source_of
 
 log = logging.getLogger(__name__)
-LEADERBOARD_COLUMNS = ["rank", "system", "score", "low", "high", "texts"]
 SUM_TOLERANCE = 1e-3  # a predicted distribution sums to 1 within this (tables written with few decimals)
 MEMORY_CELLS = 20_000_000  # float64 cells one bootstrap block may hold (about 160 MB)
 

@@ -30,9 +30,6 @@ embedded demo data (``data/simulated``) is :func:`simulate` with its defaults, u
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +38,7 @@ import pandas as pd
 
 from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
-from llmrubric.io.files import write_json, write_table
+from llmrubric.io.files import json_text, write_folder
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, validate_annotations, validate_features
 
@@ -366,8 +363,8 @@ def write_simulated(dest_dir: str | Path, seed: int = 0, shift: bool = False, **
     """Write the simulated tables (:func:`simulate`, or with ``shift`` :func:`simulate_shift`) and
     ``truth.json`` into ``dest_dir``, all or nothing.
 
-    The files are written into a temporary sibling directory that then replaces
-    ``dest_dir``; a ``dest_dir`` holding other files than these four is refused.
+    The files are written as one folder (:func:`~llmrubric.io.files.write_folder`) that then
+    replaces ``dest_dir``; a ``dest_dir`` holding other files than these four is refused.
     """
     dest = Path(dest_dir)
     if dest.exists():
@@ -379,25 +376,11 @@ def write_simulated(dest_dir: str | Path, seed: int = 0, shift: bool = False, **
                 f"destination holds other files {other}; choose an empty or simulated-data directory", file=str(dest)
             )
     tables, truth = (simulate_shift if shift else simulate)(seed, **kwargs)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
-    old = tmp.with_suffix(".old")
-    try:
-        write_table(tables.annotations.drop(columns="round"), tmp / "annotations.csv")
-        write_table(tables.features, tmp / "features.csv")
-        write_table(tables.texts, tmp / "texts.csv")
-        write_json(truth, tmp / "truth.json")
-        for path in tmp.iterdir():
-            path.chmod(0o644)
-        tmp.chmod(0o755)
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-    except BaseException:
-        if old.exists() and not dest.exists():
-            os.replace(old, dest)
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-    return dest
+    csv = lambda df: df.to_csv(index=False).encode()
+    files = {
+        "annotations.csv": csv(tables.annotations.drop(columns="round")),
+        "features.csv": csv(tables.features),
+        "texts.csv": csv(tables.texts),
+        "truth.json": json_text(truth).encode(),
+    }
+    return write_folder(dest, files)

@@ -107,8 +107,13 @@ def write_text(text: str, path: str | Path) -> Path:
 
 
 def write_json(data: dict, path: str | Path) -> Path:
-    """Write JSON atomically (NumPy scalars converted, non-finite floats as null: never a bare NaN)."""
-    return write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n", path)
+    """Write JSON atomically (see :func:`json_text`)."""
+    return write_text(json_text(data), path)
+
+
+def json_text(data: dict) -> str:
+    """``data`` as indented JSON text (NumPy scalars converted, non-finite floats as null: never a bare NaN)."""
+    return json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n"
 
 
 def json_safe(value):

@@ -238,7 +238,9 @@ class _ChunkPredictor:
     path once its first chunk agrees with ``Calibrator.predict_proba``, else ``Calibrator.predict``.
     ``missing`` collects text id → the blocks it lacks (``;``-joined)."""
 
-    def __init__(self, calibrator: Calibrator, judges: list[str], questions: list[str], by_text):
+    def __init__(
+        self, calibrator: Calibrator, judges: list[str], questions: list[str], by_text: tuple[pd.DataFrame, np.ndarray]
+    ):
         self.calibrator, self.judges = calibrator, judges
         self.question_ids = questions
         self.questions = [calibrator.rubric[q] for q in questions]

@@ -55,8 +55,9 @@ from llmrubric.data.simulate import simulate_shift  # noqa: E402
 from llmrubric.data.splits import system_folds, system_group_folds, text_folds, text_systems  # noqa: E402
 from llmrubric.evaluation.transfer import system_metrics  # noqa: E402
 from llmrubric.io.errors import InputError, reports_errors  # noqa: E402
+from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.schemas import load_tables, write_json  # noqa: E402
+from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import AutoCalibrator, candidate  # noqa: E402
 from llmrubric.model.baselines import RidgeJudge, make_method  # noqa: E402
 from llmrubric.model.encoding import PAIR, with_round  # noqa: E402

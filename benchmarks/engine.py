@@ -37,8 +37,9 @@ from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.experiments.search import Setting, cross_validate  # noqa: E402
+from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.schemas import load_tables, write_json  # noqa: E402
+from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
 from llmrubric.model.encoding import JudgeMap  # noqa: E402
 

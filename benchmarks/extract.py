@@ -24,8 +24,8 @@ from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import extract
+from llmrubric.io.files import write_json
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -55,15 +55,18 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import exit_code, llm_rubric_default  # noqa: E402
+
 from llmrubric.config import group, load_file  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
 from llmrubric.data.splits import holdout_texts, system_folds  # noqa: E402
 from llmrubric.evaluation.metrics import align  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
+from llmrubric.io.files import write_json, write_table  # noqa: E402
 from llmrubric.io.predictions import probabilities  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.schemas import Tables, read_table, write_json, write_table  # noqa: E402
+from llmrubric.io.tables import Tables, read_table  # noqa: E402
 from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
 from llmrubric.model.judges import add_judge  # noqa: E402
 from llmrubric.scoring import labels as lab  # noqa: E402
@@ -264,19 +267,14 @@ def judge_add_figures(
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """Run the benchmark; bad input is one line on stderr and exit code 2."""
+    return exit_code(run, argv)
 
 
 def run(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", nargs="*", default=list(SETS), choices=list(SETS))
-    parser.add_argument(
-        "--llm-rubric", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric"))
-    )
+    parser.add_argument("--llm-rubric", default=llm_rubric_default())
     parser.add_argument("--reps", type=int, default=500, help="repetitions per system and k (>= 200)")
     parser.add_argument("--judges", type=int, default=6, help="judges left out of training in turn")
     parser.add_argument("--draws", type=int, default=3, help="draws of the k annotated texts per judge")

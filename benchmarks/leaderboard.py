@@ -45,8 +45,9 @@ sys.path.insert(0, str(ROOT))
 
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
+from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.schemas import Tables, write_json  # noqa: E402
+from llmrubric.io.tables import Tables  # noqa: E402
 from llmrubric.model.baselines import ExpectedLLM  # noqa: E402
 from llmrubric.model.calibrator import Calibrator  # noqa: E402
 from llmrubric.scoring import leaderboard as lb  # noqa: E402
@@ -129,7 +130,7 @@ def board_records(board: pd.DataFrame) -> list[dict]:
 
 def score_million(checkpoint: str, features: str, out: str, judges: int) -> dict:
     """In a fresh process: read + validate the features, score every (text, judge) pair."""
-    from llmrubric.io.schemas import read_table, validate_features
+    from llmrubric.io.tables import read_table, validate_features
 
     logging.disable(logging.WARNING)
     start = time.perf_counter()
@@ -243,7 +244,7 @@ def replicated_features(real: Tables, judges: int, n_pairs: int) -> pd.DataFrame
 
 def read_validate(features: str) -> dict:
     """In a fresh process: seconds to read and to validate the features table."""
-    from llmrubric.io.schemas import read_table, validate_features
+    from llmrubric.io.tables import read_table, validate_features
 
     logging.disable(logging.WARNING)
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")

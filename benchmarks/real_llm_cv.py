@@ -36,7 +36,7 @@ from llmrubric.evaluation.calibration import smece
 from llmrubric.evaluation.metrics import evaluate
 from llmrubric.evaluation.significance import align_methods, pair_nll
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, read_table, validate_features
+from llmrubric.io.tables import Tables, read_table, validate_features
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = {llm_rubric.SOURCE: "gpt35"}

@@ -36,7 +36,7 @@ from llmrubric.extract.injection import InjectionDetector
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import extract
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, read_table, validate_features
+from llmrubric.io.tables import Tables, read_table, validate_features
 from llmrubric.model.calibrator import Calibrator
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,7 +35,7 @@ from llmrubric.config import compose
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmrubric.io.schemas import write_json  # noqa: E402
+from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.report.build import experiment_splits, report_from_config  # noqa: E402
 
 FIGURES = {

@@ -39,15 +39,15 @@ from llmrubric.extract.cache import ResultCache  # noqa: E402
 from llmrubric.extract.families import likert_tasks  # noqa: E402
 from llmrubric.extract.prompts import PromptTemplate  # noqa: E402
 from llmrubric.extract.runner import extract  # noqa: E402
+from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.schemas import write_json  # noqa: E402
 
 WORKER = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_search import BASE, search_config
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import load_tables
+from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"

@@ -33,8 +33,8 @@ from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.evaluation.metrics import METRICS, evaluate, seed_sd  # noqa: E402
 from llmrubric.experiments.search import Setting, cross_validate, run_search  # noqa: E402
+from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.schemas import write_json  # noqa: E402
 from llmrubric.model.calibrator import Calibrator  # noqa: E402
 
 

@@ -34,8 +34,8 @@ from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import system_folds, text_folds  # noqa: E402
 from llmrubric.evaluation.metrics import METRICS, evaluate, markdown_table, seed_sd  # noqa: E402
+from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.schemas import write_json  # noqa: E402
 from llmrubric.model.baselines import DETERMINISTIC, METHODS, make_method  # noqa: E402
 
 PAPER = {

@@ -47,7 +47,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import subprocess
 import sys
 import time
@@ -62,6 +61,8 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import exit_code, llm_rubric_default  # noqa: E402
+
 from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
@@ -69,8 +70,9 @@ from llmrubric.data.splits import system_folds  # noqa: E402
 from llmrubric.evaluation.metrics import evaluate  # noqa: E402
 from llmrubric.evaluation.transfer import coverage, pair_scores, ppi_intervals, shift_intervals, system_means  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
+from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.schemas import load_tables, write_json  # noqa: E402
+from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
 from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
 from llmrubric.scoring.leaderboard import rms, shift_half_width  # noqa: E402
@@ -340,11 +342,7 @@ def average(runs: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; bad input is one line on stderr and exit code 2."""
-    try:
-        return run(argv)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return exit_code(run, argv)
 
 
 def run(argv: list[str] | None) -> int:
@@ -359,9 +357,7 @@ def run(argv: list[str] | None) -> int:
     parser.add_argument(
         "--rubric", default=str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), help="the rubric of --data"
     )
-    parser.add_argument(
-        "--llm-rubric", default=os.environ.get("LLM_RUBRIC_DATA", str(ROOT.parent / "shared" / "data" / "llm-rubric"))
-    )
+    parser.add_argument("--llm-rubric", default=llm_rubric_default())
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--draws", type=int, default=50, help="random draws of the k labelled pairs per system")

@@ -15,10 +15,10 @@ import importlib
 
 _PUBLIC = {
     "Rubric": "llmrubric.io.rubric",
-    "Tables": "llmrubric.io.schemas",
-    "load_tables": "llmrubric.io.schemas",
-    "read_table": "llmrubric.io.schemas",
-    "write_table": "llmrubric.io.schemas",
+    "Tables": "llmrubric.io.tables",
+    "load_tables": "llmrubric.io.tables",
+    "read_table": "llmrubric.io.tables",
+    "write_table": "llmrubric.io.files",
     "AutoCalibrator": "llmrubric.model.auto",
     "Calibrator": "llmrubric.model.calibrator",
     "load_model": "llmrubric.model.estimator",

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _show_schema(args) -> int:
-    from llmrubric.io.schemas import schema_text
+    from llmrubric.io.contracts import schema_text
 
     print(schema_text())
     return 0

@@ -14,7 +14,7 @@ from llmrubric.apps.evaluate import evaluate_predicted
 from llmrubric.config import model_file
 from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import Tables
+from llmrubric.io.tables import Tables
 from llmrubric.model import auto as auto_module
 from llmrubric.model.auto import AutoCalibrator, _weights
 from llmrubric.model.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method

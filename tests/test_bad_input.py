@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from llmrubric.cli import main as cli_main
 from llmrubric.extract.testbank import Item, write_bank
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import load_tables
+from llmrubric.io.tables import load_tables
 from llmrubric.model.calibrator import Calibrator
 
 SIM = ROOT / "data" / "simulated"

@@ -58,7 +58,7 @@ def test_evaluate_rejects_missing_or_non_finite_predictions(simulated, rubric):
 
 def with_second_source(tables):
     """``tables`` plus a second LLM source whose every block is the first source's, reversed."""
-    from llmrubric.io.schemas import Tables
+    from llmrubric.io.tables import Tables
 
     features = tables.features
     other = features.assign(source="other")

@@ -19,7 +19,7 @@ from llmrubric.extract.tasks import Task
 from llmrubric.extract.testbank import Item
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import validate_features
+from llmrubric.io.tables import validate_features
 
 ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"

@@ -30,7 +30,7 @@ from llmrubric.extract.tasks import Task
 from llmrubric.extract.testbank import Item, generate_questions, item_id, nuggetize, read_bank, write_bank
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import read_table, validate_features
+from llmrubric.io.tables import read_table, validate_features
 
 ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"

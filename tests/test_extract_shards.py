@@ -13,7 +13,7 @@ from extract_fixtures import save_model
 from llmrubric.cli import main
 from llmrubric.extract.shards import parse_shard, shard_of
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import read_raw, read_table
+from llmrubric.io.tables import read_raw, read_table
 
 pytest.importorskip("submitit", reason="submitit is not installed (pip install -e '.[scale]')")
 REFS = "user: how do I reset my password? assistant: open the settings page [1].\nSources: [1] the settings page."

@@ -17,7 +17,7 @@ from llmrubric.extract.injection import InjectionDetector, make_detector
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import extract
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import read_table
+from llmrubric.io.tables import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"

@@ -15,13 +15,15 @@ import pytest
 import torch
 from test_bad_input import run_script, snapshot
 
+from llmrubric.apps import score as score_cli
 from llmrubric.cli import main as cli_main
+from llmrubric.io.contracts import SPECS
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import SPECS, read_table, validate_annotations, validate_features, write_json, write_table
+from llmrubric.io.files import write_json, write_table
+from llmrubric.io.tables import read_table, validate_annotations, validate_features
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.encoding import FeatureLayout
-from llmrubric.scoring import cli as score_cli
 from llmrubric.scoring import leaderboard as lb
 
 FAST = {"pretrain_epochs": 1, "finetune_epochs": 1, "patience": 1}

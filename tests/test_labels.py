@@ -16,7 +16,7 @@ from llmrubric.cli import main
 from llmrubric.config import model_file
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import load_tables
+from llmrubric.io.tables import load_tables
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.baselines import RidgeJudge, answered_pairs
 from llmrubric.model.calibrator import Calibrator

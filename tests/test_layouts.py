@@ -16,7 +16,7 @@ from llmrubric.evaluation.metrics import categorical_metrics, evaluate
 from llmrubric.experiments.experiment import Split
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import load_tables
+from llmrubric.io.tables import load_tables
 from llmrubric.model.baselines import expand_baselines, make_method
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.report.plan import ReportPlan

@@ -18,7 +18,8 @@ from llmrubric.experiments import variants as studies
 from llmrubric.experiments.experiment import Split
 from llmrubric.experiments.variants import Variant, ensemble, run_variants
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import Tables, write_folder
+from llmrubric.io.files import write_folder
+from llmrubric.io.tables import Tables
 from llmrubric.model.baselines import METHODS
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic

@@ -25,7 +25,7 @@ sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from test_scale_search import config
 from test_search import BASE
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import load_tables
+from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"

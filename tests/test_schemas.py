@@ -1,10 +1,13 @@
 """Bad input: each case is a clear error naming file, row and column, and nothing is written."""
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import load_tables, read_table, write_table
+from llmrubric.io.files import write_table
+from llmrubric.io.rows import check_unique, row_number
+from llmrubric.io.tables import load_tables, read_table
 
 ANN = "text_id,judge_id,question_id,answer\nt1,a,Q0,3\nt1,a,Q1,4.0\nt2,b,Q0,1\n"
 FEAT = "".join(f"t{t},llm,{q},{o},0.25\n" for t in (1, 2) for q in ("Q0", "Q1") for o in (1, 2, 3, 4))
@@ -81,3 +84,23 @@ def test_failed_write_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(InputError, match="unknown table format"):
         write_table(pd.DataFrame({"a": [1]}), tmp_path / "out.xlsx")
+
+
+def test_check_unique_names_the_first_repeated_row_and_its_cells():
+    df = pd.DataFrame({"run_id": ["r1", "r1", "r1"], "query_id": ["q1", "q2", "q1"]}, index=[1, 2, 3])
+    check_unique(df.iloc[:2], ["run_id", "query_id"], "unused {run_id!r}", file="a.csv", column="query_id")
+    with pytest.raises(InputError) as info:
+        check_unique(
+            df,
+            ["run_id", "query_id"],
+            "run {run_id!r} has two answers for {query_id!r}",
+            file="a.csv",
+            column="query_id",
+        )
+    assert str(info.value) == "a.csv, row 3, column 'query_id': run 'r1' has two answers for 'q1'"
+    assert info.value.row == 3
+
+
+def test_row_number_is_none_for_a_label_that_is_not_an_integer():
+    assert row_number(np.int64(7)) == 7
+    assert row_number("t1") is None

@@ -8,7 +8,7 @@ from conftest import FAST
 from llmrubric.cli import main
 from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import Tables
+from llmrubric.io.tables import Tables
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.scoring.scores import score_texts
 

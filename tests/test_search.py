@@ -84,7 +84,7 @@ sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from omegaconf import OmegaConf
 from test_search import BASE, search_config
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import load_tables
+from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"
@@ -136,7 +136,7 @@ import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from test_search import BASE, search_config
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import load_tables
+from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 d = {root!r} + "/data/simulated/"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from llmrubric.cli import main
 from llmrubric.data.simulate import CITATION, DEFAULT_RUBRIC, FILES, simulate, simulate_shift, write_simulated
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import load_tables
+from llmrubric.io.tables import load_tables
 
 EMBEDDED = Path(__file__).parents[1] / "data" / "simulated"
 
@@ -131,6 +132,16 @@ def test_write_refuses_foreign_folder_and_replaces_own(tmp_path):
     write_simulated(dest, seed=2, n_texts=10)
     assert (dest / "annotations.csv").read_text() != first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign", "sim"]
+
+
+def test_written_folder_follows_the_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        dest = write_simulated(tmp_path / "sim", n_texts=10)
+    finally:
+        os.umask(old)
+    assert dest.stat().st_mode & 0o777 == 0o750
+    assert {p.name: p.stat().st_mode & 0o777 for p in dest.iterdir()} == dict.fromkeys(FILES, 0o640)
 
 
 def test_cli_simulate(tmp_path, capsys):

@@ -5,7 +5,7 @@ from llmrubric.config import compose
 from llmrubric.data.splits import holdout_texts, system_folds, system_group_folds, text_folds
 from llmrubric.experiments.experiment import check_settings, make_folds, splits_from_folds
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import Tables
+from llmrubric.io.tables import Tables
 
 
 def test_folds_partition_texts_evenly_and_deterministically():

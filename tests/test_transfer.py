@@ -22,7 +22,7 @@ from llmrubric.evaluation.transfer import (
     system_metrics,
 )
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import write_table
+from llmrubric.io.files import write_table
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import transfer as bench  # noqa: E402

@@ -88,7 +88,7 @@ def _summary(args: argparse.Namespace) -> int:
 
 def _texts(args: argparse.Namespace) -> int:
     from llmrubric.extract.adapters import llm_rubric_real_texts
-    from llmrubric.io.schemas import write_table
+    from llmrubric.io.files import write_table
 
     texts = llm_rubric_real_texts(args.dialogues)
     write_table(texts, args.out)

@@ -32,8 +32,8 @@ from llmrubric.evaluation.transfer import shift_errors, system_metrics
 from llmrubric.experiments.experiment import SYSTEM_PROTOCOLS, check_settings, prepare
 from llmrubric.experiments.tracking import Tracker, metric_keys
 from llmrubric.io.errors import InputError, reports_errors
+from llmrubric.io.files import write_json, write_table, write_text
 from llmrubric.io.integrity import check_fits
-from llmrubric.io.schemas import write_json, write_table, write_text
 from llmrubric.model.encoding import PAIR, with_round
 from llmrubric.scoring.leaderboard import rms
 

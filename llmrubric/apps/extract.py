@@ -18,7 +18,8 @@ from llmrubric.apps.commands import add_noun
 from llmrubric.config import load_file
 from llmrubric.extract.backends import BACKEND_KEYS, make_backend_from
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import read_table, write_json, write_table
+from llmrubric.io.files import write_json, write_table
+from llmrubric.io.tables import read_table
 
 log = logging.getLogger(__name__)
 DEFAULTS = {
@@ -311,7 +312,7 @@ def run_bank(args) -> int:
 def run_summaries(args) -> int:
     from llmrubric.extract.summaries import summarise
     from llmrubric.extract.testbank import read_bank
-    from llmrubric.io.schemas import validate_features
+    from llmrubric.io.tables import validate_features
 
     features = validate_features(read_table(args.features, "features"))
     importance = {i.item_id: i.importance for i in read_bank(args.bank)[0]} if args.bank else None

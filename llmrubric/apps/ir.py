@@ -83,7 +83,7 @@ def _settings(args, section: str, keys: list[str]) -> dict:
 
 
 def _grades(args, settings: dict):
-    from llmrubric.io.schemas import read_table, validate_features
+    from llmrubric.io.tables import read_table, validate_features
     from llmrubric.ir.autograder import grades_from_features, read_grades
 
     if args.grades:
@@ -112,7 +112,8 @@ def _grades(args, settings: dict):
 
 
 def run_qrels(args) -> int:
-    from llmrubric.io.schemas import check_table_path, read_table, validate_features, write_table
+    from llmrubric.io.files import check_table_path, write_table
+    from llmrubric.io.tables import read_table, validate_features
     from llmrubric.ir.autograder import passage_labels, write_qrels
 
     settings = _settings(args, "autograder", ["grade", "rule", "m"])
@@ -154,7 +155,7 @@ def run_qrels(args) -> int:
 def run_trec_eval(args) -> int:
     from llmrubric.evaluation.metrics import markdown_table
     from llmrubric.extract.testbank import read_bank
-    from llmrubric.io.schemas import write_json, write_table, write_text
+    from llmrubric.io.files import write_json, write_table, write_text
     from llmrubric.ir import autograder as ag
 
     settings = _settings(args, "autograder", ["grade", "rule", "m", "measures", "threshold", "cover_k"])
@@ -208,7 +209,8 @@ def run_trec_eval(args) -> int:
 def run_nuggets(args) -> int:
     from llmrubric.evaluation.metrics import markdown_table
     from llmrubric.extract.testbank import read_bank
-    from llmrubric.io.schemas import read_table, validate_features, write_json, write_table, write_text
+    from llmrubric.io.files import write_json, write_table, write_text
+    from llmrubric.io.tables import read_table, validate_features
     from llmrubric.ir import nuggets as ng
 
     settings = _settings(args, "nuggets", ["partial_weight"])
@@ -218,7 +220,7 @@ def run_nuggets(args) -> int:
     bank = read_bank(args.bank)[0]
     answers = read_table(args.answers, "texts")
     if args.assignments:
-        from llmrubric.io.schemas import read_raw
+        from llmrubric.io.tables import read_raw
 
         support = ng.support_from_labels(read_raw(args.assignments))
     else:
@@ -237,7 +239,8 @@ def run_nuggets(args) -> int:
 
 
 def run_grounded_qa(args) -> int:
-    from llmrubric.io.schemas import json_safe, read_table, validate_features, write_json
+    from llmrubric.io.files import json_safe, write_json
+    from llmrubric.io.tables import read_table, validate_features
     from llmrubric.ir import grounded_qa as gq
 
     settings = _settings(args, "grounded_qa", [])

@@ -55,8 +55,9 @@ def register(subparsers) -> None:
 
 
 def run_suggest(args) -> int:
+    from llmrubric.io.files import check_table_path, write_table
     from llmrubric.io.rubric import Rubric
-    from llmrubric.io.schemas import check_table_path, read_table, write_table
+    from llmrubric.io.tables import read_table
     from llmrubric.scoring import labels as lab
     from llmrubric.scoring.leaderboard import read_predictions
 
@@ -101,7 +102,7 @@ def run_suggest(args) -> int:
 
 
 def run_add_judge(args) -> int:
-    from llmrubric.io.schemas import Tables, read_table, validate_annotations, validate_features
+    from llmrubric.io.tables import Tables, read_table, validate_annotations, validate_features
     from llmrubric.model.estimator import load_model
     from llmrubric.model.judges import add_judge, added_record, annotated_judge
 

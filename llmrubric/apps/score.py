@@ -96,7 +96,8 @@ def register(subparsers) -> None:
 
 
 def run_score(args) -> int:
-    from llmrubric.io.schemas import check_table_path, json_safe, read_table, validate_features, write_json, write_table
+    from llmrubric.io.files import check_table_path, json_safe, write_json, write_table
+    from llmrubric.io.tables import read_table, validate_features
     from llmrubric.model.estimator import load_model
     from llmrubric.scoring.scores import score_texts
 
@@ -138,7 +139,7 @@ def run_score(args) -> int:
 
 def run_leaderboard(args) -> int:
     from llmrubric.io.rubric import Rubric
-    from llmrubric.io.schemas import read_table, validate_annotations
+    from llmrubric.io.tables import read_table, validate_annotations
     from llmrubric.scoring import leaderboard as lb
     from llmrubric.scoring.labels import read_sampling
 
@@ -238,7 +239,7 @@ def run_leaderboard(args) -> int:
 
 
 def run_rank_correlation(args) -> int:
-    from llmrubric.io.schemas import json_safe
+    from llmrubric.io.files import json_safe
     from llmrubric.scoring.leaderboard import rank_correlation, read_leaderboard
 
     result = rank_correlation(

@@ -16,7 +16,7 @@ import pandas as pd
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, read_table, require_features, validate_annotations, validate_features
+from llmrubric.io.tables import Tables, read_table, require_features, validate_annotations, validate_features
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,7 @@ embedded demo data (``data/simulated``) is :func:`simulate` with its defaults, u
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +38,9 @@ import pandas as pd
 
 from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
+from llmrubric.io.files import json_text, write_folder
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, validate_annotations, validate_features, write_json, write_table
+from llmrubric.io.tables import Tables, validate_annotations, validate_features
 
 DEFAULT_RUBRIC = conf_path("rubric", "llm_rubric.yaml")
 SOURCE = "simulated-llm"
@@ -85,6 +84,27 @@ def _bins(score: np.ndarray, cuts: np.ndarray) -> np.ndarray:
     return 1 + (score[:, None] > cuts).sum(axis=1)
 
 
+@dataclass(frozen=True)
+class _Texts:
+    """The drawn texts: ids, system index, latent quality (texts × dimensions), references shown."""
+
+    ids: np.ndarray
+    system: np.ndarray
+    latent: np.ndarray
+    has_refs: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Judges:
+    """The drawn judges: ids, cut offsets, Q0 weights, the idiosyncratic judge, cut stretch factors."""
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    weights: np.ndarray
+    odd: int
+    spreads: np.ndarray
+
+
 def simulate(
     seed: int = 0,
     n_texts: int = 300,
@@ -105,6 +125,28 @@ def simulate(
     rubric = rubric or Rubric.load(DEFAULT_RUBRIC)
     systems = systems or SYSTEMS
     questions = [f"Q{i}" for i in range(9)]
+    _check_settings(rubric, questions, n_texts, n_judges, judges_per_text, sources)
+    rng = np.random.default_rng(seed)  # the draws below are taken in this order: texts, judges, humans, LLMs
+    texts = _draw_texts(rng, n_texts, systems, text_sd)
+    judges = _draw_judges(rng, n_judges, judge_spread)
+    system_ids = np.array(list(systems), dtype=object)
+    annotations, n_pairs = _human_answers(rng, texts, judges, judges_per_text, questions, system_ids)
+    features, llm = _llm_answers(rng, texts, sources, rubric, questions)
+    text_table = pd.DataFrame(
+        {"text_id": texts.ids, "system_id": system_ids[texts.system], "has_references": texts.has_refs}
+    )
+    for df, name in ((annotations, "annotations"), (features, "features"), (text_table, "texts")):
+        df.index = pd.RangeIndex(1, len(df) + 1)
+        df.attrs["source"] = f"<simulated {name}, seed {seed}>"
+    tables = Tables(validate_annotations(annotations, rubric), validate_features(features, rubric), text_table)
+    sizes = {"texts": n_texts, "judges": n_judges, "judges_per_text": judges_per_text, "annotations": n_pairs}
+    return tables, _truth(seed, sizes, systems, system_ids, texts, judges, llm, questions, judge_spread > 0)
+
+
+def _check_settings(
+    rubric: Rubric, questions: list[str], n_texts: int, n_judges: int, judges_per_text: int, sources
+) -> None:
+    """The rubric is LLM-Rubric's, the sizes fit and every LLM source has its own name."""
     if rubric.ids != questions:
         raise InputError(
             f"the simulator needs the LLM-Rubric questions {questions}, got {rubric.ids}", file=rubric.source
@@ -115,30 +157,45 @@ def simulate(
         )
     if not sources or len({s["source"] for s in sources}) != len(sources):
         raise InputError(f"need at least one LLM source, each with its own name (got {[s['source'] for s in sources]})")
-    rng = np.random.default_rng(seed)
-    text_ids = np.array([f"t{i:04d}" for i in range(1, n_texts + 1)], dtype=object)
-    judge_ids = np.array([f"J{j:02d}" for j in range(1, n_judges + 1)], dtype=object)
-    system_ids = np.array(list(systems), dtype=object)
 
-    # texts: system, latent quality, references
+
+def _draw_texts(rng: np.random.Generator, n_texts: int, systems: dict, text_sd: float) -> _Texts:
+    """Each text's system, latent quality around its system's mean, and whether it shows references."""
+    ids = np.array([f"t{i:04d}" for i in range(1, n_texts + 1)], dtype=object)
     system = rng.permutation(np.arange(n_texts) % len(systems))
     means = np.array([m for m, _ in systems.values()])
     latent = means[system] + text_sd * rng.normal(size=(n_texts, len(DIMS)))
     has_refs = rng.random(n_texts) < np.array([p for _, p in systems.values()])[system]
+    return _Texts(ids, system, latent, has_refs)
 
-    # judges: cut offsets and Q0 weights; one idiosyncratic judge
+
+def _draw_judges(rng: np.random.Generator, n_judges: int, judge_spread: float) -> _Judges:
+    """Each judge's cut offset and Q0 weights, one idiosyncratic judge, and (with a spread) cut stretch factors."""
+    ids = np.array([f"J{j:02d}" for j in range(1, n_judges + 1)], dtype=object)
     offsets = rng.normal(0.0, 0.35, n_judges)
     weights = rng.dirichlet(20 * Q0_WEIGHTS, n_judges)
     odd = int(rng.integers(n_judges))
     offsets[odd], weights[odd] = IDIOSYNCRATIC["offset"], IDIOSYNCRATIC["q0_weights"]
     spreads = np.exp(rng.normal(0.0, judge_spread, n_judges)) if judge_spread > 0 else np.ones(n_judges)
+    return _Judges(ids, offsets, weights, odd, spreads)
 
-    # human answers: one row per (text, judge) pair, one column per question
+
+def _human_answers(
+    rng: np.random.Generator,
+    texts: _Texts,
+    judges: _Judges,
+    judges_per_text: int,
+    questions: list[str],
+    system_ids: np.ndarray,
+) -> tuple[pd.DataFrame, int]:
+    """The annotations (one row per text, judge and question present) and the number of (text, judge) pairs."""
+    n_texts, n_judges = len(texts.ids), len(judges.ids)
     pair_text = np.repeat(np.arange(n_texts), judges_per_text)
     pair_judge = np.concatenate([rng.choice(n_judges, judges_per_text, replace=False) for _ in range(n_texts)])
-    z, cuts = latent[pair_text], CUTS * spreads[pair_judge][:, None] + offsets[pair_judge][:, None]
+    z = texts.latent[pair_text]
+    cuts = CUTS * judges.spreads[pair_judge][:, None] + judges.offsets[pair_judge][:, None]
     answers = np.zeros((len(pair_text), 9), dtype=int)
-    w = weights[pair_judge]
+    w = judges.weights[pair_judge]
     q0 = (z * w).sum(1) / np.linalg.norm(w, axis=1) + rng.normal(0.0, Q0_NOISE, len(z))
     answers[:, 0] = _bins(q0, cuts)
     for i, q in enumerate(questions[1:], start=1):
@@ -147,66 +204,79 @@ def simulate(
             _bins(score, cuts) if q != "Q8" else np.where(score > cuts[:, 1], 3, np.where(z[:, 2] < 0, 1, 2))
         )
     present = np.ones_like(answers, dtype=bool)
-    present[:, 2:6] = has_refs[pair_text][:, None]
+    present[:, 2:6] = texts.has_refs[pair_text][:, None]
     rows, cols = np.nonzero(present)
     annotations = pd.DataFrame(
         {
-            "text_id": text_ids[pair_text[rows]],
-            "judge_id": judge_ids[pair_judge[rows]],
+            "text_id": texts.ids[pair_text[rows]],
+            "judge_id": judges.ids[pair_judge[rows]],
             "question_id": np.array(questions)[cols],
             "answer": answers[rows, cols],
-            "system_id": system_ids[system[pair_text[rows]]],
+            "system_id": system_ids[texts.system[pair_text[rows]]],
         }
     )
+    return annotations, len(pair_text)
 
-    # LLM sources: noisy, biased, judge-independent views of the same latent scores
+
+def _llm_answers(
+    rng: np.random.Generator, texts: _Texts, sources, rubric: Rubric, questions: list[str]
+) -> tuple[pd.DataFrame, list[dict]]:
+    """The features of every LLM source (noisy, biased, judge-independent views of the latent
+    scores), sorted by text, question and source, and each source with its drawn bias and slope."""
     blocks, llm = [], []
     for src in sources:
         bias = rng.normal(*src["bias"], 9)
         slope = rng.uniform(*src["slope"], 9)
         llm.append({**src, "bias": bias, "slope": slope})
         for i, q in enumerate(questions):
-            score = latent @ (LLM_Q0_WEIGHTS / np.linalg.norm(LLM_Q0_WEIGHTS) if q == "Q0" else np.array(LOADINGS[q]))
-            mu = 2.5 + bias[i] + slope[i] * (score + rng.normal(0.0, src["noise"], n_texts))
-            if q in CITATION:
-                mu = np.where(has_refs, mu, 1.3 + rng.normal(0.0, 0.3, n_texts))
-            options = rubric[q].llm_options
-            k = np.arange(1, len(options) + 1)
-            logits = -((k - mu[:, None]) ** 2) / (2 * src["temperature"]) + rng.normal(
-                0.0, LOGIT_NOISE, (n_texts, len(k))
-            )
-            probs = np.exp(logits - logits.max(1, keepdims=True))
-            probs *= rng.uniform(0.97, 1.0, n_texts)[:, None] / probs.sum(1, keepdims=True)
-            blocks.append(
-                pd.DataFrame(
-                    {
-                        "text_id": np.repeat(text_ids, len(k)),
-                        "source": src["source"],
-                        "question_id": q,
-                        "option": np.tile(options, n_texts),
-                        "prob": (np.floor(probs * 1e6) / 1e6).ravel(),
-                    }
-                )
-            )
+            blocks.append(_llm_block(rng, texts, src, rubric[q].llm_options, q, bias[i], slope[i]))
     features = pd.concat(blocks, ignore_index=True).sort_values(
         ["text_id", "question_id", "source"], kind="stable", ignore_index=True
     )
-    texts = pd.DataFrame({"text_id": text_ids, "system_id": system_ids[system], "has_references": has_refs})
+    return features, llm
 
-    for df, name in ((annotations, "annotations"), (features, "features"), (texts, "texts")):
-        df.index = pd.RangeIndex(1, len(df) + 1)
-        df.attrs["source"] = f"<simulated {name}, seed {seed}>"
-    tables = Tables(validate_annotations(annotations, rubric), validate_features(features, rubric), texts)
 
+def _llm_block(
+    rng: np.random.Generator, texts: _Texts, src: dict, options, q: str, bias: float, slope: float
+) -> pd.DataFrame:
+    """One source's answer distributions on question ``q`` for every text (6-decimal, unnormalised)."""
+    n_texts = len(texts.ids)
+    score = texts.latent @ (LLM_Q0_WEIGHTS / np.linalg.norm(LLM_Q0_WEIGHTS) if q == "Q0" else np.array(LOADINGS[q]))
+    mu = 2.5 + bias + slope * (score + rng.normal(0.0, src["noise"], n_texts))
+    if q in CITATION:
+        mu = np.where(texts.has_refs, mu, 1.3 + rng.normal(0.0, 0.3, n_texts))
+    k = np.arange(1, len(options) + 1)
+    logits = -((k - mu[:, None]) ** 2) / (2 * src["temperature"]) + rng.normal(0.0, LOGIT_NOISE, (n_texts, len(k)))
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs *= rng.uniform(0.97, 1.0, n_texts)[:, None] / probs.sum(1, keepdims=True)
+    return pd.DataFrame(
+        {
+            "text_id": np.repeat(texts.ids, len(k)),
+            "source": src["source"],
+            "question_id": q,
+            "option": np.tile(options, n_texts),
+            "prob": (np.floor(probs * 1e6) / 1e6).ravel(),
+        }
+    )
+
+
+def _truth(
+    seed: int,
+    sizes: dict,
+    systems: dict,
+    system_ids: np.ndarray,
+    texts: _Texts,
+    judges: _Judges,
+    llm: list[dict],
+    questions: list[str],
+    spread_drawn: bool,
+) -> dict:
+    """``truth.json``: every setting and draw that generated the tables (rounded to 4 decimals)."""
     r = lambda a: np.round(np.asarray(a, dtype=float), 4).tolist()
-    truth = {
+    n_judges = len(judges.ids)
+    return {
         "seed": seed,
-        "sizes": {
-            "texts": n_texts,
-            "judges": n_judges,
-            "judges_per_text": judges_per_text,
-            "annotations": len(pair_text),
-        },
+        "sizes": sizes,
         "dimensions": list(DIMS),
         "systems": {s: {"mean": r(m), "p_references": r(p)} for s, (m, p) in systems.items()},
         "human": {
@@ -215,9 +285,11 @@ def simulate(
             "q0_noise": Q0_NOISE,
             "loadings": {q: list(v) for q, v in LOADINGS.items()},
         },
-        "judges": {judge_ids[j]: {"offset": r(offsets[j]), "q0_weights": r(weights[j])} for j in range(n_judges)},
+        "judges": {
+            judges.ids[j]: {"offset": r(judges.offsets[j]), "q0_weights": r(judges.weights[j])} for j in range(n_judges)
+        },
         "idiosyncratic_judge": {
-            "judge_id": judge_ids[odd],
+            "judge_id": judges.ids[judges.odd],
             "description": "Q0 depends almost only on concision (weight 0.95) and the judge is harsh (cut offset +0.9)",
             "dimension": "concision",
             **IDIOSYNCRATIC,
@@ -227,13 +299,12 @@ def simulate(
             if len(llm) == 1
             else {"llm_sources": [_llm_truth(src, questions, r) for src in llm]}
         ),
-        **({"judge_spreads": {judge_ids[j]: r(spreads[j]) for j in range(n_judges)}} if judge_spread > 0 else {}),
+        **({"judge_spreads": {judges.ids[j]: r(judges.spreads[j]) for j in range(n_judges)}} if spread_drawn else {}),
         "texts": {
             t: {"system_id": system_ids[s], "has_references": bool(h), "latent": r(v)}
-            for t, s, h, v in zip(text_ids, system, has_refs, latent)
+            for t, s, h, v in zip(texts.ids, texts.system, texts.has_refs, texts.latent)
         },
     }
-    return tables, truth
 
 
 def _llm_truth(src: dict, questions: list[str], r) -> dict:
@@ -292,8 +363,8 @@ def write_simulated(dest_dir: str | Path, seed: int = 0, shift: bool = False, **
     """Write the simulated tables (:func:`simulate`, or with ``shift`` :func:`simulate_shift`) and
     ``truth.json`` into ``dest_dir``, all or nothing.
 
-    The files are written into a temporary sibling directory that then replaces
-    ``dest_dir``; a ``dest_dir`` holding other files than these four is refused.
+    The files are written as one folder (:func:`~llmrubric.io.files.write_folder`) that then
+    replaces ``dest_dir``; a ``dest_dir`` holding other files than these four is refused.
     """
     dest = Path(dest_dir)
     if dest.exists():
@@ -305,25 +376,11 @@ def write_simulated(dest_dir: str | Path, seed: int = 0, shift: bool = False, **
                 f"destination holds other files {other}; choose an empty or simulated-data directory", file=str(dest)
             )
     tables, truth = (simulate_shift if shift else simulate)(seed, **kwargs)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
-    old = tmp.with_suffix(".old")
-    try:
-        write_table(tables.annotations.drop(columns="round"), tmp / "annotations.csv")
-        write_table(tables.features, tmp / "features.csv")
-        write_table(tables.texts, tmp / "texts.csv")
-        write_json(truth, tmp / "truth.json")
-        for path in tmp.iterdir():
-            path.chmod(0o644)
-        tmp.chmod(0o755)
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-    except BaseException:
-        if old.exists() and not dest.exists():
-            os.replace(old, dest)
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-    return dest
+    csv = lambda df: df.to_csv(index=False).encode()
+    files = {
+        "annotations.csv": csv(tables.annotations.drop(columns="round")),
+        "features.csv": csv(tables.features),
+        "texts.csv": csv(tables.texts),
+        "truth.json": json_text(truth).encode(),
+    }
+    return write_folder(dest, files)

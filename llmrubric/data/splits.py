@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import read_table, source_of, write_table
+from llmrubric.io.files import write_table
+from llmrubric.io.tables import read_table, source_of
 
 
 def text_folds(text_ids, k: int, seed: int) -> pd.DataFrame:

@@ -27,7 +27,7 @@ import pandas as pd
 from llmrubric.evaluation.metrics import align
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Question
-from llmrubric.io.schemas import source_of
+from llmrubric.io.tables import source_of
 from llmrubric.scoring.labels import uniform_interval
 from llmrubric.scoring.leaderboard import rank_correlation, rms, shift_half_width
 

@@ -32,7 +32,7 @@ from llmrubric.data.splits import (
 from llmrubric.io.errors import USER_ERRORS, InputError, report
 from llmrubric.io.guards import check_range, check_writable_dir
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables
+from llmrubric.io.tables import Tables
 
 log = logging.getLogger(__name__)
 FOLDS_FILE = "folds.csv"

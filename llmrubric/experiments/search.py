@@ -41,8 +41,9 @@ from llmrubric.data.splits import text_folds
 from llmrubric.evaluation.metrics import nll, point_metrics
 from llmrubric.experiments.tracking import Tracker
 from llmrubric.io.errors import InputError
+from llmrubric.io.files import write_json, write_table
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, write_json, write_table
+from llmrubric.io.tables import Tables
 from llmrubric.model.calibrator import Calibrator, fit_together
 from llmrubric.model.encoding import JudgeMap
 

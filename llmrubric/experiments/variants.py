@@ -25,7 +25,7 @@ from llmrubric.experiments.experiment import Split
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import option_columns
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables
+from llmrubric.io.tables import Tables
 from llmrubric.model.auto import build_model
 from llmrubric.model.baselines import DETERMINISTIC, METHODS, make_method
 from llmrubric.model.calibrator import Calibrator, fit_together

@@ -16,7 +16,7 @@ from llmrubric.extract.prompts import PromptTemplate, text_hash
 from llmrubric.extract.tasks import Task
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import source_of
+from llmrubric.io.tables import source_of
 
 
 def _has_references(row: dict) -> bool:

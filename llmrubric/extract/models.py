@@ -22,7 +22,7 @@ import yaml
 
 from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import atomic_path
+from llmrubric.io.files import atomic_path
 
 MODELS_DIR = conf_path("models")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")

@@ -17,7 +17,7 @@ from llmrubric.extract.cache import FINAL, ResultCache
 from llmrubric.extract.injection import InjectionDetector
 from llmrubric.extract.tasks import Result, Task
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import validate_features
+from llmrubric.io.tables import validate_features
 
 log = logging.getLogger(__name__)
 FAILURE_COLUMNS = ["text_id", "source", "question_id", "status", "reason"]

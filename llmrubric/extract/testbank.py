@@ -20,7 +20,7 @@ from pathlib import Path
 
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import write_text
+from llmrubric.io.files import write_text
 
 log = logging.getLogger(__name__)
 KINDS = ("question", "nugget")

@@ -24,7 +24,10 @@ import pandas as pd
 from sklearn.metrics import cohen_kappa_score
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import read_raw, source_of, write_text
+from llmrubric.io.files import write_text
+from llmrubric.io.rows import check_unique, row_number
+from llmrubric.io.tables import read_raw, source_of
+from llmrubric.ir.blocks import block_table, family_rows, one_source
 
 log = logging.getLogger(__name__)
 GRADES = ["query_id", "doc_id", "item_id", "grade"]
@@ -33,29 +36,21 @@ RULES = ("max", "at_least_m")
 
 def _item_blocks(features: pd.DataFrame, family: str, source: str | None) -> tuple[pd.DataFrame, list[str]]:
     """(block rows × option columns) normalised distributions of the family's item blocks, and the options."""
-    prefix = f"{family}:"
-    rows = features[features.question_id.astype(str).str.startswith(prefix)]
+    rows = family_rows(features, family)
     if rows.empty:
         raise InputError(
-            f"no {family!r} item blocks (question ids '{prefix}<item_id>') in the features",
+            f"no {family!r} item blocks (question ids '{family}:<item_id>') in the features",
             file=source_of(features),
             column="question_id",
         )
-    sources = sorted(rows.source.unique())
-    if source is None and len(sources) > 1:
+    chosen = one_source(rows, family, source, source_of(features))
+    if chosen.empty:
         raise InputError(
-            f"{family} blocks come from several sources {sources}; choose one",
+            f"no {family} blocks from source {source!r} (sources: {sorted(rows.source.unique())})",
             file=source_of(features),
             column="source",
         )
-    rows = rows[rows.source == (source or sources[0])]
-    if rows.empty:
-        raise InputError(
-            f"no {family} blocks from source {source!r} (sources: {sources})", file=source_of(features), column="source"
-        )
-    wide = rows.pivot_table(index=["text_id", "question_id"], columns="option", values="prob", aggfunc="first").fillna(
-        0.0
-    )
+    wide = block_table(chosen).fillna(0.0)
     total = wide.sum(axis=1)
     if (total <= 0).any():
         text, qid = total.index[(total <= 0).to_numpy().argmax()]
@@ -117,25 +112,21 @@ def check_grades(grades: pd.DataFrame) -> pd.DataFrame:
     grade = pd.to_numeric(grades.grade, errors="coerce")
     if grade.isna().any():
         row = grades.index[grade.isna().to_numpy().argmax()]
-        raise InputError(f"grade {grades.at[row, 'grade']!r} is not a number", file=src, row=_row(row), column="grade")
+        raise InputError(
+            f"grade {grades.at[row, 'grade']!r} is not a number", file=src, row=row_number(row), column="grade"
+        )
     grades["grade"] = grade.astype(float)
     for c in GRADES[:3]:
         grades[c] = grades[c].astype(str).str.strip()
-    dup = grades.duplicated(GRADES[:3])
-    if dup.any():
-        row = grades.index[dup.argmax()]
-        raise InputError(
-            f"(query {grades.at[row, 'query_id']!r}, doc {grades.at[row, 'doc_id']!r}, item {grades.at[row, 'item_id']!r}) is graded twice",
-            file=src,
-            row=_row(row),
-            column="item_id",
-        )
+    check_unique(
+        grades,
+        GRADES[:3],
+        "(query {query_id!r}, doc {doc_id!r}, item {item_id!r}) is graded twice",
+        file=src,
+        column="item_id",
+    )
     grades.attrs["source"] = src
     return grades
-
-
-def _row(label) -> int | None:
-    return int(label) if isinstance(label, (int, np.integer)) else None
 
 
 def read_grades(path: str | Path) -> pd.DataFrame:
@@ -182,15 +173,13 @@ def read_qrels(path: str | Path) -> pd.DataFrame:
             f"relevance {df.at[row, 'relevance']!r} is not an integer", file=str(path), row=int(row), column="relevance"
         )
     df["relevance"] = rel.astype(int)
-    dup = df.duplicated(["query_id", "doc_id"])
-    if dup.any():
-        row = df.index[dup.argmax()]
-        raise InputError(
-            f"(query {df.at[row, 'query_id']!r}, doc {df.at[row, 'doc_id']!r}) is judged twice",
-            file=str(path),
-            row=int(row),
-            column="doc_id",
-        )
+    check_unique(
+        df,
+        ["query_id", "doc_id"],
+        "(query {query_id!r}, doc {doc_id!r}) is judged twice",
+        file=str(path),
+        column="doc_id",
+    )
     df.attrs["source"] = str(path)
     return df
 
@@ -215,15 +204,13 @@ def read_run(path: str | Path, queries: set[str] | None = None) -> pd.DataFrame:
                 f"{column} {df.at[row, column]!r} is not a number", file=str(path), row=int(row), column=column
             )
         df[column] = values
-    dup = df.duplicated(["query_id", "doc_id"])
-    if dup.any():
-        row = df.index[dup.argmax()]
-        raise InputError(
-            f"(query {df.at[row, 'query_id']!r}, doc {df.at[row, 'doc_id']!r}) is listed twice",
-            file=str(path),
-            row=int(row),
-            column="doc_id",
-        )
+    check_unique(
+        df,
+        ["query_id", "doc_id"],
+        "(query {query_id!r}, doc {doc_id!r}) is listed twice",
+        file=str(path),
+        column="doc_id",
+    )
     if queries is not None:
         unknown = ~df.query_id.isin(queries)
         if unknown.any():

@@ -15,7 +15,7 @@ import pandas as pd
 
 from llmrubric.extract.summaries import summarise
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, validate_annotations, validate_features
+from llmrubric.io.tables import Tables, validate_annotations, validate_features
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.scoring.scores import score_texts
 

@@ -30,7 +30,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import source_of
+from llmrubric.io.tables import source_of
+from llmrubric.ir.blocks import block_table, family_rows
 
 log = logging.getLogger(__name__)
 WORD = re.compile(r"\w+")
@@ -103,13 +104,10 @@ def answer_quality(
     features: pd.DataFrame, family: str = "answer_quality", failures: pd.DataFrame | None = None
 ) -> dict[str, dict]:
     """question id → ``{"A": expected 1–5 grade}`` or ``{"A": None, "reason": …}`` for failed blocks."""
-    prefix = f"{family}:"
-    rows = features[features.question_id.astype(str).str.startswith(prefix)]
+    rows = family_rows(features, family)
     out: dict[str, dict] = {}
     if len(rows):
-        wide = rows.pivot_table(
-            index=["text_id", "question_id"], columns="option", values="prob", aggfunc="first"
-        ).fillna(0.0)
+        wide = block_table(rows).fillna(0.0)
         twice = wide.index.get_level_values("text_id").duplicated()
         if twice.any():
             raise InputError(
@@ -128,7 +126,7 @@ def answer_quality(
         for text_id, qid, status, reason in zip(
             failures.text_id, failures.question_id, failures.status, failures.get("reason", [""] * len(failures))
         ):
-            if str(qid).startswith(prefix) and str(text_id) not in out:
+            if str(qid).startswith(f"{family}:") and str(text_id) not in out:
                 out[str(text_id)] = {"A": None, "reason": f"{status}: {reason}".strip(": ")}
     return out
 

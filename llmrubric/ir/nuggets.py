@@ -22,7 +22,9 @@ import numpy as np
 import pandas as pd
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import source_of
+from llmrubric.io.rows import check_unique, row_number
+from llmrubric.io.tables import source_of
+from llmrubric.ir.blocks import block_table, family_rows, one_source
 
 log = logging.getLogger(__name__)
 LABELS = ("support", "partial_support", "not_support")
@@ -40,7 +42,10 @@ def support_from_labels(assignments: pd.DataFrame) -> pd.DataFrame:
     if bad.any():
         row = assignments.index[bad.to_numpy().argmax()]
         raise InputError(
-            f"label {assignments.at[row, 'label']!r} is not one of {LABELS}", file=src, row=_row(row), column="label"
+            f"label {assignments.at[row, 'label']!r} is not one of {LABELS}",
+            file=src,
+            row=row_number(row),
+            column="label",
         )
     out = pd.DataFrame(
         {
@@ -59,23 +64,11 @@ def support_from_features(
     features: pd.DataFrame, family: str = "nugget_support", source: str | None = None
 ) -> pd.DataFrame:
     """Extracted ``<family>:<item_id>`` blocks → expected ``p_support, p_partial`` (normalised over the three labels)."""
-    prefix = f"{family}:"
-    rows = features[features.question_id.astype(str).str.startswith(prefix)]
-    sources = sorted(rows.source.unique())
+    rows = family_rows(features, family)
     if rows.empty:
         raise InputError(f"no {family!r} blocks in the features", file=source_of(features), column="question_id")
-    if source is None and len(sources) > 1:
-        raise InputError(
-            f"{family} blocks come from several sources {sources}; choose one",
-            file=source_of(features),
-            column="source",
-        )
-    rows = rows[rows.source == (source or sources[0])]
-    wide = (
-        rows.pivot_table(index=["text_id", "question_id"], columns="option", values="prob", aggfunc="first")
-        .reindex(columns=list(LABELS))
-        .fillna(0.0)
-    )
+    rows = one_source(rows, family, source, source_of(features))
+    wide = block_table(rows).reindex(columns=list(LABELS)).fillna(0.0)
     total = wide.sum(axis=1).to_numpy()
     if (total <= 0).any():
         text, qid = wide.index[(total <= 0).argmax()]
@@ -86,27 +79,21 @@ def support_from_features(
     return pd.DataFrame(
         {
             "text_id": wide.index.get_level_values("text_id").astype(str),
-            "item_id": wide.index.get_level_values("question_id").str.slice(len(prefix)),
+            "item_id": wide.index.get_level_values("question_id").str.slice(len(family) + 1),
             "p_support": p[:, 0],
             "p_partial": p[:, 1],
         }
     )
 
 
-def _row(label) -> int | None:
-    return int(label) if isinstance(label, (int, np.integer)) else None
-
-
 def _no_duplicates(support: pd.DataFrame) -> pd.DataFrame:
-    dup = support.duplicated(["text_id", "item_id"])
-    if dup.any():
-        row = support.index[dup.argmax()]
-        raise InputError(
-            f"nugget {support.at[row, 'item_id']!r} is assigned twice for answer {support.at[row, 'text_id']!r}",
-            file=source_of(support),
-            row=_row(row),
-            column="item_id",
-        )
+    check_unique(
+        support,
+        ["text_id", "item_id"],
+        "nugget {item_id!r} is assigned twice for answer {text_id!r}",
+        file=source_of(support),
+        column="item_id",
+    )
     return support
 
 
@@ -117,6 +104,32 @@ def answer_scores(support: pd.DataFrame, answers: pd.DataFrame, bank, partial_we
     ``run_id`` or ``system_id``); bank: test-bank items (``query_id, item_id, importance``).
     Assignments of nuggets that are not in the answer's query's bank are an error.
     """
+    answers = _checked_answers(answers)
+    nuggets: dict[str, list] = {}
+    for item in bank:
+        nuggets.setdefault(item.query_id, []).append(item)
+    _check_assignments(support, dict(zip(answers.text_id, answers.query_id)), bank)
+    lookup = {
+        (t, n): (s, p) for t, n, s, p in zip(support.text_id, support.item_id, support.p_support, support.p_partial)
+    }
+    rows = [
+        _answer_row(text_id, run_id, query_id, nuggets.get(query_id, []), lookup, partial_weight)
+        for text_id, run_id, query_id in zip(answers.text_id, answers.run_id, answers.query_id)
+    ]
+    out = pd.DataFrame(rows)
+    bad = out[out.status != "ok"]
+    if len(bad):
+        log.warning(
+            "%d answers are left out of the nugget scores: %s",
+            len(bad),
+            "; ".join(f"{t}: {s}" for t, s in zip(bad.text_id[:5], bad.status[:5])),
+        )
+    return out
+
+
+def _checked_answers(answers: pd.DataFrame) -> pd.DataFrame:
+    """``text_id, query_id, run_id`` as strings (run: ``run_id``, else ``system_id``, else ``run``);
+    an answer listed twice or a run with two answers to a query is an error."""
     src = source_of(answers)
     for column in ("text_id", "query_id"):
         if column not in answers.columns:
@@ -127,32 +140,26 @@ def answer_scores(support: pd.DataFrame, answers: pd.DataFrame, bank, partial_we
         text_id=answers.text_id.astype(str),
         query_id=answers.query_id.astype(str),
     )
-    dup = answers.duplicated("text_id")
-    if dup.any():
-        row = answers.index[dup.argmax()]
-        raise InputError(
-            f"answer {answers.at[row, 'text_id']!r} is listed twice", file=src, row=_row(row), column="text_id"
-        )
-    dup = answers.duplicated(["run_id", "query_id"])
-    if dup.any():
-        row = answers.index[dup.argmax()]
-        raise InputError(
-            f"run {answers.at[row, 'run_id']!r} has two answers for query {answers.at[row, 'query_id']!r}",
-            file=src,
-            row=_row(row),
-            column="query_id",
-        )
-    nuggets: dict[str, list] = {}
-    for item in bank:
-        nuggets.setdefault(item.query_id, []).append(item)
-    query_of = dict(zip(answers.text_id, answers.query_id))
+    check_unique(answers, "text_id", "answer {text_id!r} is listed twice", file=src, column="text_id")
+    check_unique(
+        answers,
+        ["run_id", "query_id"],
+        "run {run_id!r} has two answers for query {query_id!r}",
+        file=src,
+        column="query_id",
+    )
+    return answers
+
+
+def _check_assignments(support: pd.DataFrame, query_of: dict[str, str], bank) -> None:
+    """Every assignment is for a known answer and a nugget of that answer's query's bank."""
     unknown_answer = ~support.text_id.isin(query_of)
     if unknown_answer.any():
         i = int(unknown_answer.to_numpy().argmax())
         raise InputError(
             f"assignment for answer {support.text_id.iloc[i]!r}, which is not in the answers table",
             file=source_of(support),
-            row=_row(support.index[i]),
+            row=row_number(support.index[i]),
             column="text_id",
         )
     bank_ids = {(i.query_id, i.item_id) for i in bank}
@@ -162,58 +169,41 @@ def answer_scores(support: pd.DataFrame, answers: pd.DataFrame, bank, partial_we
         raise InputError(
             f"nugget {support.item_id.iloc[i]!r} is not in the test bank of query {query_of[support.text_id.iloc[i]]!r}",
             file=source_of(support),
-            row=_row(support.index[i]),
+            row=row_number(support.index[i]),
             column="item_id",
         )
-    lookup = {
-        (t, n): (s, p) for t, n, s, p in zip(support.text_id, support.item_id, support.p_support, support.p_partial)
+
+
+def _answer_row(text_id: str, run_id: str, query_id: str, items: list, lookup: dict, partial_weight: float) -> dict:
+    """One answer's scores, or its status (``no_nuggets``, ``incomplete``) and NaN scores."""
+    row = {
+        "text_id": text_id,
+        "run_id": run_id,
+        "query_id": query_id,
+        "nuggets": len(items),
+        "vital": sum(i.importance == "vital" for i in items),
     }
-    rows = []
-    for text_id, run_id, query_id in zip(answers.text_id, answers.run_id, answers.query_id):
-        items = nuggets.get(query_id, [])
-        row = {
-            "text_id": text_id,
-            "run_id": run_id,
-            "query_id": query_id,
-            "nuggets": len(items),
-            "vital": sum(i.importance == "vital" for i in items),
+    got = [lookup.get((text_id, i.item_id)) for i in items]
+    if not items:
+        return {**row, "status": "no_nuggets", **dict.fromkeys(SCORES, math.nan)}
+    if any(g is None for g in got):
+        return {
+            **row,
+            "status": f"incomplete ({sum(g is None for g in got)} of {len(items)} nuggets unassigned)",
+            **dict.fromkeys(SCORES, math.nan),
         }
-        got = [lookup.get((text_id, i.item_id)) for i in items]
-        if not items:
-            rows.append({**row, "status": "no_nuggets", **dict.fromkeys(SCORES, math.nan)})
-            continue
-        if any(g is None for g in got):
-            rows.append(
-                {
-                    **row,
-                    "status": f"incomplete ({sum(g is None for g in got)} of {len(items)} nuggets unassigned)",
-                    **dict.fromkeys(SCORES, math.nan),
-                }
-            )
-            continue
-        strict = np.array([g[0] for g in got])
-        partial = strict + partial_weight * np.array([g[1] for g in got])
-        vital = np.array([i.importance == "vital" for i in items])
-        v = (lambda x: float(x[vital].mean())) if vital.any() else (lambda x: math.nan)
-        rows.append(
-            {
-                **row,
-                "status": "ok",
-                "A_strict": float(strict.mean()),
-                "V_strict": v(strict),
-                "A_partial": float(partial.mean()),
-                "V_partial": v(partial),
-            }
-        )
-    out = pd.DataFrame(rows)
-    bad = out[out.status != "ok"]
-    if len(bad):
-        log.warning(
-            "%d answers are left out of the nugget scores: %s",
-            len(bad),
-            "; ".join(f"{t}: {s}" for t, s in zip(bad.text_id[:5], bad.status[:5])),
-        )
-    return out
+    strict = np.array([g[0] for g in got])
+    partial = strict + partial_weight * np.array([g[1] for g in got])
+    vital = np.array([i.importance == "vital" for i in items])
+    v = (lambda x: float(x[vital].mean())) if vital.any() else (lambda x: math.nan)
+    return {
+        **row,
+        "status": "ok",
+        "A_strict": float(strict.mean()),
+        "V_strict": v(strict),
+        "A_partial": float(partial.mean()),
+        "V_partial": v(partial),
+    }
 
 
 def run_scores(scores: pd.DataFrame) -> pd.DataFrame:

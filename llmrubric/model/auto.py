@@ -28,7 +28,7 @@ from llmrubric.io.errors import USER_ERRORS, InputError, TrainingDiverged
 from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables
+from llmrubric.io.tables import Tables
 from llmrubric.model.baselines import RidgeJudge
 from llmrubric.model.calibrator import Calibrator, fit_together
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets

@@ -31,7 +31,7 @@ from sklearn.preprocessing import StandardScaler
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, source_of
+from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.columns import text_columns
 from llmrubric.model.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets

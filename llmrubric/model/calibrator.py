@@ -22,7 +22,7 @@ from llmrubric.io.guards import check_range
 from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables
+from llmrubric.io.tables import Tables
 from llmrubric.model.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.model.encoding import Encoded, FeatureLayout, JudgeMap, encode
 from llmrubric.model.engine import structure, train_stacked

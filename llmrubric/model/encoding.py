@@ -11,7 +11,7 @@ import torch
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables, source_of
+from llmrubric.io.tables import Tables, source_of
 
 log = logging.getLogger(__name__)
 PAIR = ["text_id", "judge_id", "round"]

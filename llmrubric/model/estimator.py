@@ -25,8 +25,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from llmrubric.io.errors import InputError
+from llmrubric.io.files import atomic_path
 from llmrubric.io.integrity import tensors_digest, verify_tensors
-from llmrubric.io.schemas import atomic_path
 
 META_KEY = "llmrubric"
 

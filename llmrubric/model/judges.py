@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import Tables, source_of
+from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.cumulative import CumulativeNet
 from llmrubric.model.encoding import JudgeMap

@@ -33,7 +33,7 @@ from torch import nn
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Question, Rubric
-from llmrubric.io.schemas import Tables
+from llmrubric.io.tables import Tables
 from llmrubric.model.columns import column_blocks, text_columns
 from llmrubric.model.cumulative import interval_log_probs
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets

@@ -18,7 +18,7 @@ from sklearn.isotonic import IsotonicRegression
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import Tables
+from llmrubric.io.tables import Tables
 from llmrubric.model.encoding import PAIR, pairs_of, with_round
 
 log = logging.getLogger(__name__)

@@ -35,8 +35,8 @@ from llmrubric.experiments.experiment import (
     splits_from_folds,
 )
 from llmrubric.experiments.variants import run_variants
+from llmrubric.io.files import write_folder
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.schemas import write_folder
 from llmrubric.report.plan import ReportPlan
 from llmrubric.report.render import report_files
 from llmrubric.report.results import Results

@@ -30,14 +30,26 @@ def calibration(r: Results) -> Section:
     if "system" not in groups:
         notes.append("no system ids in the data: per-system calibration skipped")
     section = Section("calibration", f"Calibration of {q.id} (smoothed ECE)", notes=notes)
-    records = [row for g in results for row in g.rows]
-    data = pd.DataFrame(records)
-    pooled = data[data.kind == "all"]
+    data = pd.DataFrame([row for g in results for row in g.rows])
     section.text = (
         f"smECE (relplot) of the predicted probability of each answer of {q.id} for LLM-Rubric on {len(answers)} held-out pairs, "
         f"with {round(100 * s.confidence)} % basic bootstrap intervals ({s.calibration_bootstrap} resamples, as relplot). "
         f"Per judge and per system where a group has at least {s.calibration_min_examples} pairs."
     )
+    section.tables.append(_smece_table(data))
+    for g in tqdm(results, desc="reliability diagrams", unit="group", leave=False):
+        section.figures.append(_reliability_figure(r, g, probs, answers, groups))
+    section.figures.append(_judge_figure(r, aligned, section.notes))
+    pooled = data[data.kind == "all"]
+    section.numbers = {
+        "smece": {row.answer: {"value": row.smece, "low": row.low, "high": row.high} for row in pooled.itertuples()},
+        "rows": data,
+    }
+    return section
+
+
+def _smece_table(data: pd.DataFrame) -> Table:
+    """The smECE of each answer value, pooled and per group, with the rows as ``calibration.csv``."""
     rows = [
         [
             g.kind,
@@ -51,51 +63,37 @@ def calibration(r: Results) -> Section:
         ]
         for g in data.itertuples()
     ]
-    section.tables.append(
-        Table(
-            "smECE per answer value",
-            ["kind", "group", "answer", "pairs", "answered", "mean p", "frequency", "smECE [CI]"],
-            rows,
-            "calibration.csv",
-            data,
-        )
+    return Table(
+        "smECE per answer value",
+        ["kind", "group", "answer", "pairs", "answered", "mean p", "frequency", "smECE [CI]"],
+        rows,
+        "calibration.csv",
+        data,
     )
-    for g in tqdm(results, desc="reliability diagrams", unit="group", leave=False):
-        panels = []
-        group_rows = (
-            np.arange(len(answers))
-            if g.kind == "all"
-            else np.flatnonzero(groups[g.kind].astype(str).to_numpy() == g.group)
+
+
+def _reliability_figure(
+    r: Results, g, probs: np.ndarray, answers: np.ndarray, groups: dict[str, pd.Series]
+) -> tuple[str, str, bytes]:
+    """Title, file name and PNG of one group's reliability diagrams (a panel per answer value)."""
+    s, q = r.settings, r.question
+    group_rows = (
+        np.arange(len(answers)) if g.kind == "all" else np.flatnonzero(groups[g.kind].astype(str).to_numpy() == g.group)
+    )
+    panels = []
+    for j, row in enumerate(g.rows):
+        y = (answers[group_rows] == j).astype(float)
+        diagram = reliability_diagram(
+            probs[group_rows, j], y, row["smece"], row["low"], row["high"], s.diagram_bootstrap, s.seed + j
         )
-        for j, row in enumerate(g.rows):
-            y = (answers[group_rows] == j).astype(float)
-            panels.append(
-                (
-                    row["answer"],
-                    reliability_diagram(
-                        probs[group_rows, j],
-                        y,
-                        row["smece"],
-                        row["low"],
-                        row["high"],
-                        s.diagram_bootstrap,
-                        s.seed + j,
-                    ),
-                )
-            )
-        title = (
-            f"{q.id} reliability, all pairs (n={g.n})"
-            if g.kind == "all"
-            else f"{q.id} reliability, {g.kind} {g.group} (n={g.n})"
-        )
-        name = "reliability_all.png" if g.kind == "all" else f"reliability_{g.kind}_{_slug(g.group)}.png"
-        section.figures.append((title, name, png_bytes(reliability_figure(panels, title))))
-    section.figures.append(_judge_figure(r, aligned, section.notes))
-    section.numbers = {
-        "smece": {row.answer: {"value": row.smece, "low": row.low, "high": row.high} for row in pooled.itertuples()},
-        "rows": data,
-    }
-    return section
+        panels.append((row["answer"], diagram))
+    title = (
+        f"{q.id} reliability, all pairs (n={g.n})"
+        if g.kind == "all"
+        else f"{q.id} reliability, {g.kind} {g.group} (n={g.n})"
+    )
+    name = "reliability_all.png" if g.kind == "all" else f"reliability_{g.kind}_{_slug(g.group)}.png"
+    return title, name, png_bytes(reliability_figure(panels, title))
 
 
 def _judge_figure(r: Results, aligned: Aligned, notes: list[str]) -> tuple[str, str, bytes]:

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import io
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.figure import Figure
-
-from llmrubric.io.schemas import atomic_path
 
 DPI = 110
 
@@ -27,14 +24,6 @@ def png_bytes(fig: Figure) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
     return buffer.getvalue()
-
-
-def save_png(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` as a PNG atomically."""
-    data = png_bytes(fig)
-    with atomic_path(path) as tmp:
-        Path(tmp).write_bytes(data)
-    return Path(path)
 
 
 def reliability_panel(ax, diagram: dict, label: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import PurePosixPath
 import jinja2
 import pandas as pd
 
-from llmrubric.io.schemas import json_safe
+from llmrubric.io.files import json_safe
 from llmrubric.report.tables import Section, Sup
 
 

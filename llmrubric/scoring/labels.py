@@ -39,7 +39,8 @@ import pandas as pd
 from scipy import stats
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.schemas import source_of
+from llmrubric.io.rows import check_unique
+from llmrubric.io.tables import source_of
 
 UNIFORM = ("classical", "ppi", "ppi_pp")
 METHODS = (*UNIFORM, "active_ppi_pp")
@@ -214,7 +215,7 @@ def suggest(
 def read_sampling(path) -> pd.DataFrame:
     """A sampling-probability file of :func:`suggest` (``text_id, prob, draws`` + ``round``), checked:
     each ``prob`` a number in (0, 1], each ``draws`` a non-negative integer, no (text, round) twice."""
-    from llmrubric.io.schemas import read_raw
+    from llmrubric.io.tables import read_raw
 
     path = Path(path)
     if not path.is_file():
@@ -243,15 +244,13 @@ def read_sampling(path) -> pd.DataFrame:
         raise InputError(
             f"draws {df.at[row, 'draws']!r} is not a non-negative integer", file=str(path), row=int(row), column="draws"
         )
-    dup = df.duplicated(["text_id", "round"])
-    if dup.any():
-        row = df.index[dup.argmax()]
-        raise InputError(
-            f"text {df.at[row, 'text_id']!r} is listed twice in round {df.at[row, 'round']!r}",
-            file=str(path),
-            row=int(row),
-            column="text_id",
-        )
+    check_unique(
+        df,
+        ["text_id", "round"],
+        "text {text_id!r} is listed twice in round {round!r}",
+        file=str(path),
+        column="text_id",
+    )
     df["prob"], df["draws"] = prob, draws.astype(int)
     df.attrs["source"] = str(path)
     return df

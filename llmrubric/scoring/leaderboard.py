@@ -28,12 +28,13 @@ import pandas as pd
 from scipy import stats
 
 from llmrubric.io.errors import InputError
+from llmrubric.io.files import write_json, write_table, write_text
 from llmrubric.io.predictions import probabilities
+from llmrubric.io.rows import check_unique
 from llmrubric.io.rubric import Question
-from llmrubric.io.schemas import read_raw, source_of, write_json, write_table, write_text
+from llmrubric.io.tables import read_nonempty, source_of
 
 log = logging.getLogger(__name__)
-LEADERBOARD_COLUMNS = ["rank", "system", "score", "low", "high", "texts"]
 SUM_TOLERANCE = 1e-3  # a predicted distribution sums to 1 within this (tables written with few decimals)
 MEMORY_CELLS = 20_000_000  # float64 cells one bootstrap block may hold (about 160 MB)
 
@@ -106,15 +107,13 @@ def system_data(
         pred = pred.groupby(
             ["text_id", "judge_id"], sort=False, as_index=False
         ).first()  # repeated rounds share x and judge
-    dup = pred.duplicated(["text_id", "judge_id"])
-    if dup.any():
-        row = pred.index[dup.argmax()]
-        raise InputError(
-            f"two predictions for (text {pred.at[row, 'text_id']!r}, judge {pred.at[row, 'judge_id']!r})",
-            file=src,
-            row=int(row),
-            column="judge_id",
-        )
+    check_unique(
+        pred,
+        ["text_id", "judge_id"],
+        "two predictions for (text {text_id!r}, judge {judge_id!r})",
+        file=src,
+        column="judge_id",
+    )
     p = check_distributions(pred, question, src)
     out = []
     judge_index = {j: i for i, j in enumerate(judges)}
@@ -517,7 +516,7 @@ def rank_correlation(a: pd.Series, b: pd.Series, missing: str = "error", name_a:
 
 def read_predictions(path: str | Path) -> pd.DataFrame:
     """A predictions table file; ``p_<option>``, ``mean`` and ``var`` become numbers (bad cells are errors)."""
-    from llmrubric.io.schemas import read_table
+    from llmrubric.io.tables import read_table
 
     pred = read_table(path, "predictions")
     for column in [c for c in pred.columns if c.startswith("p_")] + ["mean", "var"]:
@@ -551,11 +550,7 @@ def read_system_values(path: str | Path, what: str, columns_of) -> pd.DataFrame:
     """A table with one row per ``system`` (or ``system_id``) and the numeric columns that
     ``columns_of(its columns)`` names, indexed by system; each problem an error naming file, row and column."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{what} file not found", file=str(path))
-    df = read_raw(path)
-    if df.empty:
-        raise InputError(f"the {what} is empty", file=str(path))
+    df = read_nonempty(path, what, empty=f"the {what} is empty")
     system = "system" if "system" in df.columns else "system_id" if "system_id" in df.columns else None
     wanted = columns_of(list(df.columns))
     absent = [c for c in wanted if c not in df.columns]
@@ -576,10 +571,7 @@ def read_system_values(path: str | Path, what: str, columns_of) -> pd.DataFrame:
             )
         values[column] = value.to_numpy(float)
     names = df[system].astype(str).str.strip()
-    dup = names.duplicated()
-    if dup.any():
-        row = df.index[dup.argmax()]
-        raise InputError(f"system {names[row]!r} is listed twice", file=str(path), row=int(row), column=system)
+    check_unique(names.to_frame("name"), "name", "system {name!r} is listed twice", file=str(path), column=system)
     return pd.DataFrame(values, index=pd.Index(names.to_numpy(), name="system"))
 
 
@@ -752,7 +744,7 @@ def density_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from llmrubric.io.schemas import atomic_path
+    from llmrubric.io.files import atomic_path
 
     values = systems[0].values
     grid = np.linspace(np.nanmin(values) - 0.5, np.nanmax(values) + 0.5, grid_points)

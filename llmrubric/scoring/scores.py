@@ -25,9 +25,11 @@ import torch
 from tqdm.auto import tqdm
 
 from llmrubric.io.errors import InputError
+from llmrubric.io.files import atomic_path
 from llmrubric.io.integrity import check_finite_predictions
 from llmrubric.io.predictions import predictions_frame, probabilities
-from llmrubric.io.schemas import Tables, atomic_path, source_of
+from llmrubric.io.rows import check_unique
+from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.threads import one_thread
 
@@ -71,12 +73,7 @@ def _text_table(features: pd.DataFrame, texts: pd.DataFrame | None) -> pd.DataFr
     featured = pd.Index(features.text_id.unique())
     if texts is None:
         return pd.DataFrame({"text_id": sorted(featured), "system_id": None})
-    dup = texts.text_id.duplicated()
-    if dup.any():
-        row = texts.index[dup.argmax()]
-        raise InputError(
-            f"duplicate text_id {texts.at[row, 'text_id']!r}", file=source_of(texts), row=int(row), column="text_id"
-        )
+    check_unique(texts, "text_id", "duplicate text_id {text_id!r}", file=source_of(texts), column="text_id")
     extra = featured.difference(pd.Index(texts.text_id))
     if len(extra):
         log.warning(
@@ -150,6 +147,57 @@ def score_texts(
         raise InputError(f"chunk_texts must be >= 1, got {chunk_texts}", column="chunk_texts")
     start = time.perf_counter()
     judges = trusted_judges(calibrator, judges)
+    questions = _scored_questions(calibrator, questions)
+    src = source_of(features)
+    features = features.astype({c: object for c in ("text_id", "source", "question_id", "option")})
+    calibrator.layout_.check(features)
+    scored, unscored = _split_featured(_text_table(features, texts), features)
+    chunks = _ChunkPredictor(calibrator, judges, questions, _features_by_text(features, scored, src))
+    parts, kept, n_pairs = [], [], 0
+    out = Path(predictions_out) if predictions_out is not None else None
+    bar = tqdm(total=len(scored), desc="score", unit="text", disable=not progress, dynamic_ncols=True)
+    with atomic_path(out) if out is not None else contextlib.nullcontext() as tmp:
+        sink = _Sink(tmp, out.suffix) if out is not None else None
+        try:
+            for lo in range(0, len(scored), chunk_texts):
+                chunk = scored.iloc[lo : lo + chunk_texts]
+                pairs, probs = chunks.predict(lo, chunk)
+                if sink is not None or keep_predictions:
+                    flat = probs.reshape(len(chunk) * len(judges), len(questions), -1)
+                    frame = predictions_frame(pairs, chunks.questions, flat)
+                    if sink is not None:
+                        sink.write(frame)
+                    if keep_predictions:
+                        kept.append(frame)
+                parts += _chunk_scores(chunk, chunks.questions, probs, quantile)
+                n_pairs += len(pairs)
+                bar.update(len(chunk))
+        finally:
+            bar.close()
+            if sink is not None:
+                sink.close()
+    scores = _score_table(parts, chunks.missing, len(judges), unscored, questions)
+    masked = int(scores[scores.question_id == questions[0]].status.eq("masked").sum())
+    if masked:
+        log.warning(
+            "%d texts lack some feature blocks and were scored with those blocks masked (see missing_blocks)", masked
+        )
+    summary = {
+        "texts": int(len(scored)),
+        "masked_texts": masked,
+        "unscored_texts": int(len(unscored)),
+        "judges": judges,
+        "questions": questions,
+        "quantile": quantile,
+        "pairs": int(n_pairs),
+        "fast_path": chunks.fast is not None,
+        "seconds": time.perf_counter() - start,
+    }
+    return ScoreResult(scores, summary, pd.concat(kept, ignore_index=True) if kept else None)
+
+
+def _scored_questions(calibrator: Calibrator, questions: list[str] | None) -> list[str]:
+    """``questions`` (default: the rubric's ordered ones), each in the rubric and ordered."""
     questions = list(questions or [q.id for q in calibrator.rubric.questions if q.ordered])
     unknown = [q for q in questions if q not in calibrator.rubric]
     if unknown:
@@ -163,102 +211,124 @@ def score_texts(
             f"{categorical or [q.id for q in calibrator.rubric.questions]}",
             column="questions",
         )
-    rubric_questions = [calibrator.rubric[q] for q in questions]
-    q_index = [calibrator.rubric.ids.index(q) for q in questions]
-    layout = calibrator.layout_
-    src = source_of(features)
-    features = features.astype({c: object for c in ("text_id", "source", "question_id", "option")})
-    layout.check(features)
-    table = _text_table(features, texts)
+    return questions
+
+
+def _split_featured(table: pd.DataFrame, features: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The texts to score that have features (renumbered from 0) and those without (warned about)."""
     has = table.text_id.isin(set(features.text_id)).to_numpy()
     scored, unscored = table[has].reset_index(drop=True), table[~has]
     if len(unscored):
         log.warning("%d texts have no features and are not scored (first: %r)", len(unscored), unscored.text_id.iloc[0])
-    keep = {(b.source, b.question_id) for b in layout.blocks}
-    codes = pd.Index(scored.text_id).get_indexer(features.text_id)  # position of each row's text in ``scored``
+    return scored, unscored
+
+
+def _features_by_text(features: pd.DataFrame, scored: pd.DataFrame, src: str) -> tuple[pd.DataFrame, np.ndarray]:
+    """The feature rows of the scored texts in their order, and each row's text position in ``scored``."""
+    codes = pd.Index(scored.text_id).get_indexer(features.text_id)
     order = np.flatnonzero(codes >= 0)
     order = order[np.argsort(codes[order], kind="stable")]
-    feats, ids = features.iloc[order], codes[order]
+    feats = features.iloc[order]
     feats.attrs["source"] = src
-    block_names = np.array([b.name for b in layout.blocks], dtype=object)
-    n_probs = sum(len(b.options) for b in layout.blocks)
-    missing: dict[str, str] = {}
-    predict = _judge_predictor(calibrator, judges)
-    parts, kept, n_pairs, verified = [], [], 0, False
-    out = Path(predictions_out) if predictions_out is not None else None
-    bar = tqdm(total=len(scored), desc="score", unit="text", disable=not progress, dynamic_ncols=True)
-    with atomic_path(out) if out is not None else contextlib.nullcontext() as tmp:
-        sink = _Sink(tmp, out.suffix) if out is not None else None
-        try:
-            for lo in range(0, len(scored), chunk_texts):
-                chunk = scored.iloc[lo : lo + chunk_texts]
-                text_ids = chunk.text_id.tolist()
-                first, last = np.searchsorted(ids, lo, "left"), np.searchsorted(ids, lo + len(chunk) - 1, "right")
-                chunk_feats = feats.iloc[first:last]
-                if not keep <= set(zip(chunk_feats.source, chunk_feats.question_id)):
-                    chunk_feats = feats  # a block absent from the whole chunk: the full table passes the layout check
-                chunk_feats.attrs["source"] = src
-                n = len(chunk)
-                pairs = pd.DataFrame(
-                    {
-                        "text_id": np.repeat(chunk.text_id.to_numpy(), len(judges)),
-                        "judge_id": np.tile(np.asarray(judges, dtype=object), n),
-                        "system_id": np.repeat(chunk.system_id.to_numpy(), len(judges)),
-                        "round": "1",
-                    }
-                )
-                x = layout.matrix(chunk_feats, text_ids)
-                absent = x[:, n_probs : n_probs + len(block_names)] == 0  # presence flags follow the probabilities
-                for row in np.flatnonzero(absent.any(axis=1)):
-                    missing[text_ids[row]] = ";".join(block_names[absent[row]])
-                if predict is not None:
-                    probs = (
-                        predict(x)[:, :, q_index]
-                        if verified
-                        else _checked(calibrator, chunk_feats, pairs, x, q_index, predict)
-                    )
-                    verified = True
-                    if probs is None:
-                        predict = None
-                if predict is None:
-                    pred = calibrator.predict(Tables(_empty_annotations(), chunk_feats), pairs, questions)
-                    probs = np.stack(
-                        [
-                            probabilities_padded(pred[pred.question_id == q.id], q, probs_width(rubric_questions))
-                            for q in rubric_questions
-                        ],
-                        axis=1,
-                    )
-                    probs = probs.reshape(n, len(judges), len(questions), -1)
-                flat = probs.reshape(n * len(judges), len(questions), -1)
-                if sink is not None or keep_predictions:
-                    frame = predictions_frame(pairs, rubric_questions, flat)
-                    if sink is not None:
-                        sink.write(frame)
-                    if keep_predictions:
-                        kept.append(frame)
-                for qi, question in enumerate(rubric_questions):
-                    k = len(question.options)
-                    means = probs[:, :, qi, :k] @ np.asarray(question.values)  # (texts, judges)
-                    agg = judge_free(means, quantile)
-                    parts.append(
-                        pd.DataFrame(
-                            {
-                                "text_id": chunk.text_id.to_numpy(),
-                                "system_id": chunk.system_id.to_numpy(),
-                                "question_id": question.id,
-                                **agg,
-                            }
-                        )
-                    )
-                n_pairs += len(pairs)
-                bar.update(n)
-        finally:
-            bar.close()
-            if sink is not None:
-                sink.close()
+    return feats, codes[order]
+
+
+class _ChunkPredictor:
+    """Predictions of every trusted judge on one chunk of texts at a time: the per-judge fast
+    path once its first chunk agrees with ``Calibrator.predict_proba``, else ``Calibrator.predict``.
+    ``missing`` collects text id → the blocks it lacks (``;``-joined)."""
+
+    def __init__(
+        self, calibrator: Calibrator, judges: list[str], questions: list[str], by_text: tuple[pd.DataFrame, np.ndarray]
+    ):
+        self.calibrator, self.judges = calibrator, judges
+        self.question_ids = questions
+        self.questions = [calibrator.rubric[q] for q in questions]
+        self.q_index = [calibrator.rubric.ids.index(q) for q in questions]
+        self.feats, self.ids = by_text
+        layout = calibrator.layout_
+        self.layout, self.keep = layout, {(b.source, b.question_id) for b in layout.blocks}
+        self.block_names = np.array([b.name for b in layout.blocks], dtype=object)
+        self.n_probs = sum(len(b.options) for b in layout.blocks)
+        self.fast, self.verified = _judge_predictor(calibrator, judges), False
+        self.missing: dict[str, str] = {}
+
+    def predict(self, lo: int, chunk: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+        """The chunk's (text, judge) pairs and probabilities (texts, judges, questions, options)."""
+        text_ids = chunk.text_id.tolist()
+        chunk_feats = self._chunk_features(lo, len(chunk))
+        pairs = pd.DataFrame(
+            {
+                "text_id": np.repeat(chunk.text_id.to_numpy(), len(self.judges)),
+                "judge_id": np.tile(np.asarray(self.judges, dtype=object), len(chunk)),
+                "system_id": np.repeat(chunk.system_id.to_numpy(), len(self.judges)),
+                "round": "1",
+            }
+        )
+        x = self.layout.matrix(chunk_feats, text_ids)
+        absent = (
+            x[:, self.n_probs : self.n_probs + len(self.block_names)] == 0
+        )  # presence flags follow the probabilities
+        for row in np.flatnonzero(absent.any(axis=1)):
+            self.missing[text_ids[row]] = ";".join(self.block_names[absent[row]])
+        if self.fast is not None:
+            probs = (
+                self.fast(x)[:, :, self.q_index]
+                if self.verified
+                else _checked(self.calibrator, chunk_feats, pairs, x, self.q_index, self.fast)
+            )
+            self.verified = True
+            if probs is None:
+                self.fast = None
+        if self.fast is None:
+            probs = self._predict_slow(chunk_feats, pairs, len(chunk))
+        return pairs, probs
+
+    def _chunk_features(self, lo: int, n: int) -> pd.DataFrame:
+        """The feature rows of texts ``lo`` to ``lo + n - 1`` (all rows if a block is absent from them all)."""
+        first, last = np.searchsorted(self.ids, lo, "left"), np.searchsorted(self.ids, lo + n - 1, "right")
+        chunk_feats = self.feats.iloc[first:last]
+        if not self.keep <= set(zip(chunk_feats.source, chunk_feats.question_id)):
+            chunk_feats = self.feats  # a block absent from the whole chunk: the full table passes the layout check
+        chunk_feats.attrs["source"] = self.feats.attrs["source"]
+        return chunk_feats
+
+    def _predict_slow(self, chunk_feats: pd.DataFrame, pairs: pd.DataFrame, n: int) -> np.ndarray:
+        """Probabilities by ``Calibrator.predict``, zero-padded to the widest question."""
+        pred = self.calibrator.predict(Tables(_empty_annotations(), chunk_feats), pairs, self.question_ids)
+        width = probs_width(self.questions)
+        probs = np.stack(
+            [probabilities_padded(pred[pred.question_id == q.id], q, width) for q in self.questions], axis=1
+        )
+        return probs.reshape(n, len(self.judges), len(self.questions), -1)
+
+
+def _chunk_scores(chunk: pd.DataFrame, questions: list, probs: np.ndarray, quantile: float) -> list[pd.DataFrame]:
+    """One judge-free score frame per question for the texts of ``chunk``."""
+    parts = []
+    for qi, question in enumerate(questions):
+        k = len(question.options)
+        means = probs[:, :, qi, :k] @ np.asarray(question.values)  # (texts, judges)
+        agg = judge_free(means, quantile)
+        parts.append(
+            pd.DataFrame(
+                {
+                    "text_id": chunk.text_id.to_numpy(),
+                    "system_id": chunk.system_id.to_numpy(),
+                    "question_id": question.id,
+                    **agg,
+                }
+            )
+        )
+    return parts
+
+
+def _score_table(
+    parts: list[pd.DataFrame], missing: dict[str, str], n_judges: int, unscored: pd.DataFrame, questions: list[str]
+) -> pd.DataFrame:
+    """The scores (``SCORE_COLUMNS``) with status and missing blocks; texts without features as ``no_features``."""
     scores = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=SCORE_COLUMNS[:6])
-    scores["judges"] = len(judges)
+    scores["judges"] = n_judges
     scores["missing_blocks"] = [missing.get(t, "") for t in scores.text_id]
     scores["status"] = np.where(scores.missing_blocks == "", "ok", "masked")
     if len(unscored):
@@ -277,24 +347,7 @@ def score_texts(
             ]
         )
         scores = pd.concat([scores, na], ignore_index=True)
-    scores = scores[SCORE_COLUMNS].sort_values(["question_id", "text_id"], kind="stable").reset_index(drop=True)
-    masked = int(scores[scores.question_id == questions[0]].status.eq("masked").sum())
-    if masked:
-        log.warning(
-            "%d texts lack some feature blocks and were scored with those blocks masked (see missing_blocks)", masked
-        )
-    summary = {
-        "texts": int(len(scored)),
-        "masked_texts": masked,
-        "unscored_texts": int(len(unscored)),
-        "judges": judges,
-        "questions": questions,
-        "quantile": quantile,
-        "pairs": int(n_pairs),
-        "fast_path": predict is not None,
-        "seconds": time.perf_counter() - start,
-    }
-    return ScoreResult(scores, summary, pd.concat(kept, ignore_index=True) if kept else None)
+    return scores[SCORE_COLUMNS].sort_values(["question_id", "text_id"], kind="stable").reset_index(drop=True)
 
 
 def _empty_annotations() -> pd.DataFrame:

@@ -1,0 +1,98 @@
+"""The canonical long tables' contracts (DESIGN.md): the columns each table must and may have,
+which are ids, and what NA means in each, shown by ``llmrubric schema show``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROB_TOLERANCE = 1e-6  # per option: probabilities written with 6 decimals may sum to 1 + options × 1e-6
+NA_ANSWERS = ("", "NA")  # an answer cell that is empty or NA: the row is absent (dropped and counted)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table contract: required and optional columns, which are ids (read as strings), and
+    what each column holds (``columns``: name → type and what NA means), shown by ``llmrubric schema show``."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+    columns: tuple[tuple[str, str], ...] = ()
+    na_absent: tuple[str, ...] = ()  # NA in these columns: the row is absent (dropped, counted, warned)
+
+
+SPECS = {
+    "annotations": TableSpec(
+        ("text_id", "judge_id", "question_id", "answer"),
+        ("system_id", "round"),
+        ("text_id", "judge_id", "question_id", "system_id", "round"),
+        (
+            ("text_id", "string id; NA is an error"),
+            ("judge_id", "string id; NA is an error"),
+            ("question_id", "string, a rubric question id; NA is an error"),
+            (
+                "answer",
+                "an option value or label of the question; empty or NA: the row is absent (dropped, counted in a warning)",
+            ),
+            ("system_id", "string id; NA: system unknown"),
+            ("round", "string, a judge's repeated annotation of a text; NA: round 1"),
+        ),
+        ("answer",),
+    ),
+    "features": TableSpec(
+        ("text_id", "source", "question_id", "option", "prob"),
+        (),
+        ("text_id", "source", "question_id", "option"),
+        (
+            ("text_id", "string id; NA is an error"),
+            ("source", "string, the LLM (model, prompt variant) that answered; NA is an error"),
+            ("question_id", "string, a rubric question id or any other block name; NA is an error"),
+            ("option", "an option of the question (a rubric question's llm_options); NA is an error"),
+            (
+                "prob",
+                f"float >= 0; a block (text, source, question) sums to at most 1 + options × {PROB_TOLERANCE:g} "
+                "(unnormalised); an absent block, or a block of 2+ options that are all 0, is missing (masked, counted in a warning); "
+                "a one-option block is a value, 0 included; NA is an error",
+            ),
+        ),
+    ),
+    "texts": TableSpec(
+        ("text_id",),
+        ("system_id", "query_id", "text"),
+        ("text_id", "system_id", "query_id"),
+        (
+            ("text_id", "string id; NA is an error"),
+            ("system_id", "string id; NA: system unknown"),
+            ("query_id", "string id; NA: not paired by query"),
+            ("text", "string, the text itself; NA: not given"),
+        ),
+    ),
+    "predictions": TableSpec(
+        ("text_id", "judge_id", "question_id", "mean", "var"),
+        ("system_id",),
+        ("text_id", "judge_id", "question_id"),
+        (
+            ("text_id", "string id; NA is an error"),
+            ("judge_id", "string id; NA is an error"),
+            ("question_id", "string id; NA is an error"),
+            (
+                "p_<option>",
+                "float in [0, 1], one column per option; a question's columns sum to 1 (± 1e-3); NA: not an option of that question",
+            ),
+            ("mean", "float, the expected answer; NA is an error"),
+            ("var", "float, the variance of the distribution; NA is an error"),
+            ("system_id", "string id; NA: system unknown"),
+            ("round", "string; NA: round 1"),
+        ),
+    ),
+}
+
+
+def schema_text() -> str:
+    """The table contracts as Markdown, from :data:`SPECS` (the validators' own specs)."""
+    lines = []
+    for kind, spec in SPECS.items():
+        lines += [f"## {kind}", "", "| column | required | type and NA |", "| --- | --- | --- |"]
+        lines += [f"| {name} | {'yes' if name in spec.required else 'no'} | {text} |" for name, text in spec.columns]
+        lines.append("")
+    return "\n".join(lines)

@@ -8,6 +8,7 @@ import optuna
 import pytest
 from omegaconf import OmegaConf
 
+from llmrubric.config import group
 from llmrubric.data.splits import text_folds
 from llmrubric.experiments.search import (
     Objective,
@@ -28,7 +29,7 @@ BASE = Setting(
 
 
 def search_config(storage: str, n_trials: int) -> dict:
-    config = OmegaConf.load(ROOT / "conf" / "search" / "optuna.yaml")
+    config = OmegaConf.create(group("search", "optuna"))  # the shipped search settings
     config.storage, config.n_trials, config.inner_folds, config.startup_trials, config.progress = (
         storage,
         n_trials,

@@ -31,12 +31,14 @@ import optuna
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from tqdm.auto import tqdm
 
+from llmrubric.config import SearchConfig, settings_error
 from llmrubric.data.splits import text_folds
 from llmrubric.evaluation.metrics import nll, point_metrics
 from llmrubric.experiments.tracking import Tracker
@@ -248,24 +250,34 @@ class Objective:
                 run.log_metrics({"val/fold_nll": float(value)}, step=k)
 
 
+def search_settings(search: DictConfig | dict) -> DictConfig:
+    """``search`` over the defaults of :class:`llmrubric.config.SearchConfig` (a composed config has
+    them already; a dict of a test or benchmark gets them here), typed."""
+    given = OmegaConf.to_container(search, resolve=True) if isinstance(search, DictConfig) else search
+    try:
+        return OmegaConf.merge(OmegaConf.structured(SearchConfig), given)
+    except OmegaConfBaseException as e:
+        raise settings_error(e) from None
+
+
 def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
     """The study of ``search`` (sampler, pruner, storage), created or loaded to resume.
 
     With a database storage, running trials send heartbeats; trials of a killed search stop
     beating, and a search that resumes fails them and queues their configurations again."""
-    search = OmegaConf.create(search) if isinstance(search, dict) else search
+    search = search_settings(search)
     sampler = TrialSeededTPE(seed=search.seed, n_startup_trials=search.startup_trials, constant_liar=True)
-    if search.get("pruner", "median") == "successive_halving":
+    if search.pruner == "successive_halving":
         pruner = optuna.pruners.SuccessiveHalvingPruner(
             min_resource=search.pruner_warmup_epochs, reduction_factor=search.reduction_factor
         )
-    elif search.get("pruner", "median") == "median":
+    elif search.pruner == "median":
         pruner = optuna.pruners.MedianPruner(n_startup_trials=search.startup_trials)
     else:
         raise InputError(f"search.pruner must be successive_halving or median, not {search.pruner!r}")
     storage = search.storage
     if storage:
-        beat = int(search.get("heartbeat_seconds", 60))
+        beat = int(search.heartbeat_seconds)
         try:
             storage = _open_storage(storage, beat)
         except (SQLAlchemyError, ImportError, ValueError) as e:
@@ -395,12 +407,13 @@ def run_search(
     ``search.batch`` trials at a time as one stacked program; trials running in other workers
     count, so several workers on one storage run ``n_trials`` in all. With a
     :class:`llmrubric.experiments.tracking.Tracker`, each trial is an MLflow run nested under ``parent``."""
+    search = search_settings(search)
     space = OmegaConf.to_container(search.space, resolve=True)
     check_space(space, base, rubric)
     study = create_study(search, study_name)
     optuna.storages.fail_stale_trials(study)
     folds = text_folds(tables.text_ids, search.inner_folds, seed)
-    patience = search.get("patience")
+    patience = search.patience
     objective = Objective(
         rubric,
         tables,
@@ -408,7 +421,7 @@ def run_search(
         space,
         folds,
         seed,
-        int(search.get("ensemble", 1)),
+        int(search.ensemble),
         int(search.pruner_warmup_epochs),
         tracker,
         parent,

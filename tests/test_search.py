@@ -263,7 +263,7 @@ def test_a_worker_that_loses_the_race_to_create_a_new_studys_schema_opens_it_aga
 
     import llmrubric.experiments.search as search
 
-    real, calls = search.HeartbeatStorage, []
+    real, calls = search.RDBStorage, []
 
     def racing(url, **kwargs):
         calls.append(url)
@@ -271,7 +271,7 @@ def test_a_worker_that_loses_the_race_to_create_a_new_studys_schema_opens_it_aga
             raise IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed"))
         return real(url, **kwargs)
 
-    monkeypatch.setattr(search, "HeartbeatStorage", racing)
+    monkeypatch.setattr(search, "RDBStorage", racing)
     study = create_study(search_config(f"sqlite:///{tmp_path / 'study.db'}", 1), "s")
     assert len(calls) == 2 and study.study_name == "s"
 
@@ -279,7 +279,7 @@ def test_a_worker_that_loses_the_race_to_create_a_new_studys_schema_opens_it_aga
         calls.append(url)
         raise OperationalError("connect", {}, Exception("unable to open database file"))
 
-    monkeypatch.setattr(search, "HeartbeatStorage", broken)
+    monkeypatch.setattr(search, "RDBStorage", broken)
     calls.clear()
     with pytest.raises(InputError, match="cannot be opened: .*unable to open"):
         create_study(search_config(f"sqlite:///{tmp_path / 'other.db'}", 1), "s")

@@ -1,16 +1,19 @@
 """Settings: typed defaults, the shipped ``conf/`` over them, and one loader for every entry point.
 
-Each default is defined once, in a dataclass: :class:`ModelConfig` (the calibration network) and
-:class:`TrainConfig` (optimisation). Both are registered in Hydra's
-ConfigStore as ``schemas/model`` and ``schemas/trainer``; the YAML files of ``conf/model/`` and
-``conf/trainer/`` start from them (``defaults: [/schemas/model@_here_, _self_]``) and override
-what differs (``conf/model/paper.yaml``: the paper's architecture). ``conf/`` ships inside the
-package as ``llmrubric.conf`` (:func:`conf_path`), so an installed wheel has its settings,
-prompts, rubrics and model manifests.
+Each default is defined once, in a dataclass: :class:`ModelConfig` (the calibration network),
+:class:`TrainConfig` (optimisation), :class:`SearchConfig`, :class:`ReportConfig`,
+:class:`LoggerConfig`, and the CLI's :class:`ScoringConfig`, :class:`LabelsConfig`,
+:class:`IRConfig` and :class:`ExtractConfig` (:data:`GROUP_SCHEMAS`). Each is registered in Hydra's
+ConfigStore as ``schemas/<group>``; the YAML files of ``conf/<group>/`` start from it
+(``defaults: [/schemas/<group>@_here_, _self_]``) and override only what differs by purpose
+(``conf/model/paper.yaml``: the paper's architecture). ``conf/`` ships inside the package as
+``llmrubric.conf`` (:func:`conf_path`), so an installed wheel has its settings, prompts, rubrics
+and model manifests.
 
 :func:`compose` is the loader: the Hydra apps (``llmrubric train|evaluate``, ``train.py``,
-``evaluate.py``), the CLI's ``--config`` files (:func:`load_file`) and the Python API (:func:`group`)
-all read settings through it, and a bad override or file is an :class:`InputError` naming the setting.
+``evaluate.py``), the CLI's ``--config`` files (:func:`load_file`, :func:`command_settings`) and
+the Python API (:func:`group`) all read settings through it, and a bad override or file is an
+:class:`InputError` naming the setting.
 """
 
 from __future__ import annotations

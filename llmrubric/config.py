@@ -154,6 +154,21 @@ class ModelConfig:
     auto: AutoConfig = field(default_factory=AutoConfig)
 
 
+MISSING = "???"  # OmegaConf's mark of a setting without a default, which each file must set
+
+
+@dataclass
+class DataConfig:
+    """A data set (``data.*``, ``conf/data/``): ``train`` and ``test`` are the ``_target_`` calls that
+    load their tables (``llmrubric.io.schemas.load_tables``, ``llmrubric.data.llm_rubric.load``);
+    ``test`` None: the protocol splits the training texts. ``root``: a folder the calls may share."""
+
+    name: str = MISSING
+    train: Any = MISSING
+    test: Any = None
+    root: str | None = None
+
+
 @dataclass
 class SearchConfig:
     """Optuna search (``search.*``, :mod:`llmrubric.experiments.search`); ``search=optuna`` turns it on
@@ -425,6 +440,7 @@ class ExtractConfig:
 
 
 GROUP_SCHEMAS = {
+    "data": DataConfig,
     "model": ModelConfig,
     "trainer": TrainConfig,
     "search": SearchConfig,

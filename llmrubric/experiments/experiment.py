@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -149,9 +150,10 @@ def check_settings(cfg: DictConfig) -> Rubric:
 
 
 def checked_once(cfg: DictConfig) -> None:
-    """:func:`check_settings` where :class:`CheckSettings` did not run: a Hydra app's settings are
-    checked by the callback before Hydra writes anything, a direct call's (``train_app(cfg)``) here."""
-    if not HydraConfig.initialized():
+    """:func:`check_settings` where :class:`CheckSettings` did not run: a Hydra run's settings are
+    checked by the callback before Hydra writes anything; a multirun job's (Hydra calls no
+    ``on_run_start`` there) and a direct call's (``train_app(cfg)``) here."""
+    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN):
         check_settings(cfg)
 
 

@@ -38,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from llmrubric.config import command_settings  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.io.files import write_json  # noqa: E402
@@ -53,7 +53,7 @@ from llmrubric.model.calibrator import Calibrator  # noqa: E402
 from llmrubric.scoring import leaderboard as lb  # noqa: E402
 from llmrubric.scoring.scores import score_texts  # noqa: E402
 
-SETTINGS = yaml.safe_load((ROOT / "conf" / "scoring" / "default.yaml").read_text())
+SETTINGS = command_settings("scoring")  # conf/scoring/default.yaml over llmrubric.config.ScoringConfig
 PAPER_HUMAN = {  # paper Tables 4–5, mean human Q0 per system
     "synthetic": {"DS1": 2.3, "DS2": 3.1, "DS3": 3.0, "DS4": 3.0, "DS5": 2.9},
     "real": {"DS1": 2.668, "DS2": 2.915, "DS3": 2.697},

@@ -498,6 +498,18 @@ CASES = [
         ("none.yaml", "not found"),
     ),
     Case(
+        "score-config-unknown-key",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--config", file_at(d, "c.yaml", "quantlie: 0.5\n")]),
+        ("c.yaml", "setting quantlie", "not in 'ScoringConfig'"),
+    ),
+    Case(
+        "score-config-wrong-type",
+        "cli",
+        score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--config", file_at(d, "c.yaml", "chunk_texts: many\n")]),
+        ("c.yaml", "setting chunk_texts", "'many'"),
+    ),
+    Case(
         "score-texts-missing",
         "cli",
         score(_args=lambda w, d: ["--out", str(d / "s.csv"), "--texts", str(d / "none.csv")]),

@@ -11,9 +11,14 @@ from conftest import ROOT
 from llmrubric.cli import main as cli_main
 from llmrubric.config import (
     AUTO_CANDIDATES,
+    GROUP_SCHEMAS,
+    OPEN_GROUPS,
     AutoConfig,
     ModelConfig,
+    ScoringConfig,
+    SearchConfig,
     TrainConfig,
+    command_settings,
     compose,
     conf_path,
     group,
@@ -95,3 +100,104 @@ def test_shipped_files_are_found_through_the_package_not_the_source_tree():
         p for p in (ROOT / "llmrubric").rglob("*.py") if re.search(r"__file__\)?\.resolve\(\)\.parents", p.read_text())
     ]
     assert lookups == []
+
+
+SCHEMA_GROUPS = sorted(set(GROUP_SCHEMAS) - set(OPEN_GROUPS))
+PINNED = {  # values a file keeps whatever the schema's default becomes: what the cumulative heads need
+    ("model", "ordinal"): {"inputs", "ensemble"},
+    ("model", "combined"): {"inputs", "ensemble"},
+}
+
+
+def own_settings(group_name: str, option: str) -> tuple[list, dict]:
+    """The ``defaults`` list of ``conf/<group>/<option>.yaml`` and what the file itself sets."""
+    data = yaml.safe_load(conf_path(group_name, f"{option}.yaml").read_text()) or {}
+    return data.pop("defaults", []), data
+
+
+def inherited(group_name: str, option: str):
+    """The settings ``conf/<group>/<option>.yaml`` starts from: its schema and the sibling files it names."""
+    from omegaconf import OmegaConf
+
+    defaults, _ = own_settings(group_name, option)
+    assert defaults[0] == f"/schemas/{group_name}@_here_" or defaults[0] in option_names(group_name), defaults
+    parents = [complete(group_name, d) for d in defaults if d not in ("_self_", f"/schemas/{group_name}@_here_")]
+    return OmegaConf.merge(OmegaConf.structured(GROUP_SCHEMAS[group_name]), *parents)
+
+
+def complete(group_name: str, option: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(inherited(group_name, option), own_settings(group_name, option)[1])
+
+
+def option_names(group_name: str) -> list[str]:
+    return sorted(p.stem for p in conf_path(group_name).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group_name", SCHEMA_GROUPS)
+def test_every_shipped_setting_file_starts_from_its_typed_schema_and_repeats_no_default(group_name):
+    from omegaconf import OmegaConf
+
+    assert option_names(group_name)
+    for option in option_names(group_name):
+        base = OmegaConf.to_container(inherited(group_name, option))
+        for key, value in own_settings(group_name, option)[1].items():
+            assert key in base, (
+                f"{group_name}/{option}.yaml: {key} is no setting of {GROUP_SCHEMAS[group_name].__name__}"
+            )
+            if key not in PINNED.get((group_name, option), ()):
+                assert value != base[key], f"{group_name}/{option}.yaml repeats the default {key}: {value!r}"
+
+
+def test_a_settings_file_or_flag_that_the_schema_refuses_names_the_setting(tmp_path):
+    (tmp_path / "mine.yaml").write_text("quantile: 0.5\nleaderboard: {bootstrap: many}\n")
+    with pytest.raises(InputError, match=r"mine.yaml, setting leaderboard.bootstrap: .*'many'"):
+        command_settings("scoring", tmp_path / "mine.yaml")
+    (tmp_path / "typo.yaml").write_text("quantlie: 0.5\n")
+    with pytest.raises(InputError, match=r"typo.yaml, setting quantlie: .*not in 'ScoringConfig'"):
+        command_settings("scoring", tmp_path / "typo.yaml")
+    (tmp_path / "mine.yaml").write_text("quantile: 0.5\nleaderboard: {bootstrap: 50}\n")
+    partial = command_settings("scoring", tmp_path / "mine.yaml", {"leaderboard.bootstrap": 7, "quantile": None})
+    assert partial["quantile"] == 0.5 and partial["leaderboard"]["bootstrap"] == 7  # a flag over the file
+    assert partial["chunk_texts"] == ScoringConfig.chunk_texts  # what the file leaves out: the schema's default
+
+
+def test_code_defaults_equal_the_shipped_settings():
+    from llmrubric.model.judges import add_judge
+    from llmrubric.report.settings import ReportSettings
+    from llmrubric.scoring.labels import suggest
+    from llmrubric.scoring.leaderboard import build
+    from llmrubric.scoring.scores import score_texts
+
+    def defaults(function) -> dict:
+        return {k: p.default for k, p in inspect.signature(function).parameters.items() if p.default is not p.empty}
+
+    scoring, labels = command_settings("scoring"), command_settings("labels")
+    assert {k: defaults(score_texts)[k] for k in ("quantile", "chunk_texts")} == {
+        k: scoring[k] for k in ("quantile", "chunk_texts")
+    }
+    board = scoring["leaderboard"]
+    assert defaults(build) == {
+        "texts": None,
+        "judges": scoring["trusted_judges"],
+        "n_boot": board["bootstrap"],
+        **{k: board[k] for k in ("seed", "alpha", "sample_answers", "band_replicates", "small_sample")},
+        "labels": None,
+        "shift_errors": None,
+        "draws": None,
+        "sampling_rule": None,
+    }
+    assert defaults(suggest) == {"seed": labels["suggest"]["seed"], "round_id": labels["suggest"]["round"]}
+    judges = labels["judges"]
+    assert {**defaults(add_judge), "l2_grid": list(defaults(add_judge)["l2_grid"])} == {
+        k: judges[k] for k in ("min_annotations", "l2", "max_iter", "l2_grid", "cv_folds")
+    }
+    full = group("report", "full")
+    assert ReportSettings.from_dict(full) == ReportSettings(dir=full["dir"])
+    assert (full["seeds"], full["workers"]) == (2, 2)
+    optuna = group("search", "optuna")
+    assert {k: v for k, v in optuna.items() if k not in ("enabled", "space", "storage")} == {
+        k: v for k, v in asdict(SearchConfig()).items() if k not in ("enabled", "space", "storage")
+    }
+    assert optuna["pruner"] == "successive_halving" and not group("search", "none")["enabled"]

@@ -8,6 +8,7 @@ import optuna
 import pytest
 from omegaconf import OmegaConf
 
+from llmrubric.config import group
 from llmrubric.data.splits import text_folds
 from llmrubric.experiments.search import (
     Objective,
@@ -28,7 +29,7 @@ BASE = Setting(
 
 
 def search_config(storage: str, n_trials: int) -> dict:
-    config = OmegaConf.load(ROOT / "conf" / "search" / "optuna.yaml")
+    config = OmegaConf.create(group("search", "optuna"))  # the shipped search settings
     config.storage, config.n_trials, config.inner_folds, config.startup_trials, config.progress = (
         storage,
         n_trials,
@@ -262,7 +263,7 @@ def test_a_worker_that_loses_the_race_to_create_a_new_studys_schema_opens_it_aga
 
     import llmrubric.experiments.search as search
 
-    real, calls = search.HeartbeatStorage, []
+    real, calls = search.RDBStorage, []
 
     def racing(url, **kwargs):
         calls.append(url)
@@ -270,7 +271,7 @@ def test_a_worker_that_loses_the_race_to_create_a_new_studys_schema_opens_it_aga
             raise IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed"))
         return real(url, **kwargs)
 
-    monkeypatch.setattr(search, "HeartbeatStorage", racing)
+    monkeypatch.setattr(search, "RDBStorage", racing)
     study = create_study(search_config(f"sqlite:///{tmp_path / 'study.db'}", 1), "s")
     assert len(calls) == 2 and study.study_name == "s"
 
@@ -278,7 +279,7 @@ def test_a_worker_that_loses_the_race_to_create_a_new_studys_schema_opens_it_aga
         calls.append(url)
         raise OperationalError("connect", {}, Exception("unable to open database file"))
 
-    monkeypatch.setattr(search, "HeartbeatStorage", broken)
+    monkeypatch.setattr(search, "RDBStorage", broken)
     calls.clear()
     with pytest.raises(InputError, match="cannot be opened: .*unable to open"):
         create_study(search_config(f"sqlite:///{tmp_path / 'other.db'}", 1), "s")

@@ -29,7 +29,7 @@ from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
 from llmrubric.data.splits import text_systems
 from llmrubric.evaluation.metrics import evaluate, markdown_table, metric_names
 from llmrubric.evaluation.transfer import shift_errors, system_metrics
-from llmrubric.experiments.experiment import SYSTEM_PROTOCOLS, check_settings, prepare
+from llmrubric.experiments.experiment import SYSTEM_PROTOCOLS, checked_once, prepare
 from llmrubric.experiments.tracking import Tracker, metric_keys
 from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.files import write_json, write_table, write_text
@@ -47,7 +47,7 @@ def evaluate_app(cfg: DictConfig) -> dict | None:
     from llmrubric.report.build import check_report_config, experiment_splits, report_from_config  # not for --help
 
     started = time.time()
-    check_settings(cfg)
+    checked_once(cfg)
     run_dir = Path(cfg.run_dir)
     report = bool(cfg.report.enabled)
     rubric, splits = experiment_splits(cfg) if report else prepare(cfg, create_folds=False)

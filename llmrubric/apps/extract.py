@@ -10,39 +10,37 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
 
 from llmrubric.apps.commands import add_noun
-from llmrubric.config import load_file
+from llmrubric.config import GROUP_SCHEMAS, command_settings
 from llmrubric.extract.backends import BACKEND_KEYS, make_backend_from
 from llmrubric.io.errors import InputError
 from llmrubric.io.files import write_json, write_table
 from llmrubric.io.tables import read_table
 
 log = logging.getLogger(__name__)
-DEFAULTS = {
-    "backend": "transformers",
-    "family": "likert",
-    "template": None,
-    "rubric": None,
-    "model": None,
-    "min_label_mass": 0.05,
-    "orders": 1,
-    "detect_injection": False,
-    "injection_patterns": None,
-}
+COMMAND_ONLY = ("run", "noun", "verb", "config", "overrides")  # argparse values that are no setting
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> dict:
-    """A config of the ``conf/extract/`` group composed by Hydra (its ``defaults`` list pulls in
-    sibling files), with Hydra ``overrides`` such as ``batch_size=8``."""
-    return load_file(path, overrides or [], "extract config")
+    """A config of the ``conf/extract/`` group (its ``defaults`` list pulls in sibling files) over
+    :class:`llmrubric.config.ExtractConfig`'s defaults, with Hydra ``overrides`` such as ``batch_size=8``."""
+    return command_settings("extract", path, overrides=overrides or [], what="extract config")
 
 
 def register(subparsers) -> None:
     sub = add_noun(subparsers, "extract", "the LLM's answer distributions: features tables and test banks")
+    add_features_verb(sub)
+    add_bank_verb(sub)
+    add_summaries_verb(sub)
+
+
+def add_features_verb(sub) -> None:
+    """``extract features``: its inputs and outputs, then the settings it shares with the config."""
     p = sub.add_parser(
         "features", help="texts (+ rubric or test bank) → features table, cached and resumable", description=__doc__
     )
@@ -69,6 +67,13 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=["transformers", "openai"])
     p.add_argument("--model")
     p.add_argument("--source", help="source name in the features table (default: model name + template)")
+    add_run_flags(p)
+    add_setting_flags(p)
+    p.set_defaults(run=run)
+
+
+def add_run_flags(p) -> None:
+    """How ``extract features`` runs: cache, progress, shards and their launcher."""
     p.add_argument("--cache", help="SQLite result store (default: <out>.cache.sqlite)")
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
     p.add_argument("--no-progress", action="store_true")
@@ -77,23 +82,6 @@ def register(subparsers) -> None:
         action="store_true",
         help="compute nothing: write what the cache holds (the rest listed as 'no result')",
     )
-    p.add_argument(
-        "--orders",
-        type=int,
-        help="likert: ask each question with the options in this many rotated orders, averaged (default 1)",
-    )
-    p.add_argument(
-        "--min-label-mass",
-        type=float,
-        help="blocks whose labels get less total probability are marked low_label_mass (default 0.05)",
-    )
-    p.add_argument(
-        "--detect-injection",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="mark blocks whose text matches an injection pattern as possible_injection (default off)",
-    )
-    p.add_argument("--injection-patterns", help="YAML file of patterns (default conf/injection/default.yaml)")
     p.add_argument(
         "--shard", metavar="K/N", help="only the texts of shard K of N (0 <= K < N; by the sha256 of text_id)"
     )
@@ -112,14 +100,36 @@ def register(subparsers) -> None:
         metavar="KEY=VALUE",
         help="Hydra override of the launcher config (repeatable), e.g. slurm_partition=gpu",
     )
+
+
+def add_setting_flags(p) -> None:
+    """Flags of the extract settings (:class:`llmrubric.config.ExtractConfig` and the backends' keys)."""
+    p.add_argument(
+        "--orders",
+        type=int,
+        help="likert: ask each question with the options in this many rotated orders, averaged (default 1)",
+    )
+    p.add_argument(
+        "--min-label-mass",
+        type=float,
+        help="blocks whose labels get less total probability are marked low_label_mass (default 0.05)",
+    )
+    p.add_argument(
+        "--detect-injection",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="mark blocks whose text matches an injection pattern as possible_injection (default off)",
+    )
+    p.add_argument("--injection-patterns", help="YAML file of patterns (default conf/injection/default.yaml)")
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
         flag = "--" + key.replace("_", "-")
         if key in ("prefix_reuse", "chat_template", "whitespace_continuation"):
             p.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None)
         else:
             p.add_argument(flag, dest=key, default=None, type=_number)
-    p.set_defaults(run=run)
 
+
+def add_bank_verb(sub) -> None:
     b = sub.add_parser("bank", help="generate a test bank (questions or nuggets) to edit")
     b.add_argument(
         "queries", help="table with query_id, query (and passages: passage text rows with query_id for nuggets)"
@@ -134,6 +144,8 @@ def register(subparsers) -> None:
     b.add_argument("--out", required=True)
     b.set_defaults(run=run_bank)
 
+
+def add_summaries_verb(sub) -> None:
     m = sub.add_parser(
         "summaries",
         help="per-item features of a test bank → summary-only features table",
@@ -157,14 +169,20 @@ def _number(text: str):
 
 
 def _settings(args) -> dict:
-    settings = dict(DEFAULTS)
-    if getattr(args, "config", None):
-        settings.update(load_config(args.config, getattr(args, "overrides", None)))
-    elif getattr(args, "overrides", None):
+    """The extract config (``--config`` with ``--set``) under the flags that name its settings, and
+    the command's other flags (texts, out, shards, …) beside them."""
+    if getattr(args, "overrides", None) and not getattr(args, "config", None):
         raise InputError("--set needs --config")
-    for key, value in vars(args).items():
-        if value is not None and key not in ("run", "noun", "verb", "config", "overrides"):
-            settings[key] = value
+    given = {k: v for k, v in vars(args).items() if k not in COMMAND_ONLY}
+    setting_keys = {f.name for f in fields(GROUP_SCHEMAS["extract"])} | {k for ks in BACKEND_KEYS.values() for k in ks}
+    settings = command_settings(
+        "extract",
+        getattr(args, "config", None),
+        {k: v for k, v in given.items() if k in setting_keys},
+        getattr(args, "overrides", None) or [],
+        "extract config",
+    )
+    settings.update({k: v for k, v in given.items() if k not in setting_keys and v is not None})
     if settings.get("model") in (None, "???"):
         raise InputError("no model given (--model or model: in the config)")
     return settings

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 from llmrubric.apps.commands import add_noun
-from llmrubric.apps.score import CONF, load_settings, with_flags
+from llmrubric.apps.score import flags
+from llmrubric.config import command_settings
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
 
@@ -79,7 +80,9 @@ def _grade_inputs(p, required: bool = True) -> None:
 
 
 def _settings(args, section: str, keys: list[str]) -> dict:
-    return with_flags(load_settings(args.config, CONF / "ir" / "default.yaml").get(section, {}), args, keys)
+    """The ``section`` of the IR settings (``--config`` or ``conf/ir/default.yaml``) with the flags ``keys``."""
+    given = flags(args, *keys)
+    return command_settings("ir", args.config, {f"{section}.{k}": v for k, v in given.items()})[section]
 
 
 def _grades(args, settings: dict):
@@ -88,7 +91,7 @@ def _grades(args, settings: dict):
 
     if args.grades:
         grades = read_grades(args.grades)
-        low, high = settings.get("grade_range", [0, 5])
+        low, high = settings["grade_range"]
         outside = (grades.grade < low) | (grades.grade > high)
         if outside.any():
             row = grades.index[outside.to_numpy().argmax()]
@@ -181,7 +184,7 @@ def run_trec_eval(args) -> int:
         report["cover_unjudged"] = {name: int(c.unjudged.sum()) for name, c in covers.items()}
         if args.judgments:
             judgments = ag.read_qrels(args.judgments)
-            rel = int(settings.get("judged_relevant", 1))
+            rel = int(settings["judged_relevant"])
             spurious, uncovered = (
                 ag.spurious_items(grades, judgments, threshold, rel),
                 ag.uncovered_relevant(grades, judgments, threshold, rel),
@@ -244,7 +247,7 @@ def run_grounded_qa(args) -> int:
     from llmrubric.ir import grounded_qa as gq
 
     settings = _settings(args, "grounded_qa", [])
-    lam = check_range("--lambda", args.lam if args.lam is not None else settings.get("lambda", 0.5), 0, 1)
+    lam = check_range("--lambda", args.lam if args.lam is not None else settings["lambda"], 0, 1)
     if args.docs is not None and not Path(args.docs).is_dir():
         raise InputError("the documents folder does not exist", file=str(args.docs), setting="--docs")
     check_outputs(
@@ -263,7 +266,7 @@ def run_grounded_qa(args) -> int:
     if args.features:
         failures = read_table(args.failures, "texts") if args.failures else None
         quality = gq.answer_quality(
-            validate_features(read_table(args.features, "features")), settings.get("family", "answer_quality"), failures
+            validate_features(read_table(args.features, "features")), settings["family"], failures
         )
     result = gq.evaluate(
         questions,
@@ -271,7 +274,7 @@ def run_grounded_qa(args) -> int:
         quality,
         args.docs,
         lam,
-        tuple(settings.get("recall_at", [1, 5])),
+        tuple(settings["recall_at"]),
         progress=not args.no_progress,
     )
     write_json(result, args.out)

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from llmrubric.apps.commands import add_noun
-from llmrubric.apps.score import load_settings, with_flags
-from llmrubric.config import conf_path
+from llmrubric.apps.score import flags
+from llmrubric.config import command_settings, conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range
 
@@ -61,13 +61,10 @@ def run_suggest(args) -> int:
     from llmrubric.scoring import labels as lab
     from llmrubric.scoring.leaderboard import read_predictions
 
-    settings = with_flags(
-        load_settings(args.config, CONF / "labels" / "default.yaml").get("suggest", {}),
-        args,
-        ["floor", "seed", "round", "question"],
-    )
-    floor = check_range("--floor", settings.get("floor", 0.2), 0, 1, open_low=True)
-    seed = check_range("--seed", settings.get("seed", 0), integer=True)
+    given = flags(args, "floor", "seed", "round", "question")
+    settings = command_settings("labels", args.config, {f"suggest.{k}": v for k, v in given.items()})["suggest"]
+    floor = check_range("--floor", settings["floor"], 0, 1, open_low=True)
+    seed = check_range("--seed", settings["seed"], integer=True)
     budget = check_range("--budget", args.budget, 1, integer=True)
     out = Path(args.out)
     check_outputs(
@@ -76,7 +73,7 @@ def run_suggest(args) -> int:
     )
     check_table_path(out, "--out")
     rubric = Rubric.load(args.rubric or CONF / "rubric" / "llm_rubric.yaml")
-    question = settings.get("question") or rubric.main.id
+    question = settings["question"] or rubric.main.id
     if question not in rubric:
         raise InputError(f"question {question!r} is not in rubric {rubric.name!r} {rubric.ids}", setting="--question")
     predictions = read_predictions(args.predictions)
@@ -94,7 +91,7 @@ def run_suggest(args) -> int:
             row=int(row),
             column="text_id",
         )
-    table = lab.suggest(texts, uncertainty, budget, floor, seed, str(settings.get("round", "1")))
+    table = lab.suggest(texts, uncertainty, budget, floor, seed, str(settings["round"]))
     write_table(table, out)
     drawn = table[table.draws > 0].groupby("system_id").size()
     print(json.dumps({"out": str(out), "budget": budget, "floor": floor, "texts_to_label": drawn.to_dict()}))
@@ -106,18 +103,17 @@ def run_add_judge(args) -> int:
     from llmrubric.model.estimator import load_model
     from llmrubric.model.judges import add_judge, added_record, annotated_judge
 
-    settings = with_flags(
-        load_settings(args.config, CONF / "labels" / "default.yaml").get("judges", {}), args, ["min_annotations", "l2"]
-    )
-    min_annotations = check_range("--min-annotations", settings.get("min_annotations", 5), 1, integer=True)
-    l2 = settings.get("l2", "cv")
+    given = flags(args, "min_annotations", "l2")
+    settings = command_settings("labels", args.config, {f"judges.{k}": v for k, v in given.items()})["judges"]
+    min_annotations = check_range("--min-annotations", settings["min_annotations"], 1, integer=True)
+    l2 = settings["l2"]
     l2 = l2 if l2 in (None, "cv") else check_range("--l2", l2, 0)
-    grid = settings.get("l2_grid", [0.001, 0.01, 0.1, 1.0, 10.0])
-    if not isinstance(grid, list) or not grid:
+    grid = settings["l2_grid"]
+    if not grid:
         raise InputError(f"{grid!r} is not a list of numbers", setting="judges.l2_grid")
     grid = [check_range("judges.l2_grid", value, 0) for value in grid]
-    cv_folds = check_range("judges.cv_folds", settings.get("cv_folds", 5), 2, integer=True)
-    max_iter = check_range("judges.max_iter", settings.get("max_iter", 200), 1, integer=True)
+    cv_folds = check_range("judges.cv_folds", settings["cv_folds"], 2, integer=True)
+    max_iter = check_range("judges.max_iter", settings["max_iter"], 1, integer=True)
     out = Path(args.out)
     check_outputs(
         {"--out": out},

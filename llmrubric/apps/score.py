@@ -5,33 +5,17 @@ Settings come from ``conf/scoring/default.yaml`` (or ``--config``); flags overri
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
 
 from llmrubric.apps.commands import add_noun
-from llmrubric.config import conf_path, load_file
+from llmrubric.config import command_settings, conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
 
 log = logging.getLogger(__name__)
 CONF = conf_path()
-
-
-def load_settings(path: str | Path | None, default: Path) -> dict:
-    """Settings from a YAML file (``default`` when ``path`` is None), composed by :func:`llmrubric.config.load_file`."""
-    return load_file(path or default)
-
-
-def with_flags(settings: dict, args: argparse.Namespace, keys: list[str]) -> dict:
-    """``settings`` with the value of each flag of ``keys`` that was given on the command line."""
-    out = dict(settings)
-    for key in keys:
-        value = getattr(args, key, None)
-        if value is not None:
-            out[key] = value
-    return out
 
 
 def register(subparsers) -> None:
@@ -95,19 +79,22 @@ def register(subparsers) -> None:
     r.set_defaults(run=run_rank_correlation)
 
 
+def flags(args, *keys: str) -> dict:
+    """The values of the flags ``keys`` (None where not given), for :func:`llmrubric.config.command_settings`."""
+    return {key: getattr(args, key, None) for key in keys}
+
+
 def run_score(args) -> int:
     from llmrubric.io.files import check_table_path, json_safe, write_json, write_table
     from llmrubric.io.tables import read_table, validate_features
     from llmrubric.model.estimator import load_model
     from llmrubric.scoring.scores import score_texts
 
-    settings = with_flags(
-        load_settings(args.config, CONF / "scoring" / "default.yaml"),
-        args,
-        ["trusted_judges", "questions", "quantile", "chunk_texts"],
+    settings = command_settings(
+        "scoring", args.config, flags(args, "trusted_judges", "questions", "quantile", "chunk_texts")
     )
-    quantile = check_range("--quantile", settings.get("quantile", 0.9), 0, 1)
-    chunk_texts = check_range("--chunk-texts", settings.get("chunk_texts", 4096), 1, integer=True)
+    quantile = check_range("--quantile", settings["quantile"], 0, 1)
+    chunk_texts = check_range("--chunk-texts", settings["chunk_texts"], 1, integer=True)
     out = Path(args.out)
     summary = out.with_name(out.stem + ".summary.json")
     check_outputs(
@@ -124,8 +111,8 @@ def run_score(args) -> int:
         model,
         features,
         texts,
-        judges=settings.get("trusted_judges"),
-        questions=settings.get("questions"),
+        judges=settings["trusted_judges"],
+        questions=settings["questions"],
         quantile=quantile,
         chunk_texts=chunk_texts,
         predictions_out=args.predictions,
@@ -139,28 +126,16 @@ def run_score(args) -> int:
 
 def run_leaderboard(args) -> int:
     from llmrubric.io.rubric import Rubric
-    from llmrubric.io.tables import read_table, validate_annotations
+    from llmrubric.io.tables import read_table
     from llmrubric.scoring import leaderboard as lb
-    from llmrubric.scoring.labels import read_sampling
 
-    settings = load_settings(args.config, CONF / "scoring" / "default.yaml")
-    board_settings = with_flags(
-        settings.get("leaderboard", {}), args, ["question", "bootstrap", "seed", "alpha", "missing_systems"]
-    )
-    judges = args.trusted_judges or settings.get("trusted_judges")
+    board = leaderboard_settings(args)
     rubric = Rubric.load(args.rubric or CONF / "rubric" / "llm_rubric.yaml")
-    if board_settings.get("question") and board_settings["question"] not in rubric:
+    if board["question"] and board["question"] not in rubric:
         raise InputError(
-            f"question {board_settings['question']!r} is not in rubric {rubric.name!r} {rubric.ids}",
-            setting="--question",
+            f"question {board['question']!r} is not in rubric {rubric.name!r} {rubric.ids}", setting="--question"
         )
-    question = rubric[board_settings["question"]] if board_settings.get("question") else rubric.main
-    n_boot = check_range("--bootstrap", board_settings.get("bootstrap", 1000), 1, integer=True)
-    seed = check_range("--seed", board_settings.get("seed", 0), integer=True)
-    alpha = check_range("--alpha", board_settings.get("alpha", 0.05), 0, 1, open_low=True, open_high=True)
-    band_replicates = check_range("band_replicates", board_settings.get("band_replicates", 200), 1, integer=True)
-    if board_settings.get("missing_systems", "error") not in ("error", "drop"):
-        raise InputError(f"{board_settings['missing_systems']!r} is not error or drop", setting="missing_systems")
+    question = rubric[board["question"]] if board["question"] else rubric.main
     out_dir = Path(args.out_dir)
     check_writable_dir(out_dir, "--out-dir")
     check_outputs(
@@ -179,49 +154,86 @@ def run_leaderboard(args) -> int:
             "--rubric": args.rubric,
         },
     )
-    small_sample = board_settings.get("small_sample", "student")
-    if small_sample not in ("student", "normal"):
-        raise InputError(f"{small_sample!r} is not student or normal", setting="leaderboard.small_sample")
     if args.sampling and not args.annotations:
         raise InputError("--sampling needs the labels of the drawn texts (--annotations)", setting="--sampling")
     shift_errors = lb.read_shift_errors(args.shift_errors) if args.shift_errors else None
     predictions = lb.read_predictions(args.predictions)
     texts = read_table(args.texts, "texts") if args.texts else None
-    annotations = (
-        validate_annotations(read_table(args.annotations, "annotations"), rubric) if args.annotations else None
-    )
-    labels = draws = None
-    if annotations is not None:
-        systems, _ = lb.system_data(predictions, question, texts, judges)
-        lb.check_labelled_texts(systems, annotations, question)
-        if args.sampling:
-            draws = lb.check_sampling(
-                read_sampling(args.sampling),
-                systems,
-                lb.human_labels_by_round(annotations, question),
-                str(args.annotations),
-            )
-        else:
-            labels = lb.human_labels(annotations, question)
+    annotations, labels, draws = human_labels(args, rubric, question, predictions, texts, board["judges"])
     result = lb.build(
         predictions,
         question,
         texts,
-        judges,
-        n_boot=n_boot,
-        seed=seed,
-        alpha=alpha,
-        sample_answers=bool(board_settings.get("sample_answers", True)),
+        board["judges"],
+        n_boot=board["bootstrap"],
+        seed=board["seed"],
+        alpha=board["alpha"],
+        sample_answers=board["sample_answers"],
         labels=labels,
-        band_replicates=band_replicates,
+        band_replicates=board["band_replicates"],
         shift_errors=shift_errors,
         draws=draws,
-        small_sample=small_sample,
+        small_sample=board["small_sample"],
         sampling_rule=f"active, drawn by {args.sampling} (inverse-probability weighted)" if args.sampling else None,
     )
+    extra = rank_correlations(args, result, annotations, question, texts, board["missing_systems"])
+    paths = lb.write(result, args.out_dir, plot=not args.no_plot, extra=extra)
+    print(lb.markdown(result.board, f"{question.id} leaderboard", result.settings))
+    for name, corr in extra.items():
+        print(f"{name}: Spearman {corr['spearman']:.3f}, Kendall {corr['kendall']:.3f} over {corr['systems']} systems")
+    print("written: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def leaderboard_settings(args) -> dict:
+    """``leaderboard.*`` of the scoring settings with the flags of ``leaderboard build``, checked; and
+    ``judges``, the trusted judges."""
+    keys = ("question", "bootstrap", "seed", "alpha", "missing_systems")
+    settings = command_settings(
+        "scoring",
+        args.config,
+        {"trusted_judges": args.trusted_judges, **{f"leaderboard.{k}": getattr(args, k) for k in keys}},
+    )
+    board = settings["leaderboard"]
+    board["judges"] = settings["trusted_judges"]
+    board["bootstrap"] = check_range("--bootstrap", board["bootstrap"], 1, integer=True)
+    board["seed"] = check_range("--seed", board["seed"], integer=True)
+    board["alpha"] = check_range("--alpha", board["alpha"], 0, 1, open_low=True, open_high=True)
+    board["band_replicates"] = check_range("band_replicates", board["band_replicates"], 1, integer=True)
+    if board["missing_systems"] not in ("error", "drop"):
+        raise InputError(f"{board['missing_systems']!r} is not error or drop", setting="missing_systems")
+    if board["small_sample"] not in ("student", "normal"):
+        raise InputError(f"{board['small_sample']!r} is not student or normal", setting="leaderboard.small_sample")
+    return board
+
+
+def human_labels(args, rubric, question, predictions, texts, judges) -> tuple:
+    """``(annotations, labels, draws)`` of ``--annotations`` (and ``--sampling``): the human labels of
+    the interval rows, checked against the predicted texts; Nones without annotations."""
+    from llmrubric.io.tables import read_table, validate_annotations
+    from llmrubric.scoring import leaderboard as lb
+    from llmrubric.scoring.labels import read_sampling
+
+    if not args.annotations:
+        return None, None, None
+    annotations = validate_annotations(read_table(args.annotations, "annotations"), rubric)
+    systems, _ = lb.system_data(predictions, question, texts, judges)
+    lb.check_labelled_texts(systems, annotations, question)
+    if not args.sampling:
+        return annotations, lb.human_labels(annotations, question), None
+    draws = lb.check_sampling(
+        read_sampling(args.sampling), systems, lb.human_labels_by_round(annotations, question), str(args.annotations)
+    )
+    return annotations, None, draws
+
+
+def rank_correlations(args, result, annotations, question, texts, missing: str) -> dict:
+    """The leaderboard's rank correlations with the human leaderboard (adding its ``human`` column)
+    and with ``--reference``."""
+    from llmrubric.scoring import leaderboard as lb
+
     scores = result.board.set_index("system").score
     extra: dict = {}
-    missing = board_settings.get("missing_systems", "error")
     if annotations is not None:
         human = lb.human_leaderboard(annotations, question, texts)
         result.board["human"] = result.board.system.map(human)
@@ -230,12 +242,7 @@ def run_leaderboard(args) -> int:
         extra["vs_reference"] = lb.rank_correlation(
             scores, lb.read_leaderboard(args.reference), missing, str(args.predictions), str(args.reference)
         )
-    paths = lb.write(result, args.out_dir, plot=not args.no_plot, extra=extra)
-    print(lb.markdown(result.board, f"{question.id} leaderboard", result.settings))
-    for name, corr in extra.items():
-        print(f"{name}: Spearman {corr['spearman']:.3f}, Kendall {corr['kendall']:.3f} over {corr['systems']} systems")
-    print("written: " + ", ".join(str(p) for p in paths.values()))
-    return 0
+    return extra
 
 
 def run_rank_correlation(args) -> int:

@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
-from llmrubric.experiments.experiment import FOLDS_FILE, SYSTEM_PROTOCOLS, check_settings, prepare
+from llmrubric.experiments.experiment import FOLDS_FILE, SYSTEM_PROTOCOLS, checked_once, prepare
 from llmrubric.experiments.tracking import Tracker
 from llmrubric.io.errors import reports_errors
 
@@ -40,7 +40,7 @@ log = logging.getLogger("train")
 @hydra.main(config_path=CONF_PATH, config_name="config", version_base=VERSION_BASE)
 @reports_errors
 def train_app(cfg: DictConfig) -> float:
-    check_settings(cfg)
+    checked_once(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=run_dir, prefix=".train-", suffix=".tmp"))
@@ -53,20 +53,14 @@ def train_app(cfg: DictConfig) -> float:
 
 def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
     # imported here, not at the top: Lightning costs seconds that --help need not pay
-    from llmrubric.experiments.search import Setting, select_for_split
     from llmrubric.model.auto import AutoCalibrator, build_model
     from llmrubric.model.calibrator import fit_together
 
     rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)
     with Tracker.from_config(cfg).run("train", nested=True, tags={"job": "train"}) as run:
         run.log_config(cfg)
-        settings = [
-            select_for_split(cfg, rubric, split, run)
-            if cfg.search.enabled
-            else Setting(dict(cfg.model), dict(cfg.trainer))
-            for split in splits
-        ]
-        models = [build_model(rubric, s.model, s.trainer, cfg.seed, auto_group(cfg)) for s in settings]
+        settings = split_settings(cfg, rubric, splits, run)
+        models = [build_model(rubric, model, trainer, cfg.seed, auto_group(cfg)) for model, trainer in settings]
         start = time.perf_counter()
         if isinstance(models[0], AutoCalibrator):
             for split, model in tqdm(
@@ -112,6 +106,17 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
         score = float(np.nanmean(scores)) if np.isfinite(scores).any() else float("nan")
         run.log_metrics({"val/nll": score})
         return score
+
+
+def split_settings(cfg: DictConfig, rubric, splits, run) -> list[tuple[dict, dict]]:
+    """The ``(model, trainer)`` settings of each split's model: as configured, or selected by the
+    search on the split's training texts when ``search`` is enabled."""
+    if not cfg.search.enabled:
+        return [(dict(cfg.model), dict(cfg.trainer)) for _ in splits]
+    from llmrubric.experiments.search import select_for_split
+
+    selected = [select_for_split(cfg, rubric, split, run) for split in splits]
+    return [(s.model, s.trainer) for s in selected]
 
 
 def auto_group(cfg: DictConfig) -> str:

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -147,8 +149,17 @@ def check_settings(cfg: DictConfig) -> Rubric:
     return rubric
 
 
+def checked_once(cfg: DictConfig) -> None:
+    """:func:`check_settings` where :class:`CheckSettings` did not run: a Hydra run's settings are
+    checked by the callback before Hydra writes anything; a multirun job's (Hydra calls no
+    ``on_run_start`` there) and a direct call's (``train_app(cfg)``) here."""
+    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN):
+        check_settings(cfg)
+
+
 class CheckSettings(Callback):
-    """Hydra callback: :func:`check_settings` before Hydra creates ``run_dir`` or writes anything."""
+    """Hydra callback (``hydra.callbacks`` of ``conf/config.yaml``): :func:`check_settings` before
+    Hydra creates ``run_dir`` or writes anything, once per run."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         try:

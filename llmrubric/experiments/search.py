@@ -31,12 +31,12 @@ import optuna
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
-from optuna.storages._rdb import models
-from optuna.storages._rdb.storage import _create_scoped_session
+from omegaconf.errors import OmegaConfBaseException
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from tqdm.auto import tqdm
 
+from llmrubric.config import SearchConfig, settings_error
 from llmrubric.data.splits import text_folds
 from llmrubric.evaluation.metrics import nll, point_metrics
 from llmrubric.experiments.tracking import Tracker
@@ -249,30 +249,45 @@ class Objective:
                 run.log_metrics({"val/fold_nll": float(value)}, step=k)
 
 
+def search_settings(search: DictConfig | dict) -> DictConfig:
+    """``search`` over the defaults of :class:`llmrubric.config.SearchConfig` (a composed config has
+    them already; a dict of a test or benchmark gets them here), typed."""
+    given = OmegaConf.to_container(search, resolve=True) if isinstance(search, DictConfig) else search
+    try:
+        return OmegaConf.merge(OmegaConf.structured(SearchConfig), given)
+    except OmegaConfBaseException as e:
+        raise settings_error(e) from None
+
+
 def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
-    """The study of ``search`` (sampler, pruner, storage), created or loaded to resume.
+    """The study of ``search`` (sampler, pruner, storage), created or loaded to resume."""
+    return open_study(search, study_name)[0]
+
+
+def open_study(search: DictConfig | dict, study_name: str) -> tuple[optuna.Study, Heartbeats]:
+    """The study of ``search`` and its :class:`Heartbeats`.
 
     With a database storage, running trials send heartbeats; trials of a killed search stop
     beating, and a search that resumes fails them and queues their configurations again."""
-    search = OmegaConf.create(search) if isinstance(search, dict) else search
+    search = search_settings(search)
     sampler = TrialSeededTPE(seed=search.seed, n_startup_trials=search.startup_trials, constant_liar=True)
-    if search.get("pruner", "median") == "successive_halving":
+    if search.pruner == "successive_halving":
         pruner = optuna.pruners.SuccessiveHalvingPruner(
             min_resource=search.pruner_warmup_epochs, reduction_factor=search.reduction_factor
         )
-    elif search.get("pruner", "median") == "median":
+    elif search.pruner == "median":
         pruner = optuna.pruners.MedianPruner(n_startup_trials=search.startup_trials)
     else:
         raise InputError(f"search.pruner must be successive_halving or median, not {search.pruner!r}")
     storage = search.storage
     if storage:
-        beat = int(search.get("heartbeat_seconds", 60))
+        beat = int(search.heartbeat_seconds)
         try:
             storage = _open_storage(storage, beat)
         except (SQLAlchemyError, ImportError, ValueError) as e:
             reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
             raise InputError(f"search.storage {_hide_password(storage)!r} cannot be opened: {reason}") from e
-    return optuna.create_study(
+    study = optuna.create_study(
         study_name=study_name,
         storage=storage,
         sampler=sampler,
@@ -280,19 +295,19 @@ def create_study(search: DictConfig | dict, study_name: str) -> optuna.Study:
         direction="minimize",
         load_if_exists=True,
     )
+    return study, Heartbeats(study, storage)
 
 
+RDBStorage = optuna.storages.RDBStorage  # the class a study's database is opened with
 SCHEMA_RACE = ("already exists", "UNIQUE constraint failed", "duplicate key")
 
 
-def _open_storage(url: str, beat: int, attempts: int = 5) -> HeartbeatStorage:
+def _open_storage(url: str, beat: int, attempts: int = 5) -> optuna.storages.RDBStorage:
     """The study storage; workers that open a new database at the same moment race to create its
     schema, and the loser, finding the tables made by the other, opens it again."""
 
-    def open_it() -> HeartbeatStorage:
-        return HeartbeatStorage(
-            url, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue
-        )
+    def open_it() -> optuna.storages.RDBStorage:
+        return RDBStorage(url, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue)
 
     for attempt in range(attempts - 1):
         try:
@@ -312,53 +327,112 @@ def _hide_password(url: str) -> str:
 
 
 class TrialSeededTPE(optuna.samplers.TPESampler):
-    """TPE whose random draws for a parameter of a trial are seeded by ``seed``, the parameter's
-    name and the trial's draw index: its number less the re-runs of killed trials numbered
-    before it (they draw nothing). Workers sharing a study therefore draw different
-    configurations (equally seeded samplers would repeat each other's), and the random start-up
-    configurations depend neither on which worker drew them nor on the order of the draws: a
-    search spread over workers and kills runs those of a one-worker search."""
+    """TPE whose draws for a trial are seeded by ``seed`` and the trial's draw index (its number
+    less the re-runs of killed trials numbered before it: they draw nothing), and by the
+    parameter's name for the independent draws (the random start-up trials). Workers sharing a
+    study therefore draw different configurations (equally seeded samplers would repeat each
+    other's), and a trial's configuration depends neither on which worker drew it nor on the order
+    of the draws: a search spread over workers and kills runs those of a one-worker search. Each
+    draw is made by a TPE sampler of the same options seeded for it (Optuna keeps a sampler's
+    random generators private)."""
 
-    def __init__(self, seed: int | None = None, **kwargs):
-        super().__init__(seed=seed, **kwargs)
-        self._base_seed, self._index = seed, {}
+    RELATIVE = 2**32  # the key of a trial's joint (multivariate TPE) draw; parameter keys are CRC-32s below it
+
+    def __init__(self, seed: int | None = None, **options):
+        super().__init__(seed=seed, **options)
+        self.base_seed, self.options, self.draw_index = seed, options, {}
 
     def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         super().before_trial(study, trial)
         earlier = study.get_trials(deepcopy=False)[: trial.number]
         skipped = sum("requeued_from" in t.user_attrs or t.user_attrs.get("fail_reason") == "surplus" for t in earlier)
-        self._index[trial.number] = trial.number - skipped
+        self.draw_index[trial.number] = trial.number - skipped
 
     def sample_independent(self, study, trial, param_name, param_distribution):
-        if self._base_seed is not None:
-            key = [int(self._base_seed), self._index.get(trial.number, trial.number), zlib.crc32(param_name.encode())]
-            state = np.random.SeedSequence(key).generate_state(1)[0]
-            self._rng.rng.seed(state)
-            self._random_sampler._rng.rng.seed(state)
-        return super().sample_independent(study, trial, param_name, param_distribution)
+        if self.base_seed is None:
+            return super().sample_independent(study, trial, param_name, param_distribution)
+        sampler = self.seeded(trial, zlib.crc32(param_name.encode()))
+        return sampler.sample_independent(study, trial, param_name, param_distribution)
+
+    def sample_relative(self, study, trial, search_space):
+        if self.base_seed is None:
+            return super().sample_relative(study, trial, search_space)
+        return self.seeded(trial, self.RELATIVE).sample_relative(study, trial, search_space)
+
+    def seeded(self, trial: optuna.trial.FrozenTrial, key: int) -> optuna.samplers.TPESampler:
+        """A TPE sampler of this one's options, seeded for draw ``key`` of ``trial``."""
+        entropy = [int(self.base_seed), self.draw_index.get(trial.number, trial.number), key]
+        seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
+        return optuna.samplers.TPESampler(seed=seed, **self.options)
 
 
-class HeartbeatStorage(optuna.storages.RDBStorage):
-    """RDB storage whose stale check also fails running trials that never sent a heartbeat and
-    started more than the grace period ago. A worker killed between asking a trial and its first
-    heartbeat leaves such a trial; Optuna's own check skips it, so a resumed search would wait
-    on it for ever."""
+class Heartbeats:
+    """The heartbeats of a study's running trials, through Optuna's public storage API (none
+    without a database storage). :meth:`fail_stale` fails the trials of a killed search: Optuna's
+    stale trials (whose heartbeats stopped), and the running trials that never sent one and
+    started more than the grace period ago (a worker killed between asking a trial and its
+    first heartbeat leaves such a trial; Optuna's own check skips it, so a resumed search would
+    wait on it for ever). A trial's first heartbeat marks it (system attribute ``heartbeat``)."""
 
-    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
-        stale = super()._get_stale_trial_ids(study_id)
-        started_before = datetime.now() - timedelta(seconds=self.grace_period)
-        running = self.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        silent = [t._trial_id for t in running if t._trial_id not in stale and t.datetime_start < started_before]
-        if silent:
-            with _create_scoped_session(self.scoped_session) as session:
-                beating = {
-                    m.trial_id
-                    for m in session.query(models.TrialHeartbeatModel).filter(
-                        models.TrialHeartbeatModel.trial_id.in_(silent)
-                    )
-                }
-            stale += [i for i in silent if i not in beating]
-        return stale
+    MARK = "heartbeat"
+
+    def __init__(self, study: optuna.Study, storage):
+        beating = hasattr(storage, "record_heartbeat") and storage.get_heartbeat_interval()
+        self.study, self.storage = study, storage if beating else None
+        self.interval = storage.get_heartbeat_interval() if beating else None
+
+    def trial_id(self, number: int) -> int:
+        study_id = self.storage.get_study_id_from_name(self.study.study_name)
+        return self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
+
+    def beat(self, trial: optuna.Trial) -> None:
+        """Record a heartbeat for ``trial`` now; the first one marks it."""
+        if self.storage is None:
+            return
+        trial_id = self.trial_id(trial.number)
+        self.storage.record_heartbeat(trial_id)
+        self.storage.set_trial_system_attr(trial_id, self.MARK, True)
+
+    @contextmanager
+    def running(self, trials: list[optuna.Trial]):
+        """Record a heartbeat for each of ``trials`` every heartbeat interval while they run."""
+        if self.storage is None:
+            yield
+            return
+        ids = [self.trial_id(trial.number) for trial in trials]
+        stop = threading.Event()
+
+        def beat():
+            while True:
+                for trial_id in ids:
+                    self.storage.record_heartbeat(trial_id)
+                if stop.wait(self.interval):
+                    return
+
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def fail_stale(self) -> None:
+        """Fail (and re-queue, :func:`_requeue`) the running trials of killed workers."""
+        optuna.storages.fail_stale_trials(self.study)
+        if self.storage is None:
+            return
+        started_before = datetime.now() - timedelta(seconds=self.storage.grace_period)
+        for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if self.MARK in trial.system_attrs or trial.datetime_start >= started_before:
+                continue
+            trial_id = self.trial_id(trial.number)
+            try:
+                failed = self.storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed it first
+                continue
+            if failed:
+                _requeue(self.study, self.storage.get_trial(trial_id))
 
 
 def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -396,12 +470,13 @@ def run_search(
     ``search.batch`` trials at a time as one stacked program; trials running in other workers
     count, so several workers on one storage run ``n_trials`` in all. With a
     :class:`llmrubric.experiments.tracking.Tracker`, each trial is an MLflow run nested under ``parent``."""
+    search = search_settings(search)
     space = OmegaConf.to_container(search.space, resolve=True)
     check_space(space, base, rubric)
-    study = create_study(search, study_name)
-    optuna.storages.fail_stale_trials(study)
+    study, heartbeats = open_study(search, study_name)
+    heartbeats.fail_stale()
     folds = text_folds(tables.text_ids, search.inner_folds, seed)
-    patience = search.get("patience")
+    patience = search.patience
     objective = Objective(
         rubric,
         tables,
@@ -409,7 +484,7 @@ def run_search(
         space,
         folds,
         seed,
-        int(search.get("ensemble", 1)),
+        int(search.ensemble),
         int(search.pruner_warmup_epochs),
         tracker,
         parent,
@@ -419,7 +494,7 @@ def run_search(
     n_trials = int(search.n_trials)
     with tqdm(total=n_trials, desc=f"search {study_name}", unit="trial", disable=not search.progress) as bar:
         while True:
-            optuna.storages.fail_stale_trials(study)
+            heartbeats.fail_stale()
             done = len(finished_trials(study))
             bar.n = min(done, n_trials)
             bar.refresh()
@@ -433,11 +508,11 @@ def run_search(
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     break
                 trials.append(trial)
-                _beat(study, trial)
+                heartbeats.beat(trial)
             if not trials:  # the rest is running in other workers (or in a killed one, until its heartbeat expires)
                 time.sleep(1.0)
                 continue
-            with _heartbeats(study, trials):
+            with heartbeats.running(trials):
                 objective.run(study, trials)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
@@ -494,43 +569,6 @@ def _refusal(rubric: Rubric, setting: Setting) -> str | None:
     except InputError as e:
         return str(e)
     return None
-
-
-def _heartbeat_interval(study: optuna.Study) -> int | None:
-    """Seconds between heartbeats of the study's storage; None where it keeps none."""
-    storage = study._storage
-    return storage.get_heartbeat_interval() if hasattr(storage, "record_heartbeat") else None
-
-
-def _beat(study: optuna.Study, trial: optuna.Trial) -> None:
-    """Record a heartbeat for ``trial`` now (database storages with heartbeats)."""
-    if _heartbeat_interval(study):
-        study._storage.record_heartbeat(trial._trial_id)
-
-
-@contextmanager
-def _heartbeats(study: optuna.Study, trials: list[optuna.Trial]):
-    """Record a heartbeat for each running trial every heartbeat interval (database storages)."""
-    storage, interval = study._storage, _heartbeat_interval(study)
-    if not interval:
-        yield
-        return
-    stop = threading.Event()
-
-    def beat():
-        while True:
-            for trial in trials:
-                storage.record_heartbeat(trial._trial_id)
-            if stop.wait(interval):
-                return
-
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:

@@ -28,6 +28,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from llmrubric.config import model_overrides
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
@@ -409,12 +410,7 @@ def make_method(name: str, rubric: Rubric, seed: int = 0, model: dict | None = N
     if name == "llm_rubric_single":
         return Calibrator(rubric, {**model, "ensemble": 1}, trainer, seed)
     if name == "llm_rubric_paper":
-        return Calibrator(
-            rubric,
-            {**model, "personalize": "deltas", "inputs": "probabilities", "input_dropout": 0.0, "ensemble": 1},
-            trainer,
-            seed,
-        )
+        return Calibrator(rubric, {**model, **model_overrides("paper")}, trainer, seed)
     if name == "calibrated_q0":
         return Calibrator(rubric, model, trainer, seed, feature_questions=[rubric.main.id])
     raise InputError(

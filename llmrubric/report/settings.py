@@ -2,44 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
+from llmrubric.config import REPORT_SECTIONS, ReportConfig
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.model.baselines import METHODS
 
-SECTIONS = ("table1", "calibration", "ablations", "per_question", "oracles", "learning_curve")
+SECTIONS = REPORT_SECTIONS
 
 
 @dataclass
-class ReportSettings:
-    """What the report computes (``conf/report/*.yaml``)."""
-
-    sections: list[str] = field(default_factory=lambda: list(SECTIONS))
-    methods: list[str] | None = None
-    seeds: int = 3
-    workers: int = 1
-    seed: int = 0
-    permutations: int = 10_000
-    bootstrap: int = 1000
-    alpha: float = 0.05
-    confidence: float = 0.95
-    calibration_bootstrap: int = 200
-    calibration_min_examples: int = 30
-    diagram_bootstrap: int = 100
-    judge_figure_min_pairs: int = 15
-    ablation_questions: list[str] | None = None
-    per_question: list[str] | None = None
-    lc_fractions: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
-    lc_repetitions: int = 3
-    depersonalized_min_coverage: float = 0.5
-    model: dict = field(default_factory=dict)
+class ReportSettings(ReportConfig):
+    """What the report computes: ``report.*`` with the defaults of :class:`llmrubric.config.ReportConfig`,
+    checked; ``methods`` None becomes every method of Table 1."""
 
     @classmethod
     def from_dict(cls, data: dict) -> ReportSettings:
         """Settings from ``report.*`` config keys; a bad value is an InputError naming the key."""
         known = {f.name for f in fields(cls)}
-        data = {k: v for k, v in data.items() if k not in ("enabled", "name", "dir")}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(

@@ -29,9 +29,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from extract_fixtures import make_llama, make_tokenizer, write_texts  # noqa: E402
-from extract_server import FakeOpenAI  # noqa: E402
-from pg_server import PostgresServer, unavailable  # noqa: E402
+from support.fake_openai import FakeOpenAI  # noqa: E402
+from support.postgres_server import PostgresServer, unavailable  # noqa: E402
+from support.tiny_models import make_llama, make_tokenizer, write_texts  # noqa: E402
 
 from llmrubric.experiments.search import finished_trials  # noqa: E402
 from llmrubric.extract.backends.openai_backend import OpenAIBackend  # noqa: E402
@@ -45,7 +45,7 @@ from llmrubric.io.schemas import write_json  # noqa: E402
 WORKER = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_search import BASE, search_config
+from support.search import BASE, search_config
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
 from llmrubric.experiments.search import run_search

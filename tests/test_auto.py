@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, ROOT
+from support.paths import ROOT
+from support.settings import FAST, FAST_OVERRIDES
 
 from llmrubric.apps.evaluate import evaluate_predicted
 from llmrubric.config import model_file
@@ -233,7 +234,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
         "model.ensemble=1",
         "baselines=[expected_llm,mean_of_sources,raw_linear_system,ridge_judge]",
         *[f"data.train.{name}={path}" for name, path in paths.items()],
-        *[f"trainer.{k}={v}" for k, v in FAST.items()],
+        *FAST_OVERRIDES,
     ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     for script in ("train.py", "evaluate.py"):

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import FAST
+from support.settings import FAST
 
 from llmrubric.config import group
 from llmrubric.data.simulate import simulate_shift

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from extract_fixtures import make_t5, write_texts
+from support.paths import ROOT
+from support.tiny_models import make_t5, write_texts
 
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
@@ -21,7 +21,6 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import validate_features
 
-ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 
 

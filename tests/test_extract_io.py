@@ -12,13 +12,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from extract_fixtures import save_model, write_texts
-from extract_server import FakeOpenAI
+from support.fake_openai import FakeOpenAI
+from support.paths import ROOT
+from support.tiny_models import save_model, write_texts
 
 from llmrubric.extract.backends.openai_backend import OpenAIBackend, map_top_logprobs
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
@@ -32,7 +32,6 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import read_table, validate_features
 
-ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 REAL = ROOT.parent / "shared" / "data" / "llm-rubric" / "real" / "real_data.json"
 

@@ -8,7 +8,7 @@ import sqlite3
 
 import pandas as pd
 import pytest
-from extract_fixtures import save_model
+from support.tiny_models import save_model
 
 from llmrubric.cli import main
 from llmrubric.extract.shards import parse_shard, shard_of

@@ -13,18 +13,17 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_bad_input import run_script, snapshot
+from support.scripts import run_script, snapshot
+from support.settings import FAST, FAST_OVERRIDES
 
+from llmrubric.apps import score as score_cli
 from llmrubric.cli import main as cli_main
 from llmrubric.io.errors import InputError
 from llmrubric.io.schemas import SPECS, read_table, validate_annotations, validate_features, write_json, write_table
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.encoding import FeatureLayout
-from llmrubric.scoring import cli as score_cli
 from llmrubric.scoring import leaderboard as lb
-
-FAST = {"pretrain_epochs": 1, "finetune_epochs": 1, "patience": 1}
 
 
 def block(probs, text="t1", question="Q0"):
@@ -93,7 +92,7 @@ def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, mo
         "folds=2",
         "logger=none",
         "model.ensemble=1",
-        *[f"trainer.{k}={v}" for k, v in FAST.items()],
+        *FAST_OVERRIDES,
     ]
     assert run_script("train.py", args) == 0
     before = snapshot(tmp_path)

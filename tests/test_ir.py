@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, ROOT
+from support.paths import ROOT
+from support.settings import FAST
 
 from llmrubric.cli import main
 from llmrubric.data.splits import holdout_texts

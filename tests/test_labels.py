@@ -9,8 +9,9 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
 from scipy import stats
+from support.paths import ROOT
+from support.settings import FAST
 
 from llmrubric.cli import main
 from llmrubric.config import model_file
@@ -25,7 +26,6 @@ from llmrubric.model.judges import add_judge
 from llmrubric.scoring import labels as lab
 
 SIM = ROOT / "data" / "simulated"
-FAST = {"pretrain_epochs": 3, "finetune_epochs": 3, "patience": 2}
 
 NEW = "J01"
 

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 import torch
-from conftest import FAST
 from scipy import stats
 from scipy.optimize import minimize_scalar
+from support.settings import FAST
 
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.ordinal import blend, fit_ordinal_weight, ordinal_shape

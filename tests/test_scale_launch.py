@@ -10,8 +10,8 @@ import sys
 
 import optuna
 import pytest
-from conftest import ROOT
-from test_end_to_end import TINY_SEARCH
+from support.paths import ROOT
+from support.search import TINY_SEARCH
 
 from llmrubric.experiments.search import finished_trials
 

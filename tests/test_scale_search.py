@@ -10,20 +10,20 @@ from pathlib import Path
 
 import optuna
 import pytest
-from pg_server import PostgresServer, unavailable
-from test_search import BASE, search_config
+from support.paths import ROOT
+from support.postgres_server import PostgresServer, unavailable
+from support.search import BASE, search_config
 
 from llmrubric.experiments.search import create_study, finished_trials, run_search
 from llmrubric.io.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[1]
 N_TRIALS = 4
 
 WORKER = """
 import os, sys, time
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from test_scale_search import config
-from test_search import BASE
+from support.search import BASE
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
 from llmrubric.experiments.search import run_search

@@ -15,8 +15,8 @@ from pathlib import Path
 import mlflow
 import pytest
 from omegaconf import OmegaConf
-from pg_server import free_port
-from test_tracking import config
+from support.postgres_server import free_port
+from support.settings import small_demo
 
 from llmrubric.apps.evaluate import evaluate_app
 from llmrubric.apps.train import train_app
@@ -80,7 +80,7 @@ def server(tmp_path_factory):
 
 
 def search_config(tmp: Path, experiment: str):
-    cfg = config(f"run_dir='{tmp / 'run'}'", "search=optuna", f"logger.experiment={experiment}")
+    cfg = small_demo(f"run_dir='{tmp / 'run'}'", "search=optuna", f"logger.experiment={experiment}")
     OmegaConf.set_struct(cfg, False)
     cfg.search.update(
         n_trials=2,

@@ -2,11 +2,12 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import optuna
 import pytest
-from omegaconf import OmegaConf
+from support.paths import ROOT
+from support.search import BASE, search_config
+from support.settings import FAST
 
 from llmrubric.data.splits import text_folds
 from llmrubric.experiments.search import (
@@ -20,27 +21,6 @@ from llmrubric.experiments.search import (
     suggest,
 )
 from llmrubric.io.errors import InputError
-
-ROOT = Path(__file__).resolve().parents[1]
-BASE = Setting(
-    {"h1": 6, "h2": 6, "ensemble": 1}, {"pretrain_epochs": 3, "finetune_epochs": 4, "patience": 3, "lr": 0.01}
-)
-
-
-def search_config(storage: str, n_trials: int) -> dict:
-    config = OmegaConf.load(ROOT / "conf" / "search" / "optuna.yaml")
-    config.storage, config.n_trials, config.inner_folds, config.startup_trials, config.progress = (
-        storage,
-        n_trials,
-        3,
-        2,
-        False,
-    )
-    config.space = {
-        "model.personalize": {"type": "categorical", "choices": ["input", "none"]},
-        "trainer.lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True},
-    }
-    return config
 
 
 def test_space_keys_map_onto_model_and_trainer_settings():
@@ -75,14 +55,14 @@ def test_trials_train_with_the_search_patience_and_the_selection_keeps_the_train
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
     [setting] = objective.settings([trial])
     assert setting.trainer["patience"] == 7 and setting.model["ensemble"] == 1
-    assert setting_of(trial.params, BASE).trainer["patience"] == BASE.trainer["patience"] == 3
+    assert setting_of(trial.params, BASE).trainer["patience"] == BASE.trainer["patience"] == FAST["patience"]
 
 
 WORKER = """
 import json, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from omegaconf import OmegaConf
-from test_search import BASE, search_config
+from support.search import BASE, search_config
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
 from llmrubric.experiments.search import run_search
@@ -134,7 +114,7 @@ def test_a_diverging_trial_is_failed_with_its_reason_and_the_search_goes_on(tmp_
 KILLED = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
-from test_search import BASE, search_config
+from support.search import BASE, search_config
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.schemas import load_tables
 from llmrubric.experiments.search import run_search

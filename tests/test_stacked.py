@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import FAST
+from support.settings import FAST
 
 from llmrubric.config import TrainConfig
 from llmrubric.data.splits import text_folds

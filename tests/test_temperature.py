@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 import torch
-from conftest import FAST
 from scipy.optimize import minimize_scalar
+from support.settings import FAST
 
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.temperature import GRID, _grid_nll, best_inverse_temperature, fit_temperature

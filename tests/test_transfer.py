@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
 from scipy import stats
+from support.paths import ROOT
 
 from llmrubric.data.simulate import write_simulated
 from llmrubric.evaluation.transfer import (

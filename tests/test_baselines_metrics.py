@@ -38,6 +38,7 @@ def test_ridge_and_constant_on_real(llm_rubric_data, rubric):
     assert const.predict(real)["mean"].iloc[0] == pytest.approx(q0.mean(), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_every_method_predicts_the_main_question(simulated, rubric):
     for name in METHODS:
         method = make_method(name, rubric, seed=1, trainer=FAST)

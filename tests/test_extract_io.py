@@ -160,6 +160,7 @@ RESUME_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_recomputation(model_dir, tmp_path):
     texts = write_texts(tmp_path / "t.jsonl", n=6)
     cache = tmp_path / "c.sqlite"
@@ -205,6 +206,7 @@ def test_killed_run_resumes_without_recomputation(model_dir, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(model_dir, tmp_path):
     from llmrubric.cli import main
 
@@ -373,6 +375,7 @@ def test_cli_extract_texts_writes_the_real_dialogues(tmp_path):
     assert not (tmp_path / "x.csv").exists()
 
 
+@pytest.mark.slow
 def test_cli_extract_bank_reports_unusable_model_output_and_bad_queries(model_dir, tmp_path, capsys):
     from llmrubric.cli import main
 

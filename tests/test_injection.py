@@ -65,6 +65,7 @@ def test_no_real_dialogue_is_flagged_until_injected():
     assert all(t.endswith(SENTENCE) or SENTENCE + "\n\n" in t for t in injected.text)
 
 
+@pytest.mark.slow
 def test_flagged_blocks_are_recorded_and_kept(llama, tok, rubric, tmp_path):
     texts = injected_texts(tmp_path)
     tasks, skipped = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
@@ -122,6 +123,7 @@ def test_bad_detector_settings_are_one_line_errors(tmp_path):
     assert InjectionDetector(custom).find(SENTENCE) is None
 
 
+@pytest.mark.slow
 def test_cli_detect_injection(llama, tok, tmp_path, capsys):
     from llmrubric.cli import main
 

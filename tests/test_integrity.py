@@ -84,6 +84,7 @@ def test_na_answers_are_absent_rows_and_counted(rubric, tmp_path, caplog):
     assert ann.attrs["absent_rows"] == 2 and "2 rows with an NA answer are absent rows" in caplog.text
 
 
+@pytest.mark.slow
 def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, monkeypatch):
     args = [
         "experiment=demo",

@@ -245,6 +245,7 @@ def simulate_passages(seed=0, queries=40, per_query=15):
     )
 
 
+@pytest.mark.slow
 def test_calibrated_autograder_beats_the_uncalibrated_max_grade():
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "relevance.yaml")
     feats, texts, labels = simulate_passages()

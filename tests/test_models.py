@@ -22,6 +22,7 @@ def gguf_file():
     return SMOLLM2
 
 
+@pytest.mark.llm
 def test_resolve_file_folder_and_named_gguf(gguf_file, tmp_path):
     assert models.resolve(gguf_file).gguf_file == gguf_file.name
     assert models.resolve(gguf_file.parent).gguf_file == gguf_file.name  # a folder with one .gguf and no config.json
@@ -44,6 +45,7 @@ def test_cache_key_covers_the_weights(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing", "not_gguf", "truncated", "no_weights", "unsupported"])
+@pytest.mark.llm
 def test_bad_models_are_one_line_errors(case, gguf_file, tmp_path, capsys):
     path = tmp_path / "model.gguf"
     if case == "not_gguf":

@@ -22,6 +22,8 @@ from llmrubric.model.calibrator import Calibrator
 from llmrubric.report.plan import ReportPlan
 from llmrubric.report.settings import ReportSettings
 
+pytestmark = pytest.mark.slow  # the data set's fixture runs the summary CLI; three tests train
+
 
 @pytest.fixture(scope="module")
 def multi_source(tmp_path_factory):

@@ -98,6 +98,7 @@ def test_other_judges_answers_exclude_the_target_judge(rubric, split):
         JudgeAnswers(rubric, questions=["Q0", "Q1"])
 
 
+@pytest.mark.slow
 def test_calibrator_appends_pair_features_and_refuses_to_save_them(rubric, split, tmp_path):
     train, test = split
     extra = JudgeAnswers(rubric)
@@ -213,6 +214,7 @@ def report_dir(tmp_path_factory):
     return run_dir / "report"
 
 
+@pytest.mark.slow
 def test_fast_report_has_every_section_number_and_figure(report_dir):
     files = {p.relative_to(report_dir).as_posix() for p in report_dir.rglob("*") if p.is_file()}
     for name in (
@@ -266,6 +268,7 @@ def test_fast_report_has_every_section_number_and_figure(report_dir):
     assert html.count("src='data:image/png;base64,") == len(list((report_dir / "figures").glob("*.png")))
 
 
+@pytest.mark.chromium
 @pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason="headless Chromium not installed at /usr/bin/chromium (`make setup` installs it with apt-get when run as root)",

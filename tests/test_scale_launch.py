@@ -16,6 +16,7 @@ from support.search import TINY_SEARCH
 from llmrubric.experiments.search import finished_trials
 
 
+@pytest.mark.slow
 def test_search_workers_launched_by_submitit_share_one_study(tmp_path):
     pytest.importorskip(
         "hydra_plugins.hydra_submitit_launcher",

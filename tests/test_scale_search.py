@@ -71,6 +71,7 @@ def outcome(study: optuna.Study) -> dict:
     return {tuple(sorted(t.params.items())): t.value for t in finished_trials(study)}
 
 
+@pytest.mark.postgres
 def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgres, tmp_path, rubric, simulated):
     storage = postgres.create_database("shared")
     (tmp_path / "go-first").touch()
@@ -119,6 +120,7 @@ def _exists(storage: str) -> bool:
     return "shared" in [s.study_name for s in optuna.get_all_study_summaries(storage)]
 
 
+@pytest.mark.postgres
 def test_unreachable_database_and_wrong_credentials_are_one_line_errors(postgres):
     postgres.create_database("creds")
     with pytest.raises(

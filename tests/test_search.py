@@ -35,6 +35,7 @@ def test_space_keys_map_onto_model_and_trainer_settings():
         suggest(trial, {"lr": {"type": "float", "low": 0, "high": 1}}, BASE)
 
 
+@pytest.mark.slow
 def test_search_selects_by_inner_cv_nll_and_resumes(tmp_path, rubric, simulated):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     setting, study = run_search(rubric, simulated, BASE, search_config(storage, 3), "s", seed=0)
@@ -74,6 +75,7 @@ print(json.dumps(sorted(t.number for t in study.trials)))
 """
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_sqlite_study_without_duplicates_or_losses(tmp_path):
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     optuna.create_study(study_name="shared", storage=storage, direction="minimize")
@@ -127,6 +129,7 @@ run_search(rubric, tables, BASE, config, "killed", seed=0)
 """
 
 
+@pytest.mark.slow
 def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rubric, simulated):
     storage = f"sqlite:///{tmp_path / 'killed.db'}"
     optuna.create_study(study_name="killed", storage=storage, direction="minimize")
@@ -186,6 +189,7 @@ def test_cross_validation_scores_equal_the_metrics_of_its_predictions(rubric, si
     assert len(metrics["fold_nll"]) == 3 and min(metrics["fold_nll"]) <= metrics["nll"] <= max(metrics["fold_nll"])
 
 
+@pytest.mark.slow
 def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_a_resumed_search(tmp_path, rubric, simulated):
     storage = f"sqlite:///{tmp_path / 'silent.db'}"
     config = search_config(storage, 2)
@@ -197,6 +201,7 @@ def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_a_resumed_sear
     assert len(finished_trials(study)) == 2
 
 
+@pytest.mark.slow
 def test_a_trial_killed_mid_sampling_reruns_with_the_parameters_it_had_sampled(tmp_path, rubric, simulated):
     storage = f"sqlite:///{tmp_path / 'partial.db'}"
     config = search_config(storage, 1)

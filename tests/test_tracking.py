@@ -47,6 +47,7 @@ def read_artifact(client, run_id: str, path: str, dst: Path) -> bytes:
     return Path(client.download_artifacts(run_id, path, str(dst))).read_bytes()
 
 
+@pytest.mark.slow
 def test_train_run_logs_config_metrics_history_and_checkpoint(logged, tmp_path):
     run = logged.runs["train"]
     assert run.info.status == "FINISHED" and run.info.run_name == "train"
@@ -84,6 +85,7 @@ def test_train_run_logs_config_metrics_history_and_checkpoint(logged, tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_evaluate_run_logs_test_metrics_and_tables(logged, tmp_path):
     run = logged.runs["evaluate"]
     assert run.info.status == "FINISHED" and set(logged.runs) == {"train", "evaluate"}
@@ -101,6 +103,7 @@ def test_evaluate_run_logs_test_metrics_and_tables(logged, tmp_path):
     assert written["methods"]["llm_rubric"]["rmse"] == pytest.approx(model["rmse"])
 
 
+@pytest.mark.slow
 def test_nested_runs_record_their_parent_in_the_default_store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI")

@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 
 SERVER_LOG := $(VENV)/llama-cpp-python-build.log
 
-.PHONY: setup demo demo-llm test bench clean
+.PHONY: setup demo demo-llm test test-fast bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -51,6 +51,13 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -n 2 -p no:cacheprovider tests
+
+# the tests without the slow and service-backed markers of pyproject.toml (about a minute on 2 cores); no `make setup`
+FAST_TESTS := not slow and not llm and not llama_server and not postgres and not mlflow_server and not chromium
+test-fast: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest -n 2 -p no:cacheprovider -q -m "$(FAST_TESTS)" tests
 
 bench: setup
 	$(PY) benchmarks/table1.py

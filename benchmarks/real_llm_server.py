@@ -39,8 +39,8 @@ from llmrubric.io.rubric import Rubric
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from llama_server import LlamaServer, compare, unavailable  # noqa: E402
 from real_llm_probe import shortest  # noqa: E402
+from support.llama_server import LlamaServer, compare, unavailable  # noqa: E402
 
 
 def features(tasks, backend, rubric) -> tuple[pd.DataFrame, list, float]:

@@ -29,9 +29,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from extract_fixtures import make_llama, make_tokenizer, write_texts  # noqa: E402
-from extract_server import FakeOpenAI  # noqa: E402
-from pg_server import PostgresServer, unavailable  # noqa: E402
+from support.fake_openai import FakeOpenAI  # noqa: E402
+from support.postgres_server import PostgresServer, unavailable  # noqa: E402
+from support.tiny_models import make_llama, make_tokenizer, write_texts  # noqa: E402
 
 from llmrubric.experiments.search import finished_trials  # noqa: E402
 from llmrubric.extract.backends.openai_backend import OpenAIBackend  # noqa: E402
@@ -45,7 +45,8 @@ from llmrubric.io.rubric import Rubric  # noqa: E402
 WORKER = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_search import BASE, search_config
+from support.search import BASE, search_config
+from llmrubric.experiments.search import Setting
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
@@ -54,7 +55,8 @@ d = {root!r} + "/data/simulated/"
 tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
 c = search_config({storage!r}, {trials})
 c.batch, c.startup_trials, c.heartbeat_seconds = 1, {trials}, 5
-run_search(rubric, tables, BASE, c, "bench", seed=0)
+short = {{"pretrain_epochs": 3, "finetune_epochs": 4, "patience": 3}}  # the trials this benchmark has always timed
+run_search(rubric, tables, Setting(BASE.model, {{**BASE.trainer, **short}}), c, "bench", seed=0)
 """
 
 

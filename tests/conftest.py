@@ -7,15 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+from support.paths import ROOT, SHARED
 
-from llmrubric.config import group
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "llm-rubric"
-FAST = {"pretrain_epochs": 15, "finetune_epochs": 15, "patience": 5, "lr": 0.01}
-PAPER = group("model", "paper")  # the paper's network; tests that need it say so (the default is the shipped model)
 
 logging.getLogger("llmrubric").setLevel(logging.INFO)
 
@@ -67,7 +62,7 @@ def llm_rubric_data(shared_root, rubric):
 @pytest.fixture(scope="session")
 def tok():
     """A tiny BPE tokenizer built locally (no download)."""
-    from extract_fixtures import make_tokenizer
+    from support.tiny_models import make_tokenizer
 
     return make_tokenizer()
 
@@ -75,7 +70,7 @@ def tok():
 @pytest.fixture(scope="session")
 def llama(tok):
     """A tiny Llama-style causal LM built from a config."""
-    from extract_fixtures import make_llama
+    from support.tiny_models import make_llama
 
     return make_llama(tok, max_positions=2048)
 

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, ROOT
+from support.paths import ROOT
+from support.settings import FAST, FAST_OVERRIDES
 
 from llmrubric.apps.evaluate import evaluate_predicted
 from llmrubric.config import model_file
@@ -42,6 +43,7 @@ def test_stacking_weights_maximise_the_mixture_likelihood():
     assert all(stacked > np.log(m).mean() for m in mixed) and min(both) > 0.2
 
 
+@pytest.mark.slow
 def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp_path):
     train, test = sources3.subset(sources3.text_ids[:90]), sources3.subset(sources3.text_ids[90:])
     model = AutoCalibrator(rubric, FAST_AUTO, FAST, seed=0).fit(train)
@@ -61,6 +63,7 @@ def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp
     np.testing.assert_allclose(loaded.predict_proba(test), probs, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_select_keeps_the_candidate_with_the_lowest_inner_nll(sources3, rubric):
     settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "rule": "select", "candidates": ["clmm_all", "ridge_judge"]}}
     model = AutoCalibrator(rubric, settings, FAST, seed=1).fit(sources3)
@@ -88,6 +91,7 @@ def test_too_few_systems_is_an_error_or_a_recorded_fallback(sources3, rubric):
     assert model.group == "text" and "at least 3 training systems" in model.fallback_
 
 
+@pytest.mark.slow
 def test_a_failing_candidate_is_recorded_and_all_failing_is_an_error(sources3, rubric, monkeypatch):
     def broken(self, tables, questions=None):
         raise ValueError("broken on purpose")
@@ -118,6 +122,7 @@ def test_bad_auto_settings_name_the_setting(rubric, auto, setting):
     assert error.value.setting == setting
 
 
+@pytest.mark.slow
 def test_a_categorical_question_is_covered_when_only_ordinal_families_have_weight(rubric, monkeypatch):
     from dataclasses import replace
 
@@ -210,6 +215,7 @@ def test_raw_linear_system_fits_a_line_through_the_system_means(rubric):
     assert make_method("raw_linear_system", rubric).name == "raw_linear_system"
 
 
+@pytest.mark.slow
 def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, tmp_path):
     """A text lacking one source's block, or every source's, is no reason to refuse the data set."""
     features = sources3.features
@@ -233,7 +239,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
         "model.ensemble=1",
         "baselines=[expected_llm,mean_of_sources,raw_linear_system,ridge_judge]",
         *[f"data.train.{name}={path}" for name, path in paths.items()],
-        *[f"trainer.{k}={v}" for k, v in FAST.items()],
+        *FAST_OVERRIDES,
     ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     for script in ("train.py", "evaluate.py"):
@@ -259,6 +265,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
 
 
 @pytest.mark.parametrize("rule", ["select", "stack"])
+@pytest.mark.slow
 def test_score_texts_and_leaderboard_use_an_auto_checkpoint(sources3, rubric, tmp_path, rule):
     from llmrubric.cli import main as cli
 

@@ -9,11 +9,8 @@ in the case's folder (Hydra's own ``hydra/`` config copy and ``*.log`` of the in
 
 from __future__ import annotations
 
-import hashlib
 import json
-import runpy
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
 from safetensors import safe_open
 from safetensors.torch import save_file
+from support.paths import ROOT
+from support.scripts import run_script, snapshot
+from support.settings import FAST, FAST_OVERRIDES
 
 from llmrubric.cli import main as cli_main
 from llmrubric.extract.testbank import Item, write_bank
@@ -34,25 +33,9 @@ from llmrubric.model.calibrator import Calibrator
 SIM = ROOT / "data" / "simulated"
 FAST_TRAIN = [
     "logger=none",
-    "trainer.pretrain_epochs=1",
-    "trainer.finetune_epochs=1",
-    "trainer.patience=1",
+    *FAST_OVERRIDES,
     "model.ensemble=1",
 ]
-
-
-def run_script(script: str, overrides: list[str]) -> int:
-    """``python <script> overrides…`` in this process; its exit code."""
-    argv = [str(ROOT / script), *overrides]
-    old = sys.argv
-    sys.argv = argv
-    try:
-        runpy.run_path(str(ROOT / script), run_name="__main__")
-        return 0
-    except SystemExit as e:
-        return int(e.code or 0)
-    finally:
-        sys.argv = old
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +52,7 @@ def world(tmp_path_factory):
     ann[ann.text_id.isin(keep)].to_csv(w / "ann.csv", index=False)
     feats[feats.text_id.isin(keep)].to_csv(w / "feats.csv", index=False)
     tables = load_tables(w / "ann.csv", w / "feats.csv", rubric, w / "texts.csv")
-    trainer = {"pretrain_epochs": 1, "finetune_epochs": 1, "patience": 1}
-    model = Calibrator(rubric, {"ensemble": 1}, trainer, 0).fit(tables)
+    model = Calibrator(rubric, {"ensemble": 1}, FAST, 0).fit(tables)
     model.save(w / "model.safetensors")
     assert (
         cli_main(
@@ -112,16 +94,6 @@ def world(tmp_path_factory):
     (w / "docs").mkdir()
     (w / "docs" / "doc1.json").write_text(json.dumps({"sentences": [{"id": "S1", "text": "a b"}]}))
     return w
-
-
-def snapshot(folder: Path) -> dict:
-    """Every file under ``folder`` (but Hydra's config copy and logs): content hash and mode."""
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder)
-        if path.is_file() and rel.parts[0] != "hydra" and "hydra" not in rel.parts[:-1] and path.suffix != ".log":
-            out[str(rel)] = (hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mode)
-    return out
 
 
 def table(

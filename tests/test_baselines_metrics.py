@@ -1,6 +1,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+from support.settings import FAST
 
 from llmrubric.evaluation.metrics import evaluate, nll, point_metrics, seed_sd
 from llmrubric.io.errors import InputError
@@ -37,9 +38,10 @@ def test_ridge_and_constant_on_real(llm_rubric_data, rubric):
     assert const.predict(real)["mean"].iloc[0] == pytest.approx(q0.mean(), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_every_method_predicts_the_main_question(simulated, rubric):
     for name in METHODS:
-        method = make_method(name, rubric, seed=1, trainer={"pretrain_epochs": 2, "finetune_epochs": 2})
+        method = make_method(name, rubric, seed=1, trainer=FAST)
         pred = method.fit(simulated).predict(simulated)
         q0 = pred[pred.question_id == "Q0"]
         assert len(q0) == 900 and np.isfinite(q0["mean"]).all()

@@ -3,7 +3,7 @@ import logging
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, PAPER
+from support.settings import FAST, PAPER
 
 from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError

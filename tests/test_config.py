@@ -6,7 +6,7 @@ from dataclasses import asdict, fields
 
 import pytest
 import yaml
-from conftest import ROOT
+from support.paths import ROOT
 
 from llmrubric.cli import main as cli_main
 from llmrubric.config import (

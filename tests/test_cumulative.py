@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import FAST
+from support.settings import FAST
 
 from llmrubric.config import group
 from llmrubric.data.simulate import simulate_shift
@@ -36,6 +36,7 @@ def fitted(rubric, shift):
     )
 
 
+@pytest.mark.slow
 def test_heads_predict_distributions_and_judges_shift_the_cut_points(fitted, shift, rubric):
     ordinal, combined, network = fitted
     assert len(ordinal.nets_) == len(combined.nets_) == ORDINAL["ensemble"] == 5  # the shipped heads: 5 members
@@ -62,6 +63,7 @@ def test_heads_predict_distributions_and_judges_shift_the_cut_points(fitted, shi
     )
 
 
+@pytest.mark.slow
 def test_monotone_weights_are_nonnegative_on_each_questions_own_blocks(fitted):
     blocks = fitted[0].layout_.blocks
     for net in fitted[0].nets_:
@@ -71,6 +73,7 @@ def test_monotone_weights_are_nonnegative_on_each_questions_own_blocks(fitted):
         assert (net.weights()[net.monotone_mask] >= 0).all()
 
 
+@pytest.mark.slow
 def test_ordinal_head_extrapolates_to_a_system_beyond_the_training_ones(fitted, shift, rubric):
     """S01 is much better than every training system: the ordinal head ranks it above all of them."""
     ordinal = fitted[0]
@@ -80,6 +83,7 @@ def test_ordinal_head_extrapolates_to_a_system_beyond_the_training_ones(fitted, 
     assert mean(ordinal, best)["S01"] > seen.max() + 0.1
 
 
+@pytest.mark.slow
 def test_checkpoints_round_trip(fitted, shift, tmp_path):
     for i, model in enumerate(fitted[:2]):
         loaded = Calibrator.load(model.save(tmp_path / f"m{i}.safetensors"))
@@ -97,6 +101,7 @@ def test_bad_head_settings_are_named(rubric):
         Calibrator(rubric, {**ORDINAL, "inputs": "probabilities"})
 
 
+@pytest.mark.slow
 def test_scoring_fast_path_covers_the_cumulative_heads(fitted, shift):
     from llmrubric.scoring.scores import score_texts
 

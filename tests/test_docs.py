@@ -20,10 +20,10 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
 from llmrubric import cli
 
-ROOT = Path(__file__).resolve().parents[1]
 GUIDES = [
     ROOT / "README.md",
     *sorted((ROOT / "docs").glob("*.md")),

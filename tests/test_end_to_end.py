@@ -1,31 +1,26 @@
 """train.py → evaluate.py through Hydra, on the embedded simulated data and on the shared release."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, PAPER, ROOT
 from scipy import stats
+from support.paths import ROOT
+from support.scripts import run
+from support.search import TINY_SEARCH
+from support.settings import FAST, FAST_OVERRIDES, PAPER
 
 from llmrubric.cli import main as cli
 from llmrubric.data.splits import holdout_texts
 from llmrubric.evaluation.metrics import evaluate
 from llmrubric.model.calibrator import Calibrator
 
-OVERRIDES = [f"trainer.{k}={v}" for k, v in FAST.items()]
-
-
-def run(script, *args):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+pytestmark = pytest.mark.slow  # every test trains through the Hydra apps or on the shared release
 
 
 def test_demo_train_then_evaluate(tmp_path):
-    args = ["experiment=demo", f"run_dir={tmp_path}", *OVERRIDES]
+    args = ["experiment=demo", f"run_dir={tmp_path}", *FAST_OVERRIDES]
     trained = run("train.py", *args)
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert (tmp_path / "fold0.safetensors").is_file() and (tmp_path / "folds.csv").is_file()
@@ -43,7 +38,7 @@ def test_demo_train_then_evaluate(tmp_path):
 
 def test_a_systems_evaluation_writes_the_errors_that_give_a_leaderboard_shift_intervals(tmp_path):
     run_dir, board_dir = tmp_path / "run", tmp_path / "board"
-    args = ["experiment=demo", "protocol=systems", f"run_dir={run_dir}", "logger=none", *OVERRIDES]
+    args = ["experiment=demo", "protocol=systems", f"run_dir={run_dir}", "logger=none", *FAST_OVERRIDES]
     for script in ("train.py", "evaluate.py"):
         done = run(script, *args)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -94,7 +89,7 @@ def test_a_systems_evaluation_writes_the_errors_that_give_a_leaderboard_shift_in
 def test_a_system_groups_evaluation_writes_the_system_figures_of_every_method(tmp_path):
     args = ["experiment=demo", "protocol=system_groups", f"run_dir={tmp_path}", "logger=none", "model.ensemble=1"]
     for script in ("train.py", "evaluate.py"):
-        done = run(script, *args, *OVERRIDES)
+        done = run(script, *args, *FAST_OVERRIDES)
         assert done.returncode == 0, done.stderr[-2000:]
     folds = pd.read_csv(tmp_path / "folds.csv")
     systems = pd.read_csv(ROOT / "data" / "simulated" / "texts.csv").set_index("text_id").system_id
@@ -114,7 +109,7 @@ def test_a_system_groups_evaluation_writes_the_system_figures_of_every_method(tm
 
 
 def test_evaluate_with_a_mismatched_checkpoint_writes_nothing(tmp_path):
-    args = ["experiment=demo", f"run_dir={tmp_path}", "trainer.pretrain_epochs=1", "trainer.finetune_epochs=1"]
+    args = ["experiment=demo", f"run_dir={tmp_path}", *FAST_OVERRIDES]
     assert run("train.py", *args).returncode == 0
     features = pd.read_csv(ROOT / "data" / "simulated" / "features.csv")
     bad = tmp_path / "features_q3_missing.csv"
@@ -138,7 +133,6 @@ def test_personalization_recovers_the_idiosyncratic_judge(simulated, rubric):
     assert errors["shipped"] < 0.85 * errors["none"] and errors["paper"] < 0.85 * errors["none"], errors
 
 
-@pytest.mark.slow
 def test_synthetic_to_real_the_shipped_default_beats_the_paper_model_and_the_llm(llm_rubric_data, rubric):
     """``Calibrator(rubric)`` is the shipped ``llm_rubric`` (README, Table 1): better than the paper's
     network and the expected LLM answer on the real dialogues."""
@@ -150,22 +144,6 @@ def test_synthetic_to_real_the_shipped_default_beats_the_paper_model_and_the_llm
     llm = evaluate(make_method("expected_llm", rubric).predict(real), real.annotations, rubric.main)
     for other in (paper, llm):
         assert model["rmse"] < other["rmse"] and model["pearson"] > other["pearson"], (model, paper, llm)
-
-
-TINY_SEARCH = """
-defaults:
-  - optuna
-  - _self_
-n_trials: 3
-batch: 3
-inner_folds: 2
-startup_trials: 2
-progress: false
-space:
-  trainer.lr: {type: float, low: 0.003, high: 0.03, log: true}
-  trainer.pretrain_epochs: {type: int, low: 2, high: 4}
-  trainer.finetune_epochs: {type: int, low: 2, high: 4}
-"""
 
 
 def test_train_with_search_selects_refits_and_tracks_nested_trials(tmp_path, mlflow_store):
@@ -223,7 +201,7 @@ def test_cv_training_runs_every_fold_in_one_stacked_program(tmp_path, monkeypatc
         f"data.train.{t}='{ROOT / 'data' / 'simulated' / f'{t}.csv'}'" for t in ("annotations", "features", "texts")
     ]
     overrides = ["experiment=demo", "protocol=cv", "folds=3", "logger=none", f"run_dir='{tmp_path}'", *data]
-    cfg = compose("config", [*overrides, "model=default", "trainer.pretrain_epochs=2", "trainer.finetune_epochs=2"])
+    cfg = compose("config", [*overrides, "model=default", *FAST_OVERRIDES])
     assert train_app(cfg) > 0
     assert stacked == [3 * cfg.model.ensemble]
     models = [Calibrator.load(tmp_path / f"fold{fold}.safetensors") for fold in range(3)]

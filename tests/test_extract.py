@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from extract_fixtures import make_t5, write_texts
+from support.paths import ROOT
+from support.tiny_models import make_t5, write_texts
 
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
@@ -21,7 +21,6 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import validate_features
 
-ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 
 
@@ -53,6 +52,7 @@ def direct_causal(model, tok, prompt: str, label: str) -> float:
 PROMPTS = [f"Conversation: user: reset password {i}?\nQuestion: how likely{'?' * i}\nAnswer:" for i in range(5)]
 
 
+@pytest.mark.slow
 def test_probabilities_match_direct_softmax(llama, tok):
     backend = TransformersBackend(llama, tok, batch_size=4)
     tasks = [task(f"Q{i}", p, list("1234")) for i, p in enumerate(PROMPTS)]
@@ -86,6 +86,7 @@ def assert_same_probabilities(one: TransformersBackend, other: TransformersBacke
             assert a[key][option] == pytest.approx(b[key][option], rel=1e-4, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_prefix_reuse_equals_no_reuse_and_saves_prefill(llama, tok, rubric, tmp_path):
     texts = pd.read_json(write_texts(tmp_path / "t.jsonl", n=3), lines=True)
     tasks, _ = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
@@ -99,6 +100,7 @@ def test_prefix_reuse_equals_no_reuse_and_saves_prefill(llama, tok, rubric, tmp_
     )  # the 3 texts' prefixes in one padded batch
 
 
+@pytest.mark.slow
 def test_prefixes_run_alone_or_padded_give_the_same_probabilities(llama, tok, rubric, tmp_path):
     texts = pd.read_json(write_texts(tmp_path / "t.jsonl", n=3), lines=True)
     tasks, _ = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
@@ -110,6 +112,7 @@ def test_prefixes_run_alone_or_padded_give_the_same_probabilities(llama, tok, ru
 
 
 @pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.slow
 def test_batching_invariance(llama, tok, reuse):
     labels = ["1", "2", "Somewhat likely."]
     tasks = [task(f"Q{i}", p, labels) for i, p in enumerate(PROMPTS)]
@@ -155,6 +158,7 @@ def test_likert_features_validate_and_mask_citation_blocks(llama, tok, rubric, t
     assert ex.summary["done"] == 28 and ex.summary["failed"] == 0
 
 
+@pytest.mark.slow
 def test_option_orders_are_rotated_and_averaged(llama, tok, rubric, tmp_path):
     texts = pd.read_json(write_texts(tmp_path / "t.jsonl", n=2), lines=True)
     once, _ = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))

@@ -12,13 +12,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from extract_fixtures import save_model, write_texts
-from extract_server import FakeOpenAI
+from support.fake_openai import FakeOpenAI
+from support.paths import ROOT
+from support.tiny_models import save_model, write_texts
 
 from llmrubric.extract.backends.openai_backend import OpenAIBackend, map_top_logprobs
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
@@ -32,7 +32,6 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import read_table, validate_features
 
-ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 REAL = ROOT.parent / "shared" / "data" / "llm-rubric" / "real" / "real_data.json"
 
@@ -161,6 +160,7 @@ RESUME_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_recomputation(model_dir, tmp_path):
     texts = write_texts(tmp_path / "t.jsonl", n=6)
     cache = tmp_path / "c.sqlite"
@@ -206,6 +206,7 @@ def test_killed_run_resumes_without_recomputation(model_dir, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(model_dir, tmp_path):
     from llmrubric.cli import main
 
@@ -374,6 +375,7 @@ def test_cli_extract_texts_writes_the_real_dialogues(tmp_path):
     assert not (tmp_path / "x.csv").exists()
 
 
+@pytest.mark.slow
 def test_cli_extract_bank_reports_unusable_model_output_and_bad_queries(model_dir, tmp_path, capsys):
     from llmrubric.cli import main
 

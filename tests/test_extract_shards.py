@@ -8,7 +8,7 @@ import sqlite3
 
 import pandas as pd
 import pytest
-from extract_fixtures import save_model
+from support.tiny_models import save_model
 
 from llmrubric.cli import main
 from llmrubric.extract.shards import parse_shard, shard_of
@@ -129,6 +129,7 @@ def test_one_shard_is_its_texts_of_a_one_process_run(setup):
     pd.testing.assert_frame_equal(together, full.sort_values(["text_id", "question_id", "option"], ignore_index=True))
 
 
+@pytest.mark.slow
 def test_shard_jobs_fail_resume_and_match_one_process_run(setup, capsys):
     tmp, texts, model = setup
     assert main(argv(texts, model, tmp / "good.yaml", tmp / "one.parquet")) == 0

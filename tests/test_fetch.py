@@ -11,12 +11,12 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from support.paths import SHARED
 
 from llmrubric.cli import main
 from llmrubric.data.fetch import UPSTREAM_PATHS, checksums, fetch_llm_rubric, sha256_of
 from llmrubric.io.errors import InputError
 
-SHARED = Path(__file__).parents[1].parent / "shared" / "data" / "llm-rubric"
 pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason=f"the LLM-Rubric release is not at {SHARED}")
 SMALL = "real/real_dialogue_ids.tsv"
 

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_bad_input import run_script, snapshot
+from support.scripts import run_script, snapshot
+from support.settings import FAST, FAST_OVERRIDES
 
 from llmrubric.apps import score as score_cli
 from llmrubric.cli import main as cli_main
@@ -25,8 +26,6 @@ from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.encoding import FeatureLayout
 from llmrubric.scoring import leaderboard as lb
-
-FAST = {"pretrain_epochs": 1, "finetune_epochs": 1, "patience": 1}
 
 
 def block(probs, text="t1", question="Q0"):
@@ -87,6 +86,7 @@ def test_na_answers_are_absent_rows_and_counted(rubric, tmp_path, caplog):
     assert ann.attrs["absent_rows"] == 2 and "2 rows with an NA answer are absent rows" in caplog.text
 
 
+@pytest.mark.slow
 def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, monkeypatch):
     args = [
         "experiment=demo",
@@ -95,7 +95,7 @@ def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, mo
         "folds=2",
         "logger=none",
         "model.ensemble=1",
-        *[f"trainer.{k}={v}" for k, v in FAST.items()],
+        *FAST_OVERRIDES,
     ]
     assert run_script("train.py", args) == 0
     before = snapshot(tmp_path)

@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, ROOT
+from support.paths import ROOT
+from support.settings import FAST
 
 from llmrubric.cli import main
 from llmrubric.data.splits import holdout_texts
@@ -244,6 +245,7 @@ def simulate_passages(seed=0, queries=40, per_query=15):
     )
 
 
+@pytest.mark.slow
 def test_calibrated_autograder_beats_the_uncalibrated_max_grade():
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "relevance.yaml")
     feats, texts, labels = simulate_passages()

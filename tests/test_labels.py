@@ -9,8 +9,9 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
 from scipy import stats
+from support.paths import ROOT
+from support.settings import FAST
 
 from llmrubric.cli import main
 from llmrubric.config import model_file
@@ -25,7 +26,6 @@ from llmrubric.model.judges import add_judge
 from llmrubric.scoring import labels as lab
 
 SIM = ROOT / "data" / "simulated"
-FAST = {"pretrain_epochs": 3, "finetune_epochs": 3, "patience": 2}
 
 NEW = "J01"
 
@@ -307,6 +307,7 @@ def judge_world(tmp_path_factory):
     return w, rubric
 
 
+@pytest.mark.slow
 def test_a_judge_added_to_model_auto_reaches_every_member(judge_world, tmp_path):
     w, rubric = judge_world
     old = load_model(w / "auto.safetensors")
@@ -328,6 +329,7 @@ def test_a_judge_added_to_model_auto_reaches_every_member(judge_world, tmp_path)
 
 
 @pytest.mark.parametrize("family", ["input", "deltas", "ordinal"])
+@pytest.mark.slow
 def test_added_judge_fits_only_its_own_parameters(family, judge_world):
     w, rubric = judge_world
     old = Calibrator.load(w / f"{family}.safetensors")
@@ -350,6 +352,7 @@ def test_added_judge_fits_only_its_own_parameters(family, judge_world):
     assert not np.allclose(new.predict(tables)[q], old.predict(tables)[q], atol=1e-3)  # J01 was unseen before
 
 
+@pytest.mark.slow
 def test_judges_add_command_and_the_new_judge_in_judge_free_scores(judge_world, tmp_path):
     w, _ = judge_world
     out = tmp_path / "new.safetensors"
@@ -389,6 +392,7 @@ def test_judges_add_command_and_the_new_judge_in_judge_free_scores(judge_world, 
     assert (scores.judges == 2).all() and (scores.status == "ok").all()
 
 
+@pytest.mark.slow
 def test_add_judge_refuses_other_families_and_judges_without_parameters(judge_world):
     w, rubric = judge_world
     tables = load_tables(w / "new.csv", w / "feats.csv", rubric)
@@ -401,6 +405,7 @@ def test_add_judge_refuses_other_families_and_judges_without_parameters(judge_wo
 
 
 @pytest.mark.parametrize("case", ["known_judge", "too_few", "other_rubric"])
+@pytest.mark.slow
 def test_bad_judges_add_input_is_one_line_exit_2_and_writes_nothing(case, judge_world, tmp_path, capsys):
     w, _ = judge_world
     ann = pd.read_csv(w / "new.csv", dtype=str)
@@ -430,6 +435,7 @@ def test_bad_judges_add_input_is_one_line_exit_2_and_writes_nothing(case, judge_
     one_line_exit_2(code, capsys, before, tmp_path, *where)
 
 
+@pytest.mark.slow
 def test_benchmark_bad_input_is_one_line_and_exit_2(tmp_path):
     import subprocess
     import sys

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from llama_server import LlamaServer, compare, expected_answers, unavailable
+from support.llama_server import LlamaServer, compare, expected_answers, unavailable
+from support.paths import ROOT
 
 from llmrubric.cli import main
 from llmrubric.config import load_file
@@ -29,8 +29,7 @@ REASON = unavailable()
 if REASON:
     pytest.skip(REASON, allow_module_level=True)
 
-pytestmark = pytest.mark.llm
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.llm, pytest.mark.llama_server]
 TEXTS = ["d01", "d06", "d09"]  # a good, a vague and an off-topic answer (data/demo_llm/texts.csv)
 QUESTIONS = ["Q0", "Q1", "Q6", "Q7", "Q8"]  # those that need no references
 # Tolerances (docs/extract.md, "Logprob protocols of real servers"): llama.cpp's kernels move label

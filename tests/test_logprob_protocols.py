@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from llama_server import free_port
+from support.llama_server import free_port
+from support.paths import ROOT
 
 from llmrubric.cli import main
 from llmrubric.extract.backends.openai_backend import OpenAIBackend
@@ -24,7 +25,6 @@ from llmrubric.extract.prompts import text_hash
 from llmrubric.extract.runner import extract
 from llmrubric.extract.tasks import Task
 
-ROOT = Path(__file__).resolve().parents[1]
 RECORDED = Path(__file__).resolve().parent / "data" / "llama_cpp"
 LABELS = ("1", "2", "3", "4")
 

@@ -22,6 +22,7 @@ def gguf_file():
     return SMOLLM2
 
 
+@pytest.mark.llm
 def test_resolve_file_folder_and_named_gguf(gguf_file, tmp_path):
     assert models.resolve(gguf_file).gguf_file == gguf_file.name
     assert models.resolve(gguf_file.parent).gguf_file == gguf_file.name  # a folder with one .gguf and no config.json
@@ -44,6 +45,7 @@ def test_cache_key_covers_the_weights(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing", "not_gguf", "truncated", "no_weights", "unsupported"])
+@pytest.mark.llm
 def test_bad_models_are_one_line_errors(case, gguf_file, tmp_path, capsys):
     path = tmp_path / "model.gguf"
     if case == "not_gguf":
@@ -87,7 +89,7 @@ def test_bad_models_are_one_line_errors(case, gguf_file, tmp_path, capsys):
 
 
 def test_chat_template_without_an_answer_position_is_an_error(tok):
-    from extract_fixtures import make_llama
+    from support.tiny_models import make_llama
 
     tok = tok.__class__(tokenizer_object=tok.backend_tokenizer, pad_token="<pad>")
     tok.chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}{% if add_generation_prompt %}ANSWER NOW:{% endif %}"
@@ -103,7 +105,7 @@ def test_fetch_unknown_model_is_an_error(tmp_path):
 
 
 def test_threads_follow_the_machine(tok):
-    from extract_fixtures import make_llama
+    from support.tiny_models import make_llama
 
     before = torch.get_num_threads()
     try:

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 import torch
-from conftest import FAST
 from scipy import stats
 from scipy.optimize import minimize_scalar
+from support.settings import FAST
 
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.ordinal import blend, fit_ordinal_weight, ordinal_shape
@@ -38,6 +38,7 @@ def test_blending_with_weight_zero_leaves_the_forecast_and_weight_one_gives_the_
     assert torch.allclose(blend(probs, torch.ones(1), mask), ordinal_shape(probs, mask))
 
 
+@pytest.mark.slow
 def test_the_fitted_weight_minimises_held_out_nll_of_each_question(member, rubric):
     net, val = member
     assert torch.equal(net.ordinal_weight, torch.zeros(len(rubric.ids)))
@@ -65,6 +66,7 @@ def test_a_question_with_too_few_held_out_cells_keeps_weight_zero(member):
     net.ordinal_weight.zero_()
 
 
+@pytest.mark.slow
 def test_calibrators_blend_by_default_and_the_checkpoint_keeps_the_weights(rubric, simulated, tmp_path):
     blended = Calibrator(rubric, trainer=FAST, seed=0).fit(simulated)
     plain = Calibrator(rubric, trainer=PLAIN, seed=0).fit(simulated)

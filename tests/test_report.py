@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
+from support.paths import ROOT
+from support.settings import FAST, FAST_OVERRIDES
 
 from llmrubric.config import compose
 from llmrubric.data.splits import holdout_texts
@@ -26,7 +27,6 @@ from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
 from llmrubric.report.build import check_report_config
 from llmrubric.report.settings import ReportSettings
 
-TINY = {"pretrain_epochs": 4, "finetune_epochs": 4, "patience": 2, "lr": 0.01}
 CHROMIUM = Path("/usr/bin/chromium")
 FAST_REPORT = [
     "report=fast",
@@ -99,11 +99,12 @@ def test_other_judges_answers_exclude_the_target_judge(rubric, split):
         JudgeAnswers(rubric, questions=["Q0", "Q1"])
 
 
+@pytest.mark.slow
 def test_calibrator_appends_pair_features_and_refuses_to_save_them(rubric, split, tmp_path):
     train, test = split
     extra = JudgeAnswers(rubric)
-    model = Calibrator(rubric, trainer=TINY, pair_features=extra).fit(train)
-    plain = Calibrator(rubric, trainer=TINY)
+    model = Calibrator(rubric, trainer=FAST, pair_features=extra).fit(train)
+    plain = Calibrator(rubric, trainer=FAST)
     plain.layout_, plain.judges_ = model.layout_, model.judges_
     encoded, plain_x = model.encode(test), plain.encode(test).x
     assert encoded.x.shape[1] == plain_x.shape[1] + extra.dim
@@ -114,7 +115,7 @@ def test_calibrator_appends_pair_features_and_refuses_to_save_them(rubric, split
     with pytest.raises(InputError, match="cannot be saved"):
         model.save(tmp_path / "oracle.safetensors")
     assert not (tmp_path / "oracle.safetensors").exists()
-    only = Calibrator(rubric, trainer=TINY, pair_features=extra, llm_features=False).fit(train)
+    only = Calibrator(rubric, trainer=FAST, pair_features=extra, llm_features=False).fit(train)
     assert only.encode(test).x.shape[1] == extra.dim and np.isfinite(only.predict(test)["mean"]).all()
     with pytest.raises(InputError, match="needs pair_features"):
         Calibrator(rubric, llm_features=False)
@@ -122,7 +123,7 @@ def test_calibrator_appends_pair_features_and_refuses_to_save_them(rubric, split
 
 def test_personal_isotonic_changes_only_the_point_prediction(rubric, split):
     train, test = split
-    model = PersonalIsotonic(Calibrator(rubric, {"personalize": False}, TINY), rubric).fit(train)
+    model = PersonalIsotonic(Calibrator(rubric, {"personalize": False}, FAST), rubric).fit(train)
     base = model.base.predict(test)
     base = base[base.question_id == "Q0"].reset_index(drop=True)
     corrected = model.predict(test)
@@ -140,21 +141,21 @@ def test_isotonic_variant_shares_the_base_models_fit(rubric, split, monkeypatch)
     monkeypatch.setattr(studies, "_run_job", lambda *job: calls.append(job[1].name) or original(*job))
     no_pers = (("personalize", False),)
     requests = {Variant("base", model=no_pers): 1, Variant("base_iso", model=no_pers, isotonic=True): 1}
-    out = run_variants(requests, rubric, [Split("s", *split)], {}, TINY, workers=1)
+    out = run_variants(requests, rubric, [Split("s", *split)], {}, FAST, workers=1)
     assert calls == ["base_iso"] and set(out) == {("base", 0), ("base_iso", 0)}
     assert np.allclose(
         out[("base", 0)].filter(like="p_").to_numpy(), out[("base_iso", 0)].filter(like="p_").to_numpy(), equal_nan=True
     )
     assert not np.allclose(out[("base", 0)]["mean"], out[("base_iso", 0)]["mean"])
     with pytest.raises(InputError, match="share a name"):
-        run_variants({Variant("x"): 1, Variant("x", method="constant"): 1}, rubric, [Split("s", *split)], {}, TINY)
+        run_variants({Variant("x"): 1, Variant("x", method="constant"): 1}, rubric, [Split("s", *split)], {}, FAST)
     with pytest.raises(InputError, match="only be changed for llm_rubric"):
         run_variants(
             {Variant("x", method="constant", isotonic=False, drop_questions=("Q1",)): 1},
             rubric,
             [Split("s", *split)],
             {},
-            TINY,
+            FAST,
         )
 
 
@@ -203,7 +204,7 @@ def report_dir(tmp_path_factory):
         "experiment=demo",
         f"run_dir={run_dir}",
         "logger=none",
-        *[f"trainer.{k}={v}" for k, v in TINY.items()],
+        *FAST_OVERRIDES,
         *FAST_REPORT,
     ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
@@ -214,6 +215,7 @@ def report_dir(tmp_path_factory):
     return run_dir / "report"
 
 
+@pytest.mark.slow
 def test_fast_report_has_every_section_number_and_figure(report_dir):
     files = {p.relative_to(report_dir).as_posix() for p in report_dir.rglob("*") if p.is_file()}
     for name in (
@@ -267,6 +269,7 @@ def test_fast_report_has_every_section_number_and_figure(report_dir):
     assert html.count("src='data:image/png;base64,") == len(list((report_dir / "figures").glob("*.png")))
 
 
+@pytest.mark.chromium
 @pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason="headless Chromium not installed at /usr/bin/chromium (`make setup` installs it with apt-get when run as root)",

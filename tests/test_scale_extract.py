@@ -5,12 +5,12 @@ dying mid-run and resuming, bad endpoint lists."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from extract_fixtures import write_texts
-from extract_server import FakeOpenAI
+from support.fake_openai import FakeOpenAI
+from support.paths import ROOT
+from support.tiny_models import write_texts
 
 from llmrubric.extract.backends.openai_backend import EndpointPool, OpenAIBackend
 from llmrubric.extract.cache import ResultCache
@@ -20,7 +20,6 @@ from llmrubric.extract.runner import extract
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 
-ROOT = Path(__file__).resolve().parents[1]
 KEYS = ["text_id", "question_id", "option"]
 
 

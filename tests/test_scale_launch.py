@@ -10,12 +10,13 @@ import sys
 
 import optuna
 import pytest
-from conftest import ROOT
-from test_end_to_end import TINY_SEARCH
+from support.paths import ROOT
+from support.search import TINY_SEARCH
 
 from llmrubric.experiments.search import finished_trials
 
 
+@pytest.mark.slow
 def test_search_workers_launched_by_submitit_share_one_study(tmp_path):
     pytest.importorskip(
         "hydra_plugins.hydra_submitit_launcher",

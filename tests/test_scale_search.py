@@ -10,20 +10,20 @@ from pathlib import Path
 
 import optuna
 import pytest
-from pg_server import PostgresServer, unavailable
-from test_search import BASE, search_config
+from support.paths import ROOT
+from support.postgres_server import PostgresServer, unavailable
+from support.search import BASE, search_config
 
 from llmrubric.experiments.search import create_study, finished_trials, run_search
 from llmrubric.io.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[1]
 N_TRIALS = 4
 
 WORKER = """
 import os, sys, time
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from test_scale_search import config
-from test_search import BASE
+from support.search import BASE
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
@@ -71,6 +71,7 @@ def outcome(study: optuna.Study) -> dict:
     return {tuple(sorted(t.params.items())): t.value for t in finished_trials(study)}
 
 
+@pytest.mark.postgres
 def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgres, tmp_path, rubric, simulated):
     storage = postgres.create_database("shared")
     (tmp_path / "go-first").touch()
@@ -119,6 +120,7 @@ def _exists(storage: str) -> bool:
     return "shared" in [s.study_name for s in optuna.get_all_study_summaries(storage)]
 
 
+@pytest.mark.postgres
 def test_unreachable_database_and_wrong_credentials_are_one_line_errors(postgres):
     postgres.create_database("creds")
     with pytest.raises(

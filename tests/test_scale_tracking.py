@@ -15,8 +15,8 @@ from pathlib import Path
 import mlflow
 import pytest
 from omegaconf import OmegaConf
-from pg_server import free_port
-from test_tracking import config
+from support.postgres_server import free_port
+from support.settings import small_demo
 
 from llmrubric.apps.evaluate import evaluate_app
 from llmrubric.apps.train import train_app
@@ -80,7 +80,7 @@ def server(tmp_path_factory):
 
 
 def search_config(tmp: Path, experiment: str):
-    cfg = config(f"run_dir='{tmp / 'run'}'", "search=optuna", f"logger.experiment={experiment}")
+    cfg = small_demo(f"run_dir='{tmp / 'run'}'", "search=optuna", f"logger.experiment={experiment}")
     OmegaConf.set_struct(cfg, False)
     cfg.search.update(
         n_trials=2,
@@ -94,6 +94,7 @@ def search_config(tmp: Path, experiment: str):
     return cfg
 
 
+@pytest.mark.mlflow_server
 def test_train_search_and_evaluate_log_to_a_tracking_server(server, tmp_path):
     _, url, root = server
     cfg = search_config(tmp_path, "served")
@@ -118,6 +119,7 @@ def test_train_search_and_evaluate_log_to_a_tracking_server(server, tmp_path):
     assert any((root / "artifacts").rglob("fold0.safetensors"))  # the server's local artifact root
 
 
+@pytest.mark.mlflow_server
 def test_a_server_stopped_mid_run_costs_the_logging_not_the_run(server, tmp_path, monkeypatch, caplog):
     process, url, root = server
     cfg = search_config(tmp_path, "stopped")

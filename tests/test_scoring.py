@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST
+from support.settings import FAST
 
 from llmrubric.cli import main
 from llmrubric.data.splits import holdout_texts

@@ -2,13 +2,13 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import optuna
 import pytest
-from omegaconf import OmegaConf
+from support.paths import ROOT
+from support.search import BASE, search_config
+from support.settings import FAST
 
-from llmrubric.config import group
 from llmrubric.data.splits import text_folds
 from llmrubric.experiments.search import (
     Objective,
@@ -21,27 +21,6 @@ from llmrubric.experiments.search import (
     suggest,
 )
 from llmrubric.io.errors import InputError
-
-ROOT = Path(__file__).resolve().parents[1]
-BASE = Setting(
-    {"h1": 6, "h2": 6, "ensemble": 1}, {"pretrain_epochs": 3, "finetune_epochs": 4, "patience": 3, "lr": 0.01}
-)
-
-
-def search_config(storage: str, n_trials: int) -> dict:
-    config = OmegaConf.create(group("search", "optuna"))  # the shipped search settings
-    config.storage, config.n_trials, config.inner_folds, config.startup_trials, config.progress = (
-        storage,
-        n_trials,
-        3,
-        2,
-        False,
-    )
-    config.space = {
-        "model.personalize": {"type": "categorical", "choices": ["input", "none"]},
-        "trainer.lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True},
-    }
-    return config
 
 
 def test_space_keys_map_onto_model_and_trainer_settings():
@@ -56,6 +35,7 @@ def test_space_keys_map_onto_model_and_trainer_settings():
         suggest(trial, {"lr": {"type": "float", "low": 0, "high": 1}}, BASE)
 
 
+@pytest.mark.slow
 def test_search_selects_by_inner_cv_nll_and_resumes(tmp_path, rubric, simulated):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     setting, study = run_search(rubric, simulated, BASE, search_config(storage, 3), "s", seed=0)
@@ -76,14 +56,14 @@ def test_trials_train_with_the_search_patience_and_the_selection_keeps_the_train
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
     [setting] = objective.settings([trial])
     assert setting.trainer["patience"] == 7 and setting.model["ensemble"] == 1
-    assert setting_of(trial.params, BASE).trainer["patience"] == BASE.trainer["patience"] == 3
+    assert setting_of(trial.params, BASE).trainer["patience"] == BASE.trainer["patience"] == FAST["patience"]
 
 
 WORKER = """
 import json, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from omegaconf import OmegaConf
-from test_search import BASE, search_config
+from support.search import BASE, search_config
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
@@ -95,6 +75,7 @@ print(json.dumps(sorted(t.number for t in study.trials)))
 """
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_sqlite_study_without_duplicates_or_losses(tmp_path):
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     optuna.create_study(study_name="shared", storage=storage, direction="minimize")
@@ -135,7 +116,7 @@ def test_a_diverging_trial_is_failed_with_its_reason_and_the_search_goes_on(tmp_
 KILLED = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
-from test_search import BASE, search_config
+from support.search import BASE, search_config
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
@@ -148,6 +129,7 @@ run_search(rubric, tables, BASE, config, "killed", seed=0)
 """
 
 
+@pytest.mark.slow
 def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rubric, simulated):
     storage = f"sqlite:///{tmp_path / 'killed.db'}"
     optuna.create_study(study_name="killed", storage=storage, direction="minimize")
@@ -207,6 +189,7 @@ def test_cross_validation_scores_equal_the_metrics_of_its_predictions(rubric, si
     assert len(metrics["fold_nll"]) == 3 and min(metrics["fold_nll"]) <= metrics["nll"] <= max(metrics["fold_nll"])
 
 
+@pytest.mark.slow
 def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_a_resumed_search(tmp_path, rubric, simulated):
     storage = f"sqlite:///{tmp_path / 'silent.db'}"
     config = search_config(storage, 2)
@@ -218,6 +201,7 @@ def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_a_resumed_sear
     assert len(finished_trials(study)) == 2
 
 
+@pytest.mark.slow
 def test_a_trial_killed_mid_sampling_reruns_with_the_parameters_it_had_sampled(tmp_path, rubric, simulated):
     storage = f"sqlite:///{tmp_path / 'partial.db'}"
     config = search_config(storage, 1)

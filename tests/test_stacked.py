@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import FAST
+from support.settings import FAST
 
 from llmrubric.config import TrainConfig
 from llmrubric.data.splits import text_folds
@@ -52,6 +52,7 @@ def _alone(nets, parts, main, configs, seeds, **kw):
     ]
 
 
+@pytest.mark.slow
 def test_fold_models_trained_as_one_program_equal_each_trained_alone_with_input_dropout(rubric, simulated):
     """Three fold models (different training rows, validation sets and seeds; input dropout on, as
     configured by default) trained stacked = each trained alone: same seeds, same batches and masks."""
@@ -86,6 +87,7 @@ def test_ensemble_members_differ_and_seeds_share_nothing(rubric, simulated):
     assert seeds[0] == Calibrator(rubric, {"ensemble": 5}, seed=0).seeds  # and reproducible
 
 
+@pytest.mark.slow
 def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own_fits(rubric, simulated):
     """Hidden sizes, inputs, input dropout, learning rate, batch size, epochs, patience, decay and delta L2 may
     differ per model (models stop at different epochs, so the stack is compacted and narrowed on the way)."""
@@ -167,6 +169,7 @@ def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, simul
     assert torch.isnan(seen[-1][2][0]) and torch.isfinite(seen[-1][2][2])
 
 
+@pytest.mark.slow
 def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, simulated):
     from llmrubric.model.calibrator import fit_together
 

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 import torch
-from conftest import FAST
 from scipy.optimize import minimize_scalar
+from support.settings import FAST
 
 from llmrubric.model.calibrator import Calibrator
 from llmrubric.model.temperature import GRID, _grid_nll, best_inverse_temperature, fit_temperature
@@ -23,6 +23,7 @@ def val_nll(net, val, q):
     return float(torch.nn.functional.cross_entropy(logits[keep], val.y[keep, q]))
 
 
+@pytest.mark.slow
 def test_the_fitted_temperature_minimises_held_out_nll_of_each_question(member, rubric):
     _, net, val = member
     assert torch.equal(net.temperature, torch.ones(len(rubric.ids)))
@@ -57,6 +58,7 @@ def test_a_question_with_too_few_held_out_cells_keeps_temperature_one(member, ru
     assert temps[few] == 1.0 and any(t != 1.0 for t in temps)
 
 
+@pytest.mark.slow
 def test_calibrators_scale_by_default_and_the_checkpoint_keeps_the_temperatures(rubric, simulated, tmp_path):
     scaled = Calibrator(rubric, trainer=FAST, seed=0).fit(simulated)
     plain = Calibrator(rubric, trainer={**FAST, "temperature_scaling": False}, seed=0).fit(simulated)

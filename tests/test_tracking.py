@@ -11,33 +11,17 @@ from types import SimpleNamespace
 
 import mlflow
 import pytest
-from conftest import ROOT
 from omegaconf import OmegaConf
+from support.paths import ROOT
+from support.settings import FAST, SIMULATED, TABLES, small_demo
 
 from llmrubric.apps.evaluate import evaluate_app
 from llmrubric.apps.train import train_app
-from llmrubric.config import compose
 from llmrubric.experiments.tracking import Tracker
-
-DATA = ROOT / "data" / "simulated"
-TABLES = ("annotations", "features", "texts")
-
-
-def config(*overrides: str):
-    """The demo experiment, shrunk, with absolute data paths (runs from any working directory)."""
-    data = [f"data.train.{t}='{DATA / f'{t}.csv'}'" for t in TABLES]
-    small = [
-        "trainer.pretrain_epochs=3",
-        "trainer.finetune_epochs=3",
-        "++model.ensemble=1",
-        "model.auto.candidates=[network]",  # model=auto with the network alone: its histories are logged
-        "baselines=[]",
-    ]
-    return compose("config", ["experiment=demo", *small, *data, *overrides])
 
 
 def expected_data_hash() -> str:
-    digests = [hashlib.sha256((DATA / f"{t}.csv").read_bytes()).hexdigest() for t in TABLES]
+    digests = [hashlib.sha256((SIMULATED / f"{t}.csv").read_bytes()).hexdigest() for t in TABLES]
     return hashlib.sha256("".join(digests).encode()).hexdigest()
 
 
@@ -50,7 +34,7 @@ def git_head() -> str:
 def logged(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tracked")
     uri = f"sqlite:///{tmp / 'store.db'}"
-    cfg = config(f"run_dir='{tmp / 'run'}'", f"logger.tracking_uri='{uri}'")
+    cfg = small_demo(f"run_dir='{tmp / 'run'}'", f"logger.tracking_uri='{uri}'")
     score = train_app(cfg)
     metrics = evaluate_app(cfg)
     client = mlflow.MlflowClient(uri)
@@ -63,12 +47,15 @@ def read_artifact(client, run_id: str, path: str, dst: Path) -> bytes:
     return Path(client.download_artifacts(run_id, path, str(dst))).read_bytes()
 
 
+@pytest.mark.slow
 def test_train_run_logs_config_metrics_history_and_checkpoint(logged, tmp_path):
     run = logged.runs["train"]
     assert run.info.status == "FINISHED" and run.info.run_name == "train"
     params = run.data.params
     assert (
-        params["trainer.pretrain_epochs"] == "3" and params["model.h1"] == "25" and params["data.name"] == "simulated"
+        params["trainer.pretrain_epochs"] == str(FAST["pretrain_epochs"])
+        and params["model.h1"] == "25"
+        and params["data.name"] == "simulated"
     )
     assert params["baselines"] == "[]"
     assert run.data.tags["git_commit"] == git_head()
@@ -78,7 +65,9 @@ def test_train_run_logs_config_metrics_history_and_checkpoint(logged, tmp_path):
     assert metrics["val/nll"] == pytest.approx(logged.score) and metrics["val/nll/fold0"] == pytest.approx(logged.score)
     for key in ("train/loss/fold0/pretrain", "val/nll/fold0/finetune"):
         history = logged.client.get_metric_history(run.info.run_id, key)
-        assert [m.step for m in history] == list(range(len(history))) and 1 <= len(history) <= 3, key
+        assert [m.step for m in history] == list(range(len(history))) and 1 <= len(history) <= FAST[
+            f"{key.rsplit('/', 1)[1]}_epochs"
+        ], key
     assert metrics["auto/weight/network/fold0"] == 1.0
     choice = json.loads(read_artifact(logged.client, run.info.run_id, "auto/fold0.json", tmp_path))
     assert choice["weights"] == {"network": 1.0} and choice["inner_cv"]["network"]["nll"] > 0
@@ -86,7 +75,9 @@ def test_train_run_logs_config_metrics_history_and_checkpoint(logged, tmp_path):
     checkpoint = read_artifact(logged.client, run.info.run_id, "checkpoints/fold0.safetensors", tmp_path)
     assert checkpoint == (logged.tmp / "run" / "fold0.safetensors").read_bytes()
     logged_config = OmegaConf.create(read_artifact(logged.client, run.info.run_id, "config.yaml", tmp_path).decode())
-    assert logged_config.trainer.finetune_epochs == 3 and logged_config.run_dir == str(logged.tmp / "run")
+    assert logged_config.trainer.finetune_epochs == FAST["finetune_epochs"] and logged_config.run_dir == str(
+        logged.tmp / "run"
+    )
     assert {a.path for a in logged.client.list_artifacts(run.info.run_id)} >= {
         "config.yaml",
         "folds.csv",
@@ -94,6 +85,7 @@ def test_train_run_logs_config_metrics_history_and_checkpoint(logged, tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_evaluate_run_logs_test_metrics_and_tables(logged, tmp_path):
     run = logged.runs["evaluate"]
     assert run.info.status == "FINISHED" and set(logged.runs) == {"train", "evaluate"}
@@ -111,6 +103,7 @@ def test_evaluate_run_logs_test_metrics_and_tables(logged, tmp_path):
     assert written["methods"]["llm_rubric"]["rmse"] == pytest.approx(model["rmse"])
 
 
+@pytest.mark.slow
 def test_nested_runs_record_their_parent_in_the_default_store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
@@ -167,14 +160,14 @@ def test_config_then_environment_then_default_store(tmp_path, monkeypatch):
     cfg = OmegaConf.create({"logger": {"enabled": True, "experiment": "e", "tracking_uri": "sqlite:///from-config.db"}})
     tracker = Tracker.from_config(cfg)
     assert (tracker.enabled, tracker.experiment, tracker.tracking_uri) == (True, "e", "sqlite:///from-config.db")
-    assert config("logger=none").logger.enabled is False  # the other logger.* keep LoggerConfig's defaults
+    assert small_demo("logger=none").logger.enabled is False  # the other logger.* keep LoggerConfig's defaults
     assert not Tracker.from_config(OmegaConf.create({})).enabled
 
 
 def test_logger_none_writes_nothing_and_never_imports_mlflow(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'env.db'}")
-    cfg = config(
+    cfg = small_demo(
         "logger=none", f"run_dir='{tmp_path / 'run'}'", "trainer.pretrain_epochs=1", "trainer.finetune_epochs=1"
     )
     train_app(cfg)

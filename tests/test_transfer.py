@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
 from scipy import stats
+from support.paths import ROOT
 
 from llmrubric.data.simulate import write_simulated
 from llmrubric.evaluation.transfer import (
@@ -68,6 +68,7 @@ def test_pair_scores_need_a_system_for_every_text(simulated, rubric):
         pair_scores(pred, simulated.annotations, rubric.main, systems.iloc[1:])
 
 
+@pytest.mark.slow
 def test_benchmark_bad_input_is_one_line_and_exit_2(tmp_path):
     data = write_simulated(tmp_path / "sim", n_texts=40, n_judges=4)
     texts = pd.read_csv(data / "texts.csv").drop(columns="system_id")
@@ -101,6 +102,7 @@ def test_benchmark_bad_input_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "t.json").exists()
 
 
+@pytest.mark.slow
 def test_nested_intervals_use_only_models_that_never_saw_the_system(tmp_path):
     data = write_simulated(tmp_path / "sim", n_texts=120, n_judges=4)
     args = argparse.Namespace(data=str(data), rubric=str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), draws=5)
@@ -150,6 +152,7 @@ def test_system_kendall_bootstrap_pairs_the_draws_of_two_methods():
     assert default["system_kendall_minus_mean_of_sources"]["share_at_least"] == 1.0
 
 
+@pytest.mark.slow
 def test_two_out_scores_each_pair_of_systems_with_one_model_trained_without_both(tmp_path):
     data = write_simulated(tmp_path / "sim", n_texts=120, n_judges=4)
     args = argparse.Namespace(data=str(data), rubric=str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), draws=5)

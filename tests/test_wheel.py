@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 from setuptools import find_packages
+from support.paths import ROOT
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 FAST = [

@@ -1,4 +1,4 @@
-"""Data layouts unlike the LLM-Rubric release: several LLM sources, summary features, categorical questions."""
+"""Data unlike the LLM-Rubric release: several LLM sources, summary features, categorical questions."""
 
 import json
 import math
@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST
-from layouts_data import SYSTEMS, write_layout_data
-from test_end_to_end import run
+from support.multi_source_data import SYSTEMS, write_multi_source_data
+from support.scripts import run
+from support.settings import FAST, FAST_OVERRIDES
 
 from llmrubric.cli import main as cli
 from llmrubric.data.splits import holdout_texts
@@ -22,11 +22,13 @@ from llmrubric.model.calibrator import Calibrator
 from llmrubric.report.plan import ReportPlan
 from llmrubric.report.settings import ReportSettings
 
+pytestmark = pytest.mark.slow  # the data set's fixture runs the summary CLI; three tests train
+
 
 @pytest.fixture(scope="module")
-def layout(tmp_path_factory):
+def multi_source(tmp_path_factory):
     """The generated data set with its summary-only table made by the CLI, and a features table of both."""
-    paths = write_layout_data(tmp_path_factory.mktemp("layouts"), texts_per_system=32)
+    paths = write_multi_source_data(tmp_path_factory.mktemp("multi_source"), texts_per_system=32)
     paths["summary"] = paths["items"].with_name("summary.parquet")
     assert (
         cli(["extract", "summaries", str(paths["items"]), "--family", "self_rating", "--out", str(paths["summary"])])
@@ -39,14 +41,14 @@ def layout(tmp_path_factory):
     return paths
 
 
-def tables(layout, features="features", main=None):
-    rubric = Rubric.load(layout["rubric"])
+def tables(multi_source, features="features", main=None):
+    rubric = Rubric.load(multi_source["rubric"])
     rubric = rubric.with_main(main) if main else rubric
-    return rubric, load_tables(layout["annotations"], layout[features], rubric, layout["texts"])
+    return rubric, load_tables(multi_source["annotations"], multi_source[features], rubric, multi_source["texts"])
 
 
-def test_summary_cli_writes_only_summary_blocks(layout):
-    summary = pd.read_parquet(layout["summary"])
+def test_summary_cli_writes_only_summary_blocks(multi_source):
+    summary = pd.read_parquet(multi_source["summary"])
     assert set(summary.question_id) == {"self_rating.mean", "self_rating.max"} | {
         f"self_rating.cov_ge{g}" for g in range(1, 6)
     }
@@ -59,19 +61,19 @@ def test_summary_cli_writes_only_summary_blocks(layout):
             [
                 "extract",
                 "summaries",
-                str(layout["llm_features"]),
+                str(multi_source["llm_features"]),
                 "--family",
                 "self_rating",
                 "--out",
-                str(layout["summary"]) + ".x",
+                str(multi_source["summary"]) + ".x",
             ]
         )
         == 2
     )
 
 
-def test_rubric_kinds_of_question(layout):
-    rubric = Rubric.load(layout["rubric"])
+def test_rubric_kinds_of_question(multi_source):
+    rubric = Rubric.load(multi_source["rubric"])
     assert [q.ordered for q in rubric.questions] == [True, False, False]
     assert all(math.isnan(v) for v in rubric["correct"].values)
     coded = Rubric.from_dict({"questions": [{"id": "t", "options": [1, 2, 3], "ordered": False}]})
@@ -97,8 +99,8 @@ def test_categorical_metrics_against_hand_computation():
     assert m["brier"] == pytest.approx(brier)
 
 
-def test_categorical_main_question_learned_and_baselines(layout):
-    rubric, data = tables(layout, main="topic")
+def test_categorical_main_question_learned_and_baselines(multi_source):
+    rubric, data = tables(multi_source, main="topic")
     train_texts, test_texts = holdout_texts(data.text_ids, 0.3, seed=0)
     train, test = data.subset(train_texts), data.subset(test_texts)
     names, skipped = expand_baselines(["expected_llm", "constant", "ridge_judge"], rubric, data.features)
@@ -124,8 +126,8 @@ def test_categorical_main_question_learned_and_baselines(layout):
         )
 
 
-def test_summary_features_as_the_only_inputs(layout):
-    rubric, data = tables(layout, features="summary")
+def test_summary_features_as_the_only_inputs(multi_source):
+    rubric, data = tables(multi_source, features="summary")
     names, skipped = expand_baselines(["expected_llm", "argmax_llm", "constant", "ridge_judge"], rubric, data.features)
     assert names == ["constant", "ridge_judge"] and set(skipped) == {"expected_llm", "argmax_llm"}
     assert "quality" in skipped["expected_llm"]
@@ -152,23 +154,23 @@ def test_summary_features_as_the_only_inputs(layout):
     assert len(plan.method_notes) == 3 and plan.table3_questions(kept=False) == ["quality", "correct", "topic"]
 
 
-def test_layouts_end_to_end(layout, tmp_path):
+def test_multi_source_end_to_end(multi_source, tmp_path):
     """Three LLM sources, a 0..3 scale, a yes/no and a categorical question and summary blocks through
     train.py, evaluate.py (default baselines, report=fast), llmrubric score texts and llmrubric leaderboard build."""
     conf = tmp_path / "conf" / "rubric"
     conf.mkdir(parents=True)
-    (conf / "layouts.yaml").write_text(layout["rubric"].read_text())
+    (conf / "multi_source.yaml").write_text(multi_source["rubric"].read_text())
     run_dir, report_dir = tmp_path / "run", tmp_path / "report"
     args = [
         f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
-        "rubric=layouts",
-        "name=layouts",
+        "rubric=multi_source",
+        "name=multi_source",
         f"run_dir={run_dir}",
         "logger=none",
-        f"data.train.annotations={layout['annotations']}",
-        f"data.train.features={layout['features']}",
-        f"data.train.texts={layout['texts']}",
-        *[f"trainer.{k}={v}" for k, v in FAST.items()],
+        f"data.train.annotations={multi_source['annotations']}",
+        f"data.train.features={multi_source['features']}",
+        f"data.train.texts={multi_source['texts']}",
+        *FAST_OVERRIDES,
         "model.ensemble=2",
     ]
     trained = run("train.py", *args)
@@ -201,9 +203,9 @@ def test_layouts_end_to_end(layout, tmp_path):
         methods["expected_llm/llm-a"]["pearson"] > methods["expected_llm/llm-c"]["pearson"]
     )  # the noisier source is worse
 
-    rubric = Rubric.load(layout["rubric"])
+    rubric = Rubric.load(multi_source["rubric"])
     predictions = pd.read_csv(run_dir / "predictions.csv", dtype={"text_id": str, "judge_id": str, "round": str})
-    annotations = load_tables(layout["annotations"], layout["features"], rubric).annotations
+    annotations = load_tables(multi_source["annotations"], multi_source["features"], rubric).annotations
     assert predictions[predictions.question_id == "topic"]["mean"].isna().all()
     for qid in ("correct", "topic"):
         held = annotations[annotations.text_id.isin(set(predictions.text_id))]
@@ -223,9 +225,9 @@ def test_layouts_end_to_end(layout, tmp_path):
                 "score",
                 "texts",
                 str(checkpoint),
-                str(layout["features"]),
+                str(multi_source["features"]),
                 "--texts",
-                str(layout["texts"]),
+                str(multi_source["texts"]),
                 "--out",
                 str(scores),
                 "--predictions",
@@ -241,15 +243,25 @@ def test_layouts_end_to_end(layout, tmp_path):
     common = [
         str(preds),
         "--rubric",
-        str(layout["rubric"]),
+        str(multi_source["rubric"]),
         "--texts",
-        str(layout["texts"]),
+        str(multi_source["texts"]),
         "--bootstrap",
         "100",
         "--no-plot",
     ]
     assert (
-        cli(["leaderboard", "build", *common, "--annotations", str(layout["annotations"]), "--out-dir", str(board_dir)])
+        cli(
+            [
+                "leaderboard",
+                "build",
+                *common,
+                "--annotations",
+                str(multi_source["annotations"]),
+                "--out-dir",
+                str(board_dir),
+            ]
+        )
         == 0
     )
     board = pd.read_csv(board_dir / "leaderboard.csv")
@@ -262,7 +274,7 @@ def test_layouts_end_to_end(layout, tmp_path):
                 "score",
                 "texts",
                 str(checkpoint),
-                str(layout["features"]),
+                str(multi_source["features"]),
                 "--questions",
                 "topic",
                 "--out",

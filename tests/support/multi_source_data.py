@@ -1,4 +1,4 @@
-"""A small data set in a layout unlike the LLM-Rubric release, for end-to-end tests.
+"""A small data set unlike the LLM-Rubric release (several LLM sources, categorical questions), for end-to-end tests.
 
 Four systems of rising quality; six judges with their own biases; a rubric with a 0..3 main
 question (``quality``), a yes/no question (``correct``) and a categorical one (``topic``);
@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 RUBRIC = """\
-name: layouts
+name: multi_source
 questions:
   - id: quality
     main: true
@@ -44,7 +44,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def write_layout_data(dest: str | Path, texts_per_system: int = 45, seed: int = 0) -> dict[str, Path]:
+def write_multi_source_data(dest: str | Path, texts_per_system: int = 45, seed: int = 0) -> dict[str, Path]:
     """Write ``rubric.yaml``, ``annotations.csv``, ``texts.csv``, ``llm_features.parquet`` and
     ``items.parquet`` under ``dest``; returns their paths by stem."""
     rng = np.random.default_rng(seed)

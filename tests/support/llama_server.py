@@ -20,7 +20,8 @@ import pandas as pd
 
 from llmrubric.config import load_file
 
-ROOT = Path(__file__).resolve().parents[1]
+from .paths import ROOT
+
 SETTINGS = ROOT / "conf" / "extract" / "server" / "llama_cpp.yaml"
 BUILD_LOG = "llama-cpp-python-build.log"  # written by `make setup` into the venv when the build fails
 

@@ -1,0 +1,47 @@
+"""A small search: the base setting its trials start from, an Optuna config on any storage, and a
+three-trial ``search`` group for the Hydra apps."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from llmrubric.config import group
+from llmrubric.experiments.search import Setting
+
+from .settings import FAST
+
+BASE = Setting({"h1": 6, "h2": 6, "ensemble": 1}, dict(FAST))
+
+TINY_SEARCH = """
+defaults:
+  - optuna
+  - _self_
+n_trials: 3
+batch: 3
+inner_folds: 2
+startup_trials: 2
+progress: false
+space:
+  trainer.lr: {type: float, low: 0.003, high: 0.03, log: true}
+  trainer.pretrain_epochs: {type: int, low: 2, high: 4}
+  trainer.finetune_epochs: {type: int, low: 2, high: 4}
+"""
+
+
+def search_config(storage: str, n_trials: int) -> dict:
+    """The shipped search on ``storage``, shrunk: ``n_trials``, 3 inner folds, 2 random trials first, and no
+    pruning (trials are compared whole: the warm-up is longer than the fast trainer's epochs)."""
+    config = OmegaConf.create(group("search", "optuna"))  # the shipped search settings
+    config.storage, config.n_trials, config.inner_folds, config.startup_trials, config.progress = (
+        storage,
+        n_trials,
+        3,
+        2,
+        False,
+    )
+    config.pruner_warmup_epochs = FAST["pretrain_epochs"] + FAST["finetune_epochs"] + 1
+    config.space = {
+        "model.personalize": {"type": "categorical", "choices": ["input", "none"]},
+        "trainer.lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True},
+    }
+    return config

@@ -1,0 +1,26 @@
+"""The shipped settings the tests train with: ``trainer=fast`` (``conf/trainer/fast.yaml``), the paper's
+network, and the demo experiment shrunk to one small network."""
+
+from __future__ import annotations
+
+from llmrubric.config import compose, group
+
+from .paths import ROOT
+
+FAST = group("trainer", "fast")  # the trainer settings as a dict, for the Python API
+FAST_OVERRIDES = ["trainer=fast"]  # the same for the Hydra apps and the CLI
+PAPER = group("model", "paper")  # the paper's network; tests that need it say so (the default is the shipped model)
+SIMULATED = ROOT / "data" / "simulated"
+TABLES = ("annotations", "features", "texts")
+
+
+def small_demo(*overrides: str):
+    """The demo experiment, shrunk, with absolute data paths (runs from any working directory)."""
+    data = [f"data.train.{t}='{SIMULATED / f'{t}.csv'}'" for t in TABLES]
+    small = [
+        *FAST_OVERRIDES,
+        "++model.ensemble=1",
+        "model.auto.candidates=[network]",  # model=auto with the network alone: its histories are logged
+        "baselines=[]",
+    ]
+    return compose("config", ["experiment=demo", *small, *data, *overrides])

@@ -1,0 +1,95 @@
+"""The README's quickstart runs as written: its commands are read from README.md and run, in order, in a
+temporary folder laid out like a checkout (``conf/``, ``train.py``, ``evaluate.py``) on the shipped simulated
+data. The only substitutions: ``.venv/bin/python`` and ``.venv/bin/llmrubric`` are this interpreter and its
+``llmrubric`` entry point, and the placeholder ``PATH`` of ``--model`` is a tiny local model (the simulated
+texts get a dialogue each, since the shipped table has none)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from support.paths import ROOT
+from support.tiny_models import save_model
+
+pytestmark = pytest.mark.slow
+
+README = ROOT / "README.md"
+HEADING = "## Quickstart with your own data"
+CHECKOUT = ("conf", "train.py", "evaluate.py")  # what the commands name in the repository
+SIMULATED = ROOT / "data" / "simulated"
+TEXTS_PER_SYSTEM, NEW_PER_SYSTEM = 10, 3  # annotated texts to train on, new texts to score (4 systems each)
+LLMRUBRIC = [sys.executable, "-c", "import sys; from llmrubric.cli import main; sys.exit(main())"]
+
+
+def quickstart() -> list[list[str]]:
+    """The argv of each command in the first ``bash`` block under the quickstart heading."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    start = next(i for i in range(lines.index(HEADING), len(lines)) if lines[i].strip() == "```bash") + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "```")
+    commands, pending = [], ""
+    for line in lines[start:end]:
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        argv = shlex.split(pending + line, comments=True)
+        pending = ""
+        if argv:
+            commands.append(argv)
+    return commands
+
+
+def runnable(argv: list[str], model: Path) -> list[str]:
+    """``argv`` with this interpreter for ``.venv/bin/…`` and the tiny model for ``--model PATH``."""
+    program = {".venv/bin/python": [sys.executable], ".venv/bin/llmrubric": LLMRUBRIC}[argv[0]]
+    args = [str(model) if a == "PATH" and before == "--model" else a for before, a in zip(argv, argv[1:])]
+    return [*program, *args]
+
+
+def write_texts(ids: pd.Series, path: Path) -> None:
+    """The simulated texts ``ids`` with a short dialogue each."""
+    texts = pd.read_csv(SIMULATED / "texts.csv").set_index("text_id").loc[ids].reset_index()
+    texts["text"] = [f"user: how do I reset my password ({t})? assistant: open the settings page." for t in ids]
+    texts.to_csv(path, index=False)
+
+
+@pytest.fixture
+def checkout(tmp_path, tok, llama):
+    """A folder with the repository's conf/ and apps, the user's files and a tiny model; the steps' extra
+    input (``new_texts.csv`` and its features) made as step 1 says."""
+    for name in CHECKOUT:
+        (tmp_path / name).symlink_to(ROOT / name)
+    texts = pd.read_csv(SIMULATED / "texts.csv").groupby("system_id").head(TEXTS_PER_SYSTEM + NEW_PER_SYSTEM)
+    new = texts.groupby("system_id").tail(NEW_PER_SYSTEM).text_id
+    train = texts.text_id[~texts.text_id.isin(new)]
+    write_texts(train, tmp_path / "texts.csv")
+    write_texts(new, tmp_path / "new_texts.csv")
+    annotations = pd.read_csv(SIMULATED / "annotations.csv")
+    annotations[annotations.text_id.isin(train)].to_csv(tmp_path / "annotations.csv", index=False)
+    return tmp_path, save_model(llama, tok, tmp_path / "tiny-llm")
+
+
+def test_the_quickstart_commands_run_as_written(checkout):
+    folder, model = checkout
+    commands = quickstart()
+    assert [c[0] for c in commands] == [".venv/bin/llmrubric", *[".venv/bin/python"] * 2, *[".venv/bin/llmrubric"] * 2]
+    extract = commands[0]
+    new_features = [
+        {"texts.csv": "new_texts.csv", "features.parquet": "new_features.parquet"}.get(a, a) for a in extract
+    ]
+    for argv in [extract, new_features, *commands[1:]]:
+        done = subprocess.run(runnable(argv, model), cwd=folder, capture_output=True, text=True)
+        assert done.returncode == 0, f"{shlex.join(argv)}\n{done.stderr[-3000:]}"
+
+    run_dir = folder / "outputs" / "mine"
+    assert (run_dir / "fold0.safetensors").is_file() and json.loads((run_dir / "metrics.json").read_text())["methods"]
+    scores = pd.read_csv(folder / "scores.csv")
+    new_ids = set(pd.read_csv(folder / "new_texts.csv").text_id)
+    assert set(scores.text_id) == new_ids and scores["mean"].notna().all()
+    assert set(pd.read_parquet(folder / "predictions.parquet").text_id) == new_ids
+    assert any((folder / "board").iterdir())

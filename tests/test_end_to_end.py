@@ -195,8 +195,8 @@ def test_cv_training_runs_every_fold_in_one_stacked_program(tmp_path, monkeypatc
         stacked.append(len(nets))
         return train_stacked(nets, *args, **kwargs)
 
-    train_stacked = calibrator.train_stacked
-    monkeypatch.setattr(calibrator, "train_stacked", counting)
+    train_stacked = calibrator.PROGRAMS["stacked"]
+    monkeypatch.setitem(calibrator.PROGRAMS, "stacked", counting)
     data = [
         f"data.train.{t}='{ROOT / 'data' / 'simulated' / f'{t}.csv'}'" for t in ("annotations", "features", "texts")
     ]

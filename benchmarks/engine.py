@@ -40,7 +40,7 @@ from llmrubric.experiments.search import Setting, cross_validate  # noqa: E402
 from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
-from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
+from llmrubric.model.calibrator import NetworkCalibrator, fit_together  # noqa: E402
 from llmrubric.model.encoding import JudgeMap  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -102,7 +102,7 @@ def fold_models(rubric, tables, setting: Setting, folds) -> tuple[list, list]:
     """Untrained fold calibrators and their training tables."""
     ks = sorted(folds.fold.unique())
     trains = [tables.subset(folds.text_id[folds.fold != k]) for k in ks]
-    return [Calibrator(rubric, setting.model, setting.trainer, seed=0) for _ in ks], trains
+    return [NetworkCalibrator(rubric, setting.model, setting.trainer, seed=0) for _ in ks], trains
 
 
 def per_fold(rubric, tables, setting: Setting) -> dict:
@@ -131,7 +131,7 @@ def per_network(rubric, tables, setting: Setting) -> dict:
         for k in sorted(folds.fold.unique()):
             train = tables.subset(folds.text_id[folds.fold != k])
             for member in range(int(setting.model["ensemble"])):
-                Calibrator(rubric, {**setting.model, "ensemble": 1}, setting.trainer, seed=member).fit(train)
+                NetworkCalibrator(rubric, {**setting.model, "ensemble": 1}, setting.trainer, seed=member).fit(train)
     return clock.record()
 
 
@@ -275,11 +275,11 @@ def main() -> None:
 
 
 def per_fold_old(rubric, tables, setting: Setting) -> dict:
-    """The fold models one after another with the recorded engine (``Calibrator.fit`` per fold): time only."""
+    """The fold models one after another with the recorded engine (``NetworkCalibrator.fit`` per fold): time only."""
     folds = text_folds(tables.text_ids, 5, seed=0)
     with Clock() as clock:
         for k in sorted(folds.fold.unique()):
-            Calibrator(rubric, setting.model, setting.trainer, seed=0).fit(
+            NetworkCalibrator(rubric, setting.model, setting.trainer, seed=0).fit(
                 tables.subset(folds.text_id[folds.fold != k])
             )
     return clock.record()

@@ -67,7 +67,7 @@ from llmrubric.io.files import write_json, write_table  # noqa: E402
 from llmrubric.io.predictions import probabilities  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, read_table  # noqa: E402
-from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
+from llmrubric.model.calibrator import NetworkCalibrator, fit_together  # noqa: E402
 from llmrubric.model.judges import add_judge  # noqa: E402
 from llmrubric.scoring import labels as lab  # noqa: E402
 from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
@@ -103,7 +103,8 @@ def held_out_texts(name: str, rubric: Rubric, tables: Tables, cache: Path) -> pd
     ]
     started = time.perf_counter()
     models = fit_together(
-        [Calibrator(rubric, model_settings(), group("trainer", "default"), 0) for _ in splits], [tr for tr, _ in splits]
+        [NetworkCalibrator(rubric, model_settings(), group("trainer", "default"), 0) for _ in splits],
+        [tr for tr, _ in splits],
     )
     print(f"{name}: {len(models)} leave-one-system-out fits in {time.perf_counter() - started:.0f} s", flush=True)
     main = rubric.main
@@ -224,7 +225,7 @@ def judge_add_figures(
         ]
         started = time.perf_counter()
         models = fit_together(
-            [Calibrator(rubric, model_settings(model), trainer, 0) for _ in range(len(picks) + 2)],
+            [NetworkCalibrator(rubric, model_settings(model), trainer, 0) for _ in range(len(picks) + 2)],
             [without, train, *retrain_tables],
         )
         print(f"judge {j}: {len(models)} fits in {time.perf_counter() - started:.0f} s", flush=True)

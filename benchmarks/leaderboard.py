@@ -49,7 +49,7 @@ from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables  # noqa: E402
 from llmrubric.model.baselines import ExpectedLLM  # noqa: E402
-from llmrubric.model.calibrator import Calibrator  # noqa: E402
+from llmrubric.model.calibrator import NetworkCalibrator  # noqa: E402
 from llmrubric.scoring import leaderboard as lb  # noqa: E402
 from llmrubric.scoring.scores import score_texts  # noqa: E402
 
@@ -76,13 +76,13 @@ def calibrated_predictions(root: str, seed: int) -> dict:
     logging.disable(logging.WARNING)
     rubric, synthetic, real = data(root)
     q = [rubric.main.id]
-    model = Calibrator(rubric, seed=seed).fit(synthetic)
+    model = NetworkCalibrator(rubric, seed=seed).fit(synthetic)
     out = {"real": score_texts(model, real.features, real.texts, questions=q, keep_predictions=True).predictions}
     folds = text_folds(synthetic.text_ids, 5, seed=0)
     parts = []
     for k in range(5):
         held = folds.text_id[folds.fold == k]
-        fold_model = Calibrator(rubric, seed=seed).fit(synthetic.subset(folds.text_id[folds.fold != k]))
+        fold_model = NetworkCalibrator(rubric, seed=seed).fit(synthetic.subset(folds.text_id[folds.fold != k]))
         test = synthetic.subset(held)
         parts.append(score_texts(fold_model, test.features, test.texts, questions=q, keep_predictions=True).predictions)
     out["synthetic"] = pd.concat(parts, ignore_index=True)
@@ -134,7 +134,7 @@ def score_million(checkpoint: str, features: str, out: str, judges: int) -> dict
 
     logging.disable(logging.WARNING)
     start = time.perf_counter()
-    model = Calibrator.load(checkpoint)
+    model = NetworkCalibrator.load(checkpoint)
     feats = validate_features(read_table(features, "features"), model.rubric)
     read_seconds = time.perf_counter() - start
     result = score_texts(model, feats, chunk_texts=SETTINGS["chunk_texts"], predictions_out=out)
@@ -286,7 +286,7 @@ def read_validate_speed(root: str, n_pairs: int, repeats: int, out: str) -> None
 
 def scoring_speed(rubric: Rubric, synthetic: Tables, real: Tables, n_pairs: int) -> dict:
     """Score ``n_pairs`` (text, judge) pairs of replicated real features in a fresh process."""
-    model = Calibrator(rubric, seed=0).fit(synthetic)
+    model = NetworkCalibrator(rubric, seed=0).fit(synthetic)
     judges = len(model.judges_.judges)
     big = replicated_features(real, judges, n_pairs)
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,7 +35,7 @@ from llmrubric.evaluation.metrics import METRICS, evaluate, seed_sd  # noqa: E40
 from llmrubric.experiments.search import Setting, cross_validate, run_search  # noqa: E402
 from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.model.calibrator import Calibrator  # noqa: E402
+from llmrubric.model.calibrator import NetworkCalibrator  # noqa: E402
 
 
 def reference_setting(root: Path) -> Setting:
@@ -94,7 +94,7 @@ def outer_fold(args: tuple) -> dict:
     train, test = synthetic.subset(folds.text_id[folds.fold != k]), synthetic.subset(folds.text_id[folds.fold == k])
     start, cpu = time.perf_counter(), time.process_time()
     selected, study = run_search(rubric, train, default_setting(), search_config(trials, batch), f"outer-{k}", seed=0)
-    model = Calibrator(rubric, selected.model, selected.trainer, seed=0).fit(train)
+    model = NetworkCalibrator(rubric, selected.model, selected.trainer, seed=0).fit(train)
     return {
         "fold": k,
         "seconds": time.perf_counter() - start,
@@ -167,7 +167,7 @@ def main() -> None:
         )
         runs = []
         for seed in range(args.seeds):
-            model = Calibrator(rubric, selected.model, selected.trainer, seed).fit(synthetic)
+            model = NetworkCalibrator(rubric, selected.model, selected.trainer, seed).fit(synthetic)
             runs.append(evaluate(model.predict(real, questions=[rubric.main.id]), real.annotations, rubric.main))
         report["real"] = {
             m: {

@@ -74,7 +74,7 @@ from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
-from llmrubric.model.calibrator import Calibrator, fit_together  # noqa: E402
+from llmrubric.model.calibrator import NetworkCalibrator, fit_together  # noqa: E402
 from llmrubric.scoring.leaderboard import rms, shift_half_width  # noqa: E402
 
 METHODS = ("default", "ordinal", "combined", "ridge_judge", "mean_of_sources", "best_source")
@@ -144,7 +144,7 @@ def split_predictions(method: str, rubric: Rubric, splits: list[tuple], seed: in
     (the calibrator heads of all splits are fitted together)."""
     if method in HEADS:
         models = fit_together(
-            [Calibrator(rubric, config("model", method), config("trainer", "default"), seed) for _ in splits],
+            [NetworkCalibrator(rubric, config("model", method), config("trainer", "default"), seed) for _ in splits],
             [tr for tr, _ in splits],
         )
         return [m.predict(te, questions=[rubric.main.id]) for m, (_, te) in zip(models, splits)]

@@ -3,7 +3,7 @@
 The public API, imported on first use so that ``import llmrubric`` (and the CLI) stays light:
 
 - tables and rubrics: :class:`Rubric`, :func:`load_tables`, :func:`read_table`, :func:`write_table`
-- the models: :class:`AutoCalibrator` (the shipped default, ``model=auto``), :class:`Calibrator`
+- the models: :class:`AutoCalibrator` (the shipped default, ``model=auto``), :class:`NetworkCalibrator`
   (the calibration network alone), :func:`load_model` (any checkpoint)
 - scores and leaderboards: :func:`score_texts`, :func:`build_leaderboard`, :func:`rank_correlation`
 - data: :func:`simulate`
@@ -20,7 +20,7 @@ _PUBLIC = {
     "read_table": "llmrubric.io.tables",
     "write_table": "llmrubric.io.files",
     "AutoCalibrator": "llmrubric.model.auto",
-    "Calibrator": "llmrubric.model.calibrator",
+    "NetworkCalibrator": "llmrubric.model.calibrator",
     "load_model": "llmrubric.model.estimator",
     "score_texts": "llmrubric.scoring.scores",
     "rank_correlation": "llmrubric.scoring.leaderboard",

@@ -28,7 +28,7 @@ from llmrubric.cli import main as cli_main
 from llmrubric.extract.testbank import Item, write_bank
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 
 SIM = ROOT / "data" / "simulated"
 FAST_TRAIN = [
@@ -52,7 +52,7 @@ def world(tmp_path_factory):
     ann[ann.text_id.isin(keep)].to_csv(w / "ann.csv", index=False)
     feats[feats.text_id.isin(keep)].to_csv(w / "feats.csv", index=False)
     tables = load_tables(w / "ann.csv", w / "feats.csv", rubric, w / "texts.csv")
-    model = Calibrator(rubric, {"ensemble": 1}, FAST, 0).fit(tables)
+    model = NetworkCalibrator(rubric, {"ensemble": 1}, FAST, 0).fit(tables)
     model.save(w / "model.safetensors")
     assert (
         cli_main(

@@ -8,7 +8,7 @@ from support.settings import FAST, PAPER
 from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def split(simulated):
 
 @pytest.fixture(scope="module")
 def fitted(rubric, split):
-    return Calibrator(rubric, trainer=FAST, seed=3).fit(split[0])
+    return NetworkCalibrator(rubric, trainer=FAST, seed=3).fit(split[0])
 
 
 def test_predictions_are_distributions_with_mean_and_variance(fitted, split, rubric):
@@ -35,22 +35,22 @@ def test_predictions_are_distributions_with_mean_and_variance(fitted, split, rub
 
 
 def test_same_seed_same_predictions(rubric, split, fitted):
-    again = Calibrator(rubric, trainer=FAST, seed=3).fit(split[0])
+    again = NetworkCalibrator(rubric, trainer=FAST, seed=3).fit(split[0])
     pd.testing.assert_frame_equal(again.predict(split[1]), fitted.predict(split[1]))
-    other = Calibrator(rubric, trainer=FAST, seed=4).fit(split[0])
+    other = NetworkCalibrator(rubric, trainer=FAST, seed=4).fit(split[0])
     assert not np.allclose(other.predict(split[1])["mean"], fitted.predict(split[1])["mean"])
 
 
 def test_checkpoint_round_trip_is_exact_and_pickle_free(fitted, split, tmp_path):
     path = fitted.save(tmp_path / "model.safetensors")
     assert path.read_bytes()[:8] != b"\x80\x04\x95"
-    loaded = Calibrator.load(path)
+    loaded = NetworkCalibrator.load(path)
     pd.testing.assert_frame_equal(loaded.predict(split[1]), fitted.predict(split[1]))
     assert loaded.layout_ == fitted.layout_ and loaded.judges_ == fitted.judges_
 
 
 def test_unseen_judge_gets_shared_weights_and_a_warning(rubric, split, caplog):
-    fitted = Calibrator(rubric, PAPER, FAST, seed=3).fit(split[0])  # the paper's judge deltas
+    fitted = NetworkCalibrator(rubric, PAPER, FAST, seed=3).fit(split[0])  # the paper's judge deltas
     test = split[1]
     pairs = pd.DataFrame({"text_id": [test.text_ids[0]] * 2, "judge_id": ["J01", "NEWJUDGE"]})
     with caplog.at_level(logging.WARNING):
@@ -82,5 +82,5 @@ def test_layout_mismatch_at_prediction_is_an_error(fitted, split):
 
 
 def test_restricted_inputs(rubric, split):
-    q0_only = Calibrator(rubric, trainer=FAST, feature_questions=["Q0"]).fit(split[0])
+    q0_only = NetworkCalibrator(rubric, trainer=FAST, feature_questions=["Q0"]).fit(split[0])
     assert [b.question_id for b in q0_only.layout_.blocks] == ["Q0"] and q0_only.layout_.dim == 5

@@ -28,7 +28,7 @@ from llmrubric.config import (
 from llmrubric.io.errors import InputError
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.baselines import make_method
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.network import CalibrationNet
 
 
@@ -42,7 +42,7 @@ def test_the_python_api_the_hydra_apps_and_the_cli_default_to_the_same_settings(
     for settings in (group("trainer"), dict(hydra.trainer), cli["trainer"]):
         assert settings == vars(api.trainer) == asdict(TrainConfig())
     assert api.settings == AutoConfig() and list(api.settings.candidates) == list(AUTO_CANDIDATES)
-    network = Calibrator(rubric)  # the network alone: model=default
+    network = NetworkCalibrator(rubric)  # the network alone: model=default
     assert network.model == group("model", "default") == asdict(ModelConfig())
     assert network.model["inputs"] == "expected" and network.model["ensemble"] == 5 and api.trainer.lr == 0.003
 
@@ -64,7 +64,7 @@ def test_named_configs_override_the_defaults_they_name(rubric):
         "ensemble": 1,
     }
     assert group("model", "ordinal", ["h1=7"])["h1"] == 7 and group("model", "ordinal")["head"] == "ordinal"
-    assert Calibrator(rubric, paper).model == paper
+    assert NetworkCalibrator(rubric, paper).model == paper
     assert make_method("llm_rubric_paper", rubric).model == paper  # Table 1's paper row is this config
 
 

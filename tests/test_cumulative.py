@@ -11,7 +11,7 @@ from llmrubric.config import group
 from llmrubric.data.simulate import simulate_shift
 from llmrubric.evaluation.metrics import evaluate
 from llmrubric.io.errors import InputError
-from llmrubric.model.calibrator import Calibrator, fit_together
+from llmrubric.model.calibrator import NetworkCalibrator, fit_together
 from llmrubric.model.cumulative import CumulativeNet
 
 ORDINAL, COMBINED = group("model", "ordinal"), group("model", "combined")
@@ -28,9 +28,9 @@ def shift(rubric):
 def fitted(rubric, shift):
     return fit_together(
         [
-            Calibrator(rubric, ORDINAL, FAST, 0),
-            Calibrator(rubric, COMBINED, FAST, 0),
-            Calibrator(rubric, {"ensemble": 1}, FAST, 0),
+            NetworkCalibrator(rubric, ORDINAL, FAST, 0),
+            NetworkCalibrator(rubric, COMBINED, FAST, 0),
+            NetworkCalibrator(rubric, {"ensemble": 1}, FAST, 0),
         ],
         [shift[0]] * 3,
     )
@@ -86,19 +86,19 @@ def test_ordinal_head_extrapolates_to_a_system_beyond_the_training_ones(fitted, 
 @pytest.mark.slow
 def test_checkpoints_round_trip(fitted, shift, tmp_path):
     for i, model in enumerate(fitted[:2]):
-        loaded = Calibrator.load(model.save(tmp_path / f"m{i}.safetensors"))
+        loaded = NetworkCalibrator.load(model.save(tmp_path / f"m{i}.safetensors"))
         assert loaded.model["head"] == model.model["head"] and all(isinstance(n, CumulativeNet) for n in loaded.nets_)
         pd.testing.assert_frame_equal(loaded.predict(shift[1]), model.predict(shift[1]))
-    assert Calibrator.load(fitted[2].save(tmp_path / "net.safetensors")).model["head"] == "softmax"
+    assert NetworkCalibrator.load(fitted[2].save(tmp_path / "net.safetensors")).model["head"] == "softmax"
 
 
 def test_bad_head_settings_are_named(rubric):
     with pytest.raises(InputError, match="model.head"):
-        Calibrator(rubric, {**ORDINAL, "head": "logit"})
+        NetworkCalibrator(rubric, {**ORDINAL, "head": "logit"})
     with pytest.raises(InputError, match="personalize=none"):
-        Calibrator(rubric, {**ORDINAL, "personalize": "input"})
+        NetworkCalibrator(rubric, {**ORDINAL, "personalize": "input"})
     with pytest.raises(InputError, match="inputs=expected"):
-        Calibrator(rubric, {**ORDINAL, "inputs": "probabilities"})
+        NetworkCalibrator(rubric, {**ORDINAL, "inputs": "probabilities"})
 
 
 @pytest.mark.slow
@@ -122,8 +122,8 @@ def test_cumulative_heads_refuse_a_categorical_question(rubric):
             q["ordered"] = False
     categorical = Rubric.from_dict(data, "categorical.yaml")
     with pytest.raises(InputError, match=r"categorical.yaml.*\['Q8'\] are categorical"):
-        Calibrator(categorical, ORDINAL)
-    assert Calibrator(categorical, {"ensemble": 1}).model["head"] == "softmax"
+        NetworkCalibrator(categorical, ORDINAL)
+    assert NetworkCalibrator(categorical, {"ensemble": 1}).model["head"] == "softmax"
 
 
 def test_cumulative_heads_run_the_stacked_networks_epoch_loop_pruning_included(rubric, shift):
@@ -135,7 +135,7 @@ def test_cumulative_heads_run_the_stacked_networks_epoch_loop_pruning_included(r
         return [0] if epoch == 1 else None
 
     ordinal, network = fit_together(
-        [Calibrator(rubric, ORDINAL, FAST, 0), Calibrator(rubric, {"ensemble": 1}, FAST, 0)],
+        [NetworkCalibrator(rubric, ORDINAL, FAST, 0), NetworkCalibrator(rubric, {"ensemble": 1}, FAST, 0)],
         [shift[0]] * 2,
         on_epoch=prune_the_ordinal_head,
     )

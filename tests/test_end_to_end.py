@@ -14,7 +14,7 @@ from support.settings import FAST, FAST_OVERRIDES, PAPER
 from llmrubric.cli import main as cli
 from llmrubric.data.splits import holdout_texts
 from llmrubric.evaluation.metrics import evaluate
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 
 pytestmark = pytest.mark.slow  # every test trains through the Hydra apps or on the shared release
 
@@ -127,20 +127,22 @@ def test_personalization_recovers_the_idiosyncratic_judge(simulated, rubric):
     train, test = simulated.subset(train_texts), simulated.subset(test_texts)
     errors = {}
     for name, model in {"shipped": {}, "paper": PAPER, "none": {"personalize": "none"}}.items():
-        pred = Calibrator(rubric, model, FAST, seed=0).fit(train).predict(test, questions=["Q0"])
+        pred = NetworkCalibrator(rubric, model, FAST, seed=0).fit(train).predict(test, questions=["Q0"])
         ann = test.annotations[test.annotations.judge_id == judge]
         errors[name] = evaluate(pred[pred.judge_id == judge], ann, rubric.main)["rmse"]
     assert errors["shipped"] < 0.85 * errors["none"] and errors["paper"] < 0.85 * errors["none"], errors
 
 
 def test_synthetic_to_real_the_shipped_default_beats_the_paper_model_and_the_llm(llm_rubric_data, rubric):
-    """``Calibrator(rubric)`` is the shipped ``llm_rubric`` (README, Table 1): better than the paper's
+    """``NetworkCalibrator(rubric)`` is the shipped ``llm_rubric`` (README, Table 1): better than the paper's
     network and the expected LLM answer on the real dialogues."""
     from llmrubric.model.baselines import make_method
 
     synthetic, real = llm_rubric_data
-    model = evaluate(Calibrator(rubric, seed=0).fit(synthetic).predict(real), real.annotations, rubric.main)
-    paper = evaluate(Calibrator(rubric, PAPER, seed=0).fit(synthetic).predict(real), real.annotations, rubric.main)
+    model = evaluate(NetworkCalibrator(rubric, seed=0).fit(synthetic).predict(real), real.annotations, rubric.main)
+    paper = evaluate(
+        NetworkCalibrator(rubric, PAPER, seed=0).fit(synthetic).predict(real), real.annotations, rubric.main
+    )
     llm = evaluate(make_method("expected_llm", rubric).predict(real), real.annotations, rubric.main)
     for other in (paper, llm):
         assert model["rmse"] < other["rmse"] and model["pearson"] > other["pearson"], (model, paper, llm)
@@ -204,6 +206,6 @@ def test_cv_training_runs_every_fold_in_one_stacked_program(tmp_path, monkeypatc
     cfg = compose("config", [*overrides, "model=default", *FAST_OVERRIDES])
     assert train_app(cfg) > 0
     assert stacked == [3 * cfg.model.ensemble]
-    models = [Calibrator.load(tmp_path / f"fold{fold}.safetensors") for fold in range(3)]
+    models = [NetworkCalibrator.load(tmp_path / f"fold{fold}.safetensors") for fold in range(3)]
     assert [len(m.nets_) for m in models] == [cfg.model.ensemble] * 3
     assert len({json.dumps(m.train_texts_, sort_keys=True) for m in models}) == 3

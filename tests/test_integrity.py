@@ -23,7 +23,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.files import write_json, write_table
 from llmrubric.io.tables import read_table, validate_annotations, validate_features
 from llmrubric.model.auto import AutoCalibrator
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.encoding import FeatureLayout
 from llmrubric.scoring import leaderboard as lb
 
@@ -116,7 +116,7 @@ def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, mo
 
 
 def test_non_finite_predictions_are_an_error_not_a_score(simulated, rubric):
-    model = Calibrator(rubric, {"ensemble": 1}, FAST, 0).fit(simulated.subset(simulated.text_ids[:30]))
+    model = NetworkCalibrator(rubric, {"ensemble": 1}, FAST, 0).fit(simulated.subset(simulated.text_ids[:30]))
     with torch.no_grad():
         next(p for p in model.nets_[0].parameters() if p.numel()).view(-1)[0] = float("nan")
     with pytest.raises(InputError, match="non-finite predictions"):

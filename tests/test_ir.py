@@ -17,7 +17,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.ir import autograder as ag
 from llmrubric.ir import nuggets as ng
 from llmrubric.ir.calibrated import calibrated_labels, ir_tables
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 
 GRADES = pd.DataFrame(
     [
@@ -251,7 +251,7 @@ def test_calibrated_autograder_beats_the_uncalibrated_max_grade():
     feats, texts, labels = simulate_passages()
     train_texts, test_texts = holdout_texts(texts.text_id, 0.3, seed=0)
     tables = ir_tables(feats, "self_rating", labels, rubric)
-    model = Calibrator(rubric, trainer=FAST, seed=0).fit(tables.subset(train_texts))
+    model = NetworkCalibrator(rubric, trainer=FAST, seed=0).fit(tables.subset(train_texts))
     test = texts[texts.text_id.isin(test_texts)]
     calibrated = calibrated_labels(model, feats[feats.text_id.isin(test_texts)], "self_rating", test)
     raw = ag.passage_labels(ag.grades_from_features(feats[feats.text_id.isin(test_texts)], test, mode="expected"))

@@ -20,7 +20,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.baselines import RidgeJudge, answered_pairs
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.estimator import load_model
 from llmrubric.model.judges import add_judge
 from llmrubric.scoring import labels as lab
@@ -302,7 +302,7 @@ def judge_world(tmp_path_factory):
         ("ordinal", {"ensemble": 1, "head": "ordinal", "personalize": "none"}),
         ("none", {"ensemble": 1, "personalize": "none"}),
     ):
-        Calibrator(rubric, model, FAST, 0).fit(tables).save(w / f"{name}.safetensors")
+        NetworkCalibrator(rubric, model, FAST, 0).fit(tables).save(w / f"{name}.safetensors")
     AutoCalibrator(rubric, {**model_file("auto"), "ensemble": 1}, FAST, 0).fit(tables).save(w / "auto.safetensors")
     return w, rubric
 
@@ -332,7 +332,7 @@ def test_a_judge_added_to_model_auto_reaches_every_member(judge_world, tmp_path)
 @pytest.mark.slow
 def test_added_judge_fits_only_its_own_parameters(family, judge_world):
     w, rubric = judge_world
-    old = Calibrator.load(w / f"{family}.safetensors")
+    old = NetworkCalibrator.load(w / f"{family}.safetensors")
     tables = load_tables(w / "new.csv", w / "feats.csv", rubric)
     new = add_judge(old, tables, NEW)
     assert new.judges_.judges == (*old.judges_.judges, NEW) and old.judges_.judges[-1] != NEW
@@ -347,7 +347,7 @@ def test_added_judge_fits_only_its_own_parameters(family, judge_world):
         and fit["answers"] == (tables.annotations.question_id == rubric.main.id).sum()
     )
     new.save(w / f"{family}_new.safetensors")
-    back = Calibrator.load(w / f"{family}_new.safetensors")
+    back = NetworkCalibrator.load(w / f"{family}_new.safetensors")
     assert np.allclose(back.predict(tables)[q], new.predict(tables)[q], atol=1e-6)
     assert not np.allclose(new.predict(tables)[q], old.predict(tables)[q], atol=1e-3)  # J01 was unseen before
 
@@ -399,9 +399,9 @@ def test_add_judge_refuses_other_families_and_judges_without_parameters(judge_wo
     with pytest.raises(InputError, match="llmrubric calibrators only, not to a RidgeJudge"):
         add_judge(RidgeJudge(rubric), tables, NEW)
     with pytest.raises(InputError, match="no judge-specific parameters"):
-        add_judge(Calibrator.load(w / "none.safetensors"), tables, NEW)
+        add_judge(NetworkCalibrator.load(w / "none.safetensors"), tables, NEW)
     with pytest.raises(InputError, match="not trained"):
-        add_judge(Calibrator(rubric), tables, NEW)
+        add_judge(NetworkCalibrator(rubric), tables, NEW)
 
 
 @pytest.mark.parametrize("case", ["known_judge", "too_few", "other_rubric"])

@@ -18,7 +18,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
 from llmrubric.model.baselines import expand_baselines, make_method
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.report.plan import ReportPlan
 from llmrubric.report.settings import ReportSettings
 
@@ -110,7 +110,9 @@ def test_categorical_main_question_learned_and_baselines(multi_source):
         and not skipped
     )
     methods = {
-        "llm_rubric": Calibrator(rubric, {"ensemble": 1, "inputs": "expected", "personalize": "input"}, FAST, seed=0)
+        "llm_rubric": NetworkCalibrator(
+            rubric, {"ensemble": 1, "inputs": "expected", "personalize": "input"}, FAST, seed=0
+        )
     }
     methods.update({n: make_method(n, rubric) for n in names})
     metrics = {n: evaluate(m.fit(train).predict(test), test.annotations, rubric.main) for n, m in methods.items()}
@@ -136,7 +138,9 @@ def test_summary_features_as_the_only_inputs(multi_source):
     train_texts, test_texts = holdout_texts(data.text_ids, 0.3, seed=0)
     train, test = data.subset(train_texts), data.subset(test_texts)
     ridge = evaluate(make_method("ridge_judge", rubric).fit(train).predict(test), test.annotations, rubric.main)
-    model = Calibrator(rubric, {"ensemble": 1, "inputs": "expected", "personalize": "input"}, FAST, seed=0).fit(train)
+    model = NetworkCalibrator(rubric, {"ensemble": 1, "inputs": "expected", "personalize": "input"}, FAST, seed=0).fit(
+        train
+    )
     learned = evaluate(model.predict(test), test.annotations, rubric.main)
     constant = evaluate(make_method("constant", rubric).fit(train).predict(test), test.annotations, rubric.main)
     assert ridge["pearson"] > 0.6 and learned["pearson"] > 0.6 and learned["nll"] < constant["nll"]

@@ -5,7 +5,7 @@ from scipy import stats
 from scipy.optimize import minimize_scalar
 from support.settings import FAST
 
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.ordinal import blend, fit_ordinal_weight, ordinal_shape
 
 PLAIN = {**FAST, "ordinal_blend": False}
@@ -14,7 +14,7 @@ PLAIN = {**FAST, "ordinal_blend": False}
 @pytest.fixture(scope="module")
 def member(rubric, simulated):
     """A fitted network (temperature scaled, not blended) with its early-stopping rows."""
-    cal = Calibrator(rubric, trainer=PLAIN, seed=0).fit(simulated)
+    cal = NetworkCalibrator(rubric, trainer=PLAIN, seed=0).fit(simulated)
     _, _, vals, _ = cal._members(simulated)
     return cal.nets_[0], vals[0]
 
@@ -68,8 +68,8 @@ def test_a_question_with_too_few_held_out_cells_keeps_weight_zero(member):
 
 @pytest.mark.slow
 def test_calibrators_blend_by_default_and_the_checkpoint_keeps_the_weights(rubric, simulated, tmp_path):
-    blended = Calibrator(rubric, trainer=FAST, seed=0).fit(simulated)
-    plain = Calibrator(rubric, trainer=PLAIN, seed=0).fit(simulated)
+    blended = NetworkCalibrator(rubric, trainer=FAST, seed=0).fit(simulated)
+    plain = NetworkCalibrator(rubric, trainer=PLAIN, seed=0).fit(simulated)
     weights = blended.summaries_[0]["ordinal_weight"]
     assert blended.nets_[0].ordinal_weight.tolist() == weights and any(w > 0 for w in weights)
     assert (
@@ -82,6 +82,6 @@ def test_calibrators_blend_by_default_and_the_checkpoint_keeps_the_weights(rubri
     ]
     expected = torch.stack(members).mean(dim=0)
     assert np.allclose(blended.predict_proba(data), expected.numpy(), atol=1e-6)  # same weights, only the blend differs
-    loaded = Calibrator.load(blended.save(tmp_path / "blended.safetensors"))
+    loaded = NetworkCalibrator.load(blended.save(tmp_path / "blended.safetensors"))
     assert loaded.nets_[0].ordinal_weight.tolist() == weights
     assert np.allclose(loaded.predict(simulated)["mean"], blended.predict(simulated)["mean"])

@@ -22,7 +22,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.files import write_folder
 from llmrubric.io.tables import Tables
 from llmrubric.model.baselines import METHODS
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
 from llmrubric.report.build import check_report_config
 from llmrubric.report.settings import ReportSettings
@@ -103,8 +103,8 @@ def test_other_judges_answers_exclude_the_target_judge(rubric, split):
 def test_calibrator_appends_pair_features_and_refuses_to_save_them(rubric, split, tmp_path):
     train, test = split
     extra = JudgeAnswers(rubric)
-    model = Calibrator(rubric, trainer=FAST, pair_features=extra).fit(train)
-    plain = Calibrator(rubric, trainer=FAST)
+    model = NetworkCalibrator(rubric, trainer=FAST, pair_features=extra).fit(train)
+    plain = NetworkCalibrator(rubric, trainer=FAST)
     plain.layout_, plain.judges_ = model.layout_, model.judges_
     encoded, plain_x = model.encode(test), plain.encode(test).x
     assert encoded.x.shape[1] == plain_x.shape[1] + extra.dim
@@ -115,15 +115,15 @@ def test_calibrator_appends_pair_features_and_refuses_to_save_them(rubric, split
     with pytest.raises(InputError, match="cannot be saved"):
         model.save(tmp_path / "oracle.safetensors")
     assert not (tmp_path / "oracle.safetensors").exists()
-    only = Calibrator(rubric, trainer=FAST, pair_features=extra, llm_features=False).fit(train)
+    only = NetworkCalibrator(rubric, trainer=FAST, pair_features=extra, llm_features=False).fit(train)
     assert only.encode(test).x.shape[1] == extra.dim and np.isfinite(only.predict(test)["mean"]).all()
     with pytest.raises(InputError, match="needs pair_features"):
-        Calibrator(rubric, llm_features=False)
+        NetworkCalibrator(rubric, llm_features=False)
 
 
 def test_personal_isotonic_changes_only_the_point_prediction(rubric, split):
     train, test = split
-    model = PersonalIsotonic(Calibrator(rubric, {"personalize": False}, FAST), rubric).fit(train)
+    model = PersonalIsotonic(NetworkCalibrator(rubric, {"personalize": False}, FAST), rubric).fit(train)
     base = model.base.predict(test)
     base = base[base.question_id == "Q0"].reset_index(drop=True)
     corrected = model.predict(test)

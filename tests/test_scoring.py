@@ -9,7 +9,7 @@ from llmrubric.cli import main
 from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
 
@@ -21,7 +21,7 @@ def split(simulated):
 
 @pytest.fixture(scope="module")
 def model(rubric, split):
-    return Calibrator(rubric, trainer=FAST, seed=0).fit(split[0])
+    return NetworkCalibrator(rubric, trainer=FAST, seed=0).fit(split[0])
 
 
 def _reference(model, test, judges, questions=None):
@@ -50,7 +50,7 @@ def test_judge_free_scores_match_the_public_predictions(model, split):
 
 def test_an_ensemble_with_judge_input_personalization_scores_on_the_fast_path(rubric, split):
     train, test = split
-    model = Calibrator(
+    model = NetworkCalibrator(
         rubric,
         {"personalize": "input", "inputs": "expected", "input_dropout": 0.2, "ensemble": 2},
         trainer=FAST,

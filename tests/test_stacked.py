@@ -5,7 +5,7 @@ from support.settings import FAST
 
 from llmrubric.config import TrainConfig
 from llmrubric.data.splits import text_folds
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, encode
 from llmrubric.model.engine import train_stacked
 from llmrubric.model.network import CalibrationNet
@@ -79,12 +79,12 @@ def test_ensemble_members_differ_and_seeds_share_nothing(rubric, simulated):
     folds = text_folds(simulated.text_ids, 3, seed=0)
     train = simulated.subset(folds.text_id[folds.fold != 0])
     model = {"personalize": "input", "inputs": "expected", "ensemble": 2}
-    fit = Calibrator(rubric, model, TRAINER, seed=3).fit(train)
+    fit = NetworkCalibrator(rubric, model, TRAINER, seed=3).fit(train)
     members = [fit.nets_[m].layer1.weight for m in range(2)]
     assert not np.allclose(members[0].detach(), members[1].detach())
-    seeds = {s: Calibrator(rubric, {"ensemble": 5}, seed=s).seeds for s in range(10)}
+    seeds = {s: NetworkCalibrator(rubric, {"ensemble": 5}, seed=s).seeds for s in range(10)}
     assert len({m for members in seeds.values() for m in members}) == 50  # runs with seeds 0..9: 50 distinct members
-    assert seeds[0] == Calibrator(rubric, {"ensemble": 5}, seed=0).seeds  # and reproducible
+    assert seeds[0] == NetworkCalibrator(rubric, {"ensemble": 5}, seed=0).seeds  # and reproducible
 
 
 @pytest.mark.slow
@@ -177,7 +177,9 @@ def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, 
     train, test = simulated.subset(folds.text_id[folds.fold != 0]), simulated.subset(folds.text_id[folds.fold == 0])
     kinds = [("expected", "input"), ("probabilities", "none"), ("both", "input"), ("expected", "deltas")]
     make = lambda: [
-        Calibrator(rubric, {"inputs": i, "personalize": p, "h1": 6 + k, "ensemble": 1, **NO_DROPOUT}, TRAINER, seed=k)
+        NetworkCalibrator(
+            rubric, {"inputs": i, "personalize": p, "h1": 6 + k, "ensemble": 1, **NO_DROPOUT}, TRAINER, seed=k
+        )
         for k, (i, p) in enumerate(kinds)
     ]
     judges = JudgeMap.from_annotations(simulated.annotations)

@@ -4,14 +4,14 @@ import torch
 from scipy.optimize import minimize_scalar
 from support.settings import FAST
 
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.temperature import GRID, _grid_nll, best_inverse_temperature, fit_temperature
 
 
 @pytest.fixture(scope="module")
 def member(rubric, simulated):
     """A fitted network (no temperature yet) with its early-stopping rows."""
-    cal = Calibrator(rubric, trainer={**FAST, "temperature_scaling": False}, seed=0).fit(simulated)
+    cal = NetworkCalibrator(rubric, trainer={**FAST, "temperature_scaling": False}, seed=0).fit(simulated)
     _, _, vals, _ = cal._members(simulated)
     return cal, cal.nets_[0], vals[0]
 
@@ -60,8 +60,8 @@ def test_a_question_with_too_few_held_out_cells_keeps_temperature_one(member, ru
 
 @pytest.mark.slow
 def test_calibrators_scale_by_default_and_the_checkpoint_keeps_the_temperatures(rubric, simulated, tmp_path):
-    scaled = Calibrator(rubric, trainer=FAST, seed=0).fit(simulated)
-    plain = Calibrator(rubric, trainer={**FAST, "temperature_scaling": False}, seed=0).fit(simulated)
+    scaled = NetworkCalibrator(rubric, trainer=FAST, seed=0).fit(simulated)
+    plain = NetworkCalibrator(rubric, trainer={**FAST, "temperature_scaling": False}, seed=0).fit(simulated)
     temps = scaled.summaries_[0]["temperature"]
     assert scaled.nets_[0].temperature.tolist() == temps and temps != [1.0] * len(temps)
     assert plain.nets_[0].temperature.tolist() == [1.0] * len(temps) and "temperature" not in plain.summaries_[0]
@@ -71,7 +71,7 @@ def test_calibrators_scale_by_default_and_the_checkpoint_keeps_the_temperatures(
         for name, c in (("s", scaled), ("p", plain))
     }
     assert torch.allclose(logits["s"] * temps[q0], logits["p"], atol=1e-5)  # same weights, only the scale differs
-    loaded = Calibrator.load(scaled.save(tmp_path / "scaled.safetensors"))
+    loaded = NetworkCalibrator.load(scaled.save(tmp_path / "scaled.safetensors"))
     assert loaded.nets_[0].temperature.tolist() == temps
     assert np.allclose(loaded.predict(simulated)["mean"], scaled.predict(simulated)["mean"])
 

@@ -44,7 +44,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.files import write_json, write_table
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.calibrator import Calibrator, fit_together
+from llmrubric.model.calibrator import NetworkCalibrator, fit_together
 from llmrubric.model.encoding import JudgeMap
 
 log = logging.getLogger(__name__)
@@ -118,10 +118,10 @@ class _FoldData:
         self.tests = [tables.subset(folds.text_id[folds.fold == k]) for k in self.ks]
         self._encoded: list | None = None
 
-    def calibrators(self, setting: Setting, seed: int) -> list[Calibrator]:
-        return [Calibrator(self.rubric, setting.model, setting.trainer, seed) for _ in self.ks]
+    def calibrators(self, setting: Setting, seed: int) -> list[NetworkCalibrator]:
+        return [NetworkCalibrator(self.rubric, setting.model, setting.trainer, seed) for _ in self.ks]
 
-    def score(self, models: list[Calibrator], frames: bool = True) -> tuple[dict, pd.DataFrame | None]:
+    def score(self, models: list[NetworkCalibrator], frames: bool = True) -> tuple[dict, pd.DataFrame | None]:
         """Pooled held-out metrics of fitted fold models on the main question (and each fold's NLL),
         computed from the encoded test pairs; with ``frames``, also their predictions table."""
         if self._encoded is None:
@@ -194,7 +194,7 @@ class Objective:
         if accepted:
             self._train(study, *(list(x) for x in zip(*accepted)))
 
-    def _train(self, study: optuna.Study, trials: list[optuna.Trial], models: list[list[Calibrator]]) -> None:
+    def _train(self, study: optuna.Study, trials: list[optuna.Trial], models: list[list[NetworkCalibrator]]) -> None:
         owner = [t for t, fold_models in enumerate(models) for _ in fold_models]
         pruned: dict[int, str] = {}
         steps, last = [0] * len(trials), [math.nan] * len(trials)
@@ -565,7 +565,7 @@ def check_space(space: dict, base: Setting, rubric: Rubric) -> None:
 def _refusal(rubric: Rubric, setting: Setting) -> str | None:
     """Why the model refuses ``setting``, or None."""
     try:
-        Calibrator(rubric, setting.model, setting.trainer)
+        NetworkCalibrator(rubric, setting.model, setting.trainer)
     except InputError as e:
         return str(e)
     return None

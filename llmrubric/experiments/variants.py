@@ -28,7 +28,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.auto import build_model
 from llmrubric.model.baselines import DETERMINISTIC, METHODS, make_method
-from llmrubric.model.calibrator import Calibrator, fit_together
+from llmrubric.model.calibrator import NetworkCalibrator, fit_together
 from llmrubric.model.encoding import PAIR, JudgeMap, with_round
 from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
 from llmrubric.model.threads import one_thread, single_threaded
@@ -90,7 +90,7 @@ class Variant:
         if self.method == "llm_rubric" and plain and model.get("family") == "auto":
             estimator = build_model(rubric, model, trainer, seed)
         elif self.method == "llm_rubric":
-            estimator = Calibrator(
+            estimator = NetworkCalibrator(
                 rubric,
                 {**model, **dict(self.model), "family": "network"},
                 {**trainer, **dict(self.trainer)},
@@ -133,7 +133,7 @@ def _init_worker() -> None:
 def _fit(estimators: list, trains: list[Tables]) -> None:
     """Fit estimators on their training tables; calibration networks of one variant train as one stacked program."""
     cores = [e.base if isinstance(e, PersonalIsotonic) else e for e in estimators]
-    if all(isinstance(c, Calibrator) for c in cores):
+    if all(isinstance(c, NetworkCalibrator) for c in cores):
         judge_sets = {tuple(sorted(t.annotations.judge_id.unique())) for t in trains}
         judges = JudgeMap.from_annotations(pd.concat([t.annotations for t in trains])) if len(judge_sets) > 1 else None
         fit_together(cores, trains, judges)

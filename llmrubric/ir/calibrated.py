@@ -16,7 +16,7 @@ import pandas as pd
 from llmrubric.extract.summaries import summarise
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, validate_annotations, validate_features
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
 
@@ -44,7 +44,7 @@ def ir_tables(
 
 
 def calibrated_labels(
-    calibrator: Calibrator,
+    calibrator: NetworkCalibrator,
     features: pd.DataFrame,
     family: str,
     texts: pd.DataFrame,

@@ -30,7 +30,7 @@ from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.baselines import RidgeJudge
-from llmrubric.model.calibrator import Calibrator, fit_together
+from llmrubric.model.calibrator import NetworkCalibrator, fit_together
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.estimator import read_checkpoint, split_tensors, write_checkpoint
 from llmrubric.model.mixed import MixedOrdinal
@@ -47,12 +47,12 @@ PROB_FLOOR = 1e-12
 
 
 def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None = None, seed: int = 0, group="text"):
-    """The model of ``model.family``: :class:`AutoCalibrator` (``auto``) or the network :class:`Calibrator`.
+    """The model of ``model.family``: :class:`AutoCalibrator` (``auto``) or the network :class:`NetworkCalibrator`.
     ``group`` resolves ``model.auto.group=auto`` (``text`` or ``system``)."""
     settings = model_settings(model)
     if settings["family"] == "auto":
         return AutoCalibrator(rubric, settings, trainer, seed, group)
-    return Calibrator(rubric, settings, trainer, seed)
+    return NetworkCalibrator(rubric, settings, trainer, seed)
 
 
 def candidate(name: str, rubric: Rubric, model: dict, trainer: TrainConfig, seed: int):
@@ -61,7 +61,7 @@ def candidate(name: str, rubric: Rubric, model: dict, trainer: TrainConfig, seed
         settings = {**model, "family": "network"}
         if NETWORK_CANDIDATES[name]:
             settings = {**model_file(NETWORK_CANDIDATES[name]), "auto": settings["auto"]}
-        return Calibrator(rubric, settings, trainer, seed)
+        return NetworkCalibrator(rubric, settings, trainer, seed)
     if name == "ridge_judge":
         return RidgeJudge(rubric, seed)
     if name.startswith("clmm_"):
@@ -70,7 +70,7 @@ def candidate(name: str, rubric: Rubric, model: dict, trainer: TrainConfig, seed
 
 
 class AutoCalibrator:
-    """The estimator of ``model=auto`` (module doc); fit, predict, save and load like :class:`Calibrator`.
+    """The estimator of ``model=auto`` (module doc); fit, predict, save and load like :class:`NetworkCalibrator`.
 
     Args:
         rubric: questions and scales.
@@ -341,7 +341,7 @@ class AutoCalibrator:
             part = split_tensors(tensors, name)
             try:
                 if name in NETWORK_CANDIDATES:
-                    self.members_[name] = Calibrator.from_state(member_meta, part, source)
+                    self.members_[name] = NetworkCalibrator.from_state(member_meta, part, source)
                 elif name == "ridge_judge":
                     self.members_[name] = RidgeJudge.from_state(rubric, member_meta, part)
                 else:

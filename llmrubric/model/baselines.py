@@ -33,7 +33,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, source_of
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.columns import text_columns
 from llmrubric.model.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.threads import one_thread
@@ -404,15 +404,15 @@ def make_method(name: str, rubric: Rubric, seed: int = 0, model: dict | None = N
         return AutoCalibrator(rubric, model, trainer, seed)
     model["family"] = "network"  # the network variants of Table 1
     if name == "llm_rubric":
-        return Calibrator(rubric, model, trainer, seed)
+        return NetworkCalibrator(rubric, model, trainer, seed)
     if name == "no_personalization":
-        return Calibrator(rubric, {**model, "personalize": "none"}, trainer, seed)
+        return NetworkCalibrator(rubric, {**model, "personalize": "none"}, trainer, seed)
     if name == "llm_rubric_single":
-        return Calibrator(rubric, {**model, "ensemble": 1}, trainer, seed)
+        return NetworkCalibrator(rubric, {**model, "ensemble": 1}, trainer, seed)
     if name == "llm_rubric_paper":
-        return Calibrator(rubric, {**model, **model_overrides("paper")}, trainer, seed)
+        return NetworkCalibrator(rubric, {**model, **model_overrides("paper")}, trainer, seed)
     if name == "calibrated_q0":
-        return Calibrator(rubric, model, trainer, seed, feature_questions=[rubric.main.id])
+        return NetworkCalibrator(rubric, model, trainer, seed, feature_questions=[rubric.main.id])
     raise InputError(
         f"unknown method {name!r}; known: {sorted(simple) + ['calibrated_q0', 'llm_rubric', 'llm_rubric_paper', 'llm_rubric_single', 'no_personalization']}"
     )

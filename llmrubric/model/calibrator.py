@@ -49,12 +49,13 @@ def check_model(model: dict) -> None:
         raise InputError(f"{model['personalize']!r} is not one of {list(PERSONALIZATION)}", setting="model.personalize")
 
 
-class Calibrator:
+class NetworkCalibrator:
     """The calibration network with the data plumbing around it.
 
-    ``Calibrator(rubric).fit(tables)`` is the shipped model (``llm_rubric``): every setting not
+    ``NetworkCalibrator(rubric).fit(tables)`` is ``model=default`` (and the ``network`` candidate of
+    ``model=auto``, the shipped default, :class:`llmrubric.model.auto.AutoCalibrator`): every setting not
     given takes its default from :class:`llmrubric.config.ModelConfig` and :class:`TrainConfig`,
-    as ``conf/`` does; the paper's network is ``Calibrator(rubric, group("model", "paper"))``
+    as ``conf/`` does; the paper's network is ``NetworkCalibrator(rubric, group("model", "paper"))``
     (:func:`llmrubric.config.group`).
 
     Args:
@@ -184,7 +185,7 @@ class Calibrator:
         is_val = data.pairs.text_id.isin(val_texts).to_numpy()
         return data.take(np.flatnonzero(~is_val)), data.take(np.flatnonzero(is_val))
 
-    def fit(self, tables: Tables) -> Calibrator:
+    def fit(self, tables: Tables) -> NetworkCalibrator:
         """Train on ``tables``; a fraction of its texts is held out for early stopping."""
         return fit_together([self], [tables])[0]
 
@@ -267,11 +268,13 @@ class Calibrator:
         return write_checkpoint(path, *self.state())
 
     @classmethod
-    def load(cls, path: str | Path) -> Calibrator:
+    def load(cls, path: str | Path) -> NetworkCalibrator:
         return cls.from_state(*read_checkpoint(path), source=str(path))
 
     @classmethod
-    def from_state(cls, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>") -> Calibrator:
+    def from_state(
+        cls, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
+    ) -> NetworkCalibrator:
         """The calibrator of :meth:`state`'s metadata and tensors (``source`` names them in errors)."""
         if meta.get("format") != FORMAT:
             raise InputError(
@@ -315,13 +318,13 @@ def _program(net: CalibrationNet, trainer: TrainConfig) -> tuple:
 
 
 def fit_together(
-    calibrators: list[Calibrator],
+    calibrators: list[NetworkCalibrator],
     tables: list[Tables],
     judges: JudgeMap | None = None,
     on_epoch=None,
     tolerate_divergence: bool = False,
     progress=None,
-) -> list[Calibrator]:
+) -> list[NetworkCalibrator]:
     """Fit each calibrator on its tables; all their members train as one stacked program
     (:func:`llmrubric.model.engine.train_stacked`; one per network structure, e.g. two when some
     are personalized by judge deltas and others not, or when their training sets see different
@@ -349,7 +352,7 @@ def fit_together(
         return _fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, progress)
 
 
-def _fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, progress) -> list[Calibrator]:
+def _fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, progress) -> list[NetworkCalibrator]:
     cache: dict[tuple, Encoded] = {}
     members = []
     for i, (c, t) in enumerate(zip(calibrators, tables)):

@@ -1,6 +1,6 @@
 """The estimator interface every model family implements, and the one checkpoint file they share.
 
-A family (the calibration network and its cumulative heads, :class:`~llmrubric.model.calibrator.Calibrator`;
+A family (the calibration network and its cumulative heads, :class:`~llmrubric.model.calibrator.NetworkCalibrator`;
 the cumulative-link mixed model, :class:`~llmrubric.model.mixed.MixedOrdinal`; ridge regression,
 :class:`~llmrubric.model.baselines.RidgeJudge`; the LLM baselines; the model choice of
 :class:`~llmrubric.model.auto.AutoCalibrator`) has:
@@ -67,8 +67,8 @@ def load_model(path: str | Path):
     """The fitted model of a checkpoint, whatever its family (the network or ``model=auto``)."""
     from llmrubric.model.auto import FORMAT as AUTO_FORMAT
     from llmrubric.model.auto import AutoCalibrator
-    from llmrubric.model.calibrator import Calibrator
+    from llmrubric.model.calibrator import NetworkCalibrator
 
     meta, tensors = read_checkpoint(path)
-    family = AutoCalibrator if meta["format"] == AUTO_FORMAT else Calibrator
+    family = AutoCalibrator if meta["format"] == AUTO_FORMAT else NetworkCalibrator
     return family.from_state(meta, tensors, source=str(path))

@@ -5,7 +5,7 @@ model's judge effects as their posterior mode under the fitted prior, ridge regr
 coefficient from the residuals (:meth:`llmrubric.model.mixed.MixedOrdinal.add_judge`,
 :meth:`llmrubric.model.baselines.RidgeJudge.add_judge`).
 
-:func:`add_judge` extends a trained :class:`~llmrubric.model.calibrator.Calibrator`'s judge map by
+:func:`add_judge` extends a trained :class:`~llmrubric.model.calibrator.NetworkCalibrator`'s judge map by
 one judge and fits, in every ensemble member, the parameters that belong to that judge alone, with
 the shared ones (weights, standardisation, temperatures, ordinal blend) frozen:
 
@@ -37,7 +37,7 @@ import torch
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables, source_of
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.cumulative import CumulativeNet
 from llmrubric.model.encoding import JudgeMap
 from llmrubric.model.network import CalibrationNet
@@ -151,14 +151,14 @@ def add_judge(
     """A copy of ``calibrator`` that knows judge ``judge_id``, fitted from that judge's annotations in
     ``tables`` (with the features of the annotated texts); see the module doc.
 
-    Errors (:class:`InputError`): a model that is not a :class:`Calibrator` or has no judge-specific
+    Errors (:class:`InputError`): a model that is not a :class:`NetworkCalibrator` or has no judge-specific
     parameters, a judge the checkpoint already knows, fewer than ``min_annotations`` answers of the
     main question."""
     from llmrubric.model.auto import AutoCalibrator
 
     if isinstance(calibrator, AutoCalibrator):
         return _add_to_auto(calibrator, tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)
-    if not isinstance(calibrator, Calibrator):
+    if not isinstance(calibrator, NetworkCalibrator):
         raise InputError(f"judges can be added to llmrubric calibrators only, not to a {type(calibrator).__name__}")
     if not getattr(calibrator, "nets_", None):
         raise InputError("the calibrator is not trained: fit or load it before adding a judge")
@@ -243,7 +243,7 @@ def _add_to_auto(model, tables: Tables, judge_id: str, min_annotations: int, *ne
     new = copy.copy(model)
     new.members_ = {
         name: add_judge(member, tables, judge_id, min_annotations, *network_args)
-        if isinstance(member, Calibrator)
+        if isinstance(member, NetworkCalibrator)
         else member.add_judge(tables, judge_id)
         for name, member in model.members_.items()
     }

@@ -3,7 +3,7 @@
 :class:`JudgeAnswers` makes per-(text, judge) feature columns from human answers to the
 rubric's other questions: the judge's own answers as one-hot vectors (the Oracle) or the
 average one-hot vector of the *other* judges of the same text (the Depersonalized Oracle).
-A :class:`~llmrubric.model.calibrator.Calibrator` appends them to its LLM features via
+A :class:`~llmrubric.model.calibrator.NetworkCalibrator` appends them to its LLM features via
 ``pair_features=``. :class:`PersonalIsotonic` refits each judge's point predictions of a
 judge-independent model with an isotonic regression (scikit-learn).
 """

@@ -30,7 +30,7 @@ from llmrubric.io.integrity import check_finite_predictions
 from llmrubric.io.predictions import predictions_frame, probabilities
 from llmrubric.io.rows import check_unique
 from llmrubric.io.tables import Tables, source_of
-from llmrubric.model.calibrator import Calibrator
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.threads import one_thread
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class ScoreResult:
     predictions: pd.DataFrame | None = None
 
 
-def trusted_judges(calibrator: Calibrator, judges: list[str] | None) -> list[str]:
+def trusted_judges(calibrator: NetworkCalibrator, judges: list[str] | None) -> list[str]:
     """The trusted set A: ``judges`` (each must be known to the checkpoint), or all its judges."""
     known = list(calibrator.judges_.judges)
     if not judges:
@@ -120,7 +120,7 @@ class _Sink:
 
 
 def score_texts(
-    calibrator: Calibrator,
+    calibrator: NetworkCalibrator,
     features: pd.DataFrame,
     texts: pd.DataFrame | None = None,
     judges: list[str] | None = None,
@@ -139,7 +139,7 @@ def score_texts(
     table (``text_id, judge_id, system_id, round, question_id, p_<option>…, mean, var``),
     written atomically: a failure leaves no file; ``keep_predictions`` also returns it in memory.
     ``questions`` defaults to the rubric's ordered questions: a categorical question has no
-    judge-free score (asking for one is an error; ``Calibrator.predict`` gives its distributions).
+    judge-free score (asking for one is an error; ``NetworkCalibrator.predict`` gives its distributions).
     """
     if not 0 <= quantile <= 1:
         raise InputError(f"quantile {quantile} is not in [0, 1]", column="quantile")
@@ -196,7 +196,7 @@ def score_texts(
     return ScoreResult(scores, summary, pd.concat(kept, ignore_index=True) if kept else None)
 
 
-def _scored_questions(calibrator: Calibrator, questions: list[str] | None) -> list[str]:
+def _scored_questions(calibrator: NetworkCalibrator, questions: list[str] | None) -> list[str]:
     """``questions`` (default: the rubric's ordered ones), each in the rubric and ordered."""
     questions = list(questions or [q.id for q in calibrator.rubric.questions if q.ordered])
     unknown = [q for q in questions if q not in calibrator.rubric]
@@ -235,11 +235,15 @@ def _features_by_text(features: pd.DataFrame, scored: pd.DataFrame, src: str) ->
 
 class _ChunkPredictor:
     """Predictions of every trusted judge on one chunk of texts at a time: the per-judge fast
-    path once its first chunk agrees with ``Calibrator.predict_proba``, else ``Calibrator.predict``.
+    path once its first chunk agrees with ``NetworkCalibrator.predict_proba``, else ``NetworkCalibrator.predict``.
     ``missing`` collects text id → the blocks it lacks (``;``-joined)."""
 
     def __init__(
-        self, calibrator: Calibrator, judges: list[str], questions: list[str], by_text: tuple[pd.DataFrame, np.ndarray]
+        self,
+        calibrator: NetworkCalibrator,
+        judges: list[str],
+        questions: list[str],
+        by_text: tuple[pd.DataFrame, np.ndarray],
     ):
         self.calibrator, self.judges = calibrator, judges
         self.question_ids = questions
@@ -294,7 +298,7 @@ class _ChunkPredictor:
         return chunk_feats
 
     def _predict_slow(self, chunk_feats: pd.DataFrame, pairs: pd.DataFrame, n: int) -> np.ndarray:
-        """Probabilities by ``Calibrator.predict``, zero-padded to the widest question."""
+        """Probabilities by ``NetworkCalibrator.predict``, zero-padded to the widest question."""
         pred = self.calibrator.predict(Tables(_empty_annotations(), chunk_feats), pairs, self.question_ids)
         width = probs_width(self.questions)
         probs = np.stack(
@@ -364,7 +368,7 @@ def probabilities_padded(pred: pd.DataFrame, question, width: int) -> np.ndarray
     return np.pad(p, ((0, 0), (0, width - p.shape[1])))
 
 
-def _judge_predictor(calibrator: Calibrator, judges: list[str]):
+def _judge_predictor(calibrator: NetworkCalibrator, judges: list[str]):
     """A function x (texts, dim) → probabilities (texts, judges, questions, max options).
 
     Personalization is per (text, judge) pair, which dominates the cost of scoring many pairs.
@@ -390,21 +394,26 @@ def _judge_predictor(calibrator: Calibrator, judges: list[str]):
 
 
 def _checked(
-    calibrator: Calibrator, features: pd.DataFrame, pairs: pd.DataFrame, x: np.ndarray, q_index: list[int], predict
+    calibrator: NetworkCalibrator,
+    features: pd.DataFrame,
+    pairs: pd.DataFrame,
+    x: np.ndarray,
+    q_index: list[int],
+    predict,
 ):
     """``predict``'s probabilities (texts, judges, questions, options) of the first chunk if they
-    match ``Calibrator.predict_proba`` on up to 64 pairs of ``pairs``, else None."""
+    match ``NetworkCalibrator.predict_proba`` on up to 64 pairs of ``pairs``, else None."""
     sample = pairs.iloc[: min(len(pairs), 64)]
     reference = calibrator.predict_proba(Tables(_empty_annotations(), features), sample)
     try:
         probs = predict(x)[:, :, q_index]
     except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as e:
-        log.warning("per-judge fast path failed (%s); scoring with Calibrator.predict", e)
+        log.warning("per-judge fast path failed (%s); scoring with NetworkCalibrator.predict", e)
         return None
     fast = probs.reshape(len(pairs), *probs.shape[2:])[: len(sample)]
     if fast.shape[1:] == reference[:, q_index, : fast.shape[-1]].shape[1:] and np.allclose(
         fast, reference[:, q_index, : fast.shape[-1]], atol=1e-5
     ):
         return probs
-    log.warning("per-judge fast path disagrees with Calibrator.predict; scoring with Calibrator.predict")
+    log.warning("per-judge fast path disagrees with NetworkCalibrator.predict; scoring with NetworkCalibrator.predict")
     return None

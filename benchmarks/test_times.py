@@ -1,0 +1,70 @@
+"""How long the test targets take: ``make test-fast`` (the 90 s target of issue 28) and, with ``--full``,
+``make test`` (CI's command, 15 min at most).
+
+    .venv/bin/python benchmarks/test_times.py [--full] [--out benchmarks/results/test_times.json]
+
+Runs each target once from the repository root, with the machine's load average before and after (the
+figures mean little on a loaded machine), and writes wall seconds, CPU seconds of the children and
+pytest's pass/skip/fail counts to the JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_target(target: str) -> dict:
+    load_before = os.getloadavg()
+    before = os.times()
+    start = time.perf_counter()
+    result = subprocess.run(["make", target], cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = os.times()
+    summary = (result.stdout.strip().splitlines() or [""])[-1]
+    counts = {key: int(n) for n, key in re.findall(r"(\d+) (passed|skipped|failed|errors?)", summary)}
+    return {
+        "target": f"make {target}",
+        "exit_code": result.returncode,
+        "wall_seconds": round(wall, 1),
+        "cpu_seconds": round(
+            (after.children_user - before.children_user) + (after.children_system - before.children_system), 1
+        ),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "pytest": counts,
+        "summary": summary,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="also time make test (about 8 min on 2 idle cores)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "test_times.json")
+    args = parser.parse_args()
+    targets = ["test-fast", "test"] if args.full else ["test-fast"]
+    results = []
+    for target in targets:
+        results.append(run_target(target))
+        r = results[-1]
+        print(
+            f"make {target}: {r['wall_seconds']} s wall, {r['cpu_seconds']} CPU-s, {r['summary']} (exit {r['exit_code']})"
+        )
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    payload = {"meta": {"commit": commit.stdout.strip(), "cpus": os.cpu_count()}, "targets": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"written to {args.out}")
+    return 0 if all(r["exit_code"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmrubric.apps.commands import add_noun
-from llmrubric.apps.score import flags
-from llmrubric.config import command_settings
+from llmrubric.apps.commands import add_noun, section_settings
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
 
@@ -79,12 +77,6 @@ def _grade_inputs(p, required: bool = True) -> None:
     p.set_defaults(grades_required=required)
 
 
-def _settings(args, section: str, keys: list[str]) -> dict:
-    """The ``section`` of the IR settings (``--config`` or ``conf/ir/default.yaml``) with the flags ``keys``."""
-    given = flags(args, *keys)
-    return command_settings("ir", args.config, {f"{section}.{k}": v for k, v in given.items()})[section]
-
-
 def _grades(args, settings: dict):
     from llmrubric.io.tables import read_table, validate_features
     from llmrubric.ir.autograder import grades_from_features, read_grades
@@ -119,7 +111,7 @@ def run_qrels(args) -> int:
     from llmrubric.io.tables import read_table, validate_features
     from llmrubric.ir.autograder import passage_labels, write_qrels
 
-    settings = _settings(args, "autograder", ["grade", "rule", "m"])
+    settings = section_settings(args, "ir", "autograder", "grade", "rule", "m")
     check_outputs(
         {"--out": args.out, "--labels-out": args.labels_out},
         {
@@ -161,7 +153,7 @@ def run_trec_eval(args) -> int:
     from llmrubric.io.files import write_json, write_table, write_text
     from llmrubric.ir import autograder as ag
 
-    settings = _settings(args, "autograder", ["grade", "rule", "m", "measures", "threshold", "cover_k"])
+    settings = section_settings(args, "ir", "autograder", "grade", "rule", "m", "measures", "threshold", "cover_k")
     qrels = ag.read_qrels(args.qrels)
     bank = read_bank(args.bank)[0] if args.bank else None
     queries = set(qrels.query_id) | ({i.query_id for i in bank} if bank else set())
@@ -216,7 +208,7 @@ def run_nuggets(args) -> int:
     from llmrubric.io.tables import read_table, validate_features
     from llmrubric.ir import nuggets as ng
 
-    settings = _settings(args, "nuggets", ["partial_weight"])
+    settings = section_settings(args, "ir", "nuggets", "partial_weight")
     partial_weight = check_range("--partial-weight", settings["partial_weight"], 0, 1)
     out = Path(args.out_dir)
     check_writable_dir(out, "--out-dir")
@@ -246,7 +238,7 @@ def run_grounded_qa(args) -> int:
     from llmrubric.io.tables import read_table, validate_features
     from llmrubric.ir import grounded_qa as gq
 
-    settings = _settings(args, "grounded_qa", [])
+    settings = section_settings(args, "ir", "grounded_qa")
     lam = check_range("--lambda", args.lam if args.lam is not None else settings["lambda"], 0, 1)
     if args.docs is not None and not Path(args.docs).is_dir():
         raise InputError("the documents folder does not exist", file=str(args.docs), setting="--docs")

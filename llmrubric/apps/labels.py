@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmrubric.apps.commands import add_noun
-from llmrubric.apps.score import flags
-from llmrubric.config import command_settings, conf_path
+from llmrubric.apps.commands import add_noun, section_settings
+from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range
 
@@ -61,8 +60,7 @@ def run_suggest(args) -> int:
     from llmrubric.scoring import labels as lab
     from llmrubric.scoring.leaderboard import read_predictions
 
-    given = flags(args, "floor", "seed", "round", "question")
-    settings = command_settings("labels", args.config, {f"suggest.{k}": v for k, v in given.items()})["suggest"]
+    settings = section_settings(args, "labels", "suggest", "floor", "seed", "round", "question")
     floor = check_range("--floor", settings["floor"], 0, 1, open_low=True)
     seed = check_range("--seed", settings["seed"], integer=True)
     budget = check_range("--budget", args.budget, 1, integer=True)
@@ -103,8 +101,7 @@ def run_add_judge(args) -> int:
     from llmrubric.model.estimator import load_model
     from llmrubric.model.judges import add_judge, added_record, annotated_judge
 
-    given = flags(args, "min_annotations", "l2")
-    settings = command_settings("labels", args.config, {f"judges.{k}": v for k, v in given.items()})["judges"]
+    settings = section_settings(args, "labels", "judges", "min_annotations", "l2")
     min_annotations = check_range("--min-annotations", settings["min_annotations"], 1, integer=True)
     l2 = settings["l2"]
     l2 = l2 if l2 in (None, "cv") else check_range("--l2", l2, 0)

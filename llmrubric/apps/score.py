@@ -9,7 +9,7 @@ import json
 import logging
 from pathlib import Path
 
-from llmrubric.apps.commands import add_noun
+from llmrubric.apps.commands import add_noun, flags
 from llmrubric.config import command_settings, conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
@@ -77,11 +77,6 @@ def register(subparsers) -> None:
     r.add_argument("b", help="the other leaderboard file")
     r.add_argument("--missing-systems", dest="missing_systems", choices=["error", "drop"], default="error")
     r.set_defaults(run=run_rank_correlation)
-
-
-def flags(args, *keys: str) -> dict:
-    """The values of the flags ``keys`` (None where not given), for :func:`llmrubric.config.command_settings`."""
-    return {key: getattr(args, key, None) for key in keys}
 
 
 def run_score(args) -> int:

@@ -535,9 +535,17 @@ class _Phase(PhaseRun):
     n_rows: torch.Tensor  # (n,) training rows
     train: list[torch.Tensor]
     val: list[torch.Tensor]
+    n: int = field(init=False)
+    device: torch.device = field(init=False)
+    steps: torch.Tensor = field(init=False)  # (n,) optimiser steps per epoch
+    best_flat: torch.Tensor = field(init=False)  # (n, P) each model's best parameters so far
     stopping: EarlyStopping = field(init=False)
     running: torch.Tensor = field(init=False)  # (n,) bool: still training
+    shuffles: list[torch.Generator] = field(init=False)  # batch orders
     stack: torch.Tensor = field(init=False)  # the models in the stacked tensors (compacted as models stop)
+    narrow: torch.Tensor | None = field(init=False)  # positions of the compacted packing (None: the full one)
+    narrow_layout: ParameterPacking = field(init=False)
+    drops: list[bool] = field(init=False)  # the model uses input dropout
 
     def __post_init__(self):
         self.n = len(self.seeds)
@@ -554,13 +562,6 @@ class _Phase(PhaseRun):
     def final_flat(self) -> torch.Tensor:
         with torch.no_grad():
             return torch.stack(list(self.module.rows)) * self.module.real
-
-    def epoch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        losses, finite = self._epoch()
-        return losses, finite, torch.zeros(self.n, dtype=torch.bool)
-
-    def validate(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._validate()
 
     def keep_best(self, improved: torch.Tensor) -> None:
         self.best_flat[improved.to(self.device)] = self.final_flat()[improved.to(self.device)]
@@ -612,8 +613,9 @@ class _Phase(PhaseRun):
         denom = batch_cells.gather(1, (torch.arange(chunks)[None, :] // per_batch).clamp(max=batches))
         return idx[:, : chunks * size].view(n_models, chunks, size), is_last[:, :chunks], denom.clamp(min=1).float()
 
-    def _epoch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """One epoch of shuffled mini-batches for every running model; per-model loss sums and finiteness.
+    def epoch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One epoch of shuffled mini-batches for every running model; per-model loss sums, finiteness,
+        and convergence (never: Adam runs until early stopping or ``max_epochs``).
 
         Models with larger batches accumulate the gradients of several chunks before their
         Adam step, so every step computes the same number of rows for every model."""
@@ -656,7 +658,7 @@ class _Phase(PhaseRun):
         out_finite[stack] = finite
         out_losses = torch.zeros(self.n)
         out_losses[stack] = losses
-        return out_losses, out_finite
+        return out_losses, out_finite, torch.zeros(self.n, dtype=torch.bool)
 
     def _step(self, models: list[int]) -> None:
         """One Adam step of ``models`` (their accumulated gradients); the others keep theirs for later."""
@@ -675,7 +677,7 @@ class _Phase(PhaseRun):
             rows[j].grad = grad
 
     @torch.no_grad()
-    def _validate(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def validate(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Held-out NLL of the phase's questions (early stopping) and of the main question (n,)."""
         nan = torch.full((self.n,), math.nan)
         if not self.has_val.any():

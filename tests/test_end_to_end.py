@@ -89,18 +89,25 @@ def test_a_systems_evaluation_writes_the_errors_that_give_a_leaderboard_shift_in
 def test_a_system_groups_evaluation_writes_the_system_figures_of_every_method(tmp_path):
     args = ["experiment=demo", "protocol=system_groups", f"run_dir={tmp_path}", "logger=none", "model.ensemble=1"]
     for script in ("train.py", "evaluate.py"):
-        done = run(script, *args, *FAST_OVERRIDES)
+        done = run(script, *args, "grouping_seeds=2", *FAST_OVERRIDES)
         assert done.returncode == 0, done.stderr[-2000:]
-    folds = pd.read_csv(tmp_path / "folds.csv")
+    assert (tmp_path / "grouping1_fold1.safetensors").is_file()
+    every = pd.read_csv(tmp_path / "folds.csv")
+    assert sorted(every.grouping.unique()) == [0, 1]
+    folds = every[every.grouping == 0]
     systems = pd.read_csv(ROOT / "data" / "simulated" / "texts.csv").set_index("text_id").system_id
     assert (folds.set_index("text_id").system_id == systems.reindex(folds.text_id)).all()
-    assert folds.groupby("system_id").fold.nunique().eq(1).all() and folds.fold.nunique() == 2
+    assert every.groupby(["grouping", "system_id"]).fold.nunique().eq(1).all() and folds.fold.nunique() == 2
     report = json.loads((tmp_path / "metrics.json").read_text())
     assert report["protocol"] == "system_groups" and set(report["systems"]) == set(report["methods"])
     figures = report["systems"]["llm_rubric"]
     assert figures["systems"] == systems.nunique() and figures["groups"] == 2 and figures["groups_ranked"] == 2
-    for key in ("rms_error", "kendall", "kendall_within_groups", "coverage", "width"):
+    for key in ("rms_error", "kendall", "kendall_within_groups", "kendall_groups", "coverage", "width"):
         assert figures[key] is not None and np.isfinite(figures[key]), key
+    assert figures["groupings"] == 2 and -1 <= figures["kendall_groups"] <= 1
+    predicted = pd.read_csv(tmp_path / "predictions.csv")  # the first grouping's: each pair once
+    assert not predicted.duplicated(["text_id", "judge_id", "question_id"]).any()
+    assert sorted(predicted.text_id.unique()) == sorted(folds.text_id)
     assert -1 <= figures["kendall_within_groups"] <= 1 and 0 <= figures["coverage"] <= 1 and figures["width"] > 0
     errors = pd.read_csv(tmp_path / "system_errors.csv")
     assert sorted(errors.system_id) == sorted(systems.unique())

@@ -2,7 +2,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from llmrubric.config import compose
-from llmrubric.data.splits import holdout_texts, system_folds, system_group_folds, text_folds
+from llmrubric.data.splits import holdout_texts, system_folds, system_group_folds, system_groupings, text_folds
 from llmrubric.experiments.experiment import check_settings, make_folds, splits_from_folds
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
@@ -105,7 +105,35 @@ def test_the_system_groups_experiment_scores_each_group_of_synthetic_systems_wit
     synthetic, _ = llm_rubric_data
     cfg = compose("config", ["experiment=llm_rubric_system_groups"])
     splits = splits_from_folds(cfg, make_folds(cfg, synthetic), synthetic, None)
+    assert sorted({s.grouping for s in splits}) == list(range(cfg.grouping_seeds))
+    splits = [s for s in splits if s.grouping == 0]
     held = [{t.split("_")[0] for t in split.test.text_ids} for split in splits]
     trained = [{t.split("_")[0] for t in split.train.text_ids} for split in splits]
     assert cfg.protocol == "system_groups" and sorted(len(h) for h in held) == [2, 3]
     assert set.union(*held) == {f"V{i}" for i in range(1, 6)} and all(not h & t for h, t in zip(held, trained))
+
+
+def test_system_groupings_deal_the_systems_once_per_seed_and_name_every_split(simulated, tmp_path):
+    folds = system_groupings(simulated, 2, seed=3, seeds=3)
+    assert sorted(folds.grouping.unique()) == [0, 1, 2]
+    for g in range(3):
+        part = folds[folds.grouping == g].drop(columns="grouping").reset_index(drop=True)
+        assert part.equals(system_group_folds(simulated, 2, seed=3 + g))
+    cfg = OmegaConf.create({"protocol": "system_groups", "seed": 3, "system_groups": 2, "grouping_seeds": 3})
+    splits = splits_from_folds(cfg, make_folds(cfg, simulated), simulated, None)
+    assert [(s.name, s.grouping) for s in splits] == [
+        ("fold0", 0),
+        ("fold1", 0),
+        ("grouping1_fold0", 1),
+        ("grouping1_fold1", 1),
+        ("grouping2_fold0", 2),
+        ("grouping2_fold1", 2),
+    ]
+    for g in range(3):  # each grouping's splits hold every text out once
+        held = [t for s in splits if s.grouping == g for t in s.test.text_ids]
+        assert sorted(held) == simulated.text_ids
+    with pytest.raises(InputError, match="setting grouping_seeds"):
+        system_groupings(simulated, 2, seed=0, seeds=0)
+    bad = compose("config", ["experiment=demo", "protocol=system_groups", "grouping_seeds=0", f"run_dir={tmp_path}"])
+    with pytest.raises(InputError, match="setting grouping_seeds"):
+        check_settings(bad)

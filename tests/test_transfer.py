@@ -15,6 +15,7 @@ from support.paths import ROOT
 from llmrubric.data.simulate import write_simulated
 from llmrubric.evaluation.transfer import (
     coverage,
+    grouped_kendall,
     pair_scores,
     ppi_intervals,
     shift_intervals,
@@ -211,3 +212,21 @@ def test_system_metrics_of_a_hand_made_run(rubric):
     assert alone["kendall"] == pytest.approx(out["kendall"]) and alone["coverage"] == pytest.approx(out["coverage"])
     with pytest.raises(InputError, match="'E' has no held-out group"):
         system_metrics(predictions, annotations, rubric.main, systems, groups.drop("E"))
+
+
+def test_the_kendall_within_groups_is_averaged_over_every_group_of_every_grouping():
+    # humans order A < B < C < D; the prediction swaps C and D
+    means = pd.DataFrame({"human": [1.0, 2.0, 3.0, 4.0], "predicted": [1.0, 2.0, 4.0, 3.0]}, index=list("ABCD"))
+    first = pd.Series({"A": 0, "B": 0, "C": 1, "D": 1})  # {A, B}: tau +1, {C, D}: tau -1
+    second = pd.Series({"A": 0, "C": 0, "B": 1, "D": 1})  # {A, C}: +1, {B, D}: +1
+    assert grouped_kendall([means], [first])["kendall_groups"] == pytest.approx(0.0)
+    out = grouped_kendall([means, means], [first, second])
+    assert out == {"kendall_groups": pytest.approx(0.5), "groupings": 2, "groups_ranked": 4}
+    three = pd.Series({"A": 0, "B": 1, "C": 1, "D": 1})  # A alone; {B, C, D}: 2 concordant pairs, 1 discordant
+    assert grouped_kendall([means], [three])["kendall_groups"] == pytest.approx(1 / 3)
+    tied = means.assign(predicted=2.0)
+    none = grouped_kendall([tied], [first])
+    assert math.isnan(none["kendall_groups"]) and none["groups_ranked"] == 0
+    assert "tied" in none["kendall_groups_reason"]
+    with pytest.raises(InputError, match="grouping_seeds"):
+        grouped_kendall([means], [first, second])

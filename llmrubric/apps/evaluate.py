@@ -7,7 +7,9 @@ Writes to ``run_dir``: the predictions table (every question, every (text, judge
 with ``protocol=systems|system_groups`` ``system_errors.csv`` (each held-out system's predicted and
 human mean), ``metrics.json`` and ``metrics.md`` (main question: the model and the configured baselines;
 under those two protocols also every method's system-level figures, ``systems``,
-:func:`llmrubric.evaluation.transfer.system_metrics`; an LLM baseline runs once per LLM source and on their mean when there are several, and is
+:func:`llmrubric.evaluation.transfer.system_metrics`; under ``protocol=system_groups`` also
+``kendall_groups``, the Kendall within held-out groups averaged over the ``grouping_seeds`` groupings
+that train.py trained, :func:`~llmrubric.evaluation.transfer.grouped_kendall`; an LLM baseline runs once per LLM source and on their mean when there are several, and is
 skipped, with the reason recorded, when no source answered the main question).
 With ``report=fast|full`` it also writes the report folder (``report.dir``, see
 :mod:`llmrubric.report.build`), which trains its own models, so checkpoints are then optional.
@@ -28,7 +30,7 @@ from omegaconf import DictConfig
 from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
 from llmrubric.data.splits import text_systems
 from llmrubric.evaluation.metrics import evaluate, markdown_table, metric_names
-from llmrubric.evaluation.transfer import shift_errors, system_metrics
+from llmrubric.evaluation.transfer import grouped_kendall, pair_scores, shift_errors, system_means, system_metrics
 from llmrubric.experiments.experiment import SYSTEM_PROTOCOLS, checked_once, prepare
 from llmrubric.experiments.tracking import Tracker, metric_keys
 from llmrubric.io.errors import InputError, reports_errors
@@ -65,6 +67,67 @@ def evaluate_app(cfg: DictConfig) -> dict | None:
 
 
 def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
+    """Every split's checkpoint and the baselines on its held-out texts; the figures use the first
+    grouping's splits (all of them but under ``protocol=system_groups``), the Kendall within held-out
+    groups every grouping's (:func:`grouping_figures`)."""
+    run_dir = Path(cfg.run_dir)
+    parts, choices, skipped = predict_splits(cfg, rubric, splits)
+    first = [s for s in splits if s.grouping == 0]
+    tables = {
+        name: pd.concat([t for s, t in zip(splits, held) if s.grouping == 0], ignore_index=True)
+        for name, held in parts.items()
+    }
+    annotations = pd.concat([s.test.annotations for s in first], ignore_index=True)
+    metrics = {name: evaluate_predicted(table, annotations, rubric.main) for name, table in tables.items()}
+    table = markdown_table(metrics, metric_names(rubric.main))
+    header = (
+        f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
+    )
+    errors = (
+        system_errors(tables["llm_rubric"], annotations, rubric.main, first)
+        if cfg.protocol in SYSTEM_PROTOCOLS
+        else None
+    )
+    systems = system_figures(cfg.protocol, tables, annotations, rubric.main, first)
+    if systems and cfg.protocol == "system_groups":
+        for name, figures in grouping_figures(parts, splits, rubric.main).items():
+            systems[name].update(figures)
+    table += system_table(systems)
+    write_table(tables["llm_rubric"], run_dir / f"predictions.{cfg.predictions_format}")
+    if errors is not None:
+        write_table(errors, run_dir / SYSTEM_ERRORS_FILE)
+        print(
+            f"errors of {len(errors)} held-out systems (RMS {rms(errors.error):.3f}) written to"
+            f" {run_dir / SYSTEM_ERRORS_FILE}: `llmrubric leaderboard build --shift-errors` turns them into intervals for new systems"
+        )
+    notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())
+    notes += "".join(
+        f"\n- {name}: {m['not_predicted']} pairs not predicted (no LLM answer to {rubric.main.id} from any source)"
+        for name, m in metrics.items()
+        if m.get("not_predicted")
+    )
+    notes += "".join(f"\n- model=auto, {split}: weights {_rounded(c['weights'])}" for split, c in choices.items())
+    write_json(
+        {
+            "experiment": cfg.name,
+            "question": rubric.main.id,
+            "protocol": cfg.protocol,
+            "methods": metrics,
+            "skipped": skipped,
+            **({"systems": systems} if systems else {}),
+            **({"auto": choices} if choices else {}),
+        },
+        run_dir / "metrics.json",
+    )
+    write_text(f"# {header}\n\n{table}\n" + (f"{notes}\n" if notes else ""), run_dir / "metrics.md")
+    print(f"\n{header}\n{table}\n{notes}\nwritten to {run_dir}/")
+    return metrics
+
+
+def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict]:
+    """Held-out predictions of every split's checkpoint (``llm_rubric``) and of each configured baseline
+    fitted on the split's training texts: ``{method: [table per split]}``, model=auto's choices per
+    split, and the baselines skipped with their reason."""
     from llmrubric.model.baselines import expand_baselines, make_method  # imported here: Lightning, not for --help
     from llmrubric.model.estimator import load_model
 
@@ -99,49 +162,35 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
                 skipped[name] = f"{split.name}: {e}"
                 predictions.pop(name, None)
                 log.warning("baseline %s skipped: %s", name, skipped[name])
-    tables = {name: pd.concat(parts, ignore_index=True) for name, parts in predictions.items()}
-    annotations = pd.concat([s.test.annotations for s in splits], ignore_index=True)
-    metrics = {name: evaluate_predicted(table, annotations, rubric.main) for name, table in tables.items()}
-    table = markdown_table(metrics, metric_names(rubric.main))
-    header = (
-        f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
-    )
-    errors = (
-        system_errors(tables["llm_rubric"], annotations, rubric.main, splits)
-        if cfg.protocol in SYSTEM_PROTOCOLS
-        else None
-    )
-    systems = system_figures(cfg.protocol, tables, annotations, rubric.main, splits)
-    table += system_table(systems)
-    write_table(tables["llm_rubric"], run_dir / f"predictions.{cfg.predictions_format}")
-    if errors is not None:
-        write_table(errors, run_dir / SYSTEM_ERRORS_FILE)
-        print(
-            f"errors of {len(errors)} held-out systems (RMS {rms(errors.error):.3f}) written to"
-            f" {run_dir / SYSTEM_ERRORS_FILE}: `llmrubric leaderboard build --shift-errors` turns them into intervals for new systems"
-        )
-    notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())
-    notes += "".join(
-        f"\n- {name}: {m['not_predicted']} pairs not predicted (no LLM answer to {rubric.main.id} from any source)"
-        for name, m in metrics.items()
-        if m.get("not_predicted")
-    )
-    notes += "".join(f"\n- model=auto, {split}: weights {_rounded(c['weights'])}" for split, c in choices.items())
-    write_json(
-        {
-            "experiment": cfg.name,
-            "question": rubric.main.id,
-            "protocol": cfg.protocol,
-            "methods": metrics,
-            "skipped": skipped,
-            **({"systems": systems} if systems else {}),
-            **({"auto": choices} if choices else {}),
-        },
-        run_dir / "metrics.json",
-    )
-    write_text(f"# {header}\n\n{table}\n" + (f"{notes}\n" if notes else ""), run_dir / "metrics.md")
-    print(f"\n{header}\n{table}\n{notes}\nwritten to {run_dir}/")
-    return metrics
+    return predictions, choices, skipped
+
+
+def grouping_figures(parts: dict, splits, question) -> dict:
+    """Per method (``parts``: ``{method: [held-out predictions per split]}``): :func:`grouped_kendall`
+    over the groupings of ``splits`` (``protocol=system_groups``), each split's held-out systems one group."""
+    out = {}
+    groupings = sorted({s.grouping for s in splits})
+    for name, tables in parts.items():
+        means, groups = [], []
+        for g in groupings:
+            mine = [(s, t) for s, t in zip(splits, tables) if s.grouping == g]
+            held = pd.concat([text_systems(s.test) for s, _ in mine])
+            table = pd.concat([t for _, t in mine], ignore_index=True)
+            annotations = pd.concat([s.test.annotations for s, _ in mine], ignore_index=True)
+            ann = predicted_annotations(table, annotations, question)[0]
+            means.append(system_means(pair_scores(table, ann, question, held)))
+            groups.append(pd.Series({system: s.name for s, _ in mine for system in text_systems(s.test).unique()}))
+        figures = grouped_kendall(means, groups)
+        out[name] = {
+            "kendall_groups": figures["kendall_groups"],
+            "groupings": figures["groupings"],
+            **(
+                {"kendall_groups_reason": figures["kendall_groups_reason"]}
+                if "kendall_groups_reason" in figures
+                else {}
+            ),
+        }
+    return out
 
 
 def predicted_annotations(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> tuple[pd.DataFrame, int]:
@@ -185,7 +234,7 @@ def system_figures(protocol: str, tables: dict, annotations: pd.DataFrame, quest
     }
 
 
-SYSTEM_FIGURES = ("rms_error", "kendall", "kendall_within_groups", "coverage", "width")
+SYSTEM_FIGURES = ("rms_error", "kendall", "kendall_within_groups", "kendall_groups", "coverage", "width")
 
 
 def system_table(systems: dict | None) -> str:

@@ -83,6 +83,16 @@ def system_group_folds(tables, k: int, seed: int) -> pd.DataFrame:
     return folds.assign(fold=folds.system_id.map(group).astype(int))
 
 
+def system_groupings(tables, k: int, seed: int, seeds: int) -> pd.DataFrame:
+    """``seeds`` groupings of :func:`system_group_folds` (seeds ``seed``, ``seed + 1``, …), each text once
+    per grouping, with the grouping's index (0 is ``seed``'s) in column ``grouping``."""
+    if seeds < 1:
+        raise InputError(f"{seeds} groupings of the systems (use 1 or more)", setting="grouping_seeds")
+    return pd.concat(
+        [system_group_folds(tables, k, seed + g).assign(grouping=g) for g in range(seeds)], ignore_index=True
+    )
+
+
 def holdout_texts(text_ids, fraction: float, seed: int) -> tuple[list[str], list[str]]:
     """(kept, held out) text ids, holding out ``fraction`` of the texts (at least one)."""
     texts = np.array(sorted(set(text_ids)))
@@ -101,5 +111,7 @@ def load_folds(path: str | Path) -> pd.DataFrame:
     folds = read_table(path, "texts")
     if "fold" not in folds.columns:
         raise InputError("folds file has no 'fold' column", file=str(path), column="fold")
-    folds["fold"] = folds["fold"].astype(int)
+    for column in ("fold", "grouping"):
+        if column in folds:
+            folds[column] = folds[column].astype(int)
     return folds

@@ -12,7 +12,9 @@ the K other systems, the interval is ``estimate ± t_{K, 1-α/2} · sqrt(mean e_
 ``protocol=systems`` run, as ``llmrubric evaluate`` writes them to ``system_errors.csv`` for
 ``llmrubric leaderboard build --shift-errors``. :func:`system_metrics` sums up a run whose folds are
 whole systems (RMS error, Kendall τ-b within held-out groups and overall, shift-interval coverage),
-as ``llmrubric evaluate`` writes it to ``metrics.json``. :func:`ppi_intervals` instead corrects the estimate with k
+as ``llmrubric evaluate`` writes it to ``metrics.json``; :func:`grouped_kendall` averages the Kendall
+within held-out groups over several groupings of the systems (``protocol=system_groups``: one model
+scores every system of its group, as a user ranks new systems). :func:`ppi_intervals` instead corrects the estimate with k
 human labels of the new system (prediction-powered inference through ``ppi_py``,
 :func:`llmrubric.scoring.labels.uniform_interval`), averaged over random draws of the k labelled pairs.
 """
@@ -146,9 +148,7 @@ def system_metrics(
     if group.isna().any():
         raise InputError(f"system {group.index[group.isna()][0]!r} has no held-out group", column="system_id")
     overall = rank_correlation(means.human, means.predicted)
-    within = np.array(
-        [rank_correlation(part.human, part.predicted)["kendall"] for _, part in means.groupby(group) if len(part) > 1]
-    )
+    within = within_group_kendall(means, group)
     ranked = np.isfinite(within)
     cov, width = coverage(means)
     out = {
@@ -165,6 +165,38 @@ def system_metrics(
         out["kendall_reason"] = overall["reason"]
     if not ranked.any():
         out["kendall_within_groups_reason"] = (
+            "no held-out group has 2 or more systems" if len(within) == 0 else "tied scores in every held-out group"
+        )
+    return out
+
+
+def within_group_kendall(means: pd.DataFrame, group: pd.Series) -> np.ndarray:
+    """Kendall τ-b of ``predicted`` against ``human`` (columns of ``means``, indexed by system) within each
+    group (``group``: system → group) of 2 or more systems; NaN for a group whose scores are all tied."""
+    return np.array(
+        [rank_correlation(part.human, part.predicted)["kendall"] for _, part in means.groupby(group) if len(part) > 1],
+        dtype=float,
+    )
+
+
+def grouped_kendall(means: list[pd.DataFrame], groups: list[pd.Series]) -> dict:
+    """The Kendall within held-out groups over several groupings of the systems: ``means[g]``
+    (:func:`system_means` of grouping ``g``'s held-out predictions) and ``groups[g]`` (system → its
+    group there). ``kendall_groups``: the mean of :func:`within_group_kendall` over every group of
+    every grouping where it is defined (``groups_ranked`` of them), NaN with a reason where none is."""
+    if len(means) != len(groups) or not means:
+        raise InputError(
+            f"{len(means)} groupings of predictions but {len(groups)} of systems", setting="grouping_seeds"
+        )
+    within = np.concatenate([within_group_kendall(m, g.reindex(m.index)) for m, g in zip(means, groups)])
+    ranked = np.isfinite(within)
+    out = {
+        "kendall_groups": float(within[ranked].mean()) if ranked.any() else math.nan,
+        "groupings": len(means),
+        "groups_ranked": int(ranked.sum()),
+    }
+    if not ranked.any():
+        out["kendall_groups_reason"] = (
             "no held-out group has 2 or more systems" if len(within) == 0 else "tied scores in every held-out group"
         )
     return out

@@ -3,7 +3,8 @@
 Protocols: ``cv`` (k folds of the training texts), ``systems`` (leave one system out: each
 system's texts are one fold, so every model is tested on a system it never saw),
 ``system_groups`` (the systems dealt into ``system_groups`` folds: one model scores each held-out
-group of systems, as a user ranks several new systems),
+group of systems, as a user ranks several new systems; ``grouping_seeds`` groupings, one set of
+models each: the first gives every held-out figure, all give the Kendall within held-out groups),
 ``holdout`` (train on ``data.train``, test on ``data.test``, or on a seeded
 ``test_fraction`` of the training texts when there is no test set). Folds are saved beside
 the checkpoints so that evaluation uses exactly the texts the models did not see.
@@ -28,7 +29,7 @@ from llmrubric.data.splits import (
     load_folds,
     save_folds,
     system_folds,
-    system_group_folds,
+    system_groupings,
     text_folds,
 )
 from llmrubric.io.errors import USER_ERRORS, InputError, report
@@ -49,6 +50,7 @@ class Split:
     name: str
     train: Tables
     test: Tables
+    grouping: int = 0  # protocol=system_groups: which grouping of the systems (0: the one every figure uses)
 
 
 def load_rubric(cfg: DictConfig) -> Rubric:
@@ -71,7 +73,7 @@ def make_folds(cfg: DictConfig, train: Tables) -> pd.DataFrame | None:
     if cfg.protocol == "systems":
         return system_folds(train)
     if cfg.protocol == "system_groups":
-        return system_group_folds(train, cfg.system_groups, cfg.seed)
+        return system_groupings(train, cfg.system_groups, cfg.seed, cfg.grouping_seeds)
     if cfg.protocol == "holdout":
         if cfg.data.get("test"):
             return None
@@ -85,6 +87,12 @@ def splits_from_folds(cfg: DictConfig, folds: pd.DataFrame | None, train: Tables
         if test is None:
             raise InputError("holdout without data.test needs a folds file")
         return [Split("model", train, test)]
+    if "grouping" in folds:  # protocol=system_groups: each grouping's folds; the first keeps the plain names
+        return [
+            Split(f"grouping{g}_{s.name}" if g else s.name, s.train, s.test, int(g))
+            for g, part in folds.groupby("grouping", sort=True)
+            for s in splits_from_folds(cfg, part.drop(columns="grouping"), train, test)
+        ]
     evaluated = sorted(folds.fold.unique()) if cfg.protocol in ("cv", *SYSTEM_PROTOCOLS) else [0]
     out = []
     for k in evaluated:
@@ -133,6 +141,7 @@ def check_settings(cfg: DictConfig) -> Rubric:
         check_range("folds", cfg.folds, 2, integer=True)
     if cfg.protocol == "system_groups":
         check_range("system_groups", cfg.system_groups, 2, integer=True)
+        check_range("grouping_seeds", cfg.grouping_seeds, 1, integer=True)
     if cfg.protocol == "holdout" and not cfg.data.get("test"):
         check_range("test_fraction", cfg.test_fraction, 0, 1, open_low=True, open_high=True)
     if cfg.predictions_format not in PREDICTION_FORMATS:

@@ -106,7 +106,9 @@ def check_report_config(cfg: DictConfig, rubric: Rubric) -> ReportSettings:
 
 
 def report_from_config(cfg: DictConfig, rubric: Rubric, splits: list[Split]) -> Path:
-    """The report of an experiment config (``report=fast|full``); returns the folder (to log as MLflow artifacts)."""
+    """The report of an experiment config (``report=fast|full``); returns the folder (to log as MLflow artifacts).
+    Under ``protocol=system_groups`` on the first grouping's splits only (the report trains its own models)."""
+    splits = [s for s in splits if s.grouping == 0]
     settings = settings_from_config(cfg)
     reference = OmegaConf.to_container(cfg.reference, resolve=True) if cfg.get("reference") else {}
     meta = {"experiment": cfg.name, "protocol": cfg.protocol, "report mode": cfg.report.name}

@@ -15,7 +15,7 @@ then each variance is set to the mean of its effects' squared modes plus their p
 variances (the diagonal of each judge's inverse Hessian block), for ``rounds`` rounds. A judge
 not seen in training gets the population values (u = 0, v = 0).
 
-A missing block is masked: ``own``/``all`` fill it with the training mean of its column, ``mean``
+A missing block is filled in, not masked: ``own``/``all`` take the training mean of its column, ``mean``
 averages the sources present; a text without any input column of its question is predicted at
 the training mean of the inputs. A question without a block of its own is predicted from all
 blocks. Categorical questions are not predicted (NaN): the family is ordinal.

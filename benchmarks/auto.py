@@ -1,42 +1,63 @@
-"""``model=auto`` against every candidate alone and the simple baselines (issue 25).
+"""``model=auto`` as it ships against every candidate alone and the simple baselines (issues 25, 32).
 
-    .venv/bin/python benchmarks/auto.py [--sets llm_rubric_synthetic simulated_shift llm_rubric_real llm_rubric_real_cv]
+    .venv/bin/python benchmarks/auto.py [--sets SET …] [--protocols systems system_groups cv]
+                                        [--methods METHOD …] [--grouping-seeds N] [--folds-limit N]
                                         [--data DIR --rubric RUBRIC.yaml] [--workers 2] [--draws 1000] [--cost]
 
 Sets and protocols (each outer fold's model sees nothing of its test texts or systems):
 
 - ``llm_rubric_synthetic``: DS1..DS5 of the release (``--llm-rubric``), leave one system out
-  (``systems``) and 2 system groups (``system_groups``);
+  (``systems``), 2 system groups (``system_groups``) and 5-fold CV by text (``cv``);
 - ``simulated_shift``: the 12-system set (:func:`llmrubric.data.simulate.simulate_shift`, seed 0),
-  ``systems`` and 4 system groups;
+  ``systems``, 4 system groups and ``cv``;
+- ``multisystem_default``, ``multisystem_stable_k3``, ``multisystem_missing``: data written at run
+  time into a temporary folder by ``--generator`` (``../shared/generators/multisystem.py``, not the
+  project's simulator) with the arguments of :data:`GENERATED` (its default: 11 systems; 6 systems
+  with 5 stable judges on a 1..3 scale; 8 systems with a fifth of the blocks missing), ``systems``,
+  system groups (3, 2, 2) and ``cv``; never written to the repository;
 - ``llm_rubric_real``: trained on the synthetic dialogues, tested on the real ones (``holdout``,
   Table 1's protocol);
 - ``llm_rubric_real_cv``: 5-fold CV by dialogue on the 223 real dialogues (GPT-3.5 features);
 - ``--data DIR``: the canonical tables in DIR under ``--rubric``: ``systems`` and 3 system groups
   with 3+ systems, else 5-fold CV by text.
 
-Methods: ``auto`` (the shipped ``conf/model/auto.yaml``, ``rule=select``: the candidate with the lowest
-inner-CV NLL, fitted on the outer training data; inner folds by system under the system protocols,
-by text otherwise), ``auto_stack`` (``rule=stack`` on the same inner CV: the weighted mixture of the
-candidates, the other rule), each candidate alone (``network`` is ``model=default``), ``mean_of_sources`` and
-``raw_linear_system``. Figures of the main question: ``pair_pearson``, ``pair_nll`` (on the pairs a
-method predicts; ``not_predicted`` counts the others), ``system_rms``, ``system_kendall`` and the
-shift intervals' ``coverage`` (:func:`llmrubric.evaluation.transfer.system_metrics`; system
-protocols only) and ``seconds`` (fit time summed over outer folds, one thread). Each set and
-protocol also gets the paired bootstrap (``--draws``, texts resampled within systems) of ``auto``
-minus the best single method by pair NLL (``vs_best``), and ``choices``: the weights ``auto``
-gave each candidate in each outer fold. ``--cost`` times ``auto`` against ``model=default`` fitted
-on the whole synthetic and simulated sets in this process (``cost``). Writes
-``benchmarks/results/auto.json``: ``{SET: {PROTOCOL: {METHOD: figures, "vs_best": …, "choices": …}}}``.
+The first five are the design sets (:data:`DESIGN_SETS`): defaults are decided on them only; the
+real sets are reported, never used to decide.
+
+Methods: ``auto`` is the shipped path: :func:`shipped_model` composes the settings as ``train.py``
+does (``conf/config.yaml`` with ``model=auto`` through :func:`llmrubric.config.compose`, inner folds
+grouped as the protocol makes ``train.py`` group them) and fits :class:`AutoCalibrator` on each
+outer fold's training data; its predictions and seconds are its own. ``auto_stack`` is the same
+with ``model.auto.rule=stack`` (the other rule). Then each candidate alone (``network`` is
+``model=default``), ``mean_of_sources`` and ``raw_linear_system`` (a line through the training
+systems' means of the raw LLM answers, each new system placed on it). Figures of the main question:
+``pair_pearson``, ``pair_nll`` (on the pairs a method predicts; ``not_predicted`` counts the
+others), ``system_rms``, ``system_kendall`` and the shift intervals' ``coverage``
+(:func:`llmrubric.evaluation.transfer.system_metrics`; system protocols only), ``system_kendall_groups``
+(``system_groups`` only: the Kendall within each held-out group, averaged over every group of
+``--grouping-seeds`` groupings of the systems, each grouping with its own fitted models,
+:func:`llmrubric.evaluation.transfer.grouped_kendall`; every other figure is the first grouping's)
+and ``seconds`` (fit and predict time summed over the first grouping's outer folds, one thread).
+Each set and protocol also gets the paired bootstrap (``--draws``, texts resampled within systems)
+of ``auto`` minus the best single method by pair NLL (``vs_best``), and ``choices``: what ``auto``
+chose in each outer fold (its weights and inner-CV table, and the stack's weights). ``rule``
+compares the two rules' pair NLL on the design sets. ``--cost`` times ``auto`` against
+``model=default`` fitted on the whole synthetic and simulated sets in this process (``cost``).
+``--merge`` keeps the sets of ``--out`` that this run does not measure (``meta.runs``: each set's run).
+Writes ``benchmarks/results/auto.json``: ``{"meta": {…, "auto_path": "shipped"}, SET: {PROTOCOL:
+{METHOD: figures, "vs_best": …, "choices": …}}, "rule": …}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
@@ -49,23 +70,37 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llmrubric.apps.evaluate import evaluate_predicted, predicted_annotations  # noqa: E402
-from llmrubric.config import group, model_file  # noqa: E402
+from llmrubric.apps.train import auto_group  # noqa: E402
+from llmrubric.config import compose, group, model_file  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
-from llmrubric.data.splits import system_folds, system_group_folds, text_folds, text_systems  # noqa: E402
-from llmrubric.evaluation.transfer import system_metrics  # noqa: E402
+from llmrubric.data.splits import system_folds, system_groupings, text_folds, text_systems  # noqa: E402
+from llmrubric.evaluation.transfer import grouped_kendall, pair_scores, system_means, system_metrics  # noqa: E402
 from llmrubric.io.errors import InputError, reports_errors  # noqa: E402
 from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
-from llmrubric.model.auto import AutoCalibrator, candidate  # noqa: E402
+from llmrubric.model.auto import build_model, candidate  # noqa: E402
 from llmrubric.model.baselines import RidgeJudge, make_method  # noqa: E402
 from llmrubric.model.encoding import PAIR, with_round  # noqa: E402
 from llmrubric.model.mixed import MixedOrdinal  # noqa: E402
 from llmrubric.model.threads import single_threaded  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "auto.json"
-SETS = ("llm_rubric_synthetic", "simulated_shift", "llm_rubric_real", "llm_rubric_real_cv")
+GENERATOR = ROOT.parent / "shared" / "generators" / "multisystem.py"
+GENERATED = {  # set → the generator's arguments
+    "multisystem_default": [],
+    "multisystem_stable_k3": ["--judges", "stable", "--scale", "3", "--systems", "6", "--texts", "60", "--seed", "1"],
+    "multisystem_missing": ["--systems", "8", "--texts", "64", "--missing", "0.2", "--seed", "2"],
+}
+DESIGN_SETS = ("llm_rubric_synthetic", "simulated_shift", *GENERATED)
+SETS = (*DESIGN_SETS, "llm_rubric_real", "llm_rubric_real_cv")
+GROUPS = {
+    "llm_rubric_synthetic": 2,
+    "simulated_shift": 4,
+    "multisystem_default": 3,
+}  # system groups; others 2 (--data: 3)
+PROTOCOLS = ("systems", "system_groups", "cv", "holdout")
 BASELINES = ("mean_of_sources", "raw_linear_system")
 SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")
 
@@ -77,9 +112,32 @@ def find_table(directory: Path, stem: str) -> Path:
     return found[0]
 
 
+def generate(name: str, generator: str | Path, root: Path) -> Path:
+    """Write set ``name`` (:data:`GENERATED`) with ``generator`` into ``root/name``; returns that folder."""
+    if not Path(generator).is_file():
+        raise InputError("the multi-system generator is not there (--generator)", file=str(generator))
+    out = root / name
+    done = subprocess.run(
+        [sys.executable, str(generator), str(out), *GENERATED[name]], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise InputError(f"the generator failed: {done.stderr.strip().splitlines()[-1:]}", file=str(generator))
+    return out
+
+
+def folder_tables(directory: Path, rubric: Rubric):
+    return load_tables(
+        find_table(directory, "annotations"), find_table(directory, "features"), rubric, find_table(directory, "texts")
+    )
+
+
 @functools.lru_cache(maxsize=2)
-def load_set(name: str, llm_root: str, data: str | None, rubric_path: str | None) -> tuple:
-    """(rubric, training tables, test tables or None) of a set."""
+def load_set(name: str, llm_root: str, data: str | None, rubric_path: str | None, generated: str | None) -> tuple:
+    """(rubric, training tables, test tables or None) of a set (``generated``: the folder of the generated sets)."""
+    if name in GENERATED:
+        directory = Path(generated) / name
+        rubric = Rubric.load(directory / "rubric.yaml")
+        return rubric, folder_tables(directory, rubric), None
     rubric = Rubric.load(rubric_path or ROOT / "conf" / "rubric" / "llm_rubric.yaml")
     if name == "simulated_shift":
         return rubric, simulate_shift(0, rubric=rubric)[0], None
@@ -89,67 +147,82 @@ def load_set(name: str, llm_root: str, data: str | None, rubric_path: str | None
         return rubric, llm_rubric.load(llm_root, "synthetic", rubric), llm_rubric.load(llm_root, "real", rubric)
     if name == "llm_rubric_real_cv":
         return rubric, llm_rubric.load(llm_root, "real", rubric), None
-    directory = Path(data)
-    tables = load_tables(*(find_table(directory, s) for s in ("annotations", "features", "texts")), rubric)
-    return rubric, tables, None
+    return rubric, folder_tables(Path(data), rubric), None
 
 
-def protocols(name: str, tables) -> dict[str, pd.DataFrame | None]:
-    """Protocol → outer folds (None: the set's own test split)."""
+def protocols(name: str, tables, grouping_seeds: int = 1) -> dict[str, pd.DataFrame | None]:
+    """Protocol → outer folds with their ``grouping`` (None: the set's own test split); ``system_groups``
+    has ``grouping_seeds`` groupings (seeds 0, 1, …), every other protocol one."""
     if name == "llm_rubric_real":
         return {"holdout": None}
+    cv = text_folds(tables.text_ids, 5, 0).assign(grouping=0)
     if name == "llm_rubric_real_cv":
-        return {"cv": text_folds(tables.text_ids, 5, 0)}
-    groups = {"llm_rubric_synthetic": 2, "simulated_shift": 4}.get(name, 3)
+        return {"cv": cv}
     try:
         systems = text_systems(tables).nunique()
     except InputError:
         systems = 0
     if systems < 3:
-        return {"cv": text_folds(tables.text_ids, 5, 0)}
-    return {"systems": system_folds(tables), "system_groups": system_group_folds(tables, min(groups, systems), 0)}
+        return {"cv": cv}
+    k = min(GROUPS.get(name, 2 if name in GENERATED else 3), systems)
+    out = {
+        "systems": system_folds(tables).assign(grouping=0),
+        "system_groups": system_groupings(tables, k, 0, grouping_seeds),
+    }
+    return {**out, "cv": cv} if name in DESIGN_SETS else out
 
 
-def methods() -> list[str]:
-    return ["auto", "auto_stack", *model_file("auto")["auto"]["candidates"], *BASELINES]
+def shipped_model(rubric: Rubric, protocol: str, overrides: tuple[str, ...] = (), seed: int = 0):
+    """``model=auto`` as ``train.py`` builds it under ``protocol``: the settings composed from ``conf/``
+    (``conf/config.yaml``, ``model=auto``, ``overrides``) and the inner folds grouped as the protocol
+    makes ``train.py`` group them (:func:`llmrubric.apps.train.auto_group`)."""
+    from omegaconf import OmegaConf
+
+    cfg = compose("config", ["model=auto", f"protocol={protocol}", f"seed={seed}", *overrides])
+    model, trainer = (OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "trainer"))
+    return build_model(rubric, model, trainer, cfg.seed, auto_group(cfg))
 
 
-def run_fold(job: tuple, args_tuple: tuple) -> dict:
-    """Predictions of every method on one outer fold: {method: (predictions, seconds)}, plus auto's choice."""
-    set_name, protocol, fold = job
+def methods(selected: tuple[str, ...] | None = None) -> list[str]:
+    every = ["auto", "auto_stack", *model_file("auto")["auto"]["candidates"], *BASELINES]
+    return [m for m in every if not selected or m in selected]
+
+
+def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) -> dict:
+    """Predictions of every method on one outer fold: {method: (predictions, seconds)}, plus auto's choices."""
+    set_name, protocol, grouping, fold = job
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     single_threaded()
-    rubric, tables, test = load_set(set_name, *args_tuple)
+    rubric, tables, test = load_set(set_name, *args_tuple[:4])
     if fold is None:
         train = tables
     else:
-        folds = protocols(set_name, tables)[protocol]
+        folds = protocols(set_name, tables, args_tuple[4])[protocol]
+        folds = folds[folds.grouping == grouping]
         train, test = (tables.subset(folds.text_id[(folds.fold == fold) == held]) for held in (False, True))
     trainer = group("trainer", "default")
     main = [rubric.main.id]
     out, choice = {}, {}
-    start = time.process_time()
-    settings = model_file("auto")
-    shipped = settings["auto"]["rule"]
-    stack = {**settings, "auto": {**settings["auto"], "rule": "stack"}}
-    auto = AutoCalibrator(rubric, stack, trainer, 0, "system" if "system" in protocol else "text")
-    auto.fit(train)
-    out["auto_stack"] = (auto.predict(test, questions=main), time.process_time() - start)
-    choice = {"stack_weights": auto.weights_, "inner_folds_by": auto.group, "inner_cv": auto.table_}
-    for name in methods()[2:]:
+    for name in methods(selected):
         start = time.process_time()
-        if name in BASELINES:
-            model = make_method(name, rubric, 0).fit(train)
+        if name.startswith("auto"):
+            model = shipped_model(rubric, protocol, ("model.auto.rule=stack",) if name == "auto_stack" else ())
+            model.fit(train)
+            choice[name] = {
+                "weights": model.weights_,
+                "inner_folds_by": model.group,
+                "fallback": model.fallback_,
+                "inner_cv": model.table_,
+            }
+            predictions = model.predict(test, questions=main)
+        elif name in BASELINES:
+            predictions = make_method(name, rubric, 0).fit(train).predict(test)
         else:
             model = candidate(name, rubric, model_file("auto"), trainer, 0)
             model = model.fit(train, main) if isinstance(model, (MixedOrdinal, RidgeJudge)) else model.fit(train)
-        out[name] = (_main(model.predict(test), rubric), time.process_time() - start)
-    best = min((n for n, r in auto.table_.items() if "nll" in r), key=lambda n: auto.table_[n]["nll"])
-    if shipped != "select":
-        raise InputError(f"the benchmark derives rule=select from the stack's inner CV; the shipped rule is {shipped}")
-    out["auto"] = (out[best][0], out["auto_stack"][1])  # rule=select: the lowest inner NLL, refitted alone
-    choice["select"] = best
+            predictions = model.predict(test)
+        out[name] = (_main(predictions, rubric), time.process_time() - start)
     return {"job": job, "predictions": out, "choice": choice}
 
 
@@ -167,14 +240,31 @@ def figures(predictions: pd.DataFrame, seconds: float, rubric: Rubric, test_tabl
         "not_predicted": m["not_predicted"],
         "seconds": seconds,
     }
-    if groups is not None:
+    if groups is not None and predictions.text_id.map(systems).nunique() >= 2:  # fewer: --folds-limit
         s = system_metrics(
             predictions, predicted_annotations(predictions, annotations, rubric.main)[0], rubric.main, systems, groups
         )
         out.update(system_rms=s["rms_error"], system_kendall=s["kendall"], coverage=s["coverage"])
     else:
         out.update(system_rms=None, system_kendall=None, coverage=None)
+    out["system_kendall_groups"] = None
     return out
+
+
+def kendall_groups(runs: list[dict], name: str, folds: pd.DataFrame, rubric: Rubric, tables) -> float | None:
+    """:func:`grouped_kendall` of method ``name`` over the groupings of ``folds`` (``system_groups``)."""
+    means, groups = [], []
+    systems = text_systems(tables)
+    for g in sorted(folds.grouping.unique()):
+        mine = [r["predictions"][name][0] for r in runs if r["job"][2] == g]
+        predictions = pd.concat(mine, ignore_index=True)
+        annotations = predicted_annotations(predictions, tables.annotations, rubric.main)[0]
+        held = annotations.text_id.unique()
+        means.append(system_means(pair_scores(predictions, annotations, rubric.main, systems.reindex(held))))
+        part = folds[folds.grouping == g].drop_duplicates("system_id")
+        groups.append(part.set_index("system_id").fold.astype(str))
+    value = grouped_kendall(means, groups)["kendall_groups"]
+    return None if not np.isfinite(value) else float(value)
 
 
 def pair_log_likelihood(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> pd.DataFrame:
@@ -233,88 +323,161 @@ def paired_bootstrap(a: pd.DataFrame, b: pd.DataFrame, strata: pd.Series, draws:
 
 
 def summarise(set_name: str, protocol: str, results: list[dict], args) -> dict:
-    rubric, tables, test = load_set(set_name, *_args_tuple(args))
+    rubric, tables, test = load_set(set_name, *_args_tuple(args)[:4])
     test_tables = test if test is not None else tables
     system_protocol = protocol in ("systems", "system_groups")
     systems = text_systems(test_tables) if system_protocol else None
-    groups = None
+    groups, folds = None, None
+    if test is None:
+        folds = protocols(set_name, tables, args.grouping_seeds)[protocol]
     if system_protocol:
-        folds = protocols(set_name, tables)[protocol]
-        groups = folds.drop_duplicates("system_id").set_index("system_id").fold.astype(str)
+        first = folds[folds.grouping == 0]
+        groups = first.drop_duplicates("system_id").set_index("system_id").fold.astype(str)
+    first_runs = [r for r in results if r["job"][2] == 0]
     out, per_pair = {}, {}
-    for name in methods():
-        parts = [r["predictions"][name] for r in results]
+    names = methods(args.methods)
+    for name in names:
+        parts = [r["predictions"][name] for r in first_runs]
         predictions = pd.concat([p for p, _ in parts], ignore_index=True)
         out[name] = figures(predictions, float(sum(s for _, s in parts)), rubric, test_tables, systems, groups)
+        if protocol == "system_groups":
+            out[name]["system_kendall_groups"] = kendall_groups(results, name, folds, rubric, tables)
         per_pair[name] = pair_log_likelihood(predictions, test_tables.annotations, rubric.main)
-    singles = [n for n in methods() if not n.startswith("auto")]  # the candidates and baselines alone
-    best = min(singles, key=lambda n: out[n]["pair_nll"])
-    try:
-        strata = text_systems(test_tables)
-    except InputError:
-        strata = pd.Series(dtype=object)
-    out["vs_best"] = {"best": best, **paired_bootstrap(per_pair["auto"], per_pair[best], strata, args.draws)}
-    out["choices"] = {str(r["job"][2]): r["choice"] for r in results}
+    singles = [n for n in names if not n.startswith("auto")]  # the candidates and baselines alone
+    if "auto" in out and singles:
+        best = min(singles, key=lambda n: out[n]["pair_nll"])
+        try:
+            strata = text_systems(test_tables)
+        except InputError:
+            strata = pd.Series(dtype=object)
+        out["vs_best"] = {"best": best, **paired_bootstrap(per_pair["auto"], per_pair[best], strata, args.draws)}
+    out["choices"] = {f"{r['job'][2]}/{r['job'][3]}": r["choice"] for r in results}
     return out
 
 
+def rule_decision(report: dict) -> dict:
+    """Pair NLL of ``rule=select`` (the shipped ``auto``) and ``rule=stack`` on every design set and
+    protocol measured, and which rule had the lower NLL on more of them."""
+    rows = {
+        f"{s}/{p}": {"select": figures_["auto"]["pair_nll"], "stack": figures_["auto_stack"]["pair_nll"]}
+        for s in DESIGN_SETS
+        for p, figures_ in report.get(s, {}).items()
+        if "auto" in figures_ and "auto_stack" in figures_
+    }
+    wins = sum(r["select"] <= r["stack"] for r in rows.values())
+    return {"protocols": rows, "select_lower_or_equal": wins, "of": len(rows)}
+
+
 def _args_tuple(args) -> tuple:
-    return (str(args.llm_rubric), args.data, args.rubric)
+    return (str(args.llm_rubric), args.data, args.rubric, args.generated, args.grouping_seeds)
 
 
 def cost(args) -> dict:
-    """Fit seconds (process time, one thread) of model=auto and model=default on whole sets."""
+    """Fit seconds (process time, one thread) of model=auto (the shipped path) and model=default on whole sets."""
     single_threaded()
     out = {}
     for set_name in ("llm_rubric_synthetic", "simulated_shift"):
-        rubric, tables, _ = load_set(set_name, *_args_tuple(args))
+        rubric, tables, _ = load_set(set_name, *_args_tuple(args)[:4])
         trainer = group("trainer", "default")
         start = time.process_time()
         candidate("network", rubric, model_file("default"), trainer, 0).fit(tables)
         network = time.process_time() - start
         start = time.process_time()
-        group_by = "system"
-        AutoCalibrator(rubric, model_file("auto"), trainer, 0, group_by).fit(tables)
+        shipped_model(rubric, "systems").fit(tables)
         auto = time.process_time() - start
         out[set_name] = {"default_seconds": network, "auto_seconds": auto, "ratio": auto / network}
         print(f"cost {set_name}: default {network:.1f} s, auto {auto:.1f} s ({auto / network:.1f}x)", flush=True)
     return out
 
 
+def default_grouping_seeds() -> int:
+    return int(compose("config").grouping_seeds)
+
+
 @reports_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
+    parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods (default: all)")
+    parser.add_argument("--grouping-seeds", type=int, default=None, help="default: conf/config.yaml grouping_seeds")
+    parser.add_argument("--folds-limit", type=int, default=None, help="only the first N outer folds of each protocol")
     parser.add_argument("--data", default=None, help="a folder of canonical tables (annotations, features, texts)")
     parser.add_argument("--rubric", default=None, help="the rubric YAML of --data")
     parser.add_argument(
         "--llm-rubric", default=os.environ.get("LLM_RUBRIC_DATA", ROOT.parent / "shared/data/llm-rubric")
     )
+    parser.add_argument("--generator", default=GENERATOR, help="the multi-system data generator")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--cost", action="store_true", help="also time auto against model=default on whole sets")
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--merge", action="store_true", help="keep the other sets already in --out")
     args = parser.parse_args(argv)
     if args.data and not args.rubric:
         raise InputError("--data needs --rubric (the rubric YAML of those tables)")
-    sets = ["data"] if args.data else args.sets
+    args.grouping_seeds = args.grouping_seeds or default_grouping_seeds()
+    if args.grouping_seeds < 1:
+        raise InputError("--grouping-seeds must be 1 or more")
+    unknown = sorted(set(args.methods or ()) - set(methods()))
+    if unknown:
+        raise InputError(f"unknown method(s) {unknown}; known: {methods()}")
+    args.methods = tuple(args.methods) if args.methods else None
+    with tempfile.TemporaryDirectory(prefix="llmrubric-auto-") as generated:
+        args.generated = generated
+        sets = ["data"] if args.data else args.sets
+        for set_name in set(sets) & set(GENERATED):
+            generate(set_name, args.generator, Path(generated))
+        return run(args, sets)
+
+
+def outer_jobs(args, sets: list[str]) -> list[tuple]:
+    """(set, protocol, grouping, fold) of every outer fold to fit (fold None: the set's own test split)."""
     jobs = []
     for set_name in sets:
-        _, tables, _ = load_set(set_name, *_args_tuple(args))
-        for protocol, folds in protocols(set_name, tables).items():
-            for fold in [None] if folds is None else sorted(folds.fold.unique()):
-                jobs.append((set_name, protocol, None if fold is None else int(fold)))
+        _, tables, _ = load_set(set_name, *_args_tuple(args)[:4])
+        for protocol, folds in protocols(set_name, tables, args.grouping_seeds).items():
+            if protocol not in args.protocols:
+                continue
+            if folds is None:
+                jobs.append((set_name, protocol, 0, None))
+                continue
+            for g in sorted(folds.grouping.unique()):
+                ks = sorted(folds.fold[folds.grouping == g].unique())[: args.folds_limit]
+                jobs.extend((set_name, protocol, int(g), int(k)) for k in ks)
+    return jobs
+
+
+def run(args, sets: list[str]) -> int:
+    jobs = outer_jobs(args, sets)
     started = time.time()
     print(f"{len(jobs)} outer folds on {args.workers} workers", flush=True)
+    n = len(jobs)
     with ProcessPoolExecutor(args.workers) as pool:
-        results = list(pool.map(run_fold, jobs, [_args_tuple(args)] * len(jobs)))
-    report = {"meta": {"seconds": time.time() - started, "draws": args.draws, "commit": _commit()}}
+        results = list(pool.map(run_fold, jobs, [_args_tuple(args)] * n, [args.methods] * n))
+    report = {
+        "meta": {
+            "seconds": time.time() - started,
+            "draws": args.draws,
+            "commit": _commit(),
+            "auto_path": "shipped",
+            "grouping_seeds": args.grouping_seeds,
+            "folds_limit": args.folds_limit,
+            "generated": {name: GENERATED[name] for name in sets if name in GENERATED},
+        }
+    }
     for set_name in sets:
         report[set_name] = {}
         for protocol in dict.fromkeys(j[1] for j in jobs if j[0] == set_name):
             mine = [r for r in results if r["job"][:2] == (set_name, protocol)]
             report[set_name][protocol] = summarise(set_name, protocol, mine, args)
             print_table(set_name, protocol, report[set_name][protocol])
+    if args.merge:
+        report = merged(report, Path(args.out), sets)
+    report["rule"] = rule_decision(report)
+    print(
+        f"rule: select had the lower or equal pair NLL on {report['rule']['select_lower_or_equal']} of {report['rule']['of']}"
+    )
     if args.cost:
         report["cost"] = cost(args)
     write_json(report, args.out)
@@ -322,25 +485,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def merged(report: dict, path: Path, sets: list[str]) -> dict:
+    """``report``'s sets written over those of the shipped-path results already at ``path`` (``--merge``):
+    the others are kept, and ``meta.runs`` records each set's run (commit, seconds, settings)."""
+    if not path.is_file():
+        return {**report, "meta": {**report["meta"], "runs": {s: report["meta"] for s in sets}}}
+    old = json.loads(path.read_text())
+    if old.get("meta", {}).get("auto_path") != "shipped":
+        raise InputError("--merge: the results there were not measured on the shipped path", file=str(path))
+    runs = {**old["meta"].get("runs", {}), **{s: report["meta"] for s in sets}}
+    kept = {k: v for k, v in old.items() if k not in ("meta", "rule", *sets)}
+    return {**kept, **report, "meta": {**report["meta"], "runs": runs}}
+
+
 def print_table(set_name: str, protocol: str, figures_: dict) -> None:
-    keys = ("pair_pearson", "pair_nll", "system_rms", "system_kendall", "coverage", "seconds")
+    keys = ("pair_pearson", "pair_nll", "system_rms", "system_kendall", "system_kendall_groups", "coverage", "seconds")
     print(f"\n{set_name} / {protocol}\n| method | " + " | ".join(keys) + " |")
     for name, row in figures_.items():
         if name in ("vs_best", "choices"):
             continue
         cells = ["—" if row.get(k) is None or row.get(k) != row.get(k) else f"{row[k]:.3f}" for k in keys]
         print(f"| {name} | " + " | ".join(cells) + " |")
-    vs = figures_["vs_best"]
-    print(
-        f"auto − {vs['best']}: NLL {vs['nll_difference']:+.4f} {vs['nll_interval']}, "
-        f"Pearson {vs['pearson_difference']:+.4f} {vs['pearson_interval']}",
-        flush=True,
-    )
+    for fold, choice in figures_["choices"].items():
+        print(f"fold {fold}: " + "; ".join(f"{n} {_rounded(c['weights'])}" for n, c in choice.items()))
+    vs = figures_.get("vs_best")
+    if vs:
+        print(
+            f"auto − {vs['best']}: NLL {vs['nll_difference']:+.4f} {vs['nll_interval']}, "
+            f"Pearson {vs['pearson_difference']:+.4f} {vs['pearson_interval']}",
+            flush=True,
+        )
+
+
+def _rounded(weights: dict) -> dict:
+    return {name: round(w, 3) for name, w in weights.items()}
 
 
 def _commit() -> str:
-    import subprocess
-
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT

@@ -1,0 +1,47 @@
+"""benchmarks/auto.py: model=auto measured on the path train.py ships, and the Kendall within held-out groups."""
+
+import json
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+from support.paths import ROOT
+
+from llmrubric.config import compose
+from llmrubric.model.auto import AutoCalibrator
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import auto as bench  # noqa: E402
+
+
+@pytest.mark.parametrize(("protocol", "group"), [("systems", "system"), ("system_groups", "system"), ("cv", "text")])
+def test_the_shipped_model_is_composed_and_grouped_as_train_py_builds_it(rubric, protocol, group):
+    model = bench.shipped_model(rubric, protocol)
+    shipped = OmegaConf.to_container(compose("config", ["model=auto"]).model, resolve=True)
+    assert isinstance(model, AutoCalibrator) and model.group == group
+    assert model.model["auto"] == shipped["auto"] and model.model["ensemble"] == shipped["ensemble"]
+    stack = bench.shipped_model(rubric, protocol, ("model.auto.rule=stack",))
+    assert stack.settings.rule == "stack" and model.settings.rule == shipped["auto"]["rule"]
+
+
+def test_the_committed_results_name_the_shipped_path():
+    report = json.loads((ROOT / "benchmarks" / "results" / "auto.json").read_text())
+    assert report["meta"]["auto_path"] == "shipped"
+
+
+def test_a_small_run_writes_the_grouped_kendall_of_every_method(tmp_path):
+    out = tmp_path / "auto.json"
+    args = ["--data", str(ROOT / "data" / "simulated"), "--rubric", str(ROOT / "conf" / "rubric" / "llm_rubric.yaml")]
+    methods = ["mean_of_sources", "raw_linear_system"]
+    assert bench.main([*args, "--methods", *methods, "--grouping-seeds", "2", "--draws", "5", "--workers", "1",
+                       "--out", str(out)]) == 0  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["meta"]["auto_path"] == "shipped" and report["meta"]["grouping_seeds"] == 2
+    groups, systems = report["data"]["system_groups"], report["data"]["systems"]
+    for name in methods:
+        assert -1 <= groups[name]["system_kendall_groups"] <= 1
+        assert systems[name]["system_kendall_groups"] is None  # one system per held-out group
+        assert set(groups["choices"]) == {"0/0", "0/1", "0/2", "1/0", "1/1", "1/2"}  # 3 groups × 2 groupings
+    with pytest.raises(SystemExit) as bad:
+        bench.main([*args, "--methods", "nothing", "--out", str(tmp_path / "bad.json")])
+    assert bad.value.code == 2 and not (tmp_path / "bad.json").exists()

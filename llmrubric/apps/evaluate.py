@@ -89,6 +89,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
                 "weights": model.weights_,
                 "inner_folds_by": model.group,
                 "fallback": model.fallback_,
+                "system_level": model.level_record_,
                 "inner_cv": model.table_,
             }
         for name in [b for b in baselines if b not in skipped]:

@@ -51,11 +51,12 @@ def text_system_ids(tables: Tables, pairs: pd.DataFrame | None = None) -> pd.Ser
 
 def source_means(tables: Tables, rubric: Rubric, texts: list[str]) -> np.ndarray:
     """(texts,) mean over the LLM sources that answered of the main question's expected answer (NaN: none)."""
-    layout = FeatureLayout.from_features(tables.features, rubric)
-    own = [i for i, b in enumerate(layout.blocks) if b.question_id == rubric.main.id]
-    if not own or not len(texts):
+    features = tables.features[tables.features.question_id.astype(str) == rubric.main.id]
+    if features.empty or not len(texts):
         return np.full(len(texts), np.nan)
-    columns = text_columns(layout, rubric, tables.features, texts)[:, own]
+    features = features[features.text_id.astype(str).isin(set(texts))]
+    layout = FeatureLayout.from_features(tables.features[tables.features.question_id == rubric.main.id], rubric)
+    columns = text_columns(layout, rubric, features if len(features) else tables.features, texts)
     present = ~np.isnan(columns)
     total = np.where(present, columns, 0.0).sum(axis=1)
     return np.divide(total, present.sum(axis=1), out=np.full(len(texts), np.nan), where=present.any(axis=1))
@@ -70,7 +71,8 @@ def system_summaries(tables: Tables, rubric: Rubric, systems: pd.Series) -> pd.S
 
 def tilt(probs: np.ndarray, values: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """(n, K): each row of ``probs`` exponentially tilted, ``p_k e^{λ v_k}`` normalised, so that its
-    mean is ``targets`` (clipped into the row's support); ``λ`` by vectorised bisection."""
+    mean is ``targets`` (clipped into the row's support); ``λ`` by Newton steps kept inside a
+    bisection bracket (the mean rises with ``λ``, its derivative is the tilted variance)."""
     logp = np.log(np.clip(probs, 1e-300, None))
     support = probs > 0
     low = np.where(support, values, np.inf).min(axis=1)
@@ -78,14 +80,19 @@ def tilt(probs: np.ndarray, values: np.ndarray, targets: np.ndarray) -> np.ndarr
     margin = 1e-4 * (values.max() - values.min())
     target = np.clip(targets, low + margin, np.maximum(high - margin, low + margin))
     bound = 60.0 / max(float(values.max() - values.min()), 1e-9)
-    lo, hi = np.full(len(probs), -bound), np.full(len(probs), bound)
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        mean = special.softmax(logp + mid[:, None] * values, axis=1) @ values
-        above = mean > target
-        hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
-    out = special.softmax(logp + ((lo + hi) / 2)[:, None] * values, axis=1)
-    return np.where(support, out, 0.0)
+    lo, hi, lam = np.full(len(probs), -bound), np.full(len(probs), bound), np.zeros(len(probs))
+    for _ in range(100):
+        z = logp + lam[:, None] * values
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        mean = p @ values
+        gap = mean - target
+        if np.all(np.abs(gap) < 1e-8):
+            break
+        hi, lo = np.where(gap > 0, lam, hi), np.where(gap > 0, lo, lam)
+        step = lam - gap / np.maximum(p @ values**2 - mean**2, 1e-12)
+        lam = np.where((step > lo) & (step < hi), step, (lo + hi) / 2)
+    return np.where(support, special.softmax(logp + lam[:, None] * values, axis=1), 0.0)
 
 
 def reml(y: np.ndarray, v: np.ndarray, design: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -102,7 +109,10 @@ def reml(y: np.ndarray, v: np.ndarray, design: np.ndarray) -> tuple[np.ndarray, 
 
     if len(y) > design.shape[1]:
         result = optimize.minimize_scalar(
-            lambda s: fit(math.exp(s))[2], bounds=(math.log(1e-8), math.log(TAU2_CEILING)), method="bounded"
+            lambda s: fit(math.exp(s))[2],
+            bounds=(math.log(1e-8), math.log(TAU2_CEILING)),
+            method="bounded",
+            options={"xatol": 1e-3},
         )
         tau2 = math.exp(result.x)
     else:
@@ -248,12 +258,11 @@ class SystemLevel:
         system = pairs.text_id.astype(str).map(text_system_ids(tables, pairs)).to_numpy()
         row = table.reindex(system)
         nodes, weights = np.polynomial.hermite.hermgauss(NODES)
-        out = np.zeros((len(pairs), k))
-        shift = expected - row.centre.to_numpy()
         sd = np.sqrt(np.nan_to_num(row["var"].to_numpy()))
-        for node, weight in zip(nodes, weights):
-            target = shift + row["mean"].to_numpy() + math.sqrt(2.0) * sd * node
-            out += weight / math.sqrt(math.pi) * tilt(probs[:, :k], self.values, target)
+        centre = (expected - row.centre.to_numpy() + row["mean"].to_numpy())[:, None]
+        targets = centre + math.sqrt(2.0) * sd[:, None] * nodes[None, :]  # (pairs, nodes)
+        tilted = tilt(np.repeat(probs[:, :k], NODES, axis=0), self.values, targets.reshape(-1))
+        out = np.einsum("pnk,n->pk", tilted.reshape(len(pairs), NODES, k), weights / math.sqrt(math.pi))
         unknown = ~np.isfinite(row["mean"].to_numpy())  # a system no source answered: the text model alone
         out[unknown] = probs[unknown, :k]
         return out

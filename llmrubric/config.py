@@ -115,12 +115,17 @@ class AutoConfig:
         group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
             score unseen systems (``systems``, ``system_groups``), else by text.
         folds: inner folds (by system: at most one per training system).
+        system_level: the system level with partial pooling (:mod:`llmrubric.model.system_level`):
+            ``auto`` compares every candidate with and without it by the inner CV where the training
+            data have 3+ systems with labels (else records why not); ``on``: only with it (fewer
+            systems are an error); ``off``: never.
     """
 
     candidates: list[str] = field(default_factory=lambda: list(AUTO_CANDIDATES))
     rule: str = "select"
     group: str = "auto"
     folds: int = 5
+    system_level: str = "auto"
 
 
 @dataclass

@@ -152,6 +152,7 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict]:
                 "weights": model.weights_,
                 "inner_folds_by": model.group,
                 "fallback": model.fallback_,
+                "system_level": model.level_record_,
                 "inner_cv": model.table_,
             }
         for name in [b for b in baselines if b not in skipped]:

@@ -73,6 +73,7 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
                         "weights": model.weights_,
                         "inner_folds_by": model.group,
                         "fallback": model.fallback_,
+                        "system_level": model.level_record_,
                         "inner_cv": model.table_,
                     },
                     f"auto/{split.name}.json",

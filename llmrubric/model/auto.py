@@ -34,6 +34,15 @@ from llmrubric.model.calibrator import NetworkCalibrator, fit_together
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.estimator import read_checkpoint, split_tensors, write_checkpoint
 from llmrubric.model.mixed import MixedOrdinal
+from llmrubric.model.system_level import (
+    LEVEL,
+    SystemLevel,
+    level_plan,
+    levelled_fold,
+    levels_from_state,
+    levels_state,
+    with_levels,
+)
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-auto/1"
@@ -127,6 +136,7 @@ class AutoCalibrator:
     def fit(self, tables: Tables) -> AutoCalibrator:
         """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``."""
         self.fallback_, self._refitted = None, {}
+        self.level_record_ = level_plan(self.rubric, tables, self.settings.system_level)
         folds = self._inner_folds(tables)
         splits = [
             (tables.subset(folds.text_id[folds.fold != k]), tables.subset(folds.text_id[folds.fold == k]))
@@ -154,7 +164,12 @@ class AutoCalibrator:
                 f"model=auto: every candidate failed ({reasons})",
                 setting="model.auto.candidates",
             )
-        names = list(likelihood)
+        names = [n for n in likelihood if n.endswith(LEVEL) or self.level_record_["setting"] != "on"]
+        if not names:
+            raise InputError(
+                f"model.auto.system_level=on but no candidate with the level fitted ({self.table_})",
+                setting="model.auto.system_level",
+            )
         weights = _weights(np.stack([likelihood[n] for n in names], axis=1), self.settings.rule)
         self.weights_ = {n: float(w) for n, w in zip(names, weights) if w >= MIN_WEIGHT}
         total = sum(self.weights_.values())
@@ -164,7 +179,8 @@ class AutoCalibrator:
         for name in self.table_:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
         log.info("model=auto (%s, inner folds by %s): weights %s", self.settings.rule, self.group, self.weights_)
-        self.members_ = self._fit_members(tables, list(self.weights_))
+        self.members_ = self._fit_members(tables, list(dict.fromkeys(n.removesuffix(LEVEL) for n in self.weights_)))
+        self.levels_ = self._fit_levels(tables)
         self._refitted = {}
         self._cover(tables)
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
@@ -210,14 +226,16 @@ class AutoCalibrator:
                         )
                         for train, _ in splits
                     ]
-                probs = np.concatenate(
-                    [m.predict_proba(test, p)[:, main_index, :k] for m, (_, test), p in zip(models, splits, pairs)]
-                )
+                folds = [m.predict_proba(test, p)[:, main_index, :k] for m, (_, test), p in zip(models, splits, pairs)]
+                probs = np.concatenate(folds)
                 if not np.isfinite(probs).all():
                     raise InputError("non-finite inner-CV predictions")
                 yield name, probs, time.perf_counter() - start, None
             except (*USER_ERRORS, TrainingDiverged, ValueError, RuntimeError) as e:
                 yield name, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
+                continue
+            if self.level_record_["compared"]:
+                yield (f"{name}{LEVEL}", *levelled_fold(self.rubric, models, splits, pairs, folds))
 
     def _one_source_per_question(self, tables: Tables) -> bool:
         blocks = FeatureLayout.from_features(tables.features, self.rubric).blocks
@@ -236,6 +254,18 @@ class AutoCalibrator:
             if name not in NETWORK_CANDIDATES:
                 members[name].fit(tables)
         return members
+
+    def _fit_levels(self, tables: Tables) -> dict:
+        """The system level of every weighted ``<candidate>+level``, fitted on the member's in-sample predictions."""
+        main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
+        pairs, _ = question_targets(tables, self.rubric.main)
+        values = np.asarray(self.rubric.main.values, dtype=float)
+        levels = {}
+        for name in [n.removesuffix(LEVEL) for n in self.weights_ if n.endswith(LEVEL)]:
+            expected = self.members_[name].predict_proba(tables, pairs)[:, main_index, :k] @ values
+            levels[name] = SystemLevel(self.rubric).fit(tables, expected)
+        self.level_record_["levels"] = {n: level.state()[0] for n, level in levels.items()}
+        return levels
 
     def _cover(self, tables: Tables) -> None:
         """Questions with annotations that no weighted member predicts (a categorical question when
@@ -266,7 +296,10 @@ class AutoCalibrator:
         """(pairs, questions, max options): each question's weighted mixture of the members that
         predict it (weights renormalised over them); NaN for a question none predicts."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
-        probs = {name: self.members_[name].predict_proba(tables, pairs) for name in self.weights_}
+        base = {
+            n: self.members_[n].predict_proba(tables, pairs) for n in {w.removesuffix(LEVEL) for w in self.weights_}
+        }
+        probs = with_levels(self.levels_, self.rubric, base, list(self.weights_), tables, pairs)
         known = {
             n: np.isfinite(p).all(axis=(0, 2)) if len(p) else ~np.isnan(p).all(axis=(0, 2)) for n, p in probs.items()
         }
@@ -300,6 +333,7 @@ class AutoCalibrator:
             "seed": self.seed,
             "group": self.group,
             "fallback": self.fallback_,
+            "system_level": self.level_record_,
             "weights": self.weights_,
             "inner_cv": self.table_,
             "inner_nll": self.inner_nll_,
@@ -314,6 +348,7 @@ class AutoCalibrator:
             member_meta, member_tensors = member.state()
             meta["members"][name] = member_meta
             tensors.update({f"{name}/{k}": v for k, v in member_tensors.items()})
+        tensors.update(levels_state(self.levels_))
         return meta, tensors
 
     def save(self, path):
@@ -336,6 +371,8 @@ class AutoCalibrator:
         self.layout_, self.judges_ = FeatureLayout.from_dict(meta["layout"]), JudgeMap(tuple(meta["judges"]))
         self.train_texts_, self.source_, self.fallback_ = meta.get("train_texts"), source, meta.get("fallback")
         self.added_judges_ = meta.get("added_judges", [])
+        self.level_record_ = meta.get("system_level", {})
+        self.levels_ = levels_from_state(rubric, self.level_record_, tensors, source)
         self.members_ = {}
         for name, member_meta in meta["members"].items():
             part = split_tensors(tensors, name)

@@ -1,0 +1,178 @@
+"""The system level with partial pooling (llmrubric/model/system_level.py) and its use by model=auto."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from support.settings import FAST
+
+from llmrubric.config import model_file
+from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
+from llmrubric.io.errors import InputError
+from llmrubric.io.tables import Tables
+from llmrubric.model.auto import AutoCalibrator
+from llmrubric.model.estimator import load_model
+from llmrubric.model.system_level import SystemLevel, tilt
+
+VALUES = np.arange(1.0, 5.0)
+
+
+def _split(value: np.ndarray) -> np.ndarray:
+    """(n, 4) distributions on 1..4 with mean ``value``: mass on the two options around it."""
+    value = np.clip(value, 1.0, 4.0)
+    low = np.minimum(np.floor(value), 3.0).astype(int)
+    p = np.zeros((len(value), 4))
+    p[np.arange(len(value)), low - 1] = low + 1 - value
+    p[np.arange(len(value)), low] = value - low
+    return p
+
+
+def leveled_data(rng, systems=40, texts=30, slope=0.85, tau=0.15, within=0.3, same=False):
+    """Systems whose human mean is ``0.4 + slope · x_s + N(0, tau²)`` (``x_s``: the LLM's system mean);
+    within a system the human answer follows the LLM's with the flatter ``within`` slope. Human answers
+    are drawn around their target by stochastic rounding (mean exactly the target)."""
+    x_sys = np.full(systems, 2.5) if same else rng.uniform(1.8, 3.2, systems)
+    level = 0.4 + slope * x_sys + (0.0 if same else rng.normal(0, tau, systems))
+    ann, feats, info = [], [], []
+    for s in range(systems):
+        x = np.clip(x_sys[s] + rng.normal(0, 0.4, texts), 1.0, 4.0)
+        target = np.clip(level[s] + within * (x - x_sys[s]), 1.0, 4.0)
+        for t in range(texts):
+            text = f"s{s}t{t}"
+            info.append((text, f"S{s:02d}"))
+            feats += [(text, "llm", "Q0", str(k + 1), float(v)) for k, v in enumerate(_split(x[t : t + 1])[0])]
+            for j in range(2):
+                answer = int(np.floor(target[t]) + (rng.random() < target[t] - np.floor(target[t])))
+                ann.append((text, f"j{j}", "Q0", str(min(answer, 4))))
+    annotations = pd.DataFrame(ann, columns=["text_id", "judge_id", "question_id", "answer"])
+    features = pd.DataFrame(feats, columns=["text_id", "source", "question_id", "option", "prob"])
+    texts = pd.DataFrame(info, columns=["text_id", "system_id"])
+    return Tables(annotations, features, texts), x_sys, level
+
+
+def expected_answers(tables, rubric, within=0.3):
+    """A text model's in-sample expected answers: the flat within-system line through the LLM's answer."""
+    from llmrubric.model.encoding import question_targets
+    from llmrubric.model.system_level import source_means
+
+    pairs, _ = question_targets(tables, rubric.main)
+    x = pd.Series(source_means(tables, rubric, list(tables.text_ids)), index=tables.text_ids)
+    return 2.5 + within * (x.reindex(pairs.text_id).to_numpy() - 2.5)
+
+
+def test_tilting_hits_the_target_mean_keeps_the_support_and_sums_to_one():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(4), 200)
+    p[:50, 0] = 0.0
+    p /= p.sum(axis=1, keepdims=True)
+    targets = rng.uniform(1.2, 3.8, 200)
+    out = tilt(p, VALUES, targets)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=1e-12)
+    assert (out >= 0).all() and (out[:50, 0] == 0).all()
+    np.testing.assert_allclose(
+        out @ VALUES, np.where(np.arange(200) < 50, np.maximum(targets, 2.0003), targets), atol=1e-6
+    )
+    np.testing.assert_allclose(tilt(p, VALUES, p @ VALUES), p, atol=1e-7)  # the own mean: unchanged
+
+
+def test_the_level_recovers_a_known_system_relation_and_its_spread(rubric):
+    tables, x_sys, level = leveled_data(np.random.default_rng(1))
+    fit = SystemLevel(rubric).fit(tables, expected_answers(tables, rubric))
+    assert fit.form_ == "line" and fit.systems_ == 40
+    intercept, slope = fit.beta_
+    assert slope == pytest.approx(0.85, abs=0.15) and intercept == pytest.approx(0.4, abs=0.4)
+    assert 0.15**2 / 2.5 < fit.tau2_ < 0.15**2 * 2.5
+    known = fit.known_.loc[[f"S{s:02d}" for s in range(40)], "mean"].to_numpy()
+    assert np.sqrt(np.mean((known - level) ** 2)) < 0.1  # a training system: close to its own mean
+
+
+def test_a_new_system_gets_the_prior_and_its_labels_narrow_the_posterior(rubric):
+    tables, _, _ = leveled_data(np.random.default_rng(2), systems=12)
+    fit = SystemLevel(rubric).fit(tables, expected_answers(tables, rubric))
+    new, x_new, level_new = leveled_data(np.random.default_rng(3), systems=1)
+    new = Tables(new.annotations, new.features, new.texts.assign(system_id="NEW"))
+    pairs = new.annotations.drop_duplicates(["text_id", "judge_id"])[["text_id", "judge_id"]]
+    levels = fit.levels(new, pairs, expected_answers(new, rubric))
+    prior_mean, prior_var = fit.prior(levels.x.to_numpy())
+    assert not levels.known.iloc[0]
+    assert levels["mean"].iloc[0] == pytest.approx(prior_mean[0]) and levels["var"].iloc[0] == pytest.approx(
+        prior_var[0]
+    )
+    widths = [fit.posterior(prior_mean, prior_var, level_new, fit.sigma_within_**2 / k)[1][0] for k in (1, 5, 20, 80)]
+    assert widths[0] < prior_var[0] and all(a > b for a, b in zip(widths, widths[1:]))
+
+
+def test_with_all_systems_the_same_the_level_adds_nothing(rubric):
+    tables, _, _ = leveled_data(np.random.default_rng(4), systems=12, same=True)
+    fit = SystemLevel(rubric).fit(tables, expected_answers(tables, rubric))
+    assert fit.tau2_ < 0.005
+    spread = fit.known_["mean"].std()
+    assert spread < 0.05  # every training system pooled to (nearly) one level
+
+
+def test_applied_distributions_are_proper_and_restore_identically(rubric, tmp_path):
+    tables, _, _ = leveled_data(np.random.default_rng(5), systems=8)
+    fit = SystemLevel(rubric).fit(tables, expected_answers(tables, rubric))
+    new, _, _ = leveled_data(np.random.default_rng(6), systems=2)
+    pairs = new.annotations.drop_duplicates(["text_id", "judge_id"])[["text_id", "judge_id"]]
+    base = np.random.default_rng(7).dirichlet(np.ones(4), len(pairs))
+    out = fit.apply(new, pairs, base)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=1e-9)
+    assert (out >= 0).all()
+    again = SystemLevel.from_state(rubric, *fit.state())
+    np.testing.assert_array_equal(again.apply(new, pairs, base), out)
+
+
+@pytest.fixture(scope="module")
+def six(rubric):
+    """120 texts of 6 systems answered by 3 LLM sources, 4 judges."""
+    return simulate(0, 120, 4, 2, rubric, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
+
+
+def _auto(level: str, candidates=("ridge_judge",)):
+    return {**model_file("auto"), "ensemble": 1, "auto": {"candidates": list(candidates), "system_level": level}}
+
+
+def test_auto_compares_with_and_without_the_level_and_saves_it(six, rubric, tmp_path):
+    systems = six.texts.set_index("text_id").system_id
+    held = sorted(systems.unique())[0]
+    train, test = six.subset(systems.index[systems != held]), six.subset(systems.index[systems == held])
+    model = AutoCalibrator(rubric, _auto("auto"), FAST, group="system").fit(train)
+    assert set(model.table_) == {"ridge_judge", "ridge_judge+level"}
+    assert np.isfinite(model.table_["ridge_judge+level"]["nll"]) and model.level_record_["compared"]
+    forced = AutoCalibrator(rubric, _auto("on"), FAST, group="system").fit(train)
+    assert forced.weights_ == {"ridge_judge+level": 1.0} and "ridge_judge" in forced.levels_
+    probs = forced.predict_proba(test)
+    np.testing.assert_allclose(probs[:, 0, :4].sum(axis=1), 1.0, atol=1e-9)
+    forced.save(tmp_path / "auto.safetensors")
+    loaded = load_model(tmp_path / "auto.safetensors")
+    np.testing.assert_allclose(loaded.predict_proba(test), probs, atol=1e-9)
+    assert loaded.level_record_["levels"]["ridge_judge"]["systems"] == 5
+    off = AutoCalibrator(rubric, _auto("off"), FAST, group="system").fit(train)
+    assert set(off.table_) == {"ridge_judge"} and off.level_record_["reason"] == "model.auto.system_level=off"
+
+
+def test_too_few_systems_for_a_level_is_recorded_or_an_error(six, rubric):
+    one = six.subset(six.texts.text_id[six.texts.system_id == six.texts.system_id.iloc[0]])
+    with pytest.raises(InputError, match="system level needs 3") as error:
+        AutoCalibrator(rubric, _auto("on"), FAST).fit(one)
+    assert error.value.setting == "model.auto.system_level"
+    model = AutoCalibrator(rubric, _auto("auto"), FAST).fit(one)
+    assert set(model.table_) == {"ridge_judge"} and not model.level_record_["compared"]
+    assert "1 training system(s)" in model.level_record_["reason"]
+    with pytest.raises(InputError) as error:
+        AutoCalibrator(rubric, _auto("sometimes"), FAST).fit(six)
+    assert error.value.setting == "model.auto.system_level"
+
+
+def test_a_system_without_labels_is_recorded_and_a_text_without_system_refused(six, rubric):
+    systems = six.texts.set_index("text_id").system_id
+    quiet = sorted(systems.unique())[-1]
+    labelled = six.annotations[~six.annotations.text_id.map(systems).eq(quiet)]
+    tables = Tables(labelled, six.features, six.texts)
+    model = AutoCalibrator(rubric, _auto("on"), FAST, group="system").fit(tables)
+    assert model.level_record_["systems_without_labels"] == [quiet]
+    test = six.subset(systems.index[systems == quiet])
+    nameless = Tables(test.annotations.drop(columns="system_id"), test.features, None)
+    with pytest.raises(InputError, match="no system_id") as error:
+        model.predict_proba(nameless)
+    assert error.value.column == "system_id"

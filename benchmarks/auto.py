@@ -355,6 +355,58 @@ def summarise(set_name: str, protocol: str, results: list[dict], args) -> dict:
     return out
 
 
+def targets(figures_: dict, protocol: str) -> dict:
+    """Issue 32's targets on one set and protocol: each ``{met, auto, bound, against}`` (``met`` None
+    where a figure is missing). System protocols: pair NLL below every candidate's, Pearson at least
+    the best candidate's and ``mean_of_sources``', system RMS at most 0.9 × ``raw_linear_system``'s,
+    within-group Kendall (``system_groups``) at least ``mean_of_sources``'; ``cv``: pair NLL at most
+    the best candidate's + 0.005."""
+    auto = figures_.get("auto")
+    candidates = [n for n in model_file("auto")["auto"]["candidates"] if n in figures_]
+    if auto is None or not candidates:
+        return {}
+
+    def check(key: str, bound_of: dict, rule, strict: bool = False) -> dict:
+        values = {n: v for n, v in bound_of.items() if v is not None and np.isfinite(v)}
+        if auto.get(key) is None or not values:
+            return {"met": None}
+        against, bound = rule(values)
+        return {
+            "met": bool(_holds(key, auto[key], bound, strict)),
+            "auto": auto[key],
+            "bound": bound,
+            "against": against,
+        }
+
+    best = lambda values: min(values.items(), key=lambda kv: kv[1])
+    if protocol == "cv":
+        nll = {n: figures_[n]["pair_nll"] for n in candidates}
+        return {"pair_nll_within_0.005": check("pair_nll", nll, lambda v: (best(v)[0], best(v)[1] + 0.005))}
+    out = {
+        "pair_nll_below_every_candidate": check(
+            "pair_nll", {n: figures_[n]["pair_nll"] for n in candidates}, best, strict=True
+        )
+    }
+    pearson = {n: figures_[n]["pair_pearson"] for n in [*candidates, "mean_of_sources"] if n in figures_}
+    out["pair_pearson_at_least"] = check("pair_pearson", pearson, lambda v: max(v.items(), key=lambda kv: kv[1]))
+    if "raw_linear_system" in figures_:
+        rms = {"raw_linear_system": figures_["raw_linear_system"]["system_rms"]}
+        out["system_rms_at_most_0.9_line"] = check(
+            "system_rms", rms, lambda v: ("raw_linear_system", 0.9 * v["raw_linear_system"])
+        )
+    if protocol == "system_groups" and "mean_of_sources" in figures_:
+        kendall = {"mean_of_sources": figures_["mean_of_sources"]["system_kendall_groups"]}
+        out["kendall_groups_at_least_mean"] = check("system_kendall_groups", kendall, lambda v: next(iter(v.items())))
+    return out
+
+
+def _holds(key: str, value: float, bound: float, strict: bool) -> bool:
+    """Pearson and Kendall at least the bound; NLL and RMS at most it (below it when ``strict``)."""
+    if key in ("pair_pearson", "system_kendall_groups"):
+        return value >= bound
+    return value < bound if strict else value <= bound
+
+
 def rule_decision(report: dict) -> dict:
     """Pair NLL of ``rule=select`` (the shipped ``auto``) and ``rule=stack`` on every design set and
     protocol measured, and which rule had the lower NLL on more of them."""
@@ -475,9 +527,16 @@ def run(args, sets: list[str]) -> int:
     if args.merge:
         report = merged(report, Path(args.out), sets)
     report["rule"] = rule_decision(report)
+    report["targets"] = {
+        f"{name}/{protocol}": targets(figures_, protocol)
+        for name in DESIGN_SETS
+        for protocol, figures_ in report.get(name, {}).items()
+    }
     print(
         f"rule: select had the lower or equal pair NLL on {report['rule']['select_lower_or_equal']} of {report['rule']['of']}"
     )
+    for where, checks in report["targets"].items():
+        print(f"targets {where}: " + ", ".join(f"{k} {c['met']}" for k, c in checks.items()), flush=True)
     if args.cost:
         report["cost"] = cost(args)
     write_json(report, args.out)
@@ -494,7 +553,7 @@ def merged(report: dict, path: Path, sets: list[str]) -> dict:
     if old.get("meta", {}).get("auto_path") != "shipped":
         raise InputError("--merge: the results there were not measured on the shipped path", file=str(path))
     runs = {**old["meta"].get("runs", {}), **{s: report["meta"] for s in sets}}
-    kept = {k: v for k, v in old.items() if k not in ("meta", "rule", *sets)}
+    kept = {k: v for k, v in old.items() if k not in ("meta", "rule", "targets", *sets)}
     return {**kept, **report, "meta": {**report["meta"], "runs": runs}}
 
 

@@ -45,3 +45,32 @@ def test_a_small_run_writes_the_grouped_kendall_of_every_method(tmp_path):
     with pytest.raises(SystemExit) as bad:
         bench.main([*args, "--methods", "nothing", "--out", str(tmp_path / "bad.json")])
     assert bad.value.code == 2 and not (tmp_path / "bad.json").exists()
+
+
+def test_the_targets_compare_auto_with_the_bounds_of_the_issue():
+    row = lambda nll, pearson, rms, kendall: {
+        "pair_nll": nll,
+        "pair_pearson": pearson,
+        "system_rms": rms,
+        "system_kendall_groups": kendall,
+    }
+    figures = {
+        "auto": row(1.00, 0.40, 0.18, 0.5),
+        "network": row(1.00, 0.41, 0.30, 0.5),
+        "ridge_judge": row(1.10, 0.30, 0.25, 0.5),
+        "mean_of_sources": row(1.50, 0.35, 0.40, 0.6),
+        "raw_linear_system": row(1.20, 0.20, 0.20, 0.6),
+    }
+    out = bench.targets(figures, "system_groups")
+    assert out["pair_nll_below_every_candidate"] == {"met": False, "auto": 1.0, "bound": 1.0, "against": "network"}
+    assert out["pair_pearson_at_least"]["against"] == "network" and not out["pair_pearson_at_least"]["met"]
+    assert out["system_rms_at_most_0.9_line"]["met"] and out["system_rms_at_most_0.9_line"]["bound"] == 0.9 * 0.20
+    assert out["kendall_groups_at_least_mean"] == {
+        "met": False,
+        "auto": 0.5,
+        "bound": 0.6,
+        "against": "mean_of_sources",
+    }
+    cv = bench.targets(figures, "cv")
+    assert cv == {"pair_nll_within_0.005": {"met": True, "auto": 1.0, "bound": 1.005, "against": "network"}}
+    assert "kendall_groups_at_least_mean" not in bench.targets(figures, "systems")

@@ -19,6 +19,11 @@ is over DS1..DS3): ``classical``, ``ppi``, ``ppi_pp`` with k texts drawn uniform
 (:mod:`llmrubric.scoring.labels`, ``small_sample`` from ``conf/scoring/default.yaml``). Coverage of
 the truth and mean width over systems and repetitions; k = 0 holds the leave-one-system-out shift
 interval (score ± t·RMS of the other systems' errors), the leaderboard's interval without labels.
+``level`` (issue 32): the system level (:class:`llmrubric.model.system_level.SystemLevel`) fitted on
+the training systems of each split with the split model's in-sample expected answers; at k = 0 its
+prior's interval (mean ± z·sd), at k > 0 that prior updated by the PPI++ estimate of the same k
+labels (normal–normal, the label estimate's variance read from the PPI++ interval's half-width).
+``--ks`` and ``--no-match`` run a part (e.g. ``--ks 10 --no-match --no-judges``).
 ``labels_to_match_classical_at_40``: the fewest labels (k = 2..40) at which a method's mean width
 is at most the classical interval's at k = 40, over the systems with at least 45 texts, beside
 ``imputed_width_floor``: the width 2·z·sd(f)/√N that the term var f / N of the prediction-powered
@@ -68,7 +73,9 @@ from llmrubric.io.predictions import probabilities  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, read_table  # noqa: E402
 from llmrubric.model.calibrator import NetworkCalibrator, fit_together  # noqa: E402
+from llmrubric.model.encoding import question_targets  # noqa: E402
 from llmrubric.model.judges import add_judge  # noqa: E402
+from llmrubric.model.system_level import SystemLevel  # noqa: E402
 from llmrubric.scoring import labels as lab  # noqa: E402
 from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
 
@@ -93,8 +100,11 @@ def load_set(name: str, args) -> tuple[Rubric, Tables]:
 def held_out_texts(name: str, rubric: Rubric, tables: Tables, cache: Path) -> pd.DataFrame:
     """Per text of every system, scored by a model trained without its system: ``system_id, f, u, label``."""
     path = cache / f"{name}_texts.parquet"
+    columns = {"f": float, "u": float, "label": float, "prior_mean": float, "prior_var": float}
     if path.is_file():
-        return read_table(path, "texts").astype({"f": float, "u": float, "label": float})
+        cached = read_table(path, "texts")
+        if set(columns) <= set(cached.columns):  # an older cache without the level's prior is refitted
+            return cached.astype(columns)
     folds = system_folds(tables)
     systems = sorted(folds.system_id.unique())
     splits = [
@@ -110,7 +120,8 @@ def held_out_texts(name: str, rubric: Rubric, tables: Tables, cache: Path) -> pd
     main = rubric.main
     values = dict(zip(main.keys, main.values))
     parts = []
-    for system, model, (_, test) in zip(systems, models, splits):
+    for system, model, (train, test) in zip(systems, models, splits):
+        prior_mean, prior_var = level_prior(rubric, model, train, test)
         texts = sorted(test.annotations.text_id.unique())
         pairs = pd.MultiIndex.from_product([texts, model.judges_.judges], names=["text_id", "judge_id"]).to_frame(
             index=False
@@ -127,6 +138,8 @@ def held_out_texts(name: str, rubric: Rubric, tables: Tables, cache: Path) -> pd
                     "f": by_text["mean"].mean().reindex(texts).to_numpy(),
                     "u": np.sqrt(by_text["var"].mean().reindex(texts).to_numpy()),
                     "label": label.reindex(texts).to_numpy(),
+                    "prior_mean": prior_mean,
+                    "prior_var": prior_var,
                 }
             )
         )
@@ -135,11 +148,39 @@ def held_out_texts(name: str, rubric: Rubric, tables: Tables, cache: Path) -> pd
     return out
 
 
+def level_prior(rubric: Rubric, model, train: Tables, test: Tables) -> tuple[float, float]:
+    """Mean and variance of the held-out system's level before any label of it: the system level
+    (:class:`llmrubric.model.system_level.SystemLevel`) fitted on the training systems with ``model``'s
+    in-sample expected answers, its prior at the held-out system's LLM summary."""
+    main = rubric.main
+    values = np.asarray(main.values, float)
+    index = rubric.ids.index(main.id)
+    inner, _ = question_targets(train, main)
+    level = SystemLevel(rubric).fit(train, model.predict_proba(train, inner)[:, index, : len(values)] @ values)
+    held, _ = question_targets(test, main)
+    expected = model.predict_proba(test, held)[:, index, : len(values)] @ values
+    row = level.levels(test, held, expected).iloc[0]
+    return float(row["mean"]), float(row["var"])
+
+
+def level_interval(prior_mean: float, prior_var: float, labelled: dict, alpha: float) -> dict:
+    """The level's posterior interval given k labels: the prior (:func:`level_prior`) updated by the
+    PPI++ estimate of the k labels (``labelled``: its estimate and interval; its variance read from
+    the interval's half-width, so a Student-widened interval counts as the less precise estimate)."""
+    z = stats.norm.ppf(1 - alpha / 2)
+    label_var = ((labelled["high"] - labelled["low"]) / (2 * z)) ** 2
+    precision = 1 / prior_var + 1 / label_var
+    mean = (prior_mean / prior_var + labelled["estimate"] / label_var) / precision
+    half = z / math.sqrt(precision)
+    return {"estimate": mean, "low": mean - half, "high": mean + half}
+
+
 def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float, small: str, rng) -> dict:
     """``{method: (hits, widths)}`` of ``reps`` draws of k labels in each of ``systems`` (id → texts)."""
-    out: dict[str, tuple[list, list]] = {m: ([], []) for m in lab.METHODS}
+    out: dict[str, tuple[list, list]] = {m: ([], []) for m in (*lab.METHODS, "level")}
     for g in systems.values():
         f, y, truth = g.f.to_numpy(), g.label.to_numpy(), g.label.mean()
+        prior = float(g.prior_mean.iloc[0]), float(g.prior_var.iloc[0])
         q = lab.sampling_probabilities(g.u.to_numpy(), floor)
         for _ in range(reps):
             chosen = np.zeros(len(g), bool)
@@ -147,13 +188,23 @@ def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float,
             outs = {m: lab.uniform_interval(m, y[chosen], f[chosen], f[~chosen], alpha, small) for m in lab.UNIFORM}
             i = rng.choice(len(g), k, p=q)
             outs["active_ppi_pp"] = lab.active_ppi_pp(y[i], f[i], q[i], f, alpha, small_sample=small)
+            outs["level"] = level_interval(*prior, outs["ppi_pp"], alpha)
             for m, o in outs.items():
                 out[m][0].append(o["low"] <= truth <= o["high"])
                 out[m][1].append(o["high"] - o["low"])
     return out
 
 
-def interval_figures(texts: pd.DataFrame, reps: int, floor: float, alpha: float, small: str, seed: int) -> tuple:
+def interval_figures(
+    texts: pd.DataFrame,
+    reps: int,
+    floor: float,
+    alpha: float,
+    small: str,
+    seed: int,
+    ks: tuple[int, ...] = KS[1:],
+    with_match: bool = True,
+) -> tuple:
     """``{k: {method: {coverage, width}}}`` over the systems with at least k + MIN_UNLABELLED texts and the
     repetitions, and the fewest labels at which PPI++ / active PPI++ are as narrow as classical at k = 40
     (over the systems that have k = 40 + MIN_UNLABELLED texts, ``reps // 4`` repetitions per k)."""
@@ -170,13 +221,22 @@ def interval_figures(texts: pd.DataFrame, reps: int, floor: float, alpha: float,
         "width": float(np.mean([w for _, w in shift])),
         "systems": len(shift),
     }
-    for k in KS[1:]:
+    z = stats.norm.ppf(1 - alpha / 2)
+    prior = [(g.prior_mean.iloc[0], z * math.sqrt(g.prior_var.iloc[0]), g.label.mean()) for g in systems.values()]
+    figures["0"]["level"] = {
+        "coverage": float(np.mean([abs(m - truth) <= half for m, half, truth in prior])),
+        "width": float(np.mean([2 * half for _, half, _ in prior])),
+        "systems": len(prior),
+    }
+    for k in ks:
         eligible = {s: g for s, g in systems.items() if len(g) >= k + MIN_UNLABELLED}
         res = draw_intervals(eligible, k, reps, floor, alpha, small, rng)
         figures[str(k)] = {
             m: {"coverage": float(np.mean(h)), "width": float(np.mean(w)), "systems": len(eligible)}
             for m, (h, w) in res.items()
         }
+    if not with_match:
+        return figures, None
     largest = max(KS)
     eligible = {s: g for s, g in systems.items() if len(g) >= largest + MIN_UNLABELLED}
     target = float(np.mean(draw_intervals(eligible, largest, reps, floor, alpha, small, rng)["classical"][1]))
@@ -280,6 +340,8 @@ def run(argv: list[str] | None) -> int:
     parser.add_argument("--judges", type=int, default=6, help="judges left out of training in turn")
     parser.add_argument("--draws", type=int, default=3, help="draws of the k annotated texts per judge")
     parser.add_argument("--no-judges", action="store_true", help="skip the judge-add part")
+    parser.add_argument("--ks", nargs="+", type=int, default=list(KS[1:]), help="labelled texts per system")
+    parser.add_argument("--no-match", action="store_true", help="skip labels_to_match_classical_at_40")
     parser.add_argument(
         "--judge-models",
         nargs="+",
@@ -310,15 +372,17 @@ def run(argv: list[str] | None) -> int:
         rubric, tables = load_set(name, args)
         texts = held_out_texts(name, rubric, tables, cache)
         t0 = time.perf_counter()
-        figures, match = interval_figures(texts, args.reps, floor, alpha, small, 0)
+        figures, match = interval_figures(texts, args.reps, floor, alpha, small, 0, tuple(args.ks), not args.no_match)
         report["intervals"][name] = figures
         report["labels_to_match_classical_at_40"][name] = match
         print(f"{name}: intervals in {time.perf_counter() - t0:.0f} s", flush=True)
-        print(f"| {name} k | " + " | ".join(f"{m} cov / width" for m in lab.METHODS) + " |", flush=True)
-        for k in KS[1:]:
-            cells = [f"{figures[str(k)][m]['coverage']:.3f} / {figures[str(k)][m]['width']:.3f}" for m in lab.METHODS]
+        shown = (*lab.METHODS, "level")
+        print(f"| {name} k | " + " | ".join(f"{m} cov / width" for m in shown) + " |", flush=True)
+        for k in args.ks:
+            cells = [f"{figures[str(k)][m]['coverage']:.3f} / {figures[str(k)][m]['width']:.3f}" for m in shown]
             print(f"| {k} | " + " | ".join(cells) + " |")
-        print(f"k=0 shift interval: {figures['0']['shift']}; labels to match classical at 40: {match}", flush=True)
+        print(f"k=0 shift interval: {figures['0']['shift']}, level prior: {figures['0']['level']}", flush=True)
+        print(f"labels to match classical at 40: {match}", flush=True)
     if not args.no_judges:
         rubric, tables = load_set("simulated_shift", args)
         report["judge_add_by_model"] = {}

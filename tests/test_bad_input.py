@@ -722,6 +722,12 @@ CASES = [
         ("setting system_groups", "outside"),
     ),
     Case(
+        "train-no-grouping-of-the-systems",
+        "train.py",
+        train("protocol=system_groups", "grouping_seeds=0"),
+        ("setting grouping_seeds", "outside"),
+    ),
+    Case(
         "train-more-system-groups-than-systems",
         "train.py",
         train("protocol=system_groups", "system_groups=9"),

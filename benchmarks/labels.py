@@ -22,7 +22,8 @@ interval (score ± t·RMS of the other systems' errors), the leaderboard's inter
 ``level`` (issue 32): the system level (:class:`llmrubric.model.system_level.SystemLevel`) fitted on
 the training systems of each split with the split model's in-sample expected answers; at k = 0 its
 prior's interval (mean ± z·sd), at k > 0 that prior updated by the PPI++ estimate of the same k
-labels (normal–normal, the label estimate's variance read from the PPI++ interval's half-width).
+labels (normal–normal, the label estimate's variance read from the PPI++ interval's half-width);
+``level_student``: the same with the half-width widened by t_{k-1} / z.
 ``--ks`` and ``--no-match`` run a part (e.g. ``--ks 10 --no-match --no-judges``).
 ``labels_to_match_classical_at_40``: the fewest labels (k = 2..40) at which a method's mean width
 is at most the classical interval's at k = 40, over the systems with at least 45 texts, beside
@@ -82,6 +83,7 @@ from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
 KS = (0, 5, 10, 20, 40)
 JUDGE_KS = (5, 10, 20, 50)
 SETS = ("simulated_shift", "llm_rubric_synthetic")
+LEVEL_METHODS = ("level", "level_student")
 MIN_UNLABELLED = 5  # a system enters k's figures when it has at least k + 5 labelled texts
 
 
@@ -163,21 +165,25 @@ def level_prior(rubric: Rubric, model, train: Tables, test: Tables) -> tuple[flo
     return float(row["mean"]), float(row["var"])
 
 
-def level_interval(prior_mean: float, prior_var: float, labelled: dict, alpha: float) -> dict:
+def level_interval(prior_mean: float, prior_var: float, labelled: dict, alpha: float, k: int = 0) -> dict:
     """The level's posterior interval given k labels: the prior (:func:`level_prior`) updated by the
     PPI++ estimate of the k labels (``labelled``: its estimate and interval; its variance read from
-    the interval's half-width, so a Student-widened interval counts as the less precise estimate)."""
+    the interval's half-width, so a Student-widened interval counts as the less precise estimate).
+    ``k`` > 1: the posterior's half-width widened by t_{k-1} / z (``level_student``). Labels that give
+    PPI++ a zero-width interval (all equal) leave it as it is: the posterior would be that point."""
     z = stats.norm.ppf(1 - alpha / 2)
     label_var = ((labelled["high"] - labelled["low"]) / (2 * z)) ** 2
+    if not label_var > 0:
+        return dict(labelled)
     precision = 1 / prior_var + 1 / label_var
     mean = (prior_mean / prior_var + labelled["estimate"] / label_var) / precision
-    half = z / math.sqrt(precision)
+    half = z / math.sqrt(precision) * (stats.t.ppf(1 - alpha / 2, k - 1) / z if k > 1 else 1.0)
     return {"estimate": mean, "low": mean - half, "high": mean + half}
 
 
 def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float, small: str, rng) -> dict:
     """``{method: (hits, widths)}`` of ``reps`` draws of k labels in each of ``systems`` (id → texts)."""
-    out: dict[str, tuple[list, list]] = {m: ([], []) for m in (*lab.METHODS, "level")}
+    out: dict[str, tuple[list, list]] = {m: ([], []) for m in (*lab.METHODS, *LEVEL_METHODS)}
     for g in systems.values():
         f, y, truth = g.f.to_numpy(), g.label.to_numpy(), g.label.mean()
         prior = float(g.prior_mean.iloc[0]), float(g.prior_var.iloc[0])
@@ -189,6 +195,7 @@ def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float,
             i = rng.choice(len(g), k, p=q)
             outs["active_ppi_pp"] = lab.active_ppi_pp(y[i], f[i], q[i], f, alpha, small_sample=small)
             outs["level"] = level_interval(*prior, outs["ppi_pp"], alpha)
+            outs["level_student"] = level_interval(*prior, outs["ppi_pp"], alpha, k)
             for m, o in outs.items():
                 out[m][0].append(o["low"] <= truth <= o["high"])
                 out[m][1].append(o["high"] - o["low"])
@@ -376,7 +383,7 @@ def run(argv: list[str] | None) -> int:
         report["intervals"][name] = figures
         report["labels_to_match_classical_at_40"][name] = match
         print(f"{name}: intervals in {time.perf_counter() - t0:.0f} s", flush=True)
-        shown = (*lab.METHODS, "level")
+        shown = (*lab.METHODS, *LEVEL_METHODS)
         print(f"| {name} k | " + " | ".join(f"{m} cov / width" for m in shown) + " |", flush=True)
         for k in args.ks:
             cells = [f"{figures[str(k)][m]['coverage']:.3f} / {figures[str(k)][m]['width']:.3f}" for m in shown]

@@ -176,3 +176,37 @@ def test_a_system_without_labels_is_recorded_and_a_text_without_system_refused(s
     with pytest.raises(InputError, match="no system_id") as error:
         model.predict_proba(nameless)
     assert error.value.column == "system_id"
+
+
+def test_score_texts_writes_levels_and_the_leaderboard_ranks_by_them(six, rubric, tmp_path):
+    from llmrubric.cli import main as cli
+
+    systems = six.texts.set_index("text_id").system_id
+    new = sorted(systems.unique())[0]
+    train = six.subset(systems.index[systems != new])
+    model = AutoCalibrator(rubric, _auto("on"), FAST, group="system").fit(train)
+    model.save(tmp_path / "auto.safetensors")
+    six.features.to_csv(tmp_path / "features.csv", index=False)
+    six.texts.to_csv(tmp_path / "texts.csv", index=False)
+    args = ["score", "texts", str(tmp_path / "auto.safetensors"), str(tmp_path / "features.csv")]
+    args += ["--texts", str(tmp_path / "texts.csv"), "--out", str(tmp_path / "scores.csv"), "--chunk-texts", "7"]
+    assert cli([*args, "--predictions", str(tmp_path / "pred.csv"), "--questions", "Q0", "--no-progress"]) == 0
+    levels = pd.read_csv(tmp_path / "scores.levels.csv").set_index("system_id")
+    assert not levels.known[new] and levels.known.drop(new).all() and (levels.level_sd > 0).all()
+    whole = model.system_levels(six, model.predict(six)[["text_id", "judge_id"]].assign(round="1"))
+    np.testing.assert_allclose(levels.level.to_numpy(), whole.set_index("system_id").level.reindex(levels.index))
+    board = ["leaderboard", "build", str(tmp_path / "pred.csv"), "--texts", str(tmp_path / "texts.csv")]
+    board += ["--levels", str(tmp_path / "scores.levels.csv"), "--bootstrap", "20", "--no-plot"]
+    assert cli([*board, "--out-dir", str(tmp_path / "board")]) == 0
+    rows = pd.DataFrame(__import__("json").loads((tmp_path / "board" / "leaderboard.json").read_text())["leaderboard"])
+    assert list(rows.level) == sorted(rows.level, reverse=True) and (rows.level_low < rows.level_high).all()
+    labelled = six.annotations[six.annotations.text_id.isin(systems.index[systems == new][:10])]
+    labelled.to_csv(tmp_path / "labels.csv", index=False)
+    labels = ["--annotations", str(tmp_path / "labels.csv"), "--missing-systems", "drop"]
+    assert cli([*board, *labels, "--out-dir", str(tmp_path / "labelled")]) == 0
+    with_labels = pd.DataFrame(
+        __import__("json").loads((tmp_path / "labelled" / "leaderboard.json").read_text())["leaderboard"]
+    ).set_index("system")
+    before = rows.set_index("system")
+    width = lambda r: r.level_high - r.level_low  # noqa: E731
+    assert with_labels.level_labels[new] == 10 and width(with_labels.loc[new]) < width(before.loc[new])

@@ -299,7 +299,8 @@ class AutoCalibrator:
         base = {
             n: self.members_[n].predict_proba(tables, pairs) for n in {w.removesuffix(LEVEL) for w in self.weights_}
         }
-        probs = with_levels(self.levels_, self.rubric, base, list(self.weights_), tables, pairs)
+        fixed = getattr(self, "fixed_levels_", None)
+        probs = with_levels(self.levels_, self.rubric, base, list(self.weights_), tables, pairs, fixed)
         known = {
             n: np.isfinite(p).all(axis=(0, 2)) if len(p) else ~np.isnan(p).all(axis=(0, 2)) for n, p in probs.items()
         }
@@ -312,6 +313,34 @@ class AutoCalibrator:
             out = total / np.where(weight > 0, weight, np.nan)[None, :, None]
         check_finite_predictions(out[:, weight > 0], getattr(self, "source_", "<model>"))
         return out
+
+    def system_levels(self, tables: Tables, pairs: pd.DataFrame, fix: bool = False) -> pd.DataFrame | None:
+        """Per system of ``pairs`` the main question's level (``level``, ``level_sd``, ``known``, ``x``,
+        ``centre``, ``sigma_within``) of the weighted member with a level (None without one); ``fix``
+        keeps them for the predictions of later chunks of these texts (:func:`llmrubric.scoring.scores.score_texts`)."""
+        if not self.levels_:
+            return None
+        main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
+        values = np.asarray(self.rubric.main.values, dtype=float)
+        tables_ = {}
+        for name, level in self.levels_.items():
+            expected = self.members_[name].predict_proba(tables, pairs)[:, main_index, :k] @ values
+            tables_[name] = level.levels(tables, pairs, expected)
+        if fix:
+            self.fixed_levels_ = tables_
+        name = max(self.levels_, key=lambda n: self.weights_.get(n + LEVEL, 0.0))
+        table = tables_[name]
+        return pd.DataFrame(
+            {
+                "system_id": table.index,
+                "level": table["mean"].to_numpy(),
+                "level_sd": np.sqrt(table["var"].to_numpy()),
+                "known": table.known.to_numpy(),
+                "x": table.x.to_numpy(),
+                "centre": table.centre.to_numpy(),
+                "sigma_within": self.levels_[name].sigma_within_,
+            }
+        )
 
     def predict(
         self, tables: Tables, pairs: pd.DataFrame | None = None, questions: list[str] | None = None, data=None

@@ -215,9 +215,11 @@ class SystemLevel:
         return np.stack([np.ones_like(x), x], axis=1) if self.form_ == "line" else np.ones((len(x), 1))
 
     def prior(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Prior mean and variance of the level of systems with summaries ``x`` (regression uncertainty included)."""
+        """Prior mean (within the scale) and variance (regression uncertainty included) of the level
+        of systems with summaries ``x``."""
         d = self._design(x)
-        return d @ self.beta_, self.tau2_ + np.einsum("ij,jk,ik->i", d, self.cov_, d)
+        mean = np.clip(d @ self.beta_, self.values.min(), self.values.max())  # a mean stays on the scale
+        return mean, self.tau2_ + np.einsum("ij,jk,ik->i", d, self.cov_, d)
 
     def posterior(self, prior_mean, prior_var, label_mean, label_var) -> tuple[np.ndarray, np.ndarray]:
         """Normal–normal update of the level with an estimate ``label_mean`` of variance ``label_var``
@@ -249,12 +251,13 @@ class SystemLevel:
         out["x"] = x.reindex(names)
         return out
 
-    def apply(self, tables: Tables, pairs: pd.DataFrame, probs: np.ndarray) -> np.ndarray:
+    def apply(self, tables: Tables, pairs: pd.DataFrame, probs: np.ndarray, fixed=None) -> np.ndarray:
         """(pairs, options) main-question distributions with the level: each pair tilted to
-        ``m_t − c_s + μ`` and averaged over the Gauss–Hermite nodes of ``μ``'s posterior."""
+        ``m_t − c_s + μ`` and averaged over the Gauss–Hermite nodes of ``μ``'s posterior. ``fixed``:
+        :meth:`levels` computed over all the texts of the systems (when ``pairs`` are a chunk of them)."""
         k = len(self.values)
         expected = probs[:, :k] @ self.values
-        table = self.levels(tables, pairs, expected)
+        table = self.levels(tables, pairs, expected) if fixed is None else fixed
         system = pairs.text_id.astype(str).map(text_system_ids(tables, pairs)).to_numpy()
         row = table.reindex(system)
         nodes, weights = np.polynomial.hermite.hermgauss(NODES)
@@ -351,9 +354,11 @@ def levelled_fold(rubric: Rubric, models: list, splits: list[tuple], pairs: list
     return np.concatenate(out), time.perf_counter() - start, None
 
 
-def with_levels(levels: dict, rubric: Rubric, base: dict, names: list[str], tables: Tables, pairs) -> dict:
+def with_levels(
+    levels: dict, rubric: Rubric, base: dict, names: list[str], tables: Tables, pairs, fixed: dict | None = None
+) -> dict:
     """name → (pairs, questions, options) probabilities: a member's own, or for ``<member>+level``
-    its main question with the system level."""
+    its main question with the system level (``fixed``: member → :meth:`SystemLevel.levels` of all texts)."""
     out = {}
     main_index, k = rubric.ids.index(rubric.main.id), len(rubric.main.options)
     for name in names:
@@ -361,7 +366,8 @@ def with_levels(levels: dict, rubric: Rubric, base: dict, names: list[str], tabl
         probs = base[member]
         if name.endswith(LEVEL) and len(pairs):
             probs = probs.copy()
-            probs[:, main_index, :k] = levels[member].apply(tables, pairs, probs[:, main_index, :k])
+            table = (fixed or {}).get(member)
+            probs[:, main_index, :k] = levels[member].apply(tables, pairs, probs[:, main_index, :k], table)
         out[name] = probs
     return out
 

@@ -602,9 +602,10 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
     from llmrubric.scoring.labels import METHODS
 
     methods = [m for m in METHODS if m in board.columns]
-    extra = [c for c in ("shift_low", "human") if c in board.columns]
+    extra = [c for c in ("shift_low", "level", "human") if c in board.columns]
     head = ["rank", "system", "score", "95% interval", "texts"]
     head += ["shift interval"] if "shift_low" in extra else []
+    head += ["level [interval]"] if "level" in extra else []
     head += (["k"] if methods else []) + [f"{LABEL_HEADS[m]} [interval]" for m in methods]
     head += ["human"] if "human" in extra else []
     lines = ([f"### {title}", ""] if title else []) + ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
@@ -618,6 +619,8 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
         ]
         if "shift_low" in extra:
             cells.append(f"[{r['shift_low']:.3f}, {r['shift_high']:.3f}]")
+        if "level" in extra:
+            cells.append(f"{r['level']:.3f} [{r['level_low']:.3f}, {r['level_high']:.3f}]")
         if methods:
             cells.append(str(r["labelled"]))
         cells += [f"{r[m]:.3f} [{r[m + '_low']:.3f}, {r[m + '_high']:.3f}]" for m in methods]
@@ -662,6 +665,7 @@ def build(
     draws: pd.DataFrame | None = None,
     small_sample: str = "student",
     sampling_rule: str | None = None,
+    levels: pd.DataFrame | None = None,
 ) -> LeaderboardResult:
     """Leaderboard, pairwise comparisons, label intervals (:func:`label_intervals`: with human
     ``labels`` drawn uniformly, or the ``draws`` of active sampling, :func:`check_sampling`) and
@@ -689,6 +693,10 @@ def build(
         }
     if shift_errors is not None:
         board = with_shift_interval(board, shift_errors, alpha)
+    if levels is not None:  # ranked by the system level (llmrubric.scoring.levels)
+        from llmrubric.scoring.levels import with_level_intervals
+
+        board = with_level_intervals(board, levels, systems, labels, alpha)
     settings = {
         "question": question.id,
         "judges": judges,

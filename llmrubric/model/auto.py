@@ -10,7 +10,9 @@ candidates' distributions (a super learner; EM on the simplex). The candidates w
 then refitted on all the training data; every question's prediction is the weighted mixture of
 the candidates that predict it. A candidate that fails to fit is recorded with its reason and left
 out; all failing is an error. Inner folds never see the texts (or systems) they score, and the
-outer test data are never seen at all.
+outer test data are never seen at all. With 3+ training systems each candidate ``X`` is also scored
+as ``X+level``, with the system level of :mod:`llmrubric.model.system_level` fitted in each inner
+fold on its training systems (``model.auto.system_level``).
 """
 
 from __future__ import annotations

@@ -113,11 +113,16 @@ def test_applied_distributions_are_proper_and_restore_identically(rubric, tmp_pa
     tables, _, _ = leveled_data(np.random.default_rng(5), systems=8)
     fit = SystemLevel(rubric).fit(tables, expected_answers(tables, rubric))
     new, _, _ = leveled_data(np.random.default_rng(6), systems=2)
+    new = Tables(new.annotations, new.features, new.texts.assign(system_id="new" + new.texts.system_id))
     pairs = new.annotations.drop_duplicates(["text_id", "judge_id"])[["text_id", "judge_id"]]
     base = np.random.default_rng(7).dirichlet(np.ones(4), len(pairs))
     out = fit.apply(new, pairs, base)
     np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=1e-9)
     assert (out >= 0).all()
+    levels = fit.levels(new, pairs, base @ VALUES)
+    system = pairs.text_id.map(new.texts.set_index("text_id").system_id).to_numpy()
+    means = pd.Series(out @ VALUES).groupby(system).mean()  # a new system's mean is its level
+    np.testing.assert_allclose(means.to_numpy(), levels["mean"].reindex(means.index).to_numpy(), atol=1e-6)
     again = SystemLevel.from_state(rubric, *fit.state())
     np.testing.assert_array_equal(again.apply(new, pairs, base), out)
 
@@ -132,6 +137,7 @@ def _auto(level: str, candidates=("ridge_judge",)):
     return {**model_file("auto"), "ensemble": 1, "auto": {"candidates": list(candidates), "system_level": level}}
 
 
+@pytest.mark.slow
 def test_auto_compares_with_and_without_the_level_and_saves_it(six, rubric, tmp_path):
     systems = six.texts.set_index("text_id").system_id
     held = sorted(systems.unique())[0]
@@ -151,6 +157,7 @@ def test_auto_compares_with_and_without_the_level_and_saves_it(six, rubric, tmp_
     assert set(off.table_) == {"ridge_judge"} and off.level_record_["reason"] == "model.auto.system_level=off"
 
 
+@pytest.mark.slow
 def test_too_few_systems_for_a_level_is_recorded_or_an_error(six, rubric):
     one = six.subset(six.texts.text_id[six.texts.system_id == six.texts.system_id.iloc[0]])
     with pytest.raises(InputError, match="system level needs 3") as error:
@@ -164,6 +171,7 @@ def test_too_few_systems_for_a_level_is_recorded_or_an_error(six, rubric):
     assert error.value.setting == "model.auto.system_level"
 
 
+@pytest.mark.slow
 def test_a_system_without_labels_is_recorded_and_a_text_without_system_refused(six, rubric):
     systems = six.texts.set_index("text_id").system_id
     quiet = sorted(systems.unique())[-1]
@@ -178,6 +186,7 @@ def test_a_system_without_labels_is_recorded_and_a_text_without_system_refused(s
     assert error.value.column == "system_id"
 
 
+@pytest.mark.slow
 def test_score_texts_writes_levels_and_the_leaderboard_ranks_by_them(six, rubric, tmp_path):
     from llmrubric.cli import main as cli
 

@@ -95,6 +95,31 @@ def tilt(probs: np.ndarray, values: np.ndarray, targets: np.ndarray) -> np.ndarr
     return np.where(support, special.softmax(logp + lam[:, None] * values, axis=1), 0.0)
 
 
+def _keep_system_means(targets: np.ndarray, support: np.ndarray, values: np.ndarray, system: np.ndarray):
+    """``targets`` (pairs, nodes) of new systems' pairs shifted by one constant per (system, node) so
+    that, once each is clipped into its pair's support (as :func:`tilt` does), their mean over the
+    system's pairs is still the unclipped mean (the level), as far as the scale allows."""
+    margin = 1e-4 * (values.max() - values.min())
+    low = np.where(support, values, np.inf).min(axis=1)[:, None] + margin
+    high = np.where(support, values, -np.inf).max(axis=1)[:, None] - margin
+    codes, group = np.unique(system, return_inverse=True)
+    count = np.bincount(group, minlength=len(codes))[:, None]
+
+    def means(x):
+        return np.stack([np.bincount(group, x[:, j], len(codes)) for j in range(x.shape[1])], axis=1) / count
+
+    goal = np.clip(
+        means(targets), means(np.broadcast_to(low, targets.shape)), means(np.broadcast_to(high, targets.shape))
+    )
+    span = float(values.max() - values.min()) + 1.0
+    lo, hi = np.full(goal.shape, -span), np.full(goal.shape, span)
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        above = means(np.clip(targets + mid[group], low, high)) > goal
+        hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
+    return targets + ((lo + hi) / 2)[group]
+
+
 def reml(y: np.ndarray, v: np.ndarray, design: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """(coefficients, their covariance, τ²) of ``y ~ N(design·β, τ² + v)`` by restricted maximum likelihood."""
 
@@ -264,6 +289,9 @@ class SystemLevel:
         sd = np.sqrt(np.nan_to_num(row["var"].to_numpy()))
         centre = (expected - row.centre.to_numpy() + row["mean"].to_numpy())[:, None]
         targets = centre + math.sqrt(2.0) * sd[:, None] * nodes[None, :]  # (pairs, nodes)
+        new = ~row.known.to_numpy(bool) & np.isfinite(row["mean"].to_numpy())
+        if new.any():
+            targets[new] = _keep_system_means(targets[new], probs[new, :k] > 0, self.values, system[new])
         tilted = tilt(np.repeat(probs[:, :k], NODES, axis=0), self.values, targets.reshape(-1))
         out = np.einsum("pnk,n->pk", tilted.reshape(len(pairs), NODES, k), weights / math.sqrt(math.pi))
         unknown = ~np.isfinite(row["mean"].to_numpy())  # a system no source answered: the text model alone

@@ -49,7 +49,12 @@ def round_trip(name: str, rubric, small, tmp_path) -> None:
     pd.testing.assert_frame_equal(loaded.predict(test), model.predict(test))
 
 
-@pytest.mark.parametrize("name", registry.names())
+SLOW = ("ordinal", "combined")  # conf/model/<name>.yaml: five members fitted one after another
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in registry.names()]
+)
 def test_every_family_fits_saves_loads_and_predicts_the_same(name, rubric, small, tmp_path):
     round_trip(name, rubric, small, tmp_path)
 

@@ -184,9 +184,9 @@ class AutoCalibrator:
                 yield name, None, 0.0, NotApplicable(self.unusable_[name])
                 continue
             models = [self._candidate(name) for _ in range(len(splits) + (name == "network"))]
-            twin = models[0].same_as(splits[0][0]) if hasattr(models[0], "same_as") else None
+            twin, why = (models[0].same_as(splits[0][0]) if hasattr(models[0], "same_as") else None) or (None, None)
             if twin is not None and twin != name and twin in self.settings.candidates:
-                yield name, None, 0.0, NotApplicable(f"identical to {twin} on these data")
+                yield name, None, 0.0, NotApplicable(f"identical to {twin}: {why}")
                 continue
             try:
                 trains = [train for train, _ in splits]

@@ -74,7 +74,7 @@ class NetworkCalibrator:
         drop_questions: leave out the feature blocks of these questions (ablations).
         pair_features: optional per-(text, judge) input columns appended to x, an object with
             ``fit(tables)``, ``dim`` and ``transform(tables, pairs) -> (pairs, dim)`` (the
-            oracle studies' :class:`llmrubric.model.oracles.JudgeAnswers`); such a model is not saved.
+            oracle studies' :class:`llmrubric.model.oracles.JudgeAnswers`, saved as its settings; no other kind is saved).
         llm_features: False keeps only the ``pair_features`` as input (the oracle without LLM probabilities).
     """
 
@@ -267,6 +267,8 @@ class NetworkCalibrator:
             "train_texts": self.train_texts_,
         }
         if self.pair_features is not None:
+            if not isinstance(self.pair_features, JudgeAnswers):
+                raise InputError("a calibrator with pair features other than the oracles' JudgeAnswers cannot be saved")
             meta["pair_features"] = self.pair_features.settings()
             meta["llm_features"] = self.llm_features
         tensors = {f"{m}.{k}": v for m, net in enumerate(self.nets_) for k, v in net.state_dict().items()}

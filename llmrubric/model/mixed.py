@@ -92,11 +92,13 @@ class MixedOrdinal:
         self.rubric, self.inputs, self.rounds, self.seed = rubric, inputs, rounds, seed
         self.name = f"clmm_{inputs}"
 
-    def same_as(self, tables: Tables) -> str | None:
-        """The name of the family this one equals on ``tables``: ``clmm_own`` for ``inputs=mean`` when
-        every question has at most one LLM source (the mean of one source is that source)."""
+    def same_as(self, tables: Tables) -> tuple[str, str] | None:
+        """The family this one equals on ``tables`` and why: ``clmm_own`` for ``inputs=mean`` when every
+        question has at most one LLM source (the mean of one source is that source)."""
         questions = [b.question_id for b in FeatureLayout.from_features(tables.features, self.rubric).blocks]
-        return "clmm_own" if self.inputs == "mean" and len(questions) == len(set(questions)) else None
+        if self.inputs != "mean" or len(questions) != len(set(questions)):
+            return None
+        return "clmm_own", "every question has at most one LLM source"
 
     def _columns(self, question: Question) -> list[int]:
         """Input columns of ``question``: its own blocks' (``own``, ``mean``) or all; all when it has none."""

@@ -118,7 +118,7 @@ def entry(name: str, setting: str | None = None) -> Entry:
     base, _, source = name.partition("/")
     found = _ENTRIES.get(base)
     if found is None or (source and not found.per_source):
-        what = "unknown name" if found is None else f"{base} has no per-source variant:"
+        what = "unknown model family or method" if found is None else f"{base} has no per-source variant:"
         raise InputError(f"{what} {name!r}; known: {names()}", setting=setting)
     return found
 

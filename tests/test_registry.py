@@ -4,6 +4,8 @@ a method of ``evaluate.py`` with no other edit."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -148,3 +150,14 @@ def test_a_baseline_under_a_second_name_is_listed_once(rubric, simulated):
     methods, skipped = expand_baselines(["expected_llm", "mean_of_sources", "constant"], rubric, simulated.features)
     assert methods == ["expected_llm", "constant"] and not skipped
     assert expand_baselines(["mean_of_sources"], rubric, simulated.features)[0] == ["mean_of_sources"]
+
+
+def test_a_candidate_equal_to_another_is_not_applicable_not_a_failure(rubric, small, caplog):
+    """One LLM source per question: clmm_mean is clmm_own, recorded as not applicable at info level."""
+    settings = {**SMALL_AUTO, "auto": {**SMALL_AUTO["auto"], "candidates": ["clmm_own", "clmm_mean"]}}
+    with caplog.at_level(logging.INFO, logger="llmrubric"):
+        auto = AutoCalibrator(rubric, settings, FAST).fit(small[0])
+    row = auto.table_["clmm_mean"]
+    assert row["not_applicable"].startswith("identical to clmm_own") and "error" not in row
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r for r in caplog.records if "clmm_mean not applicable" in r.getMessage() and r.levelno == logging.INFO]

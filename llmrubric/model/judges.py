@@ -150,12 +150,10 @@ def add_judge(
     """A copy of ``calibrator`` that knows judge ``judge_id``, fitted from that judge's annotations in
     ``tables`` (with the features of the annotated texts); see the module doc.
 
-    A model of several members (``model=auto``: ``members_``) gets the judge in each; a family with
-    its own ``add_judge(tables, judge_id)`` (the mixed model, ridge regression) fits it there.
-
-    Errors (:class:`InputError`): a family without ``supports_add_judge``, a network without judge-specific
-    parameters, a judge the checkpoint already knows, fewer than ``min_annotations`` answers of the
-    main question."""
+    A model of ``members_`` (``model=auto``) gets it in each; a family with its own ``add_judge(tables,
+    judge_id)`` (mixed model, ridge) fits it there. Errors (:class:`InputError`): a family without
+    ``supports_add_judge``, a network without judge parameters, a judge the checkpoint already knows,
+    fewer than ``min_annotations`` answers of the main question."""
     if not getattr(calibrator, "supports_add_judge", False):
         raise InputError(
             f"judges cannot be added to a {type(calibrator).__name__} (its family has no judge parameters)"

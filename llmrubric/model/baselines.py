@@ -248,7 +248,6 @@ class RidgeJudge(MainQuestionBaseline):
     family = "ridge_judge"
     FORMAT = "llmrubric-ridge_judge/1"
     fits_questions = True  # fit(tables, questions): model=auto's inner CV fits the main question only
-    supports_add_judge = True  # add_judge(tables, judge_id)
 
     def _design(self, tables: Tables, pairs: pd.DataFrame) -> np.ndarray:
         texts = sorted(pairs.text_id.unique())

@@ -150,18 +150,13 @@ def add_judge(
     """A copy of ``calibrator`` that knows judge ``judge_id``, fitted from that judge's annotations in
     ``tables`` (with the features of the annotated texts); see the module doc.
 
-    A model of ``members_`` (``model=auto``) gets it in each; a family with its own ``add_judge(tables,
-    judge_id)`` (mixed model, ridge) fits it there. Errors (:class:`InputError`): a family without
-    ``supports_add_judge``, a network without judge parameters, a judge the checkpoint already knows,
-    fewer than ``min_annotations`` answers of the main question."""
+    A model of ``members_`` (``model=auto``) gets it in each member. Errors (:class:`InputError`): a
+    family without ``supports_add_judge``, a network without judge parameters, a judge the checkpoint
+    already knows, fewer than ``min_annotations`` answers of the main question."""
     if not getattr(calibrator, "supports_add_judge", False):
-        raise InputError(
-            f"judges cannot be added to a {type(calibrator).__name__} (its family has no judge parameters)"
-        )
+        raise InputError(f"judges can be added to llmrubric calibrators only, not to a {type(calibrator).__name__}")
     if hasattr(calibrator, "members_"):
         return _add_to_members(calibrator, tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)
-    if hasattr(calibrator, "add_judge"):
-        return calibrator.add_judge(tables, judge_id)
     if not getattr(calibrator, "nets_", None):
         raise InputError("the calibrator is not trained: fit or load it before adding a judge")
     if calibrator.pair_features is not None:
@@ -220,8 +215,8 @@ def add_judge(
 
 
 def _add_to_members(model, tables: Tables, judge_id: str, min_annotations: int, *network_args):
-    """``model=auto``: the judge added to every member by :func:`add_judge` (the networks' own
-    parameters, the mixed model's and ridge regression's own ``add_judge``), the weights unchanged."""
+    """``model=auto``: the judge added to every member (the networks by :func:`add_judge`, a family with
+    its own ``add_judge(tables, judge_id)``, the mixed model and ridge regression, by it), the weights unchanged."""
     judge_id = str(judge_id)
     ann = tables.annotations
     if judge_id in model.judges_.judges:
@@ -244,7 +239,9 @@ def _add_to_members(model, tables: Tables, judge_id: str, min_annotations: int, 
     started = time.perf_counter()
     new = copy.copy(model)
     new.members_ = {
-        name: add_judge(member, tables, judge_id, min_annotations, *network_args)
+        name: member.add_judge(tables, judge_id)
+        if hasattr(member, "add_judge")
+        else add_judge(member, tables, judge_id, min_annotations, *network_args)
         for name, member in model.members_.items()
     }
     new.judges_ = JudgeMap((*model.judges_.judges, judge_id))

@@ -84,7 +84,6 @@ class MixedOrdinal:
     family = "clmm"
     FORMAT = "llmrubric-clmm/1"
     fits_questions = True  # fit(tables, questions): model=auto's inner CV fits the main question only
-    supports_add_judge = True  # add_judge(tables, judge_id)
 
     def __init__(self, rubric: Rubric, inputs: str = "own", rounds: int = 4, seed: int = 0):
         if inputs not in INPUTS:

@@ -61,6 +61,7 @@ from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import AutoCalibrator, candidate  # noqa: E402
 from llmrubric.model.baselines import make_method  # noqa: E402
 from llmrubric.model.encoding import PAIR, with_round  # noqa: E402
+from llmrubric.model.registry import fit_questions  # noqa: E402
 from llmrubric.model.threads import single_threaded  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "auto.json"
@@ -142,7 +143,7 @@ def run_fold(job: tuple, args_tuple: tuple) -> dict:
             model = make_method(name, rubric, 0).fit(train)
         else:
             model = candidate(name, rubric, model_file("auto"), trainer, 0)
-            model = AutoCalibrator._fit(model, train, main)  # the main question only where the family fits some
+            model = fit_questions(model, train, main)  # the main question only where the family fits some
         out[name] = (_main(model.predict(test), rubric), time.process_time() - start)
     best = min((n for n, r in auto.table_.items() if "nll" in r), key=lambda n: auto.table_[n]["nll"])
     if shipped != "select":

@@ -33,7 +33,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.estimator import load_model, split_tensors, write_checkpoint
-from llmrubric.model.registry import Setup, entry, family_of, make, names, register
+from llmrubric.model.registry import Setup, entry, family_of, fit_questions, make, names, register
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-auto/1"
@@ -196,7 +196,9 @@ class AutoCalibrator:
                 elif hasattr(models[0], "fit_many"):  # fitted as one program (the network's heads)
                     models[0].fit_many(models, trains)
                 else:
-                    models = [self._fit(model, train, [self.rubric.main.id]) for model, train in zip(models, trains)]
+                    models = [
+                        fit_questions(model, train, [self.rubric.main.id]) for model, train in zip(models, trains)
+                    ]
                 probs = np.concatenate(
                     [m.predict_proba(test, p)[:, main_index, :k] for m, (_, test), p in zip(models, splits, pairs)]
                 )
@@ -209,11 +211,6 @@ class AutoCalibrator:
     def _candidate(self, name: str):
         return candidate(name, self.rubric, self.model, self.trainer, self.seed)
 
-    @staticmethod
-    def _fit(model, tables: Tables, questions: list[str] | None = None):
-        """``model`` fitted on ``tables`` (on ``questions`` only where its family fits some questions)."""
-        return model.fit(tables, questions) if getattr(model, "fits_questions", False) else model.fit(tables)
-
     def _fit_members(self, tables: Tables, weighted: list[str]) -> dict:
         """The weighted candidates fitted on all of ``tables`` (those refitted already are taken as they are)."""
         members = {n: self._refitted.get(n) or self._candidate(n) for n in weighted}
@@ -222,7 +219,7 @@ class AutoCalibrator:
             members[together[0]].fit_many([members[n] for n in together], [tables] * len(together))
         for name in weighted:
             if not hasattr(members[name], "fit_many"):
-                self._fit(members[name], tables)
+                fit_questions(members[name], tables)
         return members
 
     def _cover(self, tables: Tables) -> None:

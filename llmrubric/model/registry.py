@@ -149,6 +149,12 @@ def family_of(format_: str, source: str = "<checkpoint>") -> type:
     return family
 
 
+def fit_questions(model: Family, tables: Tables, questions: list[str] | None = None) -> Family:
+    """``model`` fitted on ``tables``: on ``questions`` only where its family fits some questions
+    (``fits_questions``: ``fit(tables, questions)``), else on every question it predicts."""
+    return model.fit(tables, questions) if getattr(model, "fits_questions", False) else model.fit(tables)
+
+
 def formats() -> dict[str, type]:
     """Checkpoint format kind → family class."""
     return dict(_FORMATS)

@@ -40,7 +40,9 @@ def settings(name: str) -> dict:
 def round_trip(name: str, rubric, small, tmp_path) -> None:
     """Fit, save, load with load_model: the same class, distributions and predictions table."""
     train, test = small
-    model = registry.make(name, rubric, settings(name), FAST, seed=0).fit(train)
+    model = registry.make(name, rubric, settings(name), FAST, seed=0)
+    assert isinstance(model, registry.Family)  # the protocol's methods and FORMAT
+    model = model.fit(train)
     loaded = load_model(save_model(model, tmp_path / f"{name}.safetensors"))
     assert type(loaded) is type(model)
     before, after = model.predict_proba(test), loaded.predict_proba(test)

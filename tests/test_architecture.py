@@ -104,9 +104,7 @@ def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path):
         f.write("\n\ndef planted():\n    import llmrubric.io.files  # noqa\n")
     imports = _imports(root)
     assert ("llmrubric.io.errors", "llmrubric.io.files") in imports
-    assert any(
-        {"llmrubric.io.errors", "llmrubric.io.files"} <= set(c) for c in _cycles(imports)
-    )
+    assert any({"llmrubric.io.errors", "llmrubric.io.files"} <= set(c) for c in _cycles(imports))
 
 
 def _functions(path: Path):

@@ -81,9 +81,9 @@ from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import build_model, candidate  # noqa: E402
-from llmrubric.model.baselines import RidgeJudge, make_method  # noqa: E402
+from llmrubric.model.baselines import make_method  # noqa: E402
 from llmrubric.model.encoding import PAIR, with_round  # noqa: E402
-from llmrubric.model.mixed import MixedOrdinal  # noqa: E402
+from llmrubric.model.registry import fit_questions  # noqa: E402
 from llmrubric.model.threads import single_threaded  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "auto.json"
@@ -209,18 +209,13 @@ def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) ->
         if name.startswith("auto"):
             model = shipped_model(rubric, protocol, ("model.auto.rule=stack",) if name == "auto_stack" else ())
             model.fit(train)
-            choice[name] = {
-                "weights": model.weights_,
-                "inner_folds_by": model.group,
-                "fallback": model.fallback_,
-                "inner_cv": model.table_,
-            }
+            choice[name] = model.choice()
             predictions = model.predict(test, questions=main)
         elif name in BASELINES:
             predictions = make_method(name, rubric, 0).fit(train).predict(test)
         else:
             model = candidate(name, rubric, model_file("auto"), trainer, 0)
-            model = model.fit(train, main) if isinstance(model, (MixedOrdinal, RidgeJudge)) else model.fit(train)
+            model = fit_questions(model, train, main)  # the main question only where the family fits some
             predictions = model.predict(test)
         out[name] = (_main(predictions, rubric), time.process_time() - start)
     return {"job": job, "predictions": out, "choice": choice}

@@ -187,6 +187,7 @@ def test_code_defaults_equal_the_shipped_settings():
         "shift_errors": None,
         "draws": None,
         "sampling_rule": None,
+        "levels": None,
     }
     assert defaults(suggest) == {"seed": labels["suggest"]["seed"], "round_id": labels["suggest"]["round"]}
     judges = labels["judges"]

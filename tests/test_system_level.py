@@ -113,11 +113,16 @@ def test_applied_distributions_are_proper_and_restore_identically(rubric, tmp_pa
     tables, _, _ = leveled_data(np.random.default_rng(5), systems=8)
     fit = SystemLevel(rubric).fit(tables, expected_answers(tables, rubric))
     new, _, _ = leveled_data(np.random.default_rng(6), systems=2)
+    new = Tables(new.annotations, new.features, new.texts.assign(system_id="new" + new.texts.system_id))
     pairs = new.annotations.drop_duplicates(["text_id", "judge_id"])[["text_id", "judge_id"]]
     base = np.random.default_rng(7).dirichlet(np.ones(4), len(pairs))
     out = fit.apply(new, pairs, base)
     np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=1e-9)
     assert (out >= 0).all()
+    levels = fit.levels(new, pairs, base @ VALUES)
+    system = pairs.text_id.map(new.texts.set_index("text_id").system_id).to_numpy()
+    means = pd.Series(out @ VALUES).groupby(system).mean()  # a new system's mean is its level
+    np.testing.assert_allclose(means.to_numpy(), levels["mean"].reindex(means.index).to_numpy(), atol=1e-6)
     again = SystemLevel.from_state(rubric, *fit.state())
     np.testing.assert_array_equal(again.apply(new, pairs, base), out)
 
@@ -132,6 +137,7 @@ def _auto(level: str, candidates=("ridge_judge",)):
     return {**model_file("auto"), "ensemble": 1, "auto": {"candidates": list(candidates), "system_level": level}}
 
 
+@pytest.mark.slow
 def test_auto_compares_with_and_without_the_level_and_saves_it(six, rubric, tmp_path):
     systems = six.texts.set_index("text_id").system_id
     held = sorted(systems.unique())[0]
@@ -151,6 +157,7 @@ def test_auto_compares_with_and_without_the_level_and_saves_it(six, rubric, tmp_
     assert set(off.table_) == {"ridge_judge"} and off.level_record_["reason"] == "model.auto.system_level=off"
 
 
+@pytest.mark.slow
 def test_too_few_systems_for_a_level_is_recorded_or_an_error(six, rubric):
     one = six.subset(six.texts.text_id[six.texts.system_id == six.texts.system_id.iloc[0]])
     with pytest.raises(InputError, match="system level needs 3") as error:
@@ -164,6 +171,7 @@ def test_too_few_systems_for_a_level_is_recorded_or_an_error(six, rubric):
     assert error.value.setting == "model.auto.system_level"
 
 
+@pytest.mark.slow
 def test_a_system_without_labels_is_recorded_and_a_text_without_system_refused(six, rubric):
     systems = six.texts.set_index("text_id").system_id
     quiet = sorted(systems.unique())[-1]
@@ -176,3 +184,38 @@ def test_a_system_without_labels_is_recorded_and_a_text_without_system_refused(s
     with pytest.raises(InputError, match="no system_id") as error:
         model.predict_proba(nameless)
     assert error.value.column == "system_id"
+
+
+@pytest.mark.slow
+def test_score_texts_writes_levels_and_the_leaderboard_ranks_by_them(six, rubric, tmp_path):
+    from llmrubric.cli import main as cli
+
+    systems = six.texts.set_index("text_id").system_id
+    new = sorted(systems.unique())[0]
+    train = six.subset(systems.index[systems != new])
+    model = AutoCalibrator(rubric, _auto("on"), FAST, group="system").fit(train)
+    model.save(tmp_path / "auto.safetensors")
+    six.features.to_csv(tmp_path / "features.csv", index=False)
+    six.texts.to_csv(tmp_path / "texts.csv", index=False)
+    args = ["score", "texts", str(tmp_path / "auto.safetensors"), str(tmp_path / "features.csv")]
+    args += ["--texts", str(tmp_path / "texts.csv"), "--out", str(tmp_path / "scores.csv"), "--chunk-texts", "7"]
+    assert cli([*args, "--predictions", str(tmp_path / "pred.csv"), "--questions", "Q0", "--no-progress"]) == 0
+    levels = pd.read_csv(tmp_path / "scores.levels.csv").set_index("system_id")
+    assert not levels.known[new] and levels.known.drop(new).all() and (levels.level_sd > 0).all()
+    whole = model.system_levels(six, model.predict(six)[["text_id", "judge_id"]].assign(round="1"))
+    np.testing.assert_allclose(levels.level.to_numpy(), whole.set_index("system_id").level.reindex(levels.index))
+    board = ["leaderboard", "build", str(tmp_path / "pred.csv"), "--texts", str(tmp_path / "texts.csv")]
+    board += ["--levels", str(tmp_path / "scores.levels.csv"), "--bootstrap", "20", "--no-plot"]
+    assert cli([*board, "--out-dir", str(tmp_path / "board")]) == 0
+    rows = pd.DataFrame(__import__("json").loads((tmp_path / "board" / "leaderboard.json").read_text())["leaderboard"])
+    assert list(rows.level) == sorted(rows.level, reverse=True) and (rows.level_low < rows.level_high).all()
+    labelled = six.annotations[six.annotations.text_id.isin(systems.index[systems == new][:10])]
+    labelled.to_csv(tmp_path / "labels.csv", index=False)
+    labels = ["--annotations", str(tmp_path / "labels.csv"), "--missing-systems", "drop"]
+    assert cli([*board, *labels, "--out-dir", str(tmp_path / "labelled")]) == 0
+    with_labels = pd.DataFrame(
+        __import__("json").loads((tmp_path / "labelled" / "leaderboard.json").read_text())["leaderboard"]
+    ).set_index("system")
+    before = rows.set_index("system")
+    width = lambda r: r.level_high - r.level_low  # noqa: E731
+    assert with_labels.level_labels[new] == 10 and width(with_labels.loc[new]) < width(before.loc[new])

@@ -70,8 +70,11 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     """Every split's checkpoint and the baselines on its held-out texts; the figures use the first
     grouping's splits (all of them but under ``protocol=system_groups``), the Kendall within held-out
     groups every grouping's (:func:`grouping_figures`)."""
+    from llmrubric.model.baselines import duplicates  # imported here: not for --help
+
     run_dir = Path(cfg.run_dir)
     parts, choices, skipped = predict_splits(cfg, rubric, splits)
+    same = duplicates(list(cfg.baselines))
     first = [s for s in splits if s.grouping == 0]
     tables = {
         name: pd.concat([t for s, t in zip(splits, held) if s.grouping == 0], ignore_index=True)
@@ -101,6 +104,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
             f" {run_dir / SYSTEM_ERRORS_FILE}: `llmrubric leaderboard build --shift-errors` turns them into intervals for new systems"
         )
     notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())
+    notes += "".join(f"\n- {name}: same as {other} on every data set (listed once)" for name, other in same.items())
     notes += "".join(
         f"\n- {name}: {m['not_predicted']} pairs not predicted (no LLM answer to {rubric.main.id} from any source)"
         for name, m in metrics.items()
@@ -114,6 +118,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
             "protocol": cfg.protocol,
             "methods": metrics,
             "skipped": skipped,
+            **({"same_as": same} if same else {}),
             **({"systems": systems} if systems else {}),
             **({"auto": choices} if choices else {}),
         },
@@ -128,7 +133,7 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict]:
     """Held-out predictions of every split's checkpoint (``llm_rubric``) and of each configured baseline
     fitted on the split's training texts: ``{method: [table per split]}``, model=auto's choices per
     split, and the baselines skipped with their reason."""
-    from llmrubric.model.baselines import expand_baselines, make_method  # imported here: Lightning, not for --help
+    from llmrubric.model.baselines import expand_baselines, make_method  # imported here: not for --help
     from llmrubric.model.estimator import load_model
 
     run_dir = Path(cfg.run_dir)
@@ -147,14 +152,8 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict]:
         model = load_model(path)
         check_fits(model, rubric, split.train.text_ids, str(path))
         predictions["llm_rubric"].append(model.predict(split.test))
-        if hasattr(model, "weights_"):
-            choices[split.name] = {
-                "weights": model.weights_,
-                "inner_folds_by": model.group,
-                "fallback": model.fallback_,
-                "system_level": model.level_record_,
-                "inner_cv": model.table_,
-            }
+        if hasattr(model, "choice"):
+            choices[split.name] = model.choice()
         for name in [b for b in baselines if b not in skipped]:
             try:
                 method = make_method(name, rubric, cfg.seed).fit(split.train)

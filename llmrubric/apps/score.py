@@ -62,6 +62,10 @@ def register(subparsers) -> None:
         dest="shift_errors",
         help="system_errors.csv of a protocol=systems (or system_groups) evaluation: adds intervals that include the model's error on new systems",
     )
+    b.add_argument(
+        "--levels",
+        help="<scores>.levels.csv of `llmrubric score texts` with a model that has a system level: ranks by the level and adds its interval",
+    )
     b.add_argument("--config", help="settings YAML (default: conf/scoring/default.yaml)")
     b.add_argument("--question")
     b.add_argument("--trusted-judges", dest="trusted_judges", nargs="+")
@@ -93,7 +97,12 @@ def run_score(args) -> int:
     out = Path(args.out)
     summary = out.with_name(out.stem + ".summary.json")
     check_outputs(
-        {"--out": out, "summary": summary, "--predictions": args.predictions},
+        {
+            "--out": out,
+            "summary": summary,
+            "levels": out.with_name(out.stem + ".levels.csv"),
+            "--predictions": args.predictions,
+        },
         {"checkpoint": args.checkpoint, "features": args.features, "--texts": args.texts, "--config": args.config},
     )
     check_table_path(out, "--out")
@@ -114,6 +123,8 @@ def run_score(args) -> int:
         progress=not args.no_progress,
     )
     write_table(result.scores, out)
+    if result.levels is not None:  # a model with a system level: `leaderboard build --levels`
+        write_table(result.levels, out.with_name(out.stem + ".levels.csv"))
     write_json(result.summary, summary)
     print(json.dumps(json_safe({k: v for k, v in result.summary.items() if k != "judges"})))
     return 0
@@ -123,6 +134,7 @@ def run_leaderboard(args) -> int:
     from llmrubric.io.rubric import Rubric
     from llmrubric.io.tables import read_table
     from llmrubric.scoring import leaderboard as lb
+    from llmrubric.scoring.levels import read_levels
 
     board = leaderboard_settings(args)
     rubric = Rubric.load(args.rubric or CONF / "rubric" / "llm_rubric.yaml")
@@ -144,6 +156,7 @@ def run_leaderboard(args) -> int:
             "--annotations": args.annotations,
             "--reference": args.reference,
             "--shift-errors": args.shift_errors,
+            "--levels": args.levels,
             "--sampling": args.sampling,
             "--config": args.config,
             "--rubric": args.rubric,
@@ -152,6 +165,7 @@ def run_leaderboard(args) -> int:
     if args.sampling and not args.annotations:
         raise InputError("--sampling needs the labels of the drawn texts (--annotations)", setting="--sampling")
     shift_errors = lb.read_shift_errors(args.shift_errors) if args.shift_errors else None
+    levels = read_levels(args.levels) if args.levels else None
     predictions = lb.read_predictions(args.predictions)
     texts = read_table(args.texts, "texts") if args.texts else None
     annotations, labels, draws = human_labels(args, rubric, question, predictions, texts, board["judges"])
@@ -170,6 +184,7 @@ def run_leaderboard(args) -> int:
         draws=draws,
         small_sample=board["small_sample"],
         sampling_rule=f"active, drawn by {args.sampling} (inverse-probability weighted)" if args.sampling else None,
+        levels=levels,
     )
     extra = rank_correlations(args, result, annotations, question, texts, board["missing_systems"])
     paths = lb.write(result, args.out_dir, plot=not args.no_plot, extra=extra)

@@ -95,6 +95,31 @@ def tilt(probs: np.ndarray, values: np.ndarray, targets: np.ndarray) -> np.ndarr
     return np.where(support, special.softmax(logp + lam[:, None] * values, axis=1), 0.0)
 
 
+def _keep_system_means(targets: np.ndarray, support: np.ndarray, values: np.ndarray, system: np.ndarray):
+    """``targets`` (pairs, nodes) of new systems' pairs shifted by one constant per (system, node) so
+    that, once each is clipped into its pair's support (as :func:`tilt` does), their mean over the
+    system's pairs is still the unclipped mean (the level), as far as the scale allows."""
+    margin = 1e-4 * (values.max() - values.min())
+    low = np.where(support, values, np.inf).min(axis=1)[:, None] + margin
+    high = np.where(support, values, -np.inf).max(axis=1)[:, None] - margin
+    codes, group = np.unique(system, return_inverse=True)
+    count = np.bincount(group, minlength=len(codes))[:, None]
+
+    def means(x):
+        return np.stack([np.bincount(group, x[:, j], len(codes)) for j in range(x.shape[1])], axis=1) / count
+
+    goal = np.clip(
+        means(targets), means(np.broadcast_to(low, targets.shape)), means(np.broadcast_to(high, targets.shape))
+    )
+    span = float(values.max() - values.min()) + 1.0
+    lo, hi = np.full(goal.shape, -span), np.full(goal.shape, span)
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        above = means(np.clip(targets + mid[group], low, high)) > goal
+        hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
+    return targets + ((lo + hi) / 2)[group]
+
+
 def reml(y: np.ndarray, v: np.ndarray, design: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """(coefficients, their covariance, τ²) of ``y ~ N(design·β, τ² + v)`` by restricted maximum likelihood."""
 
@@ -215,9 +240,11 @@ class SystemLevel:
         return np.stack([np.ones_like(x), x], axis=1) if self.form_ == "line" else np.ones((len(x), 1))
 
     def prior(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Prior mean and variance of the level of systems with summaries ``x`` (regression uncertainty included)."""
+        """Prior mean (within the scale) and variance (regression uncertainty included) of the level
+        of systems with summaries ``x``."""
         d = self._design(x)
-        return d @ self.beta_, self.tau2_ + np.einsum("ij,jk,ik->i", d, self.cov_, d)
+        mean = np.clip(d @ self.beta_, self.values.min(), self.values.max())  # a mean stays on the scale
+        return mean, self.tau2_ + np.einsum("ij,jk,ik->i", d, self.cov_, d)
 
     def posterior(self, prior_mean, prior_var, label_mean, label_var) -> tuple[np.ndarray, np.ndarray]:
         """Normal–normal update of the level with an estimate ``label_mean`` of variance ``label_var``
@@ -249,18 +276,22 @@ class SystemLevel:
         out["x"] = x.reindex(names)
         return out
 
-    def apply(self, tables: Tables, pairs: pd.DataFrame, probs: np.ndarray) -> np.ndarray:
+    def apply(self, tables: Tables, pairs: pd.DataFrame, probs: np.ndarray, fixed=None) -> np.ndarray:
         """(pairs, options) main-question distributions with the level: each pair tilted to
-        ``m_t − c_s + μ`` and averaged over the Gauss–Hermite nodes of ``μ``'s posterior."""
+        ``m_t − c_s + μ`` and averaged over the Gauss–Hermite nodes of ``μ``'s posterior. ``fixed``:
+        :meth:`levels` computed over all the texts of the systems (when ``pairs`` are a chunk of them)."""
         k = len(self.values)
         expected = probs[:, :k] @ self.values
-        table = self.levels(tables, pairs, expected)
+        table = self.levels(tables, pairs, expected) if fixed is None else fixed
         system = pairs.text_id.astype(str).map(text_system_ids(tables, pairs)).to_numpy()
         row = table.reindex(system)
         nodes, weights = np.polynomial.hermite.hermgauss(NODES)
         sd = np.sqrt(np.nan_to_num(row["var"].to_numpy()))
         centre = (expected - row.centre.to_numpy() + row["mean"].to_numpy())[:, None]
         targets = centre + math.sqrt(2.0) * sd[:, None] * nodes[None, :]  # (pairs, nodes)
+        new = ~row.known.to_numpy(bool) & np.isfinite(row["mean"].to_numpy())
+        if new.any():
+            targets[new] = _keep_system_means(targets[new], probs[new, :k] > 0, self.values, system[new])
         tilted = tilt(np.repeat(probs[:, :k], NODES, axis=0), self.values, targets.reshape(-1))
         out = np.einsum("pnk,n->pk", tilted.reshape(len(pairs), NODES, k), weights / math.sqrt(math.pi))
         unknown = ~np.isfinite(row["mean"].to_numpy())  # a system no source answered: the text model alone
@@ -351,9 +382,11 @@ def levelled_fold(rubric: Rubric, models: list, splits: list[tuple], pairs: list
     return np.concatenate(out), time.perf_counter() - start, None
 
 
-def with_levels(levels: dict, rubric: Rubric, base: dict, names: list[str], tables: Tables, pairs) -> dict:
+def with_levels(
+    levels: dict, rubric: Rubric, base: dict, names: list[str], tables: Tables, pairs, fixed: dict | None = None
+) -> dict:
     """name → (pairs, questions, options) probabilities: a member's own, or for ``<member>+level``
-    its main question with the system level."""
+    its main question with the system level (``fixed``: member → :meth:`SystemLevel.levels` of all texts)."""
     out = {}
     main_index, k = rubric.ids.index(rubric.main.id), len(rubric.main.options)
     for name in names:
@@ -361,7 +394,8 @@ def with_levels(levels: dict, rubric: Rubric, base: dict, names: list[str], tabl
         probs = base[member]
         if name.endswith(LEVEL) and len(pairs):
             probs = probs.copy()
-            probs[:, main_index, :k] = levels[member].apply(tables, pairs, probs[:, main_index, :k])
+            table = (fixed or {}).get(member)
+            probs[:, main_index, :k] = levels[member].apply(tables, pairs, probs[:, main_index, :k], table)
         out[name] = probs
     return out
 

@@ -45,6 +45,7 @@ class ScoreResult:
     scores: pd.DataFrame
     summary: dict = field(default_factory=dict)
     predictions: pd.DataFrame | None = None
+    levels: pd.DataFrame | None = None
 
 
 def trusted_judges(calibrator: NetworkCalibrator, judges: list[str] | None) -> list[str]:
@@ -152,6 +153,7 @@ def score_texts(
     features = features.astype({c: object for c in ("text_id", "source", "question_id", "option")})
     calibrator.layout_.check(features)
     scored, unscored = _split_featured(_text_table(features, texts), features)
+    levels = _system_levels(calibrator, features, scored, judges)
     chunks = _ChunkPredictor(calibrator, judges, questions, _features_by_text(features, scored, src))
     parts, kept, n_pairs = [], [], 0
     out = Path(predictions_out) if predictions_out is not None else None
@@ -193,7 +195,23 @@ def score_texts(
         "fast_path": chunks.fast is not None,
         "seconds": time.perf_counter() - start,
     }
-    return ScoreResult(scores, summary, pd.concat(kept, ignore_index=True) if kept else None)
+    return ScoreResult(scores, summary, pd.concat(kept, ignore_index=True) if kept else None, levels)
+
+
+def _system_levels(calibrator, features: pd.DataFrame, scored: pd.DataFrame, judges: list[str]):
+    """A model with a system level (:mod:`llmrubric.model.system_level`): each system's level over
+    all its scored texts, kept by the model for every chunk; None for other models."""
+    if not getattr(calibrator, "levels_", None):
+        return None
+    pairs = pd.DataFrame(
+        {
+            "text_id": np.repeat(scored.text_id.to_numpy(), len(judges)),
+            "judge_id": np.tile(np.asarray(judges, dtype=object), len(scored)),
+            "system_id": np.repeat(scored.system_id.to_numpy(), len(judges)),
+            "round": "1",
+        }
+    )
+    return calibrator.system_levels(Tables(_empty_annotations(), features), pairs, fix=True)
 
 
 def _scored_questions(calibrator: NetworkCalibrator, questions: list[str] | None) -> list[str]:

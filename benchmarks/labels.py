@@ -21,9 +21,12 @@ the truth and mean width over systems and repetitions; k = 0 holds the leave-one
 interval (score ± t·RMS of the other systems' errors), the leaderboard's interval without labels.
 ``level`` (issue 32): the system level (:class:`llmrubric.model.system_level.SystemLevel`) fitted on
 the training systems of each split with the split model's in-sample expected answers; at k = 0 its
-prior's interval (mean ± z·sd), at k > 0 that prior updated by the PPI++ estimate of the same k
-labels (normal–normal, the label estimate's variance read from the PPI++ interval's half-width);
-``level_student``: the same with the half-width widened by t_{k-1} / z.
+prior's interval (mean ± z·sd), at k > 0 that prior updated as ``llmrubric leaderboard build
+--levels`` does (the labels' estimate mean(f) + mean(y − f) of variance sigma_within² / k; here
+sigma_within is the SD of label − f about each system's mean over the other systems' held-out
+texts, a stand-in for the model's in-sample one); ``level_ppi_pp``: the prior updated by the PPI++
+estimate of the same k labels (its variance read from the PPI++ interval's half-width),
+``level_ppi_pp_student``: that with the half-width widened by t_{k-1} / z.
 ``--ks`` and ``--no-match`` run a part (e.g. ``--ks 10 --no-match --no-judges``).
 ``labels_to_match_classical_at_40``: the fewest labels (k = 2..40) at which a method's mean width
 is at most the classical interval's at k = 40, over the systems with at least 45 texts, beside
@@ -83,7 +86,7 @@ from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
 KS = (0, 5, 10, 20, 40)
 JUDGE_KS = (5, 10, 20, 50)
 SETS = ("simulated_shift", "llm_rubric_synthetic")
-LEVEL_METHODS = ("level", "level_student")
+LEVEL_METHODS = ("level", "level_ppi_pp", "level_ppi_pp_student")
 MIN_UNLABELLED = 5  # a system enters k's figures when it has at least k + 5 labelled texts
 
 
@@ -169,7 +172,7 @@ def level_interval(prior_mean: float, prior_var: float, labelled: dict, alpha: f
     """The level's posterior interval given k labels: the prior (:func:`level_prior`) updated by the
     PPI++ estimate of the k labels (``labelled``: its estimate and interval; its variance read from
     the interval's half-width, so a Student-widened interval counts as the less precise estimate).
-    ``k`` > 1: the posterior's half-width widened by t_{k-1} / z (``level_student``). Labels that give
+    ``k`` > 1: the posterior's half-width widened by t_{k-1} / z (``level_ppi_pp_student``). Labels that give
     PPI++ a zero-width interval (all equal) leave it as it is: the posterior would be that point."""
     z = stats.norm.ppf(1 - alpha / 2)
     label_var = ((labelled["high"] - labelled["low"]) / (2 * z)) ** 2
@@ -181,12 +184,31 @@ def level_interval(prior_mean: float, prior_var: float, labelled: dict, alpha: f
     return {"estimate": mean, "low": mean - half, "high": mean + half}
 
 
+def level_rule(prior_mean: float, prior_var: float, y, f, chosen, sigma_within: float, alpha: float) -> dict:
+    """The leaderboard's rule (:func:`llmrubric.scoring.levels.with_level_intervals`): the prior updated by
+    the labels' estimate ``mean(f) + mean_labelled(y − f)`` of variance ``sigma_within² / k``."""
+    k = int(chosen.sum())
+    estimate = f.mean() + (y[chosen] - f[chosen]).mean()
+    precision = 1 / prior_var + k / sigma_within**2
+    mean = (prior_mean / prior_var + estimate * k / sigma_within**2) / precision
+    half = stats.norm.ppf(1 - alpha / 2) / math.sqrt(precision)
+    return {"estimate": mean, "low": mean - half, "high": mean + half}
+
+
+def within_sd(systems: dict, held: str) -> float:
+    """SD of the texts' ``label − f`` about their system's mean, over every system but ``held`` (a
+    stand-in, from held-out predictions of the training systems, for the level's ``sigma_within``)."""
+    residual = [g.label - g.f - (g.label - g.f).mean() for s, g in systems.items() if s != held]
+    return float(np.concatenate(residual).std(ddof=1))
+
+
 def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float, small: str, rng) -> dict:
     """``{method: (hits, widths)}`` of ``reps`` draws of k labels in each of ``systems`` (id → texts)."""
     out: dict[str, tuple[list, list]] = {m: ([], []) for m in (*lab.METHODS, *LEVEL_METHODS)}
-    for g in systems.values():
+    for name, g in systems.items():
         f, y, truth = g.f.to_numpy(), g.label.to_numpy(), g.label.mean()
         prior = float(g.prior_mean.iloc[0]), float(g.prior_var.iloc[0])
+        sigma = within_sd(systems, name)
         q = lab.sampling_probabilities(g.u.to_numpy(), floor)
         for _ in range(reps):
             chosen = np.zeros(len(g), bool)
@@ -194,8 +216,9 @@ def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float,
             outs = {m: lab.uniform_interval(m, y[chosen], f[chosen], f[~chosen], alpha, small) for m in lab.UNIFORM}
             i = rng.choice(len(g), k, p=q)
             outs["active_ppi_pp"] = lab.active_ppi_pp(y[i], f[i], q[i], f, alpha, small_sample=small)
-            outs["level"] = level_interval(*prior, outs["ppi_pp"], alpha)
-            outs["level_student"] = level_interval(*prior, outs["ppi_pp"], alpha, k)
+            outs["level"] = level_rule(*prior, y, f, chosen, sigma, alpha)
+            outs["level_ppi_pp"] = level_interval(*prior, outs["ppi_pp"], alpha)
+            outs["level_ppi_pp_student"] = level_interval(*prior, outs["ppi_pp"], alpha, k)
             for m, o in outs.items():
                 out[m][0].append(o["low"] <= truth <= o["high"])
                 out[m][1].append(o["high"] - o["low"])

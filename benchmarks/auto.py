@@ -497,7 +497,7 @@ def outer_jobs(args, sets: list[str]) -> list[tuple]:
 
 def run(args, sets: list[str]) -> int:
     jobs = outer_jobs(args, sets)
-    started = time.time()
+    started, commit = time.time(), _commit()  # the code this run measures (HEAD may move while it runs)
     print(f"{len(jobs)} outer folds on {args.workers} workers", flush=True)
     n = len(jobs)
     with ProcessPoolExecutor(args.workers) as pool:
@@ -506,7 +506,7 @@ def run(args, sets: list[str]) -> int:
         "meta": {
             "seconds": time.time() - started,
             "draws": args.draws,
-            "commit": _commit(),
+            "commit": commit,
             "auto_path": "shipped",
             "grouping_seeds": args.grouping_seeds,
             "folds_limit": args.folds_limit,
@@ -547,7 +547,8 @@ def merged(report: dict, path: Path, sets: list[str]) -> dict:
     old = json.loads(path.read_text())
     if old.get("meta", {}).get("auto_path") != "shipped":
         raise InputError("--merge: the results there were not measured on the shipped path", file=str(path))
-    runs = {**old["meta"].get("runs", {}), **{s: report["meta"] for s in sets}}
+    before = old["meta"].get("runs") or {s: old["meta"] for s in old if s in SETS or s == "data"}
+    runs = {**before, **{s: report["meta"] for s in sets}}
     kept = {k: v for k, v in old.items() if k not in ("meta", "rule", "targets", *sets)}
     return {**kept, **report, "meta": {**report["meta"], "runs": runs}}
 

@@ -73,7 +73,7 @@ def tilt(probs: np.ndarray, values: np.ndarray, targets: np.ndarray) -> np.ndarr
     """(n, K): each row of ``probs`` exponentially tilted, ``p_k e^{λ v_k}`` normalised, so that its
     mean is ``targets`` (clipped into the row's support); ``λ`` by Newton steps kept inside a
     bisection bracket (the mean rises with ``λ``, its derivative is the tilted variance)."""
-    logp = np.log(np.clip(probs, 1e-300, None))
+    logp = np.log(np.clip(np.asarray(probs, dtype=np.float64), 1e-300, None))
     support = probs > 0
     low = np.where(support, values, np.inf).min(axis=1)
     high = np.where(support, values, -np.inf).max(axis=1)

@@ -13,7 +13,7 @@ the candidates that predict it. A candidate that fails to fit is recorded with i
 out (a warning); one that does not apply to the data (``clmm_mean`` with one LLM source per
 question is ``clmm_own``) is recorded as not applicable (info); all failing is an error. Inner folds never see the texts (or systems) they score, and the
 outer test data are never seen at all. With 3+ training systems each candidate ``X`` is also scored
-as ``X+level``, with the system level of :mod:`llmrubric.model.system_level` fitted in each inner
+as ``X-level``, with the system level of :mod:`llmrubric.model.system_level` fitted in each inner
 fold on its training systems (``model.auto.system_level``).
 """
 
@@ -243,7 +243,7 @@ class AutoCalibrator:
         return members
 
     def _fit_levels(self, tables: Tables) -> dict:
-        """The system level of every weighted ``<candidate>+level``, fitted on the member's in-sample predictions."""
+        """The system level of every weighted ``<candidate>-level``, fitted on the member's in-sample predictions."""
         main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
         pairs, _ = question_targets(tables, self.rubric.main)
         values = np.asarray(self.rubric.main.values, dtype=float)

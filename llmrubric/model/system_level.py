@@ -329,7 +329,7 @@ class SystemLevel:
         return self
 
 
-LEVEL = "+level"  # the name of a candidate with the system level: ``<candidate>+level``
+LEVEL = "-level"  # the name of a candidate with the system level: ``<candidate>-level``
 SETTINGS = ("auto", "on", "off")
 
 
@@ -385,7 +385,7 @@ def levelled_fold(rubric: Rubric, models: list, splits: list[tuple], pairs: list
 def with_levels(
     levels: dict, rubric: Rubric, base: dict, names: list[str], tables: Tables, pairs, fixed: dict | None = None
 ) -> dict:
-    """name → (pairs, questions, options) probabilities: a member's own, or for ``<member>+level``
+    """name → (pairs, questions, options) probabilities: a member's own, or for ``<member>-level``
     its main question with the system level (``fixed``: member → :meth:`SystemLevel.levels` of all texts)."""
     out = {}
     main_index, k = rubric.ids.index(rubric.main.id), len(rubric.main.options)

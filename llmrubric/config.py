@@ -413,6 +413,33 @@ class IRConfig:
 
 
 @dataclass
+class AdaptiveConfig:
+    """The adaptive rubric (``extract features --adaptive``, ``rubric plan``; docs/adaptive.md): per text,
+    ask next the block whose answer is expected to reduce the variance of the main question's
+    predicted score most per unit cost; stop at ``budget`` calls or when that reduction falls below
+    ``min_gain``.
+
+    Attributes:
+        budget: most LLM calls (blocks asked) per text; None: every block of the calibrator.
+        min_gain: stop when the best expected variance reduction per unit cost is below this
+            (squared score units; 0: stop only at the budget or when no block is left).
+        cost: ``calls`` (each block costs 1) or ``tokens`` (a block costs its prompt's length in
+            characters over the mean prompt length of the text's blocks).
+        draws: the answer model's guesses of a block's answer that each expected reduction averages over.
+        judges: whose mean predicted score is the target; None: the average over every judge of the
+            calibrator (as ``score texts`` with no trusted judges).
+        seed: seeds the answer model's guesses.
+    """
+
+    budget: int | None = None
+    min_gain: float = 0.0
+    cost: str = "calls"
+    draws: int = 32
+    judges: list[str] | None = None
+    seed: int = 0
+
+
+@dataclass
 class ExtractConfig:
     """The settings every extract config shares (``conf/extract/``, ``--config``); the backends' own
     keys (:data:`llmrubric.extract.backends.BACKEND_KEYS`) come from the config file or flags.
@@ -426,6 +453,7 @@ class ExtractConfig:
         min_label_mass: blocks whose labels get less total probability are marked ``low_label_mass``.
         detect_injection: True: blocks whose text matches a pattern are marked ``possible_injection``.
         injection_patterns: None: ``conf/injection/default.yaml``.
+        adaptive: the adaptive rubric's settings (:class:`AdaptiveConfig`; used with ``--adaptive``).
     """
 
     backend: str = "transformers"
@@ -437,6 +465,7 @@ class ExtractConfig:
     min_label_mass: float = 0.05
     detect_injection: bool = False
     injection_patterns: str | None = None
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
 
 
 GROUP_SCHEMAS = {

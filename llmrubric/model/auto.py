@@ -266,7 +266,23 @@ class AutoCalibrator:
         """(pairs, questions, max options): each question's weighted mixture of the members that
         predict it (weights renormalised over them); NaN for a question none predicts."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
-        probs = {name: self.members_[name].predict_proba(tables, pairs) for name in self.weights_}
+        return self._mixture({name: self.members_[name].predict_proba(tables, pairs) for name in self.weights_})
+
+    @property
+    def answers_(self):
+        """The answer model of the members (all fitted on the same features), None for an old checkpoint."""
+        return next(iter(self.members_.values())).answers_
+
+    def proba_completed(self, batch, completions: np.ndarray) -> np.ndarray:
+        """(draws, pairs, questions, max options): the members' mixture for each completion
+        (:mod:`llmrubric.model.absent`; every member has the layout of ``batch``)."""
+        probs = {n: self.members_[n].proba_completed(batch, completions) for n in self.weights_}
+        draws, n_pairs = completions.shape[1], len(batch.pairs)
+        flat = self._mixture({n: p.reshape(draws * n_pairs, *p.shape[2:]) for n, p in probs.items()})
+        return flat.reshape(draws, n_pairs, *flat.shape[1:])
+
+    def _mixture(self, probs: dict[str, np.ndarray]) -> np.ndarray:
+        """Each question's weighted mixture of the members' ``probs`` (rows, questions, max options)."""
         known = {
             n: np.isfinite(p).all(axis=(0, 2)) if len(p) else ~np.isnan(p).all(axis=(0, 2)) for n, p in probs.items()
         }

@@ -292,7 +292,9 @@ def check_adaptive(settings: dict) -> None:
             raise InputError("--calibrator is for --adaptive extraction", setting="--calibrator")
         return
     if not settings.get("calibrator"):
-        raise InputError("--adaptive needs --calibrator CKPT (a calibrator of this model's features)", setting="--calibrator")
+        raise InputError(
+            "--adaptive needs --calibrator CKPT (a calibrator of this model's features)", setting="--calibrator"
+        )
     for flag in ("shards", "shard", "cached_only"):
         if settings.get(flag):
             raise InputError(f"--adaptive does not run with --{flag.replace('_', '-')}", setting="--adaptive")

@@ -14,14 +14,16 @@ below ``min_gain``, or when nothing is left to ask (:class:`llmrubric.config.Ada
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
+import pandas as pd
 
 from llmrubric.config import AdaptiveConfig
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_range
-from llmrubric.model.absent import batch_for_texts
+from llmrubric.io.tables import Tables
+from llmrubric.model.absent import MAX_ROWS, CompletionBatch, answer_model, batch_of
 from llmrubric.model.columns import block_columns
 
 COSTS = ("calls", "tokens")
@@ -46,70 +48,109 @@ def adaptive_settings(settings: dict | AdaptiveConfig | None = None, prefix: str
 class Selector:
     """Chooses each text's next block for a fitted model that carries an answer model (``answers_``).
 
-    Columns are those of :func:`llmrubric.model.columns.text_columns` in the model's layout, NaN where
-    a block is not asked. ``judges``: the target judges (default: every judge of the model).
+    The state of a set of texts is a :class:`llmrubric.model.absent.CompletionBatch` whose pairs are
+    each text with every target judge (``settings["judges"]``, default every judge of the model) and
+    whose absent blocks are those not asked: :meth:`empty` (nothing asked; extraction) or
+    :meth:`batch_of` (a features table, for simulations that hide blocks with ``batch.hide``).
     """
 
     def __init__(self, model, settings: dict | AdaptiveConfig | None = None):
-        if getattr(model, "answers_", None) is None:
-            raise InputError("the calibrator has no answer model (train it again with this version)", setting="--calibrator")
         self.settings = adaptive_settings(settings)
-        self.model, self.answers = model, model.answers_
-        self.rubric, self.blocks = model.rubric, tuple(model.layout_.blocks)
+        self.model, self.answers = model, answer_model(model)
+        self.rubric, self.blocks = model.rubric, tuple(self.answers.layout.blocks)
         self.column_block = np.asarray(self.answers.column_block)
         self.block_columns = [np.flatnonzero(self.column_block == b) for b in range(len(self.blocks))]
+        sizes = [len(b.options) for b in self.blocks]
+        self.block_starts = np.cumsum([0, *sizes[:-1]])
         known = [str(j) for j in model.judges_.judges]
         judges = [str(j) for j in self.settings["judges"] or known]
         unknown = [j for j in judges if j not in known]
         if unknown:
-            raise InputError(f"judge(s) {unknown} are not in the calibrator (it knows {known})", setting="adaptive.judges")
+            raise InputError(
+                f"judge(s) {unknown} are not in the calibrator (it knows {known})", setting="adaptive.judges"
+            )
         self.judges = judges
         main = self.rubric.main
         if not main.ordered:
-            raise InputError(f"the main question {main.id} is categorical: it has no score to select for", setting="--calibrator")
+            raise InputError(
+                f"the main question {main.id} is categorical: it has no score to select for", setting="--calibrator"
+            )
         self.q_index, self.values = self.rubric.ids.index(main.id), np.asarray(main.values, dtype=float)
 
-    def empty_columns(self, n_texts: int) -> np.ndarray:
-        return np.full((n_texts, len(self.column_block)), np.nan)
+    def pairs(self, text_ids: list[str]) -> pd.DataFrame:
+        """Every text with every target judge."""
+        return pd.DataFrame(
+            {
+                "text_id": np.repeat(np.asarray(text_ids, dtype=object), len(self.judges)),
+                "judge_id": np.tile(np.asarray(self.judges, dtype=object), len(text_ids)),
+                "system_id": None,
+                "round": "1",
+            }
+        )
 
-    def observe(self, row: np.ndarray, block: int, probs: dict) -> np.ndarray:
-        """``row`` (one text's columns) with ``block``'s columns set from its option probabilities ``probs``."""
+    def empty(self, text_ids: list[str]) -> CompletionBatch:
+        """The state of ``text_ids`` with nothing asked."""
+        n, n_blocks = len(text_ids), len(self.blocks)
+        dim = int(self.block_starts[-1]) + len(self.blocks[-1].options) + n_blocks
+        pairs = self.pairs(text_ids)
+        return CompletionBatch(
+            self.answers,
+            list(text_ids),
+            np.full((n, len(self.column_block)), np.nan),
+            np.zeros((n, dim), dtype=np.float32),
+            np.ones((n, n_blocks), dtype=bool),
+            pairs,
+            np.repeat(np.arange(n), len(self.judges)),
+        )
+
+    def batch_of(self, tables: Tables) -> CompletionBatch:
+        """The state of every text of ``tables.features`` with every block it has."""
+        return batch_of(self.model, tables, self.pairs(sorted(tables.features.text_id.unique())))
+
+    def observe(self, batch: CompletionBatch, row: int, block: int, probs: dict) -> CompletionBatch:
+        """``batch`` with ``block`` of text ``row`` answered with the option probabilities ``probs``."""
         b = self.blocks[block]
-        p = np.array([[float(probs[o]) for o in b.options]])
-        out = row.copy()
-        out[self.block_columns[block]] = block_columns(b, p, self.rubric)[0]
+        p = np.array([float(probs[o]) for o in b.options])
+        x, columns, absent = batch.x.copy(), batch.columns.copy(), batch.absent.copy()
+        start = self.block_starts[block]
+        x[row, start : start + len(p)] = p
+        x[row, x.shape[1] - len(self.blocks) + block] = 1.0
+        columns[row, self.block_columns[block]] = block_columns(b, p[None], self.rubric)[0]
+        absent[row, block] = False
+        return replace(batch, x=x, columns=columns, absent=absent)
+
+    def target(self, batch: CompletionBatch, completions: np.ndarray) -> np.ndarray:
+        """(texts, draws) ŷ0 of each completion (texts, draws, columns): the target judges' mean expected answer."""
+        per_text = max(1, MAX_ROWS // (completions.shape[1] * len(self.judges)))
+        out = np.empty(completions.shape[:2])
+        k = len(self.values)
+        for lo in range(0, len(batch.texts), per_text):
+            rows = np.arange(lo, min(lo + per_text, len(batch.texts)))
+            sub = batch.take(rows)
+            probs = self.model.proba_completed(sub, completions[rows])  # (draws, pairs, questions, options)
+            means = probs[:, :, self.q_index, :k] @ self.values  # (draws, pairs)
+            counts = np.bincount(sub.pair_text, minlength=len(rows))
+            sums = np.zeros((means.shape[0], len(rows)))
+            np.add.at(sums.T, sub.pair_text, means.T)
+            out[rows] = (sums / counts).T
         return out
 
-    def target(self, completions: np.ndarray) -> np.ndarray:
-        """(texts, draws) ŷ0 of each completion (texts, draws, columns): the target judges' mean expected answer."""
-        n_texts = completions.shape[0]
-        batch = batch_for_texts(self.model, n_texts, self.judges)
-        probs = self.model.proba_completed(batch, completions)  # (draws, pairs, questions, options)
-        k = len(self.values)
-        means = probs[:, :, self.q_index, :k] @ self.values  # (draws, pairs)
-        by_text = means.reshape(means.shape[0], n_texts, len(self.judges)).mean(axis=2)
-        return by_text.T
-
-    def gains(self, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(texts, blocks) expected reduction of Var(ŷ0) by asking each block (0 where asked) and (texts,)
-        Var(ŷ0) given the asked blocks."""
-        completions = self.answers.sample(columns, self.settings["draws"], seed=self.settings["seed"])
-        f = self.target(completions)
-        return explained_variance(f, completions, self.block_columns), f.var(axis=1, ddof=1)
+    def gains(self, batch: CompletionBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(texts, blocks) expected reduction of Var(ŷ0) by asking each block (0 where asked), and (texts,)
+        the mean and variance of ŷ0 given the asked blocks (over the answer model's completions)."""
+        completions = self.answers.sample(batch.columns, self.settings["draws"], seed=self.settings["seed"])
+        f = self.target(batch, completions)
+        return explained_variance(f, completions, self.block_columns), f.mean(axis=1), f.var(axis=1, ddof=1)
 
     def choose(
-        self, columns: np.ndarray, askable: np.ndarray, asked: np.ndarray, costs: np.ndarray
+        self, batch: CompletionBatch, askable: np.ndarray, asked: np.ndarray, costs: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each text's next block (-1: stop) and its expected reduction per unit cost (the best one's when stopping)."""
-        gain, _ = self.gains(columns)
-        ratio = np.where(askable, gain / costs, -np.inf)
-        best = ratio.argmax(axis=1)
-        best_ratio = ratio[np.arange(len(best)), best]
-        budget = self.settings["budget"]
-        stop = ~askable.any(axis=1) | (best_ratio < self.settings["min_gain"])
-        if budget is not None:
-            stop |= asked >= budget
-        return np.where(stop, -1, best), np.where(np.isfinite(best_ratio), best_ratio, 0.0)
+        best, ratio = best_blocks(self.gains(batch)[0], askable, costs)
+        stop = (best < 0) | (ratio < self.settings["min_gain"])
+        if self.settings["budget"] is not None:
+            stop |= asked >= self.settings["budget"]
+        return np.where(stop, -1, best), ratio
 
     def stop_reason(self, asked: int, ratio: float, askable: np.ndarray) -> str:
         budget = self.settings["budget"]
@@ -118,6 +159,15 @@ class Selector:
         if budget is not None and asked >= budget:
             return f"budget of {budget} calls reached"
         return f"expected reduction per unit cost {ratio:.3g} below min_gain {self.settings['min_gain']:g}"
+
+
+def best_blocks(gain: np.ndarray, askable: np.ndarray, costs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(texts,) the askable block with the largest ``gain / costs`` (-1 where none is askable) and that ratio (0 there)."""
+    ratio = np.where(askable, gain / costs, -np.inf)
+    best = ratio.argmax(axis=1)
+    best_ratio = ratio[np.arange(len(best)), best]
+    none = ~askable.any(axis=1)
+    return np.where(none, -1, best), np.where(none, 0.0, best_ratio)
 
 
 def explained_variance(f: np.ndarray, completions: np.ndarray, block_columns: list[np.ndarray]) -> np.ndarray:
@@ -142,27 +192,48 @@ def explained_variance(f: np.ndarray, completions: np.ndarray, block_columns: li
     return out
 
 
-def reveal_orders(selector: Selector, truth: np.ndarray, askable: np.ndarray, costs: np.ndarray | None = None):
-    """Simulate the greedy selection on texts whose every askable block's columns ``truth`` holds:
-    (texts, steps) block asked at each step (-1 after the last) and (texts, steps) the best expected
-    reduction per unit cost when each step was chosen (the stop rule with ``min_gain`` g stops before the
-    first step whose ratio is below g). Runs to ``budget`` blocks, or every askable block; ignores ``min_gain``."""
-    settings = {**selector.settings, "min_gain": 0.0}
-    steps = int(askable.sum(axis=1).max()) if settings["budget"] is None else settings["budget"]
+@dataclass
+class Reveal:
+    """A simulated greedy selection on texts with known answers (:func:`reveal_orders`).
+
+    Attributes:
+        order: (texts, steps) the block asked at each step, -1 after a text's last.
+        ratio: (texts, steps) the best expected reduction per unit cost when each step was chosen: the
+            stop rule with ``min_gain`` g stops before the first step whose ratio is below g.
+        score: (texts, steps + 1) ŷ0 given the first s blocks (the mean over the completions).
+        variance: (texts, steps + 1) Var(ŷ0) given the first s blocks.
+        askable: (texts,) the blocks each text could ask.
+    """
+
+    order: np.ndarray
+    ratio: np.ndarray
+    score: np.ndarray
+    variance: np.ndarray
+    askable: np.ndarray
+
+    def calls(self, min_gain: float) -> np.ndarray:
+        """(texts,) blocks each text asks under the stop rule ``min_gain`` (within the simulated steps)."""
+        below = (self.ratio < min_gain) | (self.order < 0)
+        return np.where(below.any(axis=1), below.argmax(axis=1), self.order.shape[1])
+
+
+def reveal_orders(selector: Selector, full: CompletionBatch, costs: np.ndarray | None = None) -> Reveal:
+    """Simulate the greedy selection on the texts of ``full`` (a batch with every block they have; the
+    askable blocks are those not absent in it), whatever ``min_gain``: to ``budget`` blocks or every
+    askable block."""
+    askable = ~full.absent
+    steps = int(askable.sum(axis=1).max())
+    if selector.settings["budget"] is not None:
+        steps = min(steps, selector.settings["budget"])
     costs = np.ones(askable.shape) if costs is None else costs
-    columns, left = selector.empty_columns(len(truth)), askable.copy()
-    order = np.full((len(truth), steps), -1)
-    ratios = np.zeros((len(truth), steps))
-    saved, selector.settings = selector.settings, settings
-    try:
-        for step in range(steps):
-            choice, ratio = selector.choose(columns, left, np.full(len(truth), step), costs)
-            for row in np.flatnonzero(choice >= 0):
-                b = choice[row]
-                cols = selector.block_columns[b]
-                columns[row, cols] = truth[row, cols]
-                left[row, b] = False
-            order[:, step], ratios[:, step] = choice, np.where(choice >= 0, ratio, 0.0)
-    finally:
-        selector.settings = saved
-    return order, ratios
+    revealed = np.zeros(askable.shape, dtype=bool)
+    order, ratio = np.full((len(askable), steps), -1), np.zeros((len(askable), steps))
+    score, variance = np.zeros((len(askable), steps + 1)), np.zeros((len(askable), steps + 1))
+    for step in range(steps + 1):
+        gain, score[:, step], variance[:, step] = selector.gains(full.hide(~revealed))
+        if step == steps:
+            break
+        order[:, step], ratio[:, step] = best_blocks(gain, askable & ~revealed, costs)
+        rows = np.flatnonzero(order[:, step] >= 0)
+        revealed[rows, order[rows, step]] = True
+    return Reveal(order, ratio, score, variance, askable.sum(axis=1))

@@ -130,8 +130,8 @@ def extract_adaptive(
 ) -> Extraction:
     """Ask every text the blocks ``selector`` picks, round by round; features of the blocks asked."""
     plan = plan_blocks(tasks, selector, source, selector.settings["cost"])
-    n_texts, n_blocks = plan.askable.shape
-    columns = selector.empty_columns(n_texts)
+    n_texts = len(plan.text_ids)
+    state = selector.empty(plan.text_ids)
     askable, asked = plan.askable.copy(), np.zeros(n_texts, dtype=int)
     open_, stopped = np.ones(n_texts, dtype=bool), [""] * n_texts
     asker, select_seconds, rounds = _Asker(backend, cache), 0.0, 0
@@ -139,7 +139,7 @@ def extract_adaptive(
     try:
         while open_.any():
             start = time.perf_counter()
-            choice, gain = selector.choose(columns, askable, asked, plan.costs)
+            choice, gain = selector.choose(state, askable, asked, plan.costs)
             select_seconds += time.perf_counter() - start
             rounds += 1
             chosen = {}
@@ -155,7 +155,7 @@ def extract_adaptive(
                 block_tasks = plan.tasks[row][b]
                 r = merge(block_tasks, [asker.results.get(key(t)) for t in block_tasks])
                 if r is not None and r.status == "ok":
-                    columns[row] = selector.observe(columns[row], b, r.probs)
+                    state = selector.observe(state, row, b, r.probs)
             bar.set_postfix(calls=asker.computed, cached=asker.cached, saved=int(askable.sum()))
     finally:
         bar.close()
@@ -180,7 +180,9 @@ def _extraction(plan, asker, unasked, stopped, source, skipped, rubric, min_labe
     return assemble(asked_tasks, asker.results, source, [*skipped, *not_asked], rubric, min_label_mass, detector)
 
 
-def _summary(extraction: Extraction, plan: _Plan, asker: _Asker, asked: np.ndarray, select_seconds: float, rounds: int) -> dict:
+def _summary(
+    extraction: Extraction, plan: _Plan, asker: _Asker, asked: np.ndarray, select_seconds: float, rounds: int
+) -> dict:
     """Counts of the run: prompts asked, cached and computed, blocks asked and saved, and where the time went."""
     status = extraction.failures.status.value_counts() if len(extraction.failures) else {}
     askable = int(plan.askable.sum())

@@ -19,16 +19,16 @@ from llmrubric.model.adaptive import Reveal, Selector, reveal_orders
 from llmrubric.model.encoding import pairs_of, with_round
 
 
-def masked_proba(model, batch: CompletionBatch, hidden: np.ndarray) -> np.ndarray:
+def masked_proba(model, batch: CompletionBatch, hidden: np.ndarray, draws: int = DRAWS) -> np.ndarray:
     """(pairs, questions, options) ``model``'s predictions of ``batch``'s pairs with the blocks ``hidden``
-    (texts, blocks) absent: the mean over :data:`DRAWS` completions (the batch's own path where nothing is)."""
+    (texts, blocks) absent: the mean over ``draws`` completions (a text with no absent block: its own inputs)."""
     batch = batch.hide(hidden)
-    per_text = max(1, MAX_ROWS // (DRAWS * max(1, int(np.bincount(batch.pair_text).max()))))
+    per_text = max(1, MAX_ROWS // (draws * max(1, int(np.bincount(batch.pair_text).max()))))
     out = None
     for lo in range(0, len(batch.texts), per_text):
         rows = np.arange(lo, min(lo + per_text, len(batch.texts)))
         sub = batch.take(rows)
-        mean = model.proba_completed(sub, batch.answers.sample(sub.columns, DRAWS, SEED)).mean(axis=0)
+        mean = model.proba_completed(sub, batch.answers.sample(sub.columns, draws, SEED)).mean(axis=0)
         if out is None:
             out = np.full((len(batch.pairs), *mean.shape[1:]), np.nan)
         out[np.isin(batch.pair_text, rows)] = mean
@@ -76,9 +76,9 @@ class MainQuestion:
         return np.divide(sums, counts, out=np.full(n_texts, np.nan), where=counts > 0)
 
 
-def greedy_fixed_order(model, tables: Tables) -> list[int]:
+def greedy_fixed_order(model, tables: Tables, draws: int = 16) -> list[int]:
     """One order of the blocks for every text: each step adds the block whose reveal gives the lowest
-    main-question pair NLL on ``tables`` (the training texts), the rest absent."""
+    main-question pair NLL on ``tables`` (the training texts), the rest marginalised over ``draws`` completions."""
     batch = batch_of(model, tables, pairs_of(tables.annotations))
     main = MainQuestion(model, tables, batch)
     n_blocks = batch.absent.shape[1]
@@ -88,7 +88,7 @@ def greedy_fixed_order(model, tables: Tables) -> list[int]:
         for b in (b for b in range(n_blocks) if b not in order):
             hidden = np.ones((len(batch.texts), n_blocks), dtype=bool)
             hidden[:, [*order, b]] = False
-            nll[b] = main.figures(masked_proba(model, batch, hidden))["pair_nll"]
+            nll[b] = main.figures(masked_proba(model, batch, hidden, draws))["pair_nll"]
         order.append(min(nll, key=nll.get))
     return order
 

@@ -35,6 +35,7 @@ from llmrubric.model.columns import column_blocks, text_columns
 from llmrubric.model.encoding import FeatureLayout
 
 EPS = 0.01  # columns are clipped to [EPS, 1 - EPS] of their range before the logit
+TRANSFORMS = ("logit", "identity")  # of the scaled columns; identity: a Gaussian of the raw columns (for comparison)
 GRID = 41  # expected-answer grid of the typical distributions of an ordered block
 BANDWIDTH = 0.05  # kernel bandwidth of the typical distributions, as a fraction of the block's range
 MIN_SD = 1e-3
@@ -52,6 +53,7 @@ class AnswerModel:
         typical: per ordered block, its typical distributions (GRID, options) on an even grid of
             expected answers from ``low`` to ``high``; empty (0, options) for other blocks.
         mass: (blocks,) mean total probability of each block in training.
+        transform: one of :data:`TRANSFORMS`.
     """
 
     layout: FeatureLayout
@@ -63,20 +65,24 @@ class AnswerModel:
     cov: np.ndarray
     typical: list[np.ndarray]
     mass: np.ndarray
+    transform: str = "logit"
 
     @classmethod
-    def fit(cls, features: pd.DataFrame, layout: FeatureLayout, rubric: Rubric) -> AnswerModel:
+    def fit(
+        cls, features: pd.DataFrame, layout: FeatureLayout, rubric: Rubric, transform: str = "logit"
+    ) -> AnswerModel:
         """Fit on every text of ``features`` (blocks absent for some texts are fine)."""
+        if transform not in TRANSFORMS:
+            raise ValueError(f"transform must be one of {TRANSFORMS}, not {transform!r}")
         texts = sorted(features.text_id.unique())
         blocks = column_blocks(layout, rubric)
         column_block = np.array([layout.blocks.index(b) for b in blocks], dtype=np.int64)
         low, high = _ranges(layout, rubric, column_block)
         x = layout.matrix(features, texts, absent_ok=True).astype(np.float64)
         columns = text_columns(layout, rubric, features, texts, absent_ok=True)
-        z = _to_latent(columns, low, high)
-        mean, cov = _shrunk_gaussian(z)
+        mean, cov = _shrunk_gaussian(_to_latent(columns, low, high, transform))
         typical, mass = _typical_distributions(layout, x, low, high, column_block)
-        return cls(layout, rubric, column_block, low, high, mean, cov, typical, mass)
+        return cls(layout, rubric, column_block, low, high, mean, cov, typical, mass, transform)
 
     @property
     def n_blocks(self) -> int:
@@ -96,7 +102,7 @@ class AnswerModel:
     def _conditionals(self, columns: np.ndarray):
         """For each pattern of absent columns: (text rows, absent columns, conditional means
         (rows, absent) and covariance (absent, absent)) of the transformed columns."""
-        z = _to_latent(columns, self.low, self.high)
+        z = _to_latent(columns, self.low, self.high, self.transform)
         missing = np.isnan(z)
         patterns, inverse = np.unique(missing, axis=0, return_inverse=True)
         for k, pattern in enumerate(patterns):
@@ -113,7 +119,7 @@ class AnswerModel:
     def conditional(self, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mean, sd), each (texts, C), of the transformed columns given the present ones (the
         present ones: their value and sd 0)."""
-        mean, sd = _to_latent(columns, self.low, self.high), np.zeros(columns.shape)
+        mean, sd = _to_latent(columns, self.low, self.high, self.transform), np.zeros(columns.shape)
         for rows, absent, mu, cov in self._conditionals(columns):
             mean[np.ix_(rows, absent)] = mu
             sd[np.ix_(rows, absent)] = np.sqrt(np.clip(np.diag(cov), 0.0, None))[None]
@@ -123,7 +129,9 @@ class AnswerModel:
         """(low, high), each (texts, C): the central ``level`` interval of each column given the present ones."""
         mean, sd = self.conditional(columns)
         half = stats.norm.ppf(0.5 + level / 2) * sd
-        return _from_latent(mean - half, self.low, self.high), _from_latent(mean + half, self.low, self.high)
+        low, high = (_from_latent(mean + sign * half, self.low, self.high, self.transform) for sign in (-1, 1))
+        seen = ~np.isnan(columns)
+        return np.where(seen, columns, low), np.where(seen, columns, high)
 
     def sample(self, columns: np.ndarray, draws: int, seed: int = 0) -> np.ndarray:
         """(texts, draws, C) completions: present columns kept, absent ones drawn jointly from their
@@ -136,7 +144,9 @@ class AnswerModel:
             normal = stats.norm.ppf(np.clip(u, 1e-9, 1 - 1e-9))
             root = _cholesky(cov)
             z = mu[:, None, :] + (normal @ root.T)[None]
-            out[np.ix_(rows, np.arange(draws), absent)] = _from_latent(z, self.low[absent], self.high[absent])
+            out[np.ix_(rows, np.arange(draws), absent)] = _from_latent(
+                z, self.low[absent], self.high[absent], self.transform
+            )
         return out
 
     def distributions(self, block: int, values: np.ndarray) -> np.ndarray:
@@ -171,7 +181,7 @@ class AnswerModel:
         }
         arrays.update({f"typical.{b}": t for b, t in enumerate(self.typical)})
         tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
-        return {"layout": self.layout.to_dict(), "eps": EPS, "grid": GRID}, tensors
+        return {"layout": self.layout.to_dict(), "transform": self.transform, "eps": EPS}, tensors
 
     @classmethod
     def from_state(
@@ -190,6 +200,7 @@ class AnswerModel:
                 get("cov"),
                 [get(f"typical.{b}") for b in range(len(layout.blocks))],
                 get("mass"),
+                meta.get("transform", "logit"),
             )
         except KeyError as e:
             raise InputError(f"checkpoint's answer model lacks tensor {e}", file=source) from None
@@ -228,14 +239,14 @@ def _ranges(layout: FeatureLayout, rubric: Rubric, column_block: np.ndarray) -> 
     return low, high
 
 
-def _to_latent(columns: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    u = (np.asarray(columns, dtype=np.float64) - low) / (high - low)
-    return special.logit(np.clip(u, EPS, 1 - EPS))
+def _to_latent(columns: np.ndarray, low: np.ndarray, high: np.ndarray, transform: str) -> np.ndarray:
+    u = np.clip((np.asarray(columns, dtype=np.float64) - low) / (high - low), EPS, 1 - EPS)
+    return special.logit(u) if transform == "logit" else u
 
 
-def _from_latent(z: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`_to_latent` (onto [EPS, 1 - EPS] of each range)."""
-    return low + (high - low) * special.expit(z)
+def _from_latent(z: np.ndarray, low: np.ndarray, high: np.ndarray, transform: str) -> np.ndarray:
+    """Inverse of :func:`_to_latent` (onto [EPS, 1 - EPS] of each range; identity: clipped to the range)."""
+    return low + (high - low) * (special.expit(z) if transform == "logit" else np.clip(z, 0.0, 1.0))
 
 
 def _shrunk_gaussian(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -4,9 +4,11 @@ Checkpoint + features of new texts (+ ``system_id``) → every trusted judge's p
 distribution per (text, question) and the judge-free score over the trusted set A:
 ``mean`` (ŷ_i = mean_{a∈A} ŷ_i^a), ``max`` and a ``quantile`` over A. Texts are scored in
 chunks, so memory is bounded by the chunk size, and the predictions table can be streamed
-to a file. A text that lacks some of the checkpoint's feature blocks is scored with those
-blocks masked (status ``masked``, blocks named in ``missing_blocks``); a text with no
-features at all is not scored (status ``no_features``, scores NA).
+to a file. A text that lacks some of the checkpoint's feature blocks (e.g. not asked by an
+adaptive extraction, even a block absent from every text) is scored with those blocks
+marginalised by the checkpoint's answer model (:mod:`llmrubric.model.absent`; a checkpoint
+without one fills them as before) (status ``masked``, blocks named in ``missing_blocks``); a
+text with no features at all is not scored (status ``no_features``, scores NA).
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ def score_texts(
     questions = _scored_questions(calibrator, questions)
     src = source_of(features)
     features = features.astype({c: object for c in ("text_id", "source", "question_id", "option")})
-    calibrator.layout_.check(features)
+    calibrator.layout_.check(features, absent_ok=marginalises(calibrator))
     scored, unscored = _split_featured(_text_table(features, texts), features)
     chunks = _ChunkPredictor(calibrator, judges, questions, _features_by_text(features, scored, src))
     parts, kept, n_pairs = [], [], 0
@@ -255,6 +257,7 @@ class _ChunkPredictor:
         self.block_names = np.array([b.name for b in layout.blocks], dtype=object)
         self.n_probs = sum(len(b.options) for b in layout.blocks)
         self.fast, self.verified = _judge_predictor(calibrator, judges), False
+        self.marginal = marginalises(calibrator)
         self.missing: dict[str, str] = {}
 
     def predict(self, lo: int, chunk: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
@@ -269,12 +272,14 @@ class _ChunkPredictor:
                 "round": "1",
             }
         )
-        x = self.layout.matrix(chunk_feats, text_ids)
+        x = self.layout.matrix(chunk_feats, text_ids, absent_ok=self.marginal)
         absent = (
             x[:, self.n_probs : self.n_probs + len(self.block_names)] == 0
         )  # presence flags follow the probabilities
         for row in np.flatnonzero(absent.any(axis=1)):
             self.missing[text_ids[row]] = ";".join(self.block_names[absent[row]])
+        if self.marginal and absent.any():  # absent blocks are marginalised: the fast path reads x as it is
+            return pairs, self._predict_slow(chunk_feats, pairs, len(chunk))
         if self.fast is not None:
             probs = (
                 self.fast(x)[:, :, self.q_index]
@@ -292,7 +297,7 @@ class _ChunkPredictor:
         """The feature rows of texts ``lo`` to ``lo + n - 1`` (all rows if a block is absent from them all)."""
         first, last = np.searchsorted(self.ids, lo, "left"), np.searchsorted(self.ids, lo + n - 1, "right")
         chunk_feats = self.feats.iloc[first:last]
-        if not self.keep <= set(zip(chunk_feats.source, chunk_feats.question_id)):
+        if not self.marginal and not self.keep <= set(zip(chunk_feats.source, chunk_feats.question_id)):
             chunk_feats = self.feats  # a block absent from the whole chunk: the full table passes the layout check
         chunk_feats.attrs["source"] = self.feats.attrs["source"]
         return chunk_feats
@@ -305,6 +310,11 @@ class _ChunkPredictor:
             [probabilities_padded(pred[pred.question_id == q.id], q, width) for q in self.questions], axis=1
         )
         return probs.reshape(n, len(self.judges), len(self.questions), -1)
+
+
+def marginalises(calibrator) -> bool:
+    """Whether ``calibrator`` marginalises absent blocks with an answer model (else it fills them)."""
+    return getattr(calibrator, "answers_", None) is not None
 
 
 def _chunk_scores(chunk: pd.DataFrame, questions: list, probs: np.ndarray, quantile: float) -> list[pd.DataFrame]:

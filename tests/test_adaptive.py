@@ -20,7 +20,7 @@ from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.io.errors import InputError
-from llmrubric.io.tables import Tables, read_table
+from llmrubric.io.tables import read_table
 from llmrubric.model.adaptive import Selector, adaptive_settings, explained_variance, reveal_orders
 from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.scoring.adaptive_extract import extract_adaptive

@@ -218,6 +218,7 @@ def _bad_rubric(tmp_path):
         (["--adaptive", "--calibrator", "CKPT", "--min-gain", "-1"], "adaptive.min_gain"),
         (["--adaptive", "--calibrator", "CKPT", "--rubric", "OTHER"], "another rubric"),
         (["--calibrator", "CKPT"], "--adaptive"),
+        (["--adaptive", "--calibrator", "CKPT", "--source", "another-llm"], "--source"),
     ],
 )
 def test_bad_adaptive_input_is_one_line_exit_2_and_nothing_written(
@@ -230,6 +231,7 @@ def test_bad_adaptive_input_is_one_line_exit_2_and_nothing_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
     assert not out.exists() and not (tmp_path / "features.summary.json").exists()
+    assert not (tmp_path / "features.csv.cache.sqlite").exists()
 
 
 def test_plan_of_a_table_whose_blocks_do_not_match_is_exit_2(checkpoint, tmp_path, capsys):

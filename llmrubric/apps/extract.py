@@ -305,12 +305,13 @@ def _run_adaptive(settings, tasks, skipped, rubric, source, cache_path, detector
     from llmrubric.extract.cache import ResultCache
     from llmrubric.model.adaptive import Selector
     from llmrubric.model.estimator import load_model
-    from llmrubric.scoring.adaptive_extract import check_rubric, extract_adaptive
+    from llmrubric.scoring.adaptive_extract import check_rubric, check_source, extract_adaptive
 
     model = load_model(settings["calibrator"])
     if rubric is not None:
         check_rubric(model.rubric, rubric, settings["calibrator"])
     selector = Selector(model, settings["adaptive"])
+    check_source(selector, source, tasks)
     backend = make_backend_from(settings)
     cache = ResultCache(cache_path)
     try:

@@ -55,21 +55,27 @@ def check_rubric(trained: Rubric, asked: Rubric, checkpoint: str) -> None:
         )
 
 
-def plan_blocks(tasks: Sequence[Task], selector: Selector, source: str, cost: str) -> _Plan:
-    """Match the tasks to the selector's blocks of ``source``; ``cost``: ``calls`` or ``tokens``."""
-    index = {(b.source, b.question_id): i for i, b in enumerate(selector.blocks)}
-    by_text: dict[str, dict[int, list[Task]]] = defaultdict(lambda: defaultdict(list))
-    for t in tasks:
-        block = index.get((source, t.question_id))
-        if block is not None:
-            by_text[t.text_id][block].append(t)
-    if not by_text:
+def check_source(selector: Selector, source: str, tasks: Sequence[Task]) -> None:
+    """Some task must ask a block of the calibrator: one of ``source`` and a question it knows."""
+    blocks = {(b.source, b.question_id) for b in selector.blocks}
+    if not any((source, t.question_id) in blocks for t in tasks):
         sources = sorted({b.source for b in selector.blocks})
         raise InputError(
             f"the calibrator's blocks come from source(s) {sources}, this extraction's source is {source!r}: "
             "no block to ask (set --source to the calibrator's source)",
             setting="--source",
         )
+
+
+def plan_blocks(tasks: Sequence[Task], selector: Selector, source: str, cost: str) -> _Plan:
+    """Match the tasks to the selector's blocks of ``source``; ``cost``: ``calls`` or ``tokens``."""
+    check_source(selector, source, tasks)
+    index = {(b.source, b.question_id): i for i, b in enumerate(selector.blocks)}
+    by_text: dict[str, dict[int, list[Task]]] = defaultdict(lambda: defaultdict(list))
+    for t in tasks:
+        block = index.get((source, t.question_id))
+        if block is not None:
+            by_text[t.text_id][block].append(t)
     text_ids = list(by_text)
     askable = np.zeros((len(text_ids), len(selector.blocks)), dtype=bool)
     costs = np.ones(askable.shape)

@@ -1,7 +1,7 @@
 """An adaptive rubric (issue 34): main-question quality against LLM calls per text.
 
     .venv/bin/python benchmarks/adaptive.py [--sets real synthetic simulated] [--folds 5] [--limit N]
-                                            [--ensemble 1] [--draws 32] [--min-gain 0.005]
+                                            [--ensemble 1] [--draws 32] [--min-gains 0.005]
                                             [--extraction --chats 4] [--llm-rubric ROOT] [--out FILE]
 
 Sets: ``real`` and ``synthetic`` (the LLM-Rubric release at ``--llm-rubric`` with its GPT-3.5 features)
@@ -25,8 +25,9 @@ question on the expected answers (5-fold CV by text), blocks added greedily by C
 
 ``--extraction``: SmolLM2-135M-Instruct (``conf/extract/smollm2.yaml``) on ``--chats`` chats of
 ``data/demo_llm/texts.csv`` spread over its three systems (every 12 // chats-th), with and without ``--adaptive`` (a calibrator of SmolLM2's
-features of the real dialogues, ``data/real_llm/smollm2_real.csv``, ``--min-gain``): calls, seconds,
-selection seconds and the change of the texts' main scores (``llmrubric score texts``).
+features of the real dialogues, ``data/real_llm/smollm2_real.csv``, one run per ``--min-gains``): calls,
+seconds (wall, and in the backend), tokens computed, selection seconds and the change of the texts' main
+scores (``llmrubric score texts``).
 
 Writes ``benchmarks/results/adaptive.json``: ``{set: {rule: {calls: {pair_nll, pair_pearson}}, ...},
 "extraction": {...}}``.
@@ -231,8 +232,7 @@ def logistic_baseline(tables: Tables, rubric: Rubric, n_folds: int, seed: int) -
 
 
 def run_extraction(args, rubric: Rubric) -> dict:
-    """SmolLM2 on ``--chats`` demo chats, with and without ``--adaptive`` (the plain run's LLM time: its wall
-    time, model loading included)."""
+    """SmolLM2 on ``--chats`` demo chats, without and with ``--adaptive`` (each ``--min-gains`` threshold)."""
     model_file = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not model_file.is_file():
         model_file = Path(args.models) / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -246,56 +246,53 @@ def run_extraction(args, rubric: Rubric) -> dict:
         texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv")
         texts = texts.iloc[:: max(1, len(texts) // args.chats)].head(args.chats)  # spread over the systems
         texts.to_csv(tmp / "texts.csv", index=False)
-        runs = {}
-        for name, extra in (
-            ("all", []),
-            ("adaptive", ["--adaptive", "--calibrator", str(checkpoint), "--min-gain", str(args.min_gain)]),
-        ):
-            out = tmp / f"{name}.csv"
-            cli = [sys.executable, "-m", "llmrubric.cli"]
-            argv = ["extract", "features", str(tmp / "texts.csv"), "--config", str(ROOT / "conf/extract/smollm2.yaml")]
-            argv += ["--model", str(model_file), "--out", str(out), "--no-progress", "--threads", "1", *extra]
-            start = time.perf_counter()
-            subprocess.run([*cli, *argv], check=True, cwd=ROOT)
-            wall = time.perf_counter() - start
-            summary = json.loads((tmp / f"{name}.summary.json").read_text())
-            scores = tmp / f"{name}.scores.csv"
-            subprocess.run(
-                [*cli, "score", "texts", str(checkpoint), str(out), "--out", str(scores), "--no-progress"],
-                check=True,
-                cwd=ROOT,
-            )
-            main = pd.read_csv(scores)
-            runs[name] = {"wall_seconds": wall, "summary": summary, "scores": main[main.question_id == rubric.main.id]}
-    change = (
-        runs["adaptive"]["scores"].set_index("text_id")["mean"] - runs["all"]["scores"].set_index("text_id")["mean"]
+        plain = _extract(tmp, "all", model_file, checkpoint, [], rubric)
+        out = {"chats": texts.text_id.tolist(), "all": _run_figures(plain), "adaptive": {}}
+        for g in args.min_gains:
+            extra = ["--adaptive", "--calibrator", str(checkpoint), "--min-gain", str(g)]
+            run = _extract(tmp, f"adaptive_{g:g}", model_file, checkpoint, extra, rubric)
+            change = run["scores"] - plain["scores"]
+            saved = plain["summary"]["llm_seconds"] - run["summary"]["llm_seconds"]
+            out["adaptive"][f"{g:g}"] = {
+                **_run_figures(run),
+                "asked_blocks": run["summary"]["asked_blocks"],
+                "saved_blocks": run["summary"]["saved_blocks"],
+                "select_seconds": run["summary"]["select_seconds"],
+                "llm_seconds_saved": saved,
+                "selection_overhead_share_of_saved_llm_time": run["summary"]["select_seconds"] / saved
+                if saved > 0
+                else None,
+                "main_score_change_mean_abs": float(change.abs().mean()),
+                "main_score_change_max_abs": float(change.abs().max()),
+            }
+    return out
+
+
+def _extract(tmp: Path, name: str, model_file: Path, checkpoint: Path, extra: list[str], rubric: Rubric) -> dict:
+    """One ``extract features`` run and ``score texts`` of its features: wall seconds, summary, main scores by text."""
+    out, cli = tmp / f"{name}.csv", [sys.executable, "-m", "llmrubric.cli"]
+    argv = ["extract", "features", str(tmp / "texts.csv"), "--config", str(ROOT / "conf/extract/smollm2.yaml")]
+    argv += ["--model", str(model_file), "--out", str(out), "--no-progress", "--threads", "1", *extra]
+    start = time.perf_counter()
+    subprocess.run([*cli, *argv], check=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    scores = tmp / f"{name}.scores.csv"
+    subprocess.run(
+        [*cli, "score", "texts", str(checkpoint), str(out), "--out", str(scores), "--no-progress"], check=True, cwd=ROOT
     )
-    saved = runs["all"]["summary"].get("llm_seconds") or runs["all"]["wall_seconds"]
-    adaptive = runs["adaptive"]["summary"]
+    main = pd.read_csv(scores)
+    main = main[main.question_id == rubric.main.id].set_index("text_id")["mean"]
+    return {"wall_seconds": wall, "summary": json.loads((tmp / f"{name}.summary.json").read_text()), "scores": main}
+
+
+def _run_figures(run: dict) -> dict:
+    s = run["summary"]
     return {
-        "chats": int(args.chats),
-        "min_gain": args.min_gain,
-        "calls_all": runs["all"]["summary"]["computed"],
-        "calls_adaptive": adaptive["computed"],
-        "wall_seconds_all": runs["all"]["wall_seconds"],
-        "wall_seconds_adaptive": runs["adaptive"]["wall_seconds"],
-        "llm_seconds_adaptive": adaptive["llm_seconds"],
-        "computed_tokens_all": runs["all"]["summary"]["computed_tokens"],
-        "computed_tokens_adaptive": adaptive["computed_tokens"],
-        "adaptive_summary": adaptive,
-        "select_seconds": adaptive["select_seconds"],
-        "selection_overhead_share_of_saved_llm_time": adaptive["select_seconds"]
-        / max(1e-9, saved - adaptive["llm_seconds"]),
-        "main_score_change_mean_abs": float(change.abs().mean()),
-        "main_score_change_max_abs": float(change.abs().max()),
-        "main_score_pearson_adaptive_vs_all": float(
-            np.corrcoef(
-                runs["adaptive"]["scores"].sort_values("text_id")["mean"],
-                runs["all"]["scores"].sort_values("text_id")["mean"],
-            )[0, 1]
-        )
-        if args.chats > 2
-        else None,
+        "calls": s["computed"],
+        "wall_seconds": run["wall_seconds"],
+        "llm_seconds": s["llm_seconds"],
+        "computed_tokens": s["computed_tokens"],
+        "main_scores": run["scores"].to_dict(),
     }
 
 
@@ -308,7 +305,9 @@ def run(argv: list[str] | None) -> int:
     parser.add_argument("--trainer", default="default")
     parser.add_argument("--draws", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--min-gain", type=float, default=0.005, help="the stop rule of the extraction run")
+    parser.add_argument(
+        "--min-gains", type=float, nargs="+", default=[0.005], help="the stop rules of the adaptive extraction runs"
+    )
     parser.add_argument("--extraction", action="store_true")
     parser.add_argument("--chats", type=int, default=4)
     parser.add_argument("--models", default=str(ROOT.parent / "main" / "models"), help="folder of the SmolLM2 GGUF")

@@ -4,6 +4,7 @@ arrives, and build the features table plus a record of everything that is not a 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ def extract(
         dynamic_ncols=True,
     )
     computed_tokens = prompt_tokens = 0
+    start = time.perf_counter()
     try:
         for r in backend.score(todo if compute else []):
             cache.put(model_id, r)
@@ -81,6 +83,7 @@ def extract(
             bar.update(1)
     finally:
         bar.close()
+    llm_seconds = time.perf_counter() - start
     extraction = assemble(tasks, results, source, skipped, rubric, min_label_mass, detector)
     s = extraction.failures.status.value_counts() if len(extraction.failures) else {}
     extraction.summary = {
@@ -97,6 +100,7 @@ def extract(
         **label_mass_quantiles(results.values()),
         "prompt_tokens": prompt_tokens,
         "computed_tokens": computed_tokens,
+        "llm_seconds": llm_seconds,
     }
     if extraction.summary["low_label_mass"]:
         log.warning(

@@ -318,7 +318,9 @@ def run(argv: list[str] | None) -> int:
     out = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
     for name in args.sets:
         out[name] = run_set(name, args, rubric)
-        out[name]["settings"] = {k: v for k, v in vars(args).items() if k not in ("sets", "out")}
+        out[name]["settings"] = {
+            k: getattr(args, k) for k in ("folds", "limit", "ensemble", "trainer", "draws", "seed")
+        }
         write_json(out, args.out)
     if args.extraction:
         out["extraction"] = run_extraction(args, rubric)

@@ -90,7 +90,7 @@ def test_reveal_asks_each_block_once_and_the_expected_reduction_is_what_revealin
 
 
 def test_choose_stops_at_the_budget_and_below_min_gain(calibrator, some_texts):
-    selector = Selector(calibrator, {"draws": 16, "budget": 2})
+    selector = Selector(calibrator, {"draws": 16, "budget": 2, "min_gain": 0.0})
     state = selector.batch_of(some_texts).hide(np.ones((24, len(selector.blocks)), dtype=bool))
     askable, costs = np.ones(state.absent.shape, dtype=bool), np.ones(state.absent.shape)
     choice, ratio = selector.choose(state, askable, np.zeros(24, dtype=int), costs)
@@ -149,7 +149,7 @@ class Interrupted(Backend):
 def test_an_interrupted_adaptive_extraction_resumes_without_asking_twice(calibrator, model_dir, rubric, tmp_path):
     texts = read_table(write_texts(tmp_path / "texts.jsonl", n=4), "texts")
     tasks, skipped = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
-    selector = lambda: Selector(calibrator, {"draws": 16, "budget": 3})
+    selector = lambda: Selector(calibrator, {"draws": 16, "budget": 3, "min_gain": 0.0})
     backend = TransformersBackend(path=str(model_dir))
     fresh = extract_adaptive(
         tasks, Interrupted(backend), ResultCache(None), SOURCE, selector(), skipped, rubric, progress=False
@@ -185,7 +185,12 @@ def test_cli_adaptive_extraction_then_scoring_and_plan(checkpoint, model_dir, si
     texts = write_texts(tmp_path / "texts.jsonl", n=3)
     out = tmp_path / "features.csv"
     assert (
-        main(_extract_argv(texts, out, model_dir, "--adaptive", "--calibrator", str(checkpoint), "--budget", "2")) == 0
+        main(
+            _extract_argv(
+                texts, out, model_dir, "--adaptive", "--calibrator", str(checkpoint), "--budget", "2", "--min-gain", "0"
+            )
+        )
+        == 0
     )
     features = pd.read_csv(out)
     assert features.groupby("text_id").question_id.nunique().tolist() == [2, 2, 2]

@@ -6,9 +6,11 @@ block). Each column is bounded (an expected answer lies between the smallest and
 value, a probability in [0, 1]), so it is scaled to [0, 1], clipped to [``EPS``, 1 - ``EPS``] and
 mapped by the logit; the transformed columns of all blocks (every question and LLM source) get one
 joint Gaussian: the mean and spread of each column and their correlations, estimated pairwise on the
-texts where both blocks are present and shrunk towards the identity by the Ledoit–Wolf intensity
-(:func:`sklearn.covariance.ledoit_wolf_shrinkage` on the standardised columns, absent values at their
-mean). For a text, the absent columns' distribution given the present ones is the conditional Gaussian.
+texts where both blocks are present; with few texts per column (fewer than ``SHRINK_BELOW``) they are
+shrunk towards the identity by the Ledoit–Wolf intensity (:func:`sklearn.covariance.ledoit_wolf_shrinkage`
+on the standardised columns, absent values at their mean; with 9 blocks and 223–300 texts shrinking
+made the 80 % intervals too wide: ``benchmarks/masking.py``). For a text, the absent columns'
+distribution given the present ones is the conditional Gaussian.
 
 A drawn column goes back to a block's probabilities (what the calibration network reads) by
 :meth:`AnswerModel.distributions`: an ordered block takes the training blocks' kernel-averaged
@@ -39,6 +41,7 @@ TRANSFORMS = ("logit", "identity")  # of the scaled columns; identity: a Gaussia
 GRID = 41  # expected-answer grid of the typical distributions of an ordered block
 BANDWIDTH = 0.05  # kernel bandwidth of the typical distributions, as a fraction of the block's range
 MIN_SD = 1e-3
+SHRINK_BELOW = 10  # texts per column under which the correlations are shrunk (Ledoit–Wolf)
 
 
 @dataclass
@@ -250,8 +253,9 @@ def _from_latent(z: np.ndarray, low: np.ndarray, high: np.ndarray, transform: st
 
 
 def _shrunk_gaussian(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and covariance of the columns ``z`` (texts, C; NaN absent): pairwise-complete correlations
-    shrunk towards the identity by the Ledoit–Wolf intensity, then made positive definite."""
+    """Mean and covariance of the columns ``z`` (texts, C; NaN absent): pairwise-complete correlations,
+    shrunk towards the identity by the Ledoit–Wolf intensity when a column is present on fewer than
+    ``SHRINK_BELOW`` texts per column, then made positive definite."""
     n_columns = z.shape[1]
     if not len(z) or not n_columns:
         return np.zeros(n_columns), np.eye(n_columns)
@@ -262,8 +266,10 @@ def _shrunk_gaussian(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     standard = (z - mean) / sd
     corr = pd.DataFrame(standard).corr(min_periods=3).fillna(0.0).to_numpy(copy=True)
     np.fill_diagonal(corr, 1.0)
-    filled = np.nan_to_num(standard)
-    shrink = float(ledoit_wolf_shrinkage(filled, assume_centered=True)) if len(z) > 1 else 1.0
+    observed = (~np.isnan(z)).sum(axis=0).min()
+    shrink = 0.0
+    if observed < SHRINK_BELOW * n_columns:
+        shrink = float(ledoit_wolf_shrinkage(np.nan_to_num(standard), assume_centered=True)) if len(z) > 1 else 1.0
     corr = (1 - shrink) * corr + shrink * np.eye(n_columns)
     values, vectors = np.linalg.eigh(corr)
     corr = (vectors * np.clip(values, 1e-6, None)) @ vectors.T

@@ -215,7 +215,8 @@ class RidgeJudge(MainQuestionBaseline):
     """Ridge regression of each question's answer on every feature block plus judge indicators.
 
     Each block gives one value per text (:mod:`llmrubric.model.columns`); a block missing for a
-    text takes the training mean. For an ordered question the distribution is a normal with the
+    training text takes the training mean, one absent from a text to predict is marginalised
+    (:mod:`llmrubric.model.absent`). For an ordered question the distribution is a normal with the
     training residual spread, discretised onto the options (:func:`discretised_normal`); for a
     categorical one the regression is an L2-penalised multinomial logistic regression on the same
     inputs (penalty chosen by 5-fold CV log loss). ``fit(tables, questions)`` fits the given

@@ -15,10 +15,11 @@ then each variance is set to the mean of its effects' squared modes plus their p
 variances (the diagonal of each judge's inverse Hessian block), for ``rounds`` rounds. A judge
 not seen in training gets the population values (u = 0, v = 0).
 
-A missing block is masked: ``own``/``all`` fill it with the training mean of its column, ``mean``
-averages the sources present; a text without any input column of its question is predicted at
-the training mean of the inputs. A question without a block of its own is predicted from all
-blocks. Categorical questions are not predicted (NaN): the family is ordinal.
+A text with absent blocks is predicted by marginalising them with the answer model
+(:mod:`llmrubric.model.absent`). In training, and for a checkpoint without an answer model, a
+missing block is filled: ``own``/``all`` with the training mean of its column, ``mean`` averages
+the sources present; a text without any input column of its question is at the training mean of
+the inputs. A question without a block of its own is predicted from all blocks. Categorical questions are not predicted (NaN): the family is ordinal.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.encoding import FeatureLayout, question_targets
 from llmrubric.model.estimator import load_model
 from llmrubric.model.mixed import MixedOrdinal
+from llmrubric.scoring.scores import score_texts
 
 DROPPED = "Q3"  # the block removed in the value tests (a question whose answers move Q0)
 
@@ -215,3 +216,17 @@ def test_features_that_share_no_block_or_have_other_options_are_one_line_errors(
     renamed.attrs["source"] = "features.csv"
     with pytest.raises(InputError, match="has options"):
         model.predict_proba(Tables(test.annotations, renamed, test.texts))
+
+
+def test_score_texts_marginalises_on_its_fast_path(families, split, rubric):
+    model, test = families["network"], split[1]
+    partial = without(test, test.text_ids[1::2])
+    judges = list(model.judges_.judges[:2])
+    result = score_texts(model, partial.features, judges=judges, chunk_texts=7, keep_predictions=True)
+    assert result.summary["fast_path"] and result.summary["masked_texts"] == len(test.text_ids[1::2])
+    pairs = result.predictions[["text_id", "judge_id", "round"]].drop_duplicates().reset_index(drop=True)
+    expected = model.predict(Tables(test.annotations.iloc[:0], partial.features), pairs)
+    key = ["text_id", "judge_id", "question_id"]
+    got = result.predictions.sort_values(key).reset_index(drop=True)
+    expected = expected[expected.question_id.isin(got.question_id.unique())].sort_values(key).reset_index(drop=True)
+    np.testing.assert_allclose(got["mean"], expected["mean"], atol=1e-5)

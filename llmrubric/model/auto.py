@@ -255,8 +255,12 @@ class AutoCalibrator:
 
     @property
     def answers_(self):
-        """The answer model of the members (all fitted on the same features), None for an old checkpoint."""
-        return next(iter(self.members_.values())).answers_
+        """The answer model of the members (all fitted on the same features); None for an old checkpoint
+        or when a member cannot predict completions (a family without ``proba_completed``)."""
+        members = list(self.members_.values())
+        if not all(hasattr(m, "proba_completed") for m in members):
+            return None
+        return next((m.answers_ for m in members if getattr(m, "answers_", None) is not None), None)
 
     def proba_completed(self, batch, completions: np.ndarray) -> np.ndarray:
         """(draws, pairs, questions, max options): the members' mixture for each completion

@@ -80,11 +80,12 @@ class AnswerModel:
         texts = sorted(features.text_id.unique())
         blocks = column_blocks(layout, rubric)
         column_block = np.array([layout.blocks.index(b) for b in blocks], dtype=np.int64)
-        low, high = _ranges(layout, rubric, column_block)
+        expected = [_is_expected(b, rubric) for b in layout.blocks]
+        low, high = _ranges(layout, expected, column_block)
         x = layout.matrix(features, texts, absent_ok=True).astype(np.float64)
         columns = text_columns(layout, rubric, features, texts, absent_ok=True)
         mean, cov = _shrunk_gaussian(_to_latent(columns, low, high, transform))
-        typical, mass = _typical_distributions(layout, x, low, high, column_block)
+        typical, mass = _typical_distributions(layout, x, low, high, column_block, expected)
         return cls(layout, rubric, column_block, low, high, mean, cov, typical, mass, transform)
 
     @property
@@ -229,16 +230,25 @@ def answers_from_state(meta: dict, tensors: dict, rubric: Rubric, source: str = 
     return AnswerModel.from_state(meta["answers"], part, rubric, source)
 
 
-def _ranges(layout: FeatureLayout, rubric: Rubric, column_block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Range of each column: an ordered block's expected answer spans its option values, the rest [0, 1]."""
+def _is_expected(block, rubric: Rubric) -> bool:
+    """Whether ``block``'s column is its expected answer (numeric options of an ordered or non-rubric
+    question, as :func:`llmrubric.model.columns.block_columns` decides), not probabilities."""
+    if len(block.options) < 2 or (block.question_id in rubric and not rubric[block.question_id].ordered):
+        return False
+    try:
+        values = [float(o) for o in block.options]
+    except ValueError:
+        return False
+    return max(values) > min(values)
+
+
+def _ranges(layout: FeatureLayout, expected: list[bool], column_block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Range of each column: an expected answer spans its block's option values, a probability [0, 1]."""
     low, high = np.zeros(len(column_block)), np.ones(len(column_block))
     for c, b in enumerate(column_block):
-        block = layout.blocks[b]
-        width = int((column_block == b).sum())
-        if width == 1 and len(block.options) > 1:
-            values = np.asarray(block.values)
-            if np.ptp(values) > 0:
-                low[c], high[c] = values.min(), values.max()
+        if expected[b]:
+            values = np.asarray(layout.blocks[b].values)
+            low[c], high[c] = values.min(), values.max()
     return low, high
 
 
@@ -281,7 +291,7 @@ def _cholesky(cov: np.ndarray) -> np.ndarray:
     return vectors * np.sqrt(np.clip(values, 0.0, None))[None]
 
 
-def _typical_distributions(layout, x, low, high, column_block) -> tuple[list[np.ndarray], np.ndarray]:
+def _typical_distributions(layout, x, low, high, column_block, expected) -> tuple[list[np.ndarray], np.ndarray]:
     """Per block: typical normalised distributions on the expected-answer grid (ordered blocks; module
     doc) and the mean total probability of the block in training."""
     typical, mass, offset = [], np.ones(len(layout.blocks)), 0
@@ -295,13 +305,13 @@ def _typical_distributions(layout, x, low, high, column_block) -> tuple[list[np.
         if present.any():
             mass[b] = float(total[present].mean())
         columns = np.flatnonzero(column_block == b)
-        if len(columns) != 1 or k == 1 or not present.any():
+        if not expected[b] or not present.any():
             typical.append(np.zeros((0, k)))
             continue
         lo, hi = low[columns[0]], high[columns[0]]
         dist = p[present] / total[present, None]
-        expected = (dist @ (np.asarray(block.values) - lo)) / (hi - lo)
-        weights = np.exp(-0.5 * ((expected[None, :] - grid[:, None]) / BANDWIDTH) ** 2) + 1e-12
+        position = (dist @ (np.asarray(block.values) - lo)) / (hi - lo)
+        weights = np.exp(-0.5 * ((position[None, :] - grid[:, None]) / BANDWIDTH) ** 2) + 1e-12
         smooth = weights @ dist / weights.sum(axis=1, keepdims=True)
         smooth = smooth + 1e-3
         typical.append(smooth / smooth.sum(axis=1, keepdims=True))

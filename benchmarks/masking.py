@@ -42,8 +42,9 @@ from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, load_tables  # noqa: E402
 from llmrubric.model.absent import DRAWS, SEED, batch_of  # noqa: E402
 from llmrubric.model.answers import TRANSFORMS, AnswerModel  # noqa: E402
-from llmrubric.model.auto import OTHER_CANDIDATES, candidate  # noqa: E402
+from llmrubric.model.auto import candidate  # noqa: E402
 from llmrubric.model.encoding import FeatureLayout, question_targets  # noqa: E402
+from llmrubric.model.registry import fit_questions  # noqa: E402
 from llmrubric.model.threads import one_thread  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "masking.json"
@@ -138,7 +139,7 @@ def nll(tables: Tables, rubric: Rubric, families: list[str], folds: int) -> dict
             train = tables.subset([t for t in texts if fold[t] != k])
             test = tables.subset([t for t in texts if fold[t] == k])
             model = candidate(family, rubric, model_settings(None), TrainConfig(), 0)
-            model = model.fit(train, [rubric.main.id]) if family in OTHER_CANDIDATES else model.fit(train)
+            model = fit_questions(model, train, [rubric.main.id])
             pairs, y = question_targets(test, rubric.main)
             answers.append(y)
             batch = batch_of(model, test, pairs)

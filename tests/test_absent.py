@@ -20,6 +20,7 @@ from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.encoding import FeatureLayout, question_targets
 from llmrubric.model.estimator import load_model
 from llmrubric.model.mixed import MixedOrdinal
+from llmrubric.scoring.scores import score_texts
 
 DROPPED = "Q3"  # the block removed in the value tests (a question whose answers move Q0)
 
@@ -215,3 +216,33 @@ def test_features_that_share_no_block_or_have_other_options_are_one_line_errors(
     renamed.attrs["source"] = "features.csv"
     with pytest.raises(InputError, match="has options"):
         model.predict_proba(Tables(test.annotations, renamed, test.texts))
+
+
+def test_score_texts_marginalises_on_its_fast_path(families, split, rubric):
+    model, test = families["network"], split[1]
+    partial = without(test, test.text_ids[1::2])
+    judges = list(model.judges_.judges[:2])
+    result = score_texts(model, partial.features, judges=judges, chunk_texts=7, keep_predictions=True)
+    assert result.summary["fast_path"] and result.summary["masked_texts"] == len(test.text_ids[1::2])
+    pairs = result.predictions[["text_id", "judge_id", "round"]].drop_duplicates().reset_index(drop=True)
+    expected = model.predict(Tables(test.annotations.iloc[:0], partial.features), pairs)
+    key = ["text_id", "judge_id", "question_id"]
+    got = result.predictions.sort_values(key).reset_index(drop=True)
+    expected = expected[expected.question_id.isin(got.question_id.unique())].sort_values(key).reset_index(drop=True)
+    np.testing.assert_allclose(got["mean"], expected["mean"], atol=1e-5)
+
+
+def test_drawn_values_map_back_to_each_kind_of_block(rubric):
+    """An ordered block's drawn expected answer becomes probabilities with exactly that expected answer;
+    a block of named options (its column: the first option's share) its share and the rest."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for t in range(60):
+        share, p = rng.random(), rng.dirichlet([1, 1, 1, 1])
+        rows += [(f"t{t}", "s", "X", "no", 0.9 * share), (f"t{t}", "s", "X", "yes", 0.9 * (1 - share))]
+        rows += [(f"t{t}", "s", "Q0", str(k + 1), p[k]) for k in range(4)]
+    features = pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"])
+    answers = AnswerModel.fit(features, FeatureLayout.from_features(features, rubric), rubric)
+    ordered = answers.distributions(0, np.array([[1.2], [2.5], [3.9]]))
+    np.testing.assert_allclose(ordered @ np.arange(1, 5) / ordered.sum(axis=1), [1.2, 2.5, 3.9], atol=1e-6)
+    np.testing.assert_allclose(answers.distributions(1, np.array([[0.3]])), [[0.27, 0.63]], atol=1e-6)

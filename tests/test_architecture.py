@@ -66,15 +66,6 @@ def test_the_contracts_catch_an_upward_import_a_private_one_and_one_of_model_aut
     assert "llmrubric.model.planted -> llmrubric.model.auto" in result.stdout
 
 
-# issue 33: the import circles inside model/ (auto <-> baselines, estimator <-> auto and calibrator, network <->
-# ordinal) that the family registry removes; one import of each circle is allowed until it is merged, then the
-# test below names each entry that no longer exists, and this allow-list goes.
-ALLOWED_CYCLE_IMPORTS = {
-    ("llmrubric.model.baselines", "llmrubric.model.auto"),
-    ("llmrubric.model.estimator", "llmrubric.model.auto"),
-    ("llmrubric.model.estimator", "llmrubric.model.calibrator"),
-    ("llmrubric.model.ordinal", "llmrubric.model.network"),
-}
 GRAPH = (
     "import json, grimp; g = grimp.build_graph('llmrubric', cache_dir=None); "
     "print(json.dumps([[a, b] for a in g.modules for b in g.find_modules_directly_imported_by(a)]))"
@@ -104,9 +95,7 @@ def _cycles(imports: set[tuple[str, str]]) -> list[list[str]]:
 
 def test_no_import_cycle_between_modules_of_the_package():
     imports = _imports(ROOT)
-    gone = sorted(ALLOWED_CYCLE_IMPORTS - imports)
-    assert not gone, f"issue 33: delete these imports, gone, from ALLOWED_CYCLE_IMPORTS: {gone}"
-    assert _cycles(imports - ALLOWED_CYCLE_IMPORTS) == []
+    assert _cycles(imports) == []
 
 
 def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path):
@@ -115,9 +104,7 @@ def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path):
         f.write("\n\ndef planted():\n    import llmrubric.io.files  # noqa\n")
     imports = _imports(root)
     assert ("llmrubric.io.errors", "llmrubric.io.files") in imports
-    assert any(
-        {"llmrubric.io.errors", "llmrubric.io.files"} <= set(c) for c in _cycles(imports - ALLOWED_CYCLE_IMPORTS)
-    )
+    assert any({"llmrubric.io.errors", "llmrubric.io.files"} <= set(c) for c in _cycles(imports))
 
 
 def _functions(path: Path):

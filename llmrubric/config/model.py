@@ -15,8 +15,8 @@ class AutoConfig:
     """``model=auto`` (:mod:`llmrubric.model.auto`): candidate families compared by inner cross-validation.
 
     Attributes:
-        candidates: names of :data:`llmrubric.model.auto.CANDIDATES` (``network`` is the network of
-            the other ``model.*`` settings).
+        candidates: names registered as candidates in :mod:`llmrubric.model.registry`
+            (``registry.names(candidate=True)``; ``network`` is the network of the other ``model.*`` settings).
         rule: ``select`` (the candidate with the lowest inner-CV NLL) or ``stack`` (non-negative
             weights summing to 1 that maximise the inner-CV likelihood of the main question);
             ``select`` had the lower pair NLL on all four design protocols of ``benchmarks/auto.py``

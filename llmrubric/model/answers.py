@@ -6,9 +6,11 @@ block). Each column is bounded (an expected answer lies between the smallest and
 value, a probability in [0, 1]), so it is scaled to [0, 1], clipped to [``EPS``, 1 - ``EPS``] and
 mapped by the logit; the transformed columns of all blocks (every question and LLM source) get one
 joint Gaussian: the mean and spread of each column and their correlations, estimated pairwise on the
-texts where both blocks are present and shrunk towards the identity by the Ledoit–Wolf intensity
-(:func:`sklearn.covariance.ledoit_wolf_shrinkage` on the standardised columns, absent values at their
-mean). For a text, the absent columns' distribution given the present ones is the conditional Gaussian.
+texts where both blocks are present; with few texts per column (fewer than ``SHRINK_BELOW``) they are
+shrunk towards the identity by the Ledoit–Wolf intensity (:func:`sklearn.covariance.ledoit_wolf_shrinkage`
+on the standardised columns, absent values at their mean; with 9 blocks and 223–300 texts shrinking
+made the 80 % intervals too wide: ``benchmarks/masking.py``). For a text, the absent columns'
+distribution given the present ones is the conditional Gaussian.
 
 A drawn column goes back to a block's probabilities (what the calibration network reads) by
 :meth:`AnswerModel.distributions`: an ordered block takes the training blocks' kernel-averaged
@@ -39,6 +41,7 @@ TRANSFORMS = ("logit", "identity")  # of the scaled columns; identity: a Gaussia
 GRID = 41  # expected-answer grid of the typical distributions of an ordered block
 BANDWIDTH = 0.05  # kernel bandwidth of the typical distributions, as a fraction of the block's range
 MIN_SD = 1e-3
+SHRINK_BELOW = 10  # texts per column under which the correlations are shrunk (Ledoit–Wolf)
 
 
 @dataclass
@@ -77,11 +80,12 @@ class AnswerModel:
         texts = sorted(features.text_id.unique())
         blocks = column_blocks(layout, rubric)
         column_block = np.array([layout.blocks.index(b) for b in blocks], dtype=np.int64)
-        low, high = _ranges(layout, rubric, column_block)
+        expected = [_is_expected(b, rubric) for b in layout.blocks]
+        low, high = _ranges(layout, expected, column_block)
         x = layout.matrix(features, texts, absent_ok=True).astype(np.float64)
         columns = text_columns(layout, rubric, features, texts, absent_ok=True)
         mean, cov = _shrunk_gaussian(_to_latent(columns, low, high, transform))
-        typical, mass = _typical_distributions(layout, x, low, high, column_block)
+        typical, mass = _typical_distributions(layout, x, low, high, column_block, expected)
         return cls(layout, rubric, column_block, low, high, mean, cov, typical, mass, transform)
 
     @property
@@ -226,16 +230,25 @@ def answers_from_state(meta: dict, tensors: dict, rubric: Rubric, source: str = 
     return AnswerModel.from_state(meta["answers"], part, rubric, source)
 
 
-def _ranges(layout: FeatureLayout, rubric: Rubric, column_block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Range of each column: an ordered block's expected answer spans its option values, the rest [0, 1]."""
+def _is_expected(block, rubric: Rubric) -> bool:
+    """Whether ``block``'s column is its expected answer (numeric options of an ordered or non-rubric
+    question, as :func:`llmrubric.model.columns.block_columns` decides), not probabilities."""
+    if len(block.options) < 2 or (block.question_id in rubric and not rubric[block.question_id].ordered):
+        return False
+    try:
+        values = [float(o) for o in block.options]
+    except ValueError:
+        return False
+    return max(values) > min(values)
+
+
+def _ranges(layout: FeatureLayout, expected: list[bool], column_block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Range of each column: an expected answer spans its block's option values, a probability [0, 1]."""
     low, high = np.zeros(len(column_block)), np.ones(len(column_block))
     for c, b in enumerate(column_block):
-        block = layout.blocks[b]
-        width = int((column_block == b).sum())
-        if width == 1 and len(block.options) > 1:
-            values = np.asarray(block.values)
-            if np.ptp(values) > 0:
-                low[c], high[c] = values.min(), values.max()
+        if expected[b]:
+            values = np.asarray(layout.blocks[b].values)
+            low[c], high[c] = values.min(), values.max()
     return low, high
 
 
@@ -250,8 +263,9 @@ def _from_latent(z: np.ndarray, low: np.ndarray, high: np.ndarray, transform: st
 
 
 def _shrunk_gaussian(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and covariance of the columns ``z`` (texts, C; NaN absent): pairwise-complete correlations
-    shrunk towards the identity by the Ledoit–Wolf intensity, then made positive definite."""
+    """Mean and covariance of the columns ``z`` (texts, C; NaN absent): pairwise-complete correlations,
+    shrunk towards the identity by the Ledoit–Wolf intensity when a column is present on fewer than
+    ``SHRINK_BELOW`` texts per column, then made positive definite."""
     n_columns = z.shape[1]
     if not len(z) or not n_columns:
         return np.zeros(n_columns), np.eye(n_columns)
@@ -262,8 +276,10 @@ def _shrunk_gaussian(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     standard = (z - mean) / sd
     corr = pd.DataFrame(standard).corr(min_periods=3).fillna(0.0).to_numpy(copy=True)
     np.fill_diagonal(corr, 1.0)
-    filled = np.nan_to_num(standard)
-    shrink = float(ledoit_wolf_shrinkage(filled, assume_centered=True)) if len(z) > 1 else 1.0
+    observed = (~np.isnan(z)).sum(axis=0).min()
+    shrink = 0.0
+    if observed < SHRINK_BELOW * n_columns:
+        shrink = float(ledoit_wolf_shrinkage(np.nan_to_num(standard), assume_centered=True)) if len(z) > 1 else 1.0
     corr = (1 - shrink) * corr + shrink * np.eye(n_columns)
     values, vectors = np.linalg.eigh(corr)
     corr = (vectors * np.clip(values, 1e-6, None)) @ vectors.T
@@ -275,7 +291,7 @@ def _cholesky(cov: np.ndarray) -> np.ndarray:
     return vectors * np.sqrt(np.clip(values, 0.0, None))[None]
 
 
-def _typical_distributions(layout, x, low, high, column_block) -> tuple[list[np.ndarray], np.ndarray]:
+def _typical_distributions(layout, x, low, high, column_block, expected) -> tuple[list[np.ndarray], np.ndarray]:
     """Per block: typical normalised distributions on the expected-answer grid (ordered blocks; module
     doc) and the mean total probability of the block in training."""
     typical, mass, offset = [], np.ones(len(layout.blocks)), 0
@@ -289,13 +305,13 @@ def _typical_distributions(layout, x, low, high, column_block) -> tuple[list[np.
         if present.any():
             mass[b] = float(total[present].mean())
         columns = np.flatnonzero(column_block == b)
-        if len(columns) != 1 or k == 1 or not present.any():
+        if not expected[b] or not present.any():
             typical.append(np.zeros((0, k)))
             continue
         lo, hi = low[columns[0]], high[columns[0]]
         dist = p[present] / total[present, None]
-        expected = (dist @ (np.asarray(block.values) - lo)) / (hi - lo)
-        weights = np.exp(-0.5 * ((expected[None, :] - grid[:, None]) / BANDWIDTH) ** 2) + 1e-12
+        position = (dist @ (np.asarray(block.values) - lo)) / (hi - lo)
+        weights = np.exp(-0.5 * ((position[None, :] - grid[:, None]) / BANDWIDTH) ** 2) + 1e-12
         smooth = weights @ dist / weights.sum(axis=1, keepdims=True)
         smooth = smooth + 1e-3
         typical.append(smooth / smooth.sum(axis=1, keepdims=True))

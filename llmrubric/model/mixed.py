@@ -15,10 +15,11 @@ then each variance is set to the mean of its effects' squared modes plus their p
 variances (the diagonal of each judge's inverse Hessian block), for ``rounds`` rounds. A judge
 not seen in training gets the population values (u = 0, v = 0).
 
-A missing block is masked: ``own``/``all`` fill it with the training mean of its column, ``mean``
-averages the sources present; a text without any input column of its question is predicted at
-the training mean of the inputs. A question without a block of its own is predicted from all
-blocks. Categorical questions are not predicted (NaN): the family is ordinal.
+A text with absent blocks is predicted by marginalising them with the answer model
+(:mod:`llmrubric.model.absent`). In training, and for a checkpoint without an answer model, a
+missing block is filled: ``own``/``all`` with the training mean of its column, ``mean`` averages
+the sources present; a text without any input column of its question is at the training mean of
+the inputs. A question without a block of its own is predicted from all blocks. Categorical questions are not predicted (NaN): the family is ordinal.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from llmrubric.model.answers import AnswerModel, answers_from_state, answers_sta
 from llmrubric.model.columns import column_blocks, text_columns
 from llmrubric.model.cumulative import interval_log_probs
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.registry import register
 from llmrubric.model.threads import one_thread
 
 INPUTS = ("own", "all", "mean")
@@ -83,12 +85,22 @@ class MixedOrdinal:
     """
 
     family = "clmm"
+    FORMAT = "llmrubric-clmm/1"
+    fits_questions = True  # fit(tables, questions): model=auto's inner CV fits the main question only
 
     def __init__(self, rubric: Rubric, inputs: str = "own", rounds: int = 4, seed: int = 0):
         if inputs not in INPUTS:
             raise InputError(f"{inputs!r} is not one of {list(INPUTS)}", setting="inputs")
         self.rubric, self.inputs, self.rounds, self.seed = rubric, inputs, rounds, seed
         self.name = f"clmm_{inputs}"
+
+    def same_as(self, tables: Tables) -> tuple[str, str] | None:
+        """The family this one equals on ``tables`` and why: ``clmm_own`` for ``inputs=mean`` when every
+        question has at most one LLM source (the mean of one source is that source)."""
+        questions = [b.question_id for b in FeatureLayout.from_features(tables.features, self.rubric).blocks]
+        if self.inputs != "mean" or len(questions) != len(set(questions)):
+            return None
+        return "clmm_own", "every question has at most one LLM source"
 
     def _columns(self, question: Question) -> list[int]:
         """Input columns of ``question``: its own blocks' (``own``, ``mean``) or all; all when it has none."""
@@ -227,6 +239,7 @@ class MixedOrdinal:
             mean, scale = self.scales_[qid]
             tensors[f"scale.{qid}.mean"], tensors[f"scale.{qid}.scale"] = torch.tensor(mean), torch.tensor(scale)
         meta = {
+            "format": self.FORMAT,
             "inputs": self.inputs,
             "rounds": self.rounds,
             "layout": self.layout_.to_dict(),
@@ -239,7 +252,9 @@ class MixedOrdinal:
         return meta, tensors
 
     @classmethod
-    def from_state(cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor]) -> MixedOrdinal:
+    def from_state(
+        cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
+    ) -> MixedOrdinal:
         self = cls(rubric, meta["inputs"], meta["rounds"])
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.blocks_ = column_blocks(self.layout_, rubric)
@@ -251,7 +266,7 @@ class MixedOrdinal:
             fit = _QuestionFit(len(mean), meta["options"][qid], len(self.judges_.judges))
             fit.load_state_dict({k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"fit.{qid}.")})
             self.fits_[qid] = fit
-        self.answers_ = answers_from_state(meta, tensors, rubric)
+        self.answers_ = answers_from_state(meta, tensors, rubric, source)
         return self
 
 
@@ -308,3 +323,12 @@ def _update_variances(fit: _QuestionFit, loss) -> None:
                 torch.linalg.inv(h_beta + 1e-8 * torch.eye(len(rows), dtype=h_beta.dtype)).diagonal().clamp(min=0)
             )
             fit.tau2.copy_(((beta**2 + var_beta).mean()).clamp(VARIANCE_FLOOR, VARIANCE_CEILING))
+
+
+def _clmm(inputs: str):
+    """The build of the mixed model on ``inputs`` registered in :mod:`llmrubric.model.registry`."""
+    return lambda rubric, setup: MixedOrdinal(rubric, inputs, seed=setup.seed)
+
+
+for _inputs in INPUTS:
+    register(f"clmm_{_inputs}", _clmm(_inputs), MixedOrdinal, candidate=True)

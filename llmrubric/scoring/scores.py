@@ -4,11 +4,10 @@ Checkpoint + features of new texts (+ ``system_id``) → every trusted judge's p
 distribution per (text, question) and the judge-free score over the trusted set A:
 ``mean`` (ŷ_i = mean_{a∈A} ŷ_i^a), ``max`` and a ``quantile`` over A. Texts are scored in
 chunks, so memory is bounded by the chunk size, and the predictions table can be streamed
-to a file. A text that lacks some of the checkpoint's feature blocks (e.g. not asked by an
-adaptive extraction, even a block absent from every text) is scored with those blocks
-marginalised by the checkpoint's answer model (:mod:`llmrubric.model.absent`; a checkpoint
-without one fills them as before) (status ``masked``, blocks named in ``missing_blocks``); a
-text with no features at all is not scored (status ``no_features``, scores NA).
+to a file. A text that lacks some of the checkpoint's feature blocks is scored with those
+blocks marginalised by the model's answer model (:mod:`llmrubric.model.absent`; status
+``masked``, blocks named in ``missing_blocks``); a text with no features at all is not scored
+(status ``no_features``, scores NA).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from llmrubric.io.integrity import check_finite_predictions
 from llmrubric.io.predictions import predictions_frame, probabilities
 from llmrubric.io.rows import check_unique
 from llmrubric.io.tables import Tables, source_of
+from llmrubric.model.absent import DRAWS, SEED, batch_of
 from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.threads import one_thread
 
@@ -152,7 +152,7 @@ def score_texts(
     questions = _scored_questions(calibrator, questions)
     src = source_of(features)
     features = features.astype({c: object for c in ("text_id", "source", "question_id", "option")})
-    calibrator.layout_.check(features, absent_ok=marginalises(calibrator))
+    calibrator.layout_.check(features, absent_ok=getattr(calibrator, "answers_", None) is not None)
     scored, unscored = _split_featured(_text_table(features, texts), features)
     chunks = _ChunkPredictor(calibrator, judges, questions, _features_by_text(features, scored, src))
     parts, kept, n_pairs = [], [], 0
@@ -182,7 +182,8 @@ def score_texts(
     masked = int(scores[scores.question_id == questions[0]].status.eq("masked").sum())
     if masked:
         log.warning(
-            "%d texts lack some feature blocks and were scored with those blocks masked (see missing_blocks)", masked
+            "%d texts lack some feature blocks and were scored with those blocks marginalised (see missing_blocks)",
+            masked,
         )
     summary = {
         "texts": int(len(scored)),
@@ -257,7 +258,6 @@ class _ChunkPredictor:
         self.block_names = np.array([b.name for b in layout.blocks], dtype=object)
         self.n_probs = sum(len(b.options) for b in layout.blocks)
         self.fast, self.verified = _judge_predictor(calibrator, judges), False
-        self.marginal = marginalises(calibrator)
         self.missing: dict[str, str] = {}
 
     def predict(self, lo: int, chunk: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
@@ -272,19 +272,18 @@ class _ChunkPredictor:
                 "round": "1",
             }
         )
-        x = self.layout.matrix(chunk_feats, text_ids, absent_ok=self.marginal)
+        x = self.layout.matrix(chunk_feats, text_ids, absent_ok=getattr(self.calibrator, "answers_", None) is not None)
         absent = (
             x[:, self.n_probs : self.n_probs + len(self.block_names)] == 0
         )  # presence flags follow the probabilities
         for row in np.flatnonzero(absent.any(axis=1)):
             self.missing[text_ids[row]] = ";".join(self.block_names[absent[row]])
-        if self.marginal and absent.any():  # absent blocks are marginalised: the fast path reads x as it is
-            return pairs, self._predict_slow(chunk_feats, pairs, len(chunk))
         if self.fast is not None:
+            fast = lambda x: self._fast_marginal(x, absent, chunk_feats, text_ids)
             probs = (
-                self.fast(x)[:, :, self.q_index]
+                fast(x)[:, :, self.q_index]
                 if self.verified
-                else _checked(self.calibrator, chunk_feats, pairs, x, self.q_index, self.fast)
+                else _checked(self.calibrator, chunk_feats, pairs, x, self.q_index, fast)
             )
             self.verified = True
             if probs is None:
@@ -293,11 +292,27 @@ class _ChunkPredictor:
             probs = self._predict_slow(chunk_feats, pairs, len(chunk))
         return pairs, probs
 
+    def _fast_marginal(self, x: np.ndarray, absent: np.ndarray, feats: pd.DataFrame, text_ids: list[str]):
+        """The fast path's probabilities of texts ``x``; those with ``absent`` blocks are the mean over
+        the completions of :func:`llmrubric.model.absent.marginal_proba` (a model without an answer
+        model: its old filling)."""
+        probs = self.fast(x)
+        rows = np.flatnonzero(absent.any(axis=1))
+        if not len(rows) or getattr(self.calibrator, "answers_", None) is None:
+            return probs
+        pairs = pd.DataFrame({"text_id": [text_ids[r] for r in rows], "judge_id": self.judges[0]})
+        batch = batch_of(self.calibrator, Tables(_empty_annotations(), feats), pairs)
+        inputs = batch.network_inputs(self.calibrator.answers_.sample(batch.columns, DRAWS, SEED))
+        draws = inputs.shape[0]
+        completed = self.fast(inputs.reshape(draws * len(rows), -1))
+        probs[rows] = completed.reshape(draws, len(rows), *completed.shape[1:]).mean(axis=0)
+        return probs
+
     def _chunk_features(self, lo: int, n: int) -> pd.DataFrame:
         """The feature rows of texts ``lo`` to ``lo + n - 1`` (all rows if a block is absent from them all)."""
         first, last = np.searchsorted(self.ids, lo, "left"), np.searchsorted(self.ids, lo + n - 1, "right")
         chunk_feats = self.feats.iloc[first:last]
-        if not self.marginal and not self.keep <= set(zip(chunk_feats.source, chunk_feats.question_id)):
+        if not self.keep <= set(zip(chunk_feats.source, chunk_feats.question_id)):
             chunk_feats = self.feats  # a block absent from the whole chunk: the full table passes the layout check
         chunk_feats.attrs["source"] = self.feats.attrs["source"]
         return chunk_feats
@@ -310,11 +325,6 @@ class _ChunkPredictor:
             [probabilities_padded(pred[pred.question_id == q.id], q, width) for q in self.questions], axis=1
         )
         return probs.reshape(n, len(self.judges), len(self.questions), -1)
-
-
-def marginalises(calibrator) -> bool:
-    """Whether ``calibrator`` marginalises absent blocks with an answer model (else it fills them)."""
-    return getattr(calibrator, "answers_", None) is not None
 
 
 def _chunk_scores(chunk: pd.DataFrame, questions: list, probs: np.ndarray, quantile: float) -> list[pd.DataFrame]:

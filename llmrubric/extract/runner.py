@@ -102,22 +102,27 @@ def extract(
         "computed_tokens": computed_tokens,
         "llm_seconds": llm_seconds,
     }
-    if extraction.summary["low_label_mass"]:
+    warn(extraction.summary, source, min_label_mass)
+    log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
+    return extraction
+
+
+def warn(summary: dict, source: str, min_label_mass: float) -> None:
+    """Log the blocks of low label mass and those that may judge an injection, if any."""
+    if summary["low_label_mass"]:
         log.warning(
             "%s: %d blocks have label mass below min_label_mass %g (marked low_label_mass in the failures table); "
             "check the prompt's answer format, label_prefix and chat_template",
             source,
-            extraction.summary["low_label_mass"],
+            summary["low_label_mass"],
             min_label_mass,
         )
-    if extraction.summary["possible_injection"]:
+    if summary["possible_injection"]:
         log.warning(
             "%s: %d blocks judge a text that may hold instructions to the judge (marked possible_injection)",
             source,
-            extraction.summary["possible_injection"],
+            summary["possible_injection"],
         )
-    log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
-    return extraction
 
 
 def label_mass(r: Result) -> float | None:

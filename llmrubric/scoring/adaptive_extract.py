@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from llmrubric.extract.backends.base import Backend
 from llmrubric.extract.cache import FINAL, ResultCache
 from llmrubric.extract.injection import InjectionDetector
-from llmrubric.extract.runner import Extraction, assemble, merge
+from llmrubric.extract.runner import Extraction, assemble, merge, warn
 from llmrubric.extract.tasks import Result, Task
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
@@ -167,6 +167,7 @@ def extract_adaptive(
         bar.close()
     extraction = _extraction(plan, asker, askable, stopped, source, skipped, rubric, min_label_mass, detector)
     extraction.summary = _summary(extraction, plan, asker, asked, select_seconds, rounds)
+    warn(extraction.summary, source, min_label_mass)
     log.info("adaptive extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
     return extraction
 
@@ -200,7 +201,9 @@ def _summary(
         "failed": int(status.get("failed", 0)),
         "incomplete": int(status.get("incomplete", 0)),
         "not_applicable": int(status.get("not_applicable", 0)),
+        "truncated": int(status.get("truncated", 0)),
         "low_label_mass": int(status.get("low_label_mass", 0)),
+        "possible_injection": int(status.get("possible_injection", 0)),
         "texts": len(plan.text_ids),
         "askable_blocks": askable,
         "asked_blocks": int(asked.sum()),

@@ -162,7 +162,7 @@ def extract_adaptive(
                 r = merge(block_tasks, [asker.results.get(key(t)) for t in block_tasks])
                 if r is not None and r.status == "ok":
                     state = selector.observe(state, row, b, r.probs)
-            bar.set_postfix(calls=asker.computed, cached=asker.cached, saved=int(askable.sum()))
+            bar.set_postfix(calls=asker.computed, cached=asker.cached, saved=int(askable[~open_].sum()))
     finally:
         bar.close()
     extraction = _extraction(plan, asker, askable, stopped, source, skipped, rubric, min_label_mass, detector)

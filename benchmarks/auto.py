@@ -59,9 +59,9 @@ from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import AutoCalibrator, candidate  # noqa: E402
-from llmrubric.model.baselines import RidgeJudge, make_method  # noqa: E402
+from llmrubric.model.baselines import make_method  # noqa: E402
 from llmrubric.model.encoding import PAIR, with_round  # noqa: E402
-from llmrubric.model.mixed import MixedOrdinal  # noqa: E402
+from llmrubric.model.registry import fit_questions  # noqa: E402
 from llmrubric.model.threads import single_threaded  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "auto.json"
@@ -143,7 +143,7 @@ def run_fold(job: tuple, args_tuple: tuple) -> dict:
             model = make_method(name, rubric, 0).fit(train)
         else:
             model = candidate(name, rubric, model_file("auto"), trainer, 0)
-            model = model.fit(train, main) if isinstance(model, (MixedOrdinal, RidgeJudge)) else model.fit(train)
+            model = fit_questions(model, train, main)  # the main question only where the family fits some
         out[name] = (_main(model.predict(test), rubric), time.process_time() - start)
     best = min((n for n, r in auto.table_.items() if "nll" in r), key=lambda n: auto.table_[n]["nll"])
     if shipped != "select":

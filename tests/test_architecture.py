@@ -1,14 +1,19 @@
-"""The code's shape: import layers (import-linter), no private third-party imports, short functions."""
+"""The code's shape: import layers and ``model.auto`` on top of ``model/`` (import-linter), no private
+third-party imports, no import cycle between modules, short functions."""
 
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 80
@@ -16,34 +21,90 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
 def _lint_imports(root: Path = ROOT) -> subprocess.CompletedProcess:
-    """``lint-imports`` on the package under ``root`` with the contracts of ``root/pyproject.toml``."""
-    env = {"PYTHONPATH": f"{root}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin"}
+    """``lint-imports`` run in ``root`` as its docs say, with no ``PYTHONPATH``: the package under ``root``, the
+    contracts of ``root/pyproject.toml`` and the contract type ``root/import_contracts.py``."""
     return subprocess.run(
-        [str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=root,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
+
+
+def _copy(tmp_path: Path) -> Path:
+    """A copy of the package, ``pyproject.toml`` and ``import_contracts.py`` in ``tmp_path``."""
+    shutil.copytree(ROOT / "llmrubric", tmp_path / "llmrubric", ignore=shutil.ignore_patterns("__pycache__", "conf"))
+    for name in ("pyproject.toml", "import_contracts.py"):
+        shutil.copy(ROOT / name, tmp_path)
+    return tmp_path
 
 
 @pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (pip install -e '.[test]')")
 def test_packages_import_only_the_layers_below_and_nothing_private():
     result = _lint_imports()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "2 kept, 0 broken" in result.stdout
+    assert "3 kept, 0 broken" in result.stdout
 
 
 @pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (pip install -e '.[test]')")
-def test_the_contracts_catch_an_upward_import_and_a_private_one(tmp_path):
-    """The same contracts on a copy of the package with one upward and one private import break."""
-    shutil.copytree(ROOT / "llmrubric", tmp_path / "llmrubric", ignore=shutil.ignore_patterns("__pycache__", "conf"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    with open(tmp_path / "llmrubric" / "io" / "errors.py", "a") as f:
+def test_the_contracts_catch_an_upward_import_a_private_one_and_one_of_model_auto(tmp_path):
+    """The same contracts on a copy of the package with one upward import, one private import and a module of
+    ``model/`` that imports ``model.auto`` break."""
+    root = _copy(tmp_path)
+    with open(root / "llmrubric" / "io" / "errors.py", "a") as f:
         f.write(
             "\nfrom llmrubric.model import engine  # noqa\nfrom optuna.storages._heartbeat import is_heartbeat_enabled  # noqa\n"
         )
-    result = _lint_imports(tmp_path)
+    (root / "llmrubric" / "model" / "planted.py").write_text("import llmrubric.model.auto  # noqa\n")
+    result = _lint_imports(root)
     assert result.returncode != 0
-    assert "0 kept, 2 broken" in result.stdout
+    assert "0 kept, 3 broken" in result.stdout
     assert "llmrubric.io.errors -> llmrubric.model.engine" in result.stdout
     assert "optuna.storages._heartbeat" in result.stdout
+    assert "llmrubric.model.planted -> llmrubric.model.auto" in result.stdout
+
+
+GRAPH = (
+    "import json, grimp; g = grimp.build_graph('llmrubric', cache_dir=None); "
+    "print(json.dumps([[a, b] for a in g.modules for b in g.find_modules_directly_imported_by(a)]))"
+)
+
+
+def _imports(root: Path) -> set[tuple[str, str]]:
+    """(importer, imported) for every import between two modules of the package under ``root``, as grimp (which
+    import-linter uses) finds them: imports inside functions and ``TYPE_CHECKING`` blocks included."""
+    done = subprocess.run(
+        [sys.executable, "-c", GRAPH], cwd=root, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {(a, b) for a, b in json.loads(done.stdout)}
+
+
+def _cycles(imports: set[tuple[str, str]]) -> list[list[str]]:
+    """The modules of each import cycle: the strongly connected components with more than one module."""
+    modules = sorted({m for edge in imports for m in edge})
+    index = {m: i for i, m in enumerate(modules)}
+    rows, cols = np.array([[index[a], index[b]] for a, b in imports]).T
+    graph = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(modules), len(modules)))
+    _, component = connected_components(graph, directed=True, connection="strong")
+    groups = [[m for m, c in zip(modules, component) if c == k] for k in set(component)]
+    return sorted(g for g in groups if len(g) > 1)
+
+
+def test_no_import_cycle_between_modules_of_the_package():
+    imports = _imports(ROOT)
+    assert _cycles(imports) == []
+
+
+def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path):
+    root = _copy(tmp_path)
+    with open(root / "llmrubric" / "io" / "errors.py", "a") as f:  # llmrubric.io.files imports errors at its top
+        f.write("\n\ndef planted():\n    import llmrubric.io.files  # noqa\n")
+    imports = _imports(root)
+    assert ("llmrubric.io.errors", "llmrubric.io.files") in imports
+    assert any({"llmrubric.io.errors", "llmrubric.io.files"} <= set(c) for c in _cycles(imports))
 
 
 def _functions(path: Path):

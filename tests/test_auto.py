@@ -249,7 +249,8 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
         .shape[0]
     )
     assert methods["expected_llm/llm-a"]["not_predicted"] == pairs([*lacking, none])
-    assert methods["expected_llm"]["not_predicted"] == methods["mean_of_sources"]["not_predicted"] == pairs([none])
+    assert methods["expected_llm"]["not_predicted"] == pairs([none]) and "mean_of_sources" not in methods
+    assert metrics["same_as"] == {"mean_of_sources": "expected_llm"}
     assert methods["llm_rubric"]["not_predicted"] == methods["ridge_judge"]["not_predicted"] == 0
     smooth = ("llm_rubric", "ridge_judge", "raw_linear_system")  # a raw LLM source may give an answer probability 0
     assert all(np.isfinite(methods[name]["nll"]) for name in smooth) and methods["llm_rubric"]["n"] > 0

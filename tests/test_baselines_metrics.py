@@ -46,8 +46,8 @@ def test_every_method_predicts_the_main_question(simulated, rubric):
         q0 = pred[pred.question_id == "Q0"]
         assert len(q0) == 900 and np.isfinite(q0["mean"]).all()
         assert np.allclose(q0[["p_1", "p_2", "p_3", "p_4"]].sum(axis=1), 1)
-    with pytest.raises(InputError, match="unknown method"):
-        make_method("oracle", rubric)
+    with pytest.raises(InputError, match="unknown model family or method 'orcale'; known: .*'oracle'"):
+        make_method("orcale", rubric)
 
 
 def test_evaluate_rejects_missing_or_non_finite_predictions(simulated, rubric):

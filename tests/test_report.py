@@ -23,6 +23,7 @@ from llmrubric.io.files import write_folder
 from llmrubric.io.tables import Tables
 from llmrubric.model.baselines import METHODS
 from llmrubric.model.calibrator import NetworkCalibrator
+from llmrubric.model.estimator import load_model
 from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
 from llmrubric.report.build import check_report_config
 from llmrubric.report.settings import ReportSettings
@@ -103,7 +104,7 @@ def test_other_judges_answers_exclude_the_target_judge(rubric, split):
 
 
 @pytest.mark.slow
-def test_calibrator_appends_pair_features_and_refuses_to_save_them(rubric, split, tmp_path):
+def test_calibrator_appends_pair_features_and_saves_the_oracles(rubric, split, tmp_path):
     train, test = split
     extra = JudgeAnswers(rubric)
     model = NetworkCalibrator(rubric, trainer=FAST, pair_features=extra).fit(train)
@@ -115,9 +116,8 @@ def test_calibrator_appends_pair_features_and_refuses_to_save_them(rubric, split
     assert np.array_equal(encoded.x[:, -extra.dim :].numpy(), extra.transform(test, encoded.pairs))
     pred = model.predict(test)
     assert np.isfinite(pred["mean"]).all()
-    with pytest.raises(InputError, match="cannot be saved"):
-        model.save(tmp_path / "oracle.safetensors")
-    assert not (tmp_path / "oracle.safetensors").exists()
+    loaded = load_model(model.save(tmp_path / "oracle.safetensors"))  # the oracle's inputs are settings
+    assert np.array_equal(loaded.predict_proba(test), model.predict_proba(test))
     only = NetworkCalibrator(rubric, trainer=FAST, pair_features=extra, llm_features=False).fit(train)
     assert only.encode(test).x.shape[1] == extra.dim and np.isfinite(only.predict(test)["mean"]).all()
     with pytest.raises(InputError, match="needs pair_features"):

@@ -65,7 +65,7 @@ def evaluate_app(cfg: DictConfig) -> dict | None:
 
 
 def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
-    from llmrubric.model.baselines import expand_baselines, make_method  # imported here: Lightning, not for --help
+    from llmrubric.model.baselines import duplicates, expand_baselines, make_method  # imported here: not for --help
     from llmrubric.model.estimator import load_model
 
     run_dir = Path(cfg.run_dir)
@@ -75,6 +75,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
         ignore_index=True,
     )
     baselines, skipped = expand_baselines(list(cfg.baselines), rubric, features)
+    same = duplicates(list(cfg.baselines))
     for name, reason in skipped.items():
         log.warning("baseline %s skipped: %s", name, reason)
     for split in splits:
@@ -84,13 +85,8 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
         model = load_model(path)
         check_fits(model, rubric, split.train.text_ids, str(path))
         predictions["llm_rubric"].append(model.predict(split.test))
-        if hasattr(model, "weights_"):
-            choices[split.name] = {
-                "weights": model.weights_,
-                "inner_folds_by": model.group,
-                "fallback": model.fallback_,
-                "inner_cv": model.table_,
-            }
+        if hasattr(model, "choice"):
+            choices[split.name] = model.choice()
         for name in [b for b in baselines if b not in skipped]:
             try:
                 method = make_method(name, rubric, cfg.seed).fit(split.train)
@@ -121,6 +117,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
             f" {run_dir / SYSTEM_ERRORS_FILE}: `llmrubric leaderboard build --shift-errors` turns them into intervals for new systems"
         )
     notes = "".join(f"\n- {name} skipped: {reason}" for name, reason in skipped.items())
+    notes += "".join(f"\n- {name}: same as {other} on every data set (listed once)" for name, other in same.items())
     notes += "".join(
         f"\n- {name}: {m['not_predicted']} pairs not predicted (no LLM answer to {rubric.main.id} from any source)"
         for name, m in metrics.items()
@@ -134,6 +131,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
             "protocol": cfg.protocol,
             "methods": metrics,
             "skipped": skipped,
+            **({"same_as": same} if same else {}),
             **({"systems": systems} if systems else {}),
             **({"auto": choices} if choices else {}),
         },

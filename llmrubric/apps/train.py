@@ -53,8 +53,7 @@ def train_app(cfg: DictConfig) -> float:
 
 def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
     # imported here, not at the top: Lightning costs seconds that --help need not pay
-    from llmrubric.model.auto import AutoCalibrator, build_model
-    from llmrubric.model.calibrator import fit_together
+    from llmrubric.model.auto import build_model
 
     rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)
     with Tracker.from_config(cfg).run("train", nested=True, tags={"job": "train"}) as run:
@@ -62,25 +61,16 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
         settings = split_settings(cfg, rubric, splits, run)
         models = [build_model(rubric, model, trainer, cfg.seed, auto_group(cfg)) for model, trainer in settings]
         start = time.perf_counter()
-        if isinstance(models[0], AutoCalibrator):
+        if hasattr(models[0], "fit_many"):  # the networks of every split train as one program
+            with tqdm(desc="training", unit="epoch", disable=len(splits) == 1) as progress:
+                models[0].fit_many(models, [split.train for split in splits], progress=progress)
+        else:
             for split, model in tqdm(
                 list(zip(splits, models)), desc="model=auto", unit="split", disable=len(splits) == 1
             ):
                 model.fit(split.train)
-                log.info("%s: model=auto weights %s", split.name, {k: round(w, 3) for k, w in model.weights_.items()})
-                run.log_dict(
-                    {
-                        "weights": model.weights_,
-                        "inner_folds_by": model.group,
-                        "fallback": model.fallback_,
-                        "inner_cv": model.table_,
-                    },
-                    f"auto/{split.name}.json",
-                )
-                run.log_metrics({f"auto/weight/{name}/{split.name}": w for name, w in model.weights_.items()})
-        else:
-            with tqdm(desc="training", unit="epoch", disable=len(splits) == 1) as progress:
-                fit_together(models, [split.train for split in splits], progress=progress)
+                if hasattr(model, "choice"):  # model=auto: what its inner cross-validation chose
+                    log_choice(run, split.name, model.choice())
         seconds = time.perf_counter() - start
         scores = []
         for split, model in zip(splits, models):
@@ -106,6 +96,13 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
         score = float(np.nanmean(scores)) if np.isfinite(scores).any() else float("nan")
         run.log_metrics({"val/nll": score})
         return score
+
+
+def log_choice(run, split: str, choice: dict) -> None:
+    """Log ``model=auto``'s choice on ``split``: its weights, and the whole record as a JSON artifact."""
+    log.info("%s: model=auto weights %s", split, {k: round(w, 3) for k, w in choice["weights"].items()})
+    run.log_dict(choice, f"auto/{split}.json")
+    run.log_metrics({f"auto/weight/{name}/{split}": w for name, w in choice["weights"].items()})
 
 
 def split_settings(cfg: DictConfig, rubric, splits, run) -> list[tuple[dict, dict]]:

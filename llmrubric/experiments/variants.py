@@ -27,10 +27,11 @@ from llmrubric.io.predictions import option_columns
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.auto import build_model
-from llmrubric.model.baselines import DETERMINISTIC, METHODS, make_method
-from llmrubric.model.calibrator import NetworkCalibrator, fit_together
+from llmrubric.model.baselines import DETERMINISTIC, make_method
+from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.encoding import PAIR, JudgeMap, with_round
 from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
+from llmrubric.model.registry import names
 from llmrubric.model.threads import one_thread, single_threaded
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,8 @@ class Variant:
         return self.method in SINGLE_RUN and not self.isotonic
 
     def check(self, rubric: Rubric) -> None:
-        if self.method not in METHODS:
-            raise InputError(f"variant {self.name!r}: unknown method {self.method!r}; known: {list(METHODS)}")
+        if self.method not in names():
+            raise InputError(f"variant {self.name!r}: unknown method {self.method!r}; known: {names()}")
         knobs = self.model or self.trainer or self.drop_questions or self.oracle or not self.llm_features
         if knobs and self.method != "llm_rubric":
             raise InputError(f"variant {self.name!r}: settings can only be changed for llm_rubric, not {self.method!r}")
@@ -132,16 +133,16 @@ def _init_worker() -> None:
 
 def _fit(estimators: list, trains: list[Tables]) -> None:
     """Fit estimators on their training tables; calibration networks of one variant train as one stacked program."""
-    cores = [e.base if isinstance(e, PersonalIsotonic) else e for e in estimators]
-    if all(isinstance(c, NetworkCalibrator) for c in cores):
+    cores = [getattr(e, "base", e) for e in estimators]  # an isotonic correction's base model
+    if all(hasattr(c, "fit_many") and type(c) is type(cores[0]) for c in cores):
         judge_sets = {tuple(sorted(t.annotations.judge_id.unique())) for t in trains}
         judges = JudgeMap.from_annotations(pd.concat([t.annotations for t in trains])) if len(judge_sets) > 1 else None
-        fit_together(cores, trains, judges)
+        cores[0].fit_many(cores, trains, judges)
     else:
         for core, train in zip(cores, trains):
             core.fit(train)
     for estimator, train in zip(estimators, trains):
-        if isinstance(estimator, PersonalIsotonic):
+        if hasattr(estimator, "calibrate"):  # the isotonic correction of a base fitted above
             estimator.calibrate(train)
 
 

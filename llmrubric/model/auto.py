@@ -1,7 +1,8 @@
 """``model=auto``: the model family chosen on the user's own training data by inner cross-validation.
 
-The candidates (:data:`CANDIDATES`: the calibration network, its cumulative-link heads, the
-cumulative-link mixed model on three kinds of input, probabilistic ridge regression) are each
+The candidates (the names :mod:`llmrubric.model.registry` marks ``candidate``: the calibration
+network, its cumulative-link heads, the cumulative-link mixed model on three kinds of input,
+probabilistic ridge regression, and any family registered as one) are each
 fitted on the inner folds of the training data, grouped by text or by system as the model will be
 used, and scored by the out-of-fold likelihood of the main question's answers. ``rule=select`` (the
 default) keeps the candidate with the lowest inner NLL; ``rule=stack`` fits non-negative weights
@@ -9,7 +10,8 @@ summing to 1 that maximise the out-of-fold log-likelihood of the weighted mixtur
 candidates' distributions (a super learner; EM on the simplex). The candidates with weight are
 then refitted on all the training data; every question's prediction is the weighted mixture of
 the candidates that predict it. A candidate that fails to fit is recorded with its reason and left
-out; all failing is an error. Inner folds never see the texts (or systems) they score, and the
+out (a warning); one that does not apply to the data (``clmm_mean`` with one LLM source per
+question is ``clmm_own``) is recorded as not applicable (info); all failing is an error. Inner folds never see the texts (or systems) they score, and the
 outer test data are never seen at all.
 """
 
@@ -22,51 +24,44 @@ import numpy as np
 import pandas as pd
 import torch
 
-from llmrubric.config import AutoConfig, TrainConfig, model_file, model_settings
+from llmrubric.config import AutoConfig, TrainConfig, model_settings
 from llmrubric.data.splits import text_folds, text_systems
 from llmrubric.io.errors import USER_ERRORS, InputError, TrainingDiverged
 from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.baselines import RidgeJudge
-from llmrubric.model.calibrator import NetworkCalibrator, fit_together
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
-from llmrubric.model.estimator import read_checkpoint, split_tensors, write_checkpoint
-from llmrubric.model.mixed import MixedOrdinal
+from llmrubric.model.estimator import load_model, split_tensors, write_checkpoint
+from llmrubric.model.registry import Setup, entry, family_of, fit_questions, make, names, register
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-auto/1"
 RULES = ("stack", "select")
 GROUPS = ("auto", "text", "system")
-NETWORK_CANDIDATES = {"network": None, "ordinal": "ordinal", "combined": "combined"}  # conf/model/<file>
-OTHER_CANDIDATES = ("clmm_own", "clmm_all", "clmm_mean", "ridge_judge")
-CANDIDATES = (*NETWORK_CANDIDATES, *OTHER_CANDIDATES)
+FAMILIES = ("auto", "network")  # the values of model.family
 MIN_WEIGHT = 1e-3  # stacking weights below this are dropped (and the rest renormalised)
 PROB_FLOOR = 1e-12
 
 
 def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None = None, seed: int = 0, group="text"):
-    """The model of ``model.family``: :class:`AutoCalibrator` (``auto``) or the network :class:`NetworkCalibrator`.
-    ``group`` resolves ``model.auto.group=auto`` (``text`` or ``system``)."""
+    """The model of ``model.family``: :class:`AutoCalibrator` (``auto``) or the network (``network``),
+    from :mod:`llmrubric.model.registry`. ``group`` resolves ``model.auto.group=auto`` (``text`` or ``system``)."""
     settings = model_settings(model)
-    if settings["family"] == "auto":
-        return AutoCalibrator(rubric, settings, trainer, seed, group)
-    return NetworkCalibrator(rubric, settings, trainer, seed)
+    if settings["family"] not in FAMILIES:
+        raise InputError(f"{settings['family']!r} is not one of {list(FAMILIES)}", setting="model.family")
+    return make(settings["family"], rubric, settings, trainer, seed, group)
 
 
 def candidate(name: str, rubric: Rubric, model: dict, trainer: TrainConfig, seed: int):
-    """An unfitted candidate by name (see :data:`CANDIDATES`)."""
-    if name in NETWORK_CANDIDATES:
-        settings = {**model, "family": "network"}
-        if NETWORK_CANDIDATES[name]:
-            settings = {**model_file(NETWORK_CANDIDATES[name]), "auto": settings["auto"]}
-        return NetworkCalibrator(rubric, settings, trainer, seed)
-    if name == "ridge_judge":
-        return RidgeJudge(rubric, seed)
-    if name.startswith("clmm_"):
-        return MixedOrdinal(rubric, name.removeprefix("clmm_"), seed=seed)
-    raise InputError(f"unknown candidate {name!r}; known: {list(CANDIDATES)}", setting="model.auto.candidates")
+    """An unfitted candidate by name (the registry's :func:`~llmrubric.model.registry.names` ``(candidate=True)``)."""
+    if name not in names(candidate=True):
+        raise InputError(f"unknown candidate {name!r}; known: {names(candidate=True)}", setting="model.auto.candidates")
+    return make(name, rubric, model, trainer, seed)
+
+
+class NotApplicable(str):
+    """The reason a candidate does not apply to the data (not a failure: logged at info level)."""
 
 
 class AutoCalibrator:
@@ -82,6 +77,8 @@ class AutoCalibrator:
     """
 
     name = "llm_rubric"
+    FORMAT = FORMAT
+    supports_add_judge = True  # llmrubric.model.judges.add_judge adds the judge to every member
 
     def __init__(self, rubric: Rubric, model=None, trainer=None, seed: int = 0, group: str = "text"):
         self.rubric, self.seed = rubric, seed
@@ -137,6 +134,10 @@ class AutoCalibrator:
         answers = np.concatenate([index for _, index in held])
         self.table_, likelihood = {}, {}
         for name, probs, seconds, error in self._inner_predictions(splits, [p for p, _ in held], tables):
+            if isinstance(error, NotApplicable):
+                self.table_[name] = {"not_applicable": str(error), "seconds": seconds}
+                log.info("model=auto: candidate %s not applicable: %s", name, error)
+                continue
             if error is not None:
                 self.table_[name] = {"error": error, "seconds": seconds}
                 log.warning("model=auto: candidate %s failed: %s", name, error)
@@ -149,7 +150,7 @@ class AutoCalibrator:
                 "seconds": seconds,
             }
         if not likelihood:
-            reasons = "; ".join(f"{n}: {r['error']}" for n, r in self.table_.items())
+            reasons = "; ".join(f"{n}: {r.get('error') or r['not_applicable']}" for n, r in self.table_.items())
             raise InputError(
                 f"model=auto: every candidate failed ({reasons})",
                 setting="model.auto.candidates",
@@ -177,38 +178,26 @@ class AutoCalibrator:
         candidate; the network's refit on all of ``tables`` is trained with its folds (:attr:`_refitted`)."""
         main_index = self.rubric.ids.index(self.rubric.main.id)
         k = len(self.rubric.main.options)
-        networks = [n for n in self.settings.candidates if n in NETWORK_CANDIDATES]
         for name in self.settings.candidates:
             start = time.perf_counter()
             if name in self.unusable_:
-                yield name, None, 0.0, f"not applicable: {self.unusable_[name]}"
+                yield name, None, 0.0, NotApplicable(self.unusable_[name])
                 continue
-            if (
-                name == "clmm_mean"
-                and "clmm_own" in self.settings.candidates
-                and self._one_source_per_question(splits[0][0])
-            ):
-                yield name, None, 0.0, "identical to clmm_own: every question has at most one LLM source"
+            models = [self._candidate(name) for _ in range(len(splits) + (name == "network"))]
+            twin, why = (models[0].same_as(splits[0][0]) if hasattr(models[0], "same_as") else None) or (None, None)
+            if twin is not None and twin != name and twin in self.settings.candidates:
+                yield name, None, 0.0, NotApplicable(f"identical to {twin}: {why}")
                 continue
             try:
+                trains = [train for train, _ in splits]
                 if name == "network":  # the refit on all of ``tables`` joins the folds' stacked program
-                    models = [
-                        candidate(name, self.rubric, self.model, self.trainer, self.seed)
-                        for _ in range(len(splits) + 1)
-                    ]
-                    fit_together(
-                        models, [train for train, _ in splits] + [tables], JudgeMap.from_annotations(tables.annotations)
-                    )
+                    models[0].fit_many(models, trains + [tables], JudgeMap.from_annotations(tables.annotations))
                     self._refitted[name] = models.pop()
-                elif name in networks:
-                    models = [candidate(name, self.rubric, self.model, self.trainer, self.seed) for _ in splits]
-                    fit_together(models, [train for train, _ in splits])
+                elif hasattr(models[0], "fit_many"):  # fitted as one program (the network's heads)
+                    models[0].fit_many(models, trains)
                 else:
                     models = [
-                        candidate(name, self.rubric, self.model, self.trainer, self.seed).fit(
-                            train, [self.rubric.main.id]
-                        )
-                        for train, _ in splits
+                        fit_questions(model, train, [self.rubric.main.id]) for model, train in zip(models, trains)
                     ]
                 probs = np.concatenate(
                     [m.predict_proba(test, p)[:, main_index, :k] for m, (_, test), p in zip(models, splits, pairs)]
@@ -219,22 +208,18 @@ class AutoCalibrator:
             except (*USER_ERRORS, TrainingDiverged, ValueError, RuntimeError) as e:
                 yield name, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
 
-    def _one_source_per_question(self, tables: Tables) -> bool:
-        blocks = FeatureLayout.from_features(tables.features, self.rubric).blocks
-        questions = [b.question_id for b in blocks]
-        return len(questions) == len(set(questions))
+    def _candidate(self, name: str):
+        return candidate(name, self.rubric, self.model, self.trainer, self.seed)
 
-    def _fit_members(self, tables: Tables, names: list[str]) -> dict:
+    def _fit_members(self, tables: Tables, weighted: list[str]) -> dict:
         """The weighted candidates fitted on all of ``tables`` (those refitted already are taken as they are)."""
-        members = {
-            n: self._refitted.get(n) or candidate(n, self.rubric, self.model, self.trainer, self.seed) for n in names
-        }
-        networks = [n for n in names if n in NETWORK_CANDIDATES and n not in self._refitted]
-        if networks:
-            fit_together([members[n] for n in networks], [tables] * len(networks))
-        for name in names:
-            if name not in NETWORK_CANDIDATES:
-                members[name].fit(tables)
+        members = {n: self._refitted.get(n) or self._candidate(n) for n in weighted}
+        together = [n for n in weighted if hasattr(members[n], "fit_many") and n not in self._refitted]
+        if together:
+            members[together[0]].fit_many([members[n] for n in together], [tables] * len(together))
+        for name in weighted:
+            if not hasattr(members[name], "fit_many"):
+                fit_questions(members[name], tables)
         return members
 
     def _cover(self, tables: Tables) -> None:
@@ -246,7 +231,7 @@ class AutoCalibrator:
         uncovered = [q for q in answered if q not in covered]
         if uncovered and "ridge_judge" not in self.members_:
             log.info("model=auto: %s predicted by ridge_judge (no weighted candidate predicts them)", uncovered)
-            self.members_["ridge_judge"] = RidgeJudge(self.rubric, self.seed).fit(
+            self.members_["ridge_judge"] = make("ridge_judge", self.rubric, seed=self.seed).fit(
                 tables, [self.rubric.main.id, *uncovered]
             )
             self.weights_["ridge_judge"] = 0.0
@@ -281,7 +266,7 @@ class AutoCalibrator:
         return out
 
     def predict(
-        self, tables: Tables, pairs: pd.DataFrame | None = None, questions: list[str] | None = None, data=None
+        self, tables: Tables, pairs: pd.DataFrame | None = None, questions: list[str] | None = None
     ) -> pd.DataFrame:
         """Predictions table of the annotated pairs of ``tables`` (or ``pairs``), every predicted question."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
@@ -316,21 +301,31 @@ class AutoCalibrator:
             tensors.update({f"{name}/{k}": v for k, v in member_tensors.items()})
         return meta, tensors
 
+    def choice(self) -> dict:
+        """What the inner cross-validation chose: weights, grouping, fallback and every candidate's figures."""
+        return {
+            "weights": self.weights_,
+            "inner_folds_by": self.group,
+            "fallback": self.fallback_,
+            "inner_cv": self.table_,
+        }
+
     def save(self, path):
         return write_checkpoint(path, *self.state())
 
     @classmethod
     def load(cls, path) -> AutoCalibrator:
-        return cls.from_state(*read_checkpoint(path), source=str(path))
+        return load_model(path)
 
     @classmethod
-    def from_state(cls, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>") -> AutoCalibrator:
+    def from_state(
+        cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
+    ) -> AutoCalibrator:
         missing = [
             k for k in ("rubric", "main_question", "model", "weights", "members", "layout", "judges") if k not in meta
         ]
         if meta.get("format") != FORMAT or missing:
             raise InputError(f"not a model=auto checkpoint of format {FORMAT!r} (lacks {missing})", file=source)
-        rubric = Rubric.from_dict(meta["rubric"], source).with_main(meta["main_question"])
         self = cls(rubric, meta["model"], meta["trainer"], meta["seed"], meta["group"])
         self.weights_, self.table_, self.inner_nll_ = meta["weights"], meta.get("inner_cv", {}), meta.get("inner_nll")
         self.layout_, self.judges_ = FeatureLayout.from_dict(meta["layout"]), JudgeMap(tuple(meta["judges"]))
@@ -339,13 +334,10 @@ class AutoCalibrator:
         self.members_ = {}
         for name, member_meta in meta["members"].items():
             part = split_tensors(tensors, name)
+            # members saved before their families had a format (mixed model, ridge) are known by name
+            family = family_of(member_meta["format"], source) if "format" in member_meta else entry(name).family
             try:
-                if name in NETWORK_CANDIDATES:
-                    self.members_[name] = NetworkCalibrator.from_state(member_meta, part, source)
-                elif name == "ridge_judge":
-                    self.members_[name] = RidgeJudge.from_state(rubric, member_meta, part)
-                else:
-                    self.members_[name] = MixedOrdinal.from_state(rubric, member_meta, part)
+                self.members_[name] = family.from_state(rubric, member_meta, part, source)
             except (KeyError, ValueError, RuntimeError) as e:
                 raise InputError(f"checkpoint member {name} does not fit its own metadata: {e!r}", file=source) from e
         return self
@@ -359,11 +351,11 @@ def check_auto(settings: AutoConfig) -> None:
         raise InputError(f"{settings.group!r} is not one of {list(GROUPS)}", setting="model.auto.group")
     if not isinstance(settings.folds, int) or isinstance(settings.folds, bool) or settings.folds < 2:
         raise InputError(f"{settings.folds!r} is not a whole number >= 2", setting="model.auto.folds")
-    names = list(settings.candidates)
-    unknown = [n for n in names if n not in CANDIDATES]
-    if unknown or not names or len(set(names)) != len(names):
+    chosen, known = list(settings.candidates), names(candidate=True)
+    unknown = [n for n in chosen if n not in known]
+    if unknown or not chosen or len(set(chosen)) != len(chosen):
         what = f"unknown candidate(s) {unknown}" if unknown else "candidates must be distinct and not empty"
-        raise InputError(f"{what}; known: {list(CANDIDATES)}", setting="model.auto.candidates")
+        raise InputError(f"{what}; known: {known}", setting="model.auto.candidates")
 
 
 def _point_figures(probs: np.ndarray, answers: np.ndarray, question) -> dict:
@@ -392,3 +384,17 @@ def _weights(likelihood: np.ndarray, rule: str) -> np.ndarray:
             return new
         weights = new
     return weights
+
+
+def _auto(rubric: Rubric, setup: Setup) -> AutoCalibrator:
+    return AutoCalibrator(rubric, setup.model, setup.trainer, setup.seed, setup.group)
+
+
+def _configured(rubric: Rubric, setup: Setup):
+    """``llm_rubric``, Table 1's model: that of ``model.family`` (the network when not given)."""
+    family = "auto" if setup.model.get("family") == "auto" else "network"
+    return make(family, rubric, setup.model, setup.trainer, setup.seed, setup.group)
+
+
+register("auto", _auto, AutoCalibrator)
+register("llm_rubric", _configured, AutoCalibrator)

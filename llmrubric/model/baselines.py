@@ -13,6 +13,9 @@ With several LLM sources (models, prompt variants) answering the main question,
 ``expected_llm/<source>`` and ``argmax_llm/<source>`` use one source and the unqualified
 names the mean of the sources' normalised distributions (whose expected answer is the
 mean of the sources' expected answers); :func:`expand_baselines` names them for a data set.
+Each registers under its name in :mod:`llmrubric.model.registry` and saves its (small) fitted
+state like every family; ``mean_of_sources`` is ``expected_llm`` under a second name, so a run of
+both lists it once (:func:`duplicates`).
 """
 
 from __future__ import annotations
@@ -28,14 +31,13 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from llmrubric.config import model_overrides
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, source_of
-from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.columns import text_columns
 from llmrubric.model.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.registry import Setup, entry, make, register
 from llmrubric.model.threads import one_thread
 
 
@@ -45,12 +47,26 @@ class MainQuestionBaseline:
     main question) is left out of :meth:`predict` and NaN in :meth:`predict_proba`."""
 
     name = "baseline"
+    FORMAT = "llmrubric-baseline/1"
+    FITTED: tuple[str, ...] = ()  # the fitted attributes (numbers or arrays) that state() saves
 
     def __init__(self, rubric: Rubric, seed: int = 0, source: str | None = None):
         self.rubric, self.seed, self.source = rubric, seed, source
         self.question = rubric.main
 
     def fit(self, tables: Tables):
+        return self
+
+    def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The seed and LLM source, and the :attr:`FITTED` attributes as float64 tensors."""
+        meta = {"format": self.FORMAT, "seed": self.seed, "source": self.source}
+        return meta, {k: torch.from_numpy(np.asarray(getattr(self, k), dtype=np.float64)) for k in self.FITTED}
+
+    @classmethod
+    def from_state(cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"):
+        self = cls(rubric, meta["seed"], meta["source"])
+        for key in cls.FITTED:
+            setattr(self, key, tensors[key].numpy()[()])
         return self
 
     def _predict(self, tables: Tables, pairs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray | None]:
@@ -107,6 +123,7 @@ class RandomBaseline(MainQuestionBaseline):
     """A uniformly random answer per pair (seeded); its distribution is uniform."""
 
     name = "random"
+    FORMAT = "llmrubric-random/1"
 
     def _predict(self, tables, pairs):
         k = len(self.question.options)
@@ -118,6 +135,7 @@ class ArgmaxLLM(MainQuestionBaseline):
     """The LLM's most probable answer; distribution = the LLM's, normalised."""
 
     name = "argmax_llm"
+    FORMAT = "llmrubric-argmax_llm/1"
 
     def _predict(self, tables, pairs):
         p = self._llm_distribution(tables, pairs)
@@ -129,6 +147,7 @@ class ExpectedLLM(MainQuestionBaseline):
     """The expected answer under the LLM's normalised distribution."""
 
     name = "expected_llm"
+    FORMAT = "llmrubric-expected_llm/1"
 
     def _predict(self, tables, pairs):
         return self._llm_distribution(tables, pairs), None
@@ -139,12 +158,15 @@ class MeanOfSources(ExpectedLLM):
     answer is the mean of the sources' expected answers), over the sources that answered each text."""
 
     name = "mean_of_sources"
+    FORMAT = "llmrubric-mean_of_sources/1"
 
 
 class ConstantBaseline(MainQuestionBaseline):
     """The training marginal of the main question (its mean is the training mean)."""
 
     name = "constant"
+    FORMAT = "llmrubric-constant/1"
+    FITTED = ("marginal_",)
 
     def fit(self, tables):
         answers = tables.annotations[tables.annotations.question_id == self.question.id].answer
@@ -163,6 +185,8 @@ class RawLinearSystem(MainQuestionBaseline):
     spread discretised onto the options. A text no source answered gets no prediction."""
 
     name = "raw_linear_system"
+    FORMAT = "llmrubric-raw_linear_system/1"
+    FITTED = ("slope_", "intercept_", "sigma_")
 
     def fit(self, tables):
         pairs, y = answered_pairs(tables, self.question)
@@ -222,6 +246,8 @@ class RidgeJudge(MainQuestionBaseline):
 
     name = "ridge_judge"
     family = "ridge_judge"
+    FORMAT = "llmrubric-ridge_judge/1"
+    fits_questions = True  # fit(tables, questions): model=auto's inner CV fits the main question only
 
     def _design(self, tables: Tables, pairs: pd.DataFrame) -> np.ndarray:
         texts = sorted(pairs.text_id.unique())
@@ -346,11 +372,18 @@ class RidgeJudge(MainQuestionBaseline):
             for k, v in fit.items()
         }
         tensors["fill"] = torch.from_numpy(self.fill_.astype(np.float64))
-        meta = {"layout": self.layout_.to_dict(), "judges": list(self.judges_.judges), "questions": list(self.fits_)}
+        meta = {
+            "format": self.FORMAT,
+            "layout": self.layout_.to_dict(),
+            "judges": list(self.judges_.judges),
+            "questions": list(self.fits_),
+        }
         return meta, tensors
 
     @classmethod
-    def from_state(cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor]) -> RidgeJudge:
+    def from_state(
+        cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
+    ) -> RidgeJudge:
         self = cls(rubric)
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.judges_ = JudgeMap(tuple(meta["judges"]))
@@ -370,14 +403,15 @@ def main_blocks(features: pd.DataFrame, rubric: Rubric) -> list[Block]:
 def expand_baselines(names: list[str], rubric: Rubric, features: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
     """The baselines ``names`` for this data: the methods to run and those skipped, with the reason.
 
-    With several sources answering the main question, each LLM baseline (``argmax_llm``,
+    With several sources answering the main question, each per-source baseline (``argmax_llm``,
     ``expected_llm``) becomes one method per source (``expected_llm/<source>``) followed by the
-    unqualified name (the mean over the sources); with none, it is skipped.
+    unqualified name (the mean over the sources); with none, it is skipped. A baseline that is
+    another of ``names`` under a second name (:func:`duplicates`) is not run twice.
     """
     sources = [b.source for b in main_blocks(features, rubric)]
     methods, skipped = [], {}
-    for name in names:
-        if name not in LLM_METHODS:
+    for name in [n for n in names if n not in duplicates(names)]:
+        if not entry(name, "baselines").per_source:
             methods.append(name)
         elif not sources:
             skipped[name] = f"no LLM source answered the main question {rubric.main.id} in the features"
@@ -386,39 +420,35 @@ def expand_baselines(names: list[str], rubric: Rubric, features: pd.DataFrame) -
     return methods, skipped
 
 
+def duplicates(names: list[str]) -> dict[str, str]:
+    """The baselines of ``names`` that predict what another of ``names`` does on every data set
+    (``mean_of_sources``: ``expected_llm``), each with that other name."""
+    same = {n: entry(n, "baselines").same_as for n in names if "/" not in n}
+    return {n: other for n, other in same.items() if other is not None and other in names}
+
+
 def make_method(name: str, rubric: Rubric, seed: int = 0, model: dict | None = None, trainer: dict | None = None):
-    """A method of Table 1 by name, unfitted; ``argmax_llm/<source>``, ``expected_llm/<source>``: one LLM source."""
-    simple = {
-        c.name: c
-        for c in (RandomBaseline, ArgmaxLLM, ExpectedLLM, ConstantBaseline, RidgeJudge, MeanOfSources, RawLinearSystem)
-    }
-    if name in simple:
-        return simple[name](rubric, seed)
-    method, _, source = name.partition("/")
-    if method in LLM_METHODS and source:
-        return simple[method](rubric, seed, source)
-    model = dict(model or {})
-    if name == "llm_rubric" and model.get("family") == "auto":
-        from llmrubric.model.auto import AutoCalibrator
-
-        return AutoCalibrator(rubric, model, trainer, seed)
-    model["family"] = "network"  # the network variants of Table 1
-    if name == "llm_rubric":
-        return NetworkCalibrator(rubric, model, trainer, seed)
-    if name == "no_personalization":
-        return NetworkCalibrator(rubric, {**model, "personalize": "none"}, trainer, seed)
-    if name == "llm_rubric_single":
-        return NetworkCalibrator(rubric, {**model, "ensemble": 1}, trainer, seed)
-    if name == "llm_rubric_paper":
-        return NetworkCalibrator(rubric, {**model, **model_overrides("paper")}, trainer, seed)
-    if name == "calibrated_q0":
-        return NetworkCalibrator(rubric, model, trainer, seed, feature_questions=[rubric.main.id])
-    raise InputError(
-        f"unknown method {name!r}; known: {sorted(simple) + ['calibrated_q0', 'llm_rubric', 'llm_rubric_paper', 'llm_rubric_single', 'no_personalization']}"
-    )
+    """A method of Table 1 (any name of :mod:`llmrubric.model.registry`) by name, unfitted;
+    ``argmax_llm/<source>``, ``expected_llm/<source>``: one LLM source."""
+    return make(name, rubric, model, trainer, seed)
 
 
-LLM_METHODS = ("argmax_llm", "expected_llm")
+def _baseline(cls):
+    """The build of an LLM baseline registered in :mod:`llmrubric.model.registry`."""
+    return lambda rubric, setup: cls(rubric, setup.seed, setup.source)
+
+
+def _ridge(rubric: Rubric, setup: Setup) -> RidgeJudge:
+    return RidgeJudge(rubric, setup.seed)
+
+
+register("random", _baseline(RandomBaseline), RandomBaseline)
+register("argmax_llm", _baseline(ArgmaxLLM), ArgmaxLLM, per_source=True)
+register("expected_llm", _baseline(ExpectedLLM), ExpectedLLM, per_source=True)
+register("mean_of_sources", _baseline(MeanOfSources), MeanOfSources, same_as="expected_llm")
+register("constant", _baseline(ConstantBaseline), ConstantBaseline)
+register("raw_linear_system", _baseline(RawLinearSystem), RawLinearSystem)
+register("ridge_judge", _ridge, RidgeJudge, candidate=True)
 METHODS = (
     "random",
     "argmax_llm",

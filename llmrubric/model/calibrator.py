@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from llmrubric.config import ModelConfig, TrainConfig, model_settings
+from llmrubric.config import ModelConfig, TrainConfig, model_file, model_overrides, model_settings
 from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError, TrainingDiverged
 from llmrubric.io.guards import check_range
@@ -26,9 +26,11 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.model.encoding import Encoded, FeatureLayout, JudgeMap, encode
 from llmrubric.model.engine import structure, train_stacked
-from llmrubric.model.estimator import read_checkpoint, write_checkpoint
+from llmrubric.model.estimator import load_model, write_checkpoint
 from llmrubric.model.network import INPUTS, PERSONALIZATION, CalibrationNet
+from llmrubric.model.oracles import JudgeAnswers
 from llmrubric.model.ordinal import fit_ordinal_weight
+from llmrubric.model.registry import Setup, register
 from llmrubric.model.temperature import fit_temperature
 from llmrubric.model.threads import one_thread
 
@@ -72,11 +74,13 @@ class NetworkCalibrator:
         drop_questions: leave out the feature blocks of these questions (ablations).
         pair_features: optional per-(text, judge) input columns appended to x, an object with
             ``fit(tables)``, ``dim`` and ``transform(tables, pairs) -> (pairs, dim)`` (the
-            oracle studies' :class:`llmrubric.model.oracles.JudgeAnswers`); such a model is not saved.
+            oracle studies' :class:`llmrubric.model.oracles.JudgeAnswers`, saved as its settings; no other kind is saved).
         llm_features: False keeps only the ``pair_features`` as input (the oracle without LLM probabilities).
     """
 
     name = "llm_rubric"
+    FORMAT = FORMAT
+    supports_add_judge = True  # llmrubric.model.judges.add_judge fits a new judge's own parameters
 
     def __init__(
         self,
@@ -189,6 +193,11 @@ class NetworkCalibrator:
         """Train on ``tables``; a fraction of its texts is held out for early stopping."""
         return fit_together([self], [tables])[0]
 
+    @staticmethod
+    def fit_many(calibrators: list, tables: list[Tables], judges: JudgeMap | None = None, progress=None) -> list:
+        """Several calibrators fitted on their tables as one training program (:func:`fit_together`)."""
+        return fit_together(calibrators, tables, judges, progress=progress)
+
     def _members(self, tables: Tables, judges: JudgeMap | None = None, data: Encoded | None = None):
         """Set layout and judge map (``judges`` or those of ``tables``); untrained members with their
         training and early-stopping data, and the encoded ``tables`` (``data`` when given: ``tables``
@@ -243,9 +252,8 @@ class NetworkCalibrator:
         return predictions_frame(data.pairs, [self.rubric[q] for q in ids], probs[:, index])
 
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        """Metadata (rubric, judge map, layout, settings, training summaries) and the members' weights."""
-        if self.pair_features is not None:
-            raise InputError("a calibrator with pair features (an oracle study model) cannot be saved")
+        """Metadata (rubric, judge map, layout, settings, training summaries, an oracle's inputs) and
+        the members' weights."""
         meta = {
             "format": FORMAT,
             "rubric": self.rubric.to_dict(),
@@ -258,22 +266,25 @@ class NetworkCalibrator:
             "summaries": self.summaries_,
             "train_texts": self.train_texts_,
         }
+        if self.pair_features is not None:
+            if not isinstance(self.pair_features, JudgeAnswers):
+                raise InputError("a calibrator with pair features other than the oracles' JudgeAnswers cannot be saved")
+            meta["pair_features"] = self.pair_features.settings()
+            meta["llm_features"] = self.llm_features
         tensors = {f"{m}.{k}": v for m, net in enumerate(self.nets_) for k, v in net.state_dict().items()}
         return meta, tensors
 
     def save(self, path: str | Path) -> Path:
         """Write one safetensors file with weights and everything needed to predict."""
-        if self.pair_features is not None:
-            raise InputError("a calibrator with pair features (an oracle study model) cannot be saved", file=str(path))
         return write_checkpoint(path, *self.state())
 
     @classmethod
     def load(cls, path: str | Path) -> NetworkCalibrator:
-        return cls.from_state(*read_checkpoint(path), source=str(path))
+        return load_model(path)
 
     @classmethod
     def from_state(
-        cls, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
+        cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
     ) -> NetworkCalibrator:
         """The calibrator of :meth:`state`'s metadata and tensors (``source`` names them in errors)."""
         if meta.get("format") != FORMAT:
@@ -286,9 +297,12 @@ class NetworkCalibrator:
         ]
         if missing:
             raise InputError(f"checkpoint metadata lacks {missing}", file=source)
-        rubric = Rubric.from_dict(meta["rubric"], source).with_main(meta["main_question"])
         trainer = {k: v for k, v in meta["trainer"].items() if k != "engine"}  # the choice of engine is gone
-        self = cls(rubric, meta["model"], trainer, meta["seed"])
+        oracle = meta.get("pair_features")
+        pair_features = JudgeAnswers(rubric, **oracle) if oracle is not None else None
+        self = cls(
+            rubric, meta["model"], trainer, meta["seed"], None, None, pair_features, meta.get("llm_features", True)
+        )
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.judges_ = JudgeMap(tuple(meta["judges"]))
         self.summaries_ = meta.get("summaries", [])
@@ -404,3 +418,40 @@ def _fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, pr
             if c.trainer.ordinal_blend:
                 summaries[m]["ordinal_weight"] = fit_ordinal_weight(net, val, [q.ordered for q in c.rubric.questions])
     return calibrators
+
+
+def _network(overrides=None, main_features: bool = False, oracle: str | None = None, llm_features: bool = True):
+    """The build of a network registered in :mod:`llmrubric.model.registry`: the ``model.*`` settings with
+    ``overrides`` (a dict, or a callable of them), the main question's feature blocks only, or an oracle's inputs."""
+
+    def build(rubric: Rubric, setup: Setup) -> NetworkCalibrator:
+        model = {**setup.model, "family": "network"}
+        model = overrides(model) if callable(overrides) else {**model, **(overrides or {})}
+        return NetworkCalibrator(
+            rubric,
+            model,
+            setup.trainer,
+            setup.seed,
+            feature_questions=[rubric.main.id] if main_features else None,
+            pair_features=JudgeAnswers(rubric, others=oracle == "others") if oracle else None,
+            llm_features=llm_features,
+        )
+
+    return build
+
+
+def _model_file(name: str):
+    """The settings of ``conf/model/<name>.yaml`` with the ``model.auto`` section kept."""
+    return lambda model: {**model_file(name), "auto": model_settings(model)["auto"]}
+
+
+register("network", _network(), NetworkCalibrator, candidate=True)
+register("ordinal", _network(_model_file("ordinal")), NetworkCalibrator, candidate=True)
+register("combined", _network(_model_file("combined")), NetworkCalibrator, candidate=True)
+register("calibrated_q0", _network(main_features=True), NetworkCalibrator)
+register("no_personalization", _network({"personalize": "none"}), NetworkCalibrator)
+register("llm_rubric_single", _network({"ensemble": 1}), NetworkCalibrator)
+register("llm_rubric_paper", _network(lambda model: {**model, **model_overrides("paper")}), NetworkCalibrator)
+register("oracle", _network(oracle="own"), NetworkCalibrator)
+register("oracle_no_llm", _network(oracle="own", llm_features=False), NetworkCalibrator)
+register("depersonalized_oracle", _network({"personalize": "none"}, oracle="others"), NetworkCalibrator)

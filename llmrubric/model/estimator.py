@@ -2,17 +2,19 @@
 
 A family (the calibration network and its cumulative heads, :class:`~llmrubric.model.calibrator.NetworkCalibrator`;
 the cumulative-link mixed model, :class:`~llmrubric.model.mixed.MixedOrdinal`; ridge regression,
-:class:`~llmrubric.model.baselines.RidgeJudge`; the LLM baselines; the model choice of
-:class:`~llmrubric.model.auto.AutoCalibrator`) has:
+:class:`~llmrubric.model.baselines.RidgeJudge`; the LLM baselines; the oracles; the model choice of
+:class:`~llmrubric.model.auto.AutoCalibrator`), registered under its config name in
+:mod:`llmrubric.model.registry` (whose :class:`~llmrubric.model.registry.Family` is this interface), has:
 
 - ``fit(tables) -> self``;
 - ``predict_proba(tables, pairs=None) -> ndarray (pairs, rubric questions, max options)``: the
   predictive distribution of every annotated (or given) (text, judge, round) pair; a question the
   family does not predict is NaN, padding 0;
 - ``predict(tables, pairs=None) -> DataFrame``: the predictions table of the questions it predicts;
-- ``state() -> (meta, tensors)`` and ``from_state(rubric, meta, tensors)``: JSON metadata and tensors
-  that restore the fitted model, written by :func:`write_checkpoint` as one safetensors file
-  (no pickles) and read back by :func:`load_model`, whatever the family.
+- ``state() -> (meta, tensors)`` and ``from_state(rubric, meta, tensors, source)``: JSON metadata
+  (``meta["format"]``: ``llmrubric-<family>/<version>``) and tensors that restore the fitted model,
+  written by :func:`save_model` as one safetensors file (no pickles) and read back by
+  :func:`load_model`, whatever the family.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from safetensors.torch import save_file
 from llmrubric.io.errors import InputError
 from llmrubric.io.files import atomic_path
 from llmrubric.io.integrity import tensors_digest, verify_tensors
+from llmrubric.io.rubric import Rubric
+from llmrubric.model.registry import family_of
 
 META_KEY = "llmrubric"
 
@@ -63,12 +67,21 @@ def split_tensors(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, to
     return {k[len(start) :]: v for k, v in tensors.items() if k.startswith(start)}
 
 
-def load_model(path: str | Path):
-    """The fitted model of a checkpoint, whatever its family (the network or ``model=auto``)."""
-    from llmrubric.model.auto import FORMAT as AUTO_FORMAT
-    from llmrubric.model.auto import AutoCalibrator
-    from llmrubric.model.calibrator import NetworkCalibrator
+def save_model(model, path: str | Path) -> Path:
+    """One checkpoint of any family: its :meth:`state` with the rubric that :func:`load_model` passes back."""
+    meta, tensors = model.state()
+    meta.setdefault("rubric", model.rubric.to_dict())
+    meta.setdefault("main_question", model.rubric.main.id)
+    return write_checkpoint(path, meta, tensors)
 
+
+def load_model(path: str | Path):
+    """The fitted model of a checkpoint, whatever its family (:func:`llmrubric.model.registry.family_of`);
+    a checkpoint of an unknown family or version, or whose state lacks a key, is one :class:`InputError`."""
     meta, tensors = read_checkpoint(path)
-    family = AutoCalibrator if meta["format"] == AUTO_FORMAT else NetworkCalibrator
-    return family.from_state(meta, tensors, source=str(path))
+    family = family_of(meta["format"], str(path))
+    try:
+        rubric = Rubric.from_dict(meta["rubric"], str(path)).with_main(meta["main_question"])
+        return family.from_state(rubric, meta, tensors, source=str(path))
+    except KeyError as e:
+        raise InputError(f"checkpoint state lacks {e}", file=str(path)) from None

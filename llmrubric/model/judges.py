@@ -37,7 +37,6 @@ import torch
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables, source_of
-from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.cumulative import CumulativeNet
 from llmrubric.model.encoding import JudgeMap
 from llmrubric.model.network import CalibrationNet
@@ -151,15 +150,13 @@ def add_judge(
     """A copy of ``calibrator`` that knows judge ``judge_id``, fitted from that judge's annotations in
     ``tables`` (with the features of the annotated texts); see the module doc.
 
-    Errors (:class:`InputError`): a model that is not a :class:`NetworkCalibrator` or has no judge-specific
-    parameters, a judge the checkpoint already knows, fewer than ``min_annotations`` answers of the
-    main question."""
-    from llmrubric.model.auto import AutoCalibrator
-
-    if isinstance(calibrator, AutoCalibrator):
-        return _add_to_auto(calibrator, tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)
-    if not isinstance(calibrator, NetworkCalibrator):
+    A model of ``members_`` (``model=auto``) gets it in each member. Errors (:class:`InputError`): a
+    family without ``supports_add_judge``, a network without judge parameters, a judge the checkpoint
+    already knows, fewer than ``min_annotations`` answers of the main question."""
+    if not getattr(calibrator, "supports_add_judge", False):
         raise InputError(f"judges can be added to llmrubric calibrators only, not to a {type(calibrator).__name__}")
+    if hasattr(calibrator, "members_"):
+        return _add_to_members(calibrator, tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)
     if not getattr(calibrator, "nets_", None):
         raise InputError("the calibrator is not trained: fit or load it before adding a judge")
     if calibrator.pair_features is not None:
@@ -217,9 +214,9 @@ def add_judge(
     return new
 
 
-def _add_to_auto(model, tables: Tables, judge_id: str, min_annotations: int, *network_args):
-    """``model=auto``: the judge added to every member (the networks by :func:`add_judge`, the mixed
-    model's and ridge regression's own ``add_judge``), the weights unchanged."""
+def _add_to_members(model, tables: Tables, judge_id: str, min_annotations: int, *network_args):
+    """``model=auto``: the judge added to every member (the networks by :func:`add_judge`, a family with
+    its own ``add_judge(tables, judge_id)``, the mixed model and ridge regression, by it), the weights unchanged."""
     judge_id = str(judge_id)
     ann = tables.annotations
     if judge_id in model.judges_.judges:
@@ -242,9 +239,9 @@ def _add_to_auto(model, tables: Tables, judge_id: str, min_annotations: int, *ne
     started = time.perf_counter()
     new = copy.copy(model)
     new.members_ = {
-        name: add_judge(member, tables, judge_id, min_annotations, *network_args)
-        if isinstance(member, NetworkCalibrator)
-        else member.add_judge(tables, judge_id)
+        name: member.add_judge(tables, judge_id)
+        if hasattr(member, "add_judge")
+        else add_judge(member, tables, judge_id, min_annotations, *network_args)
         for name, member in model.members_.items()
     }
     new.judges_ = JudgeMap((*model.judges_.judges, judge_id))

@@ -37,6 +37,7 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.columns import column_blocks, text_columns
 from llmrubric.model.cumulative import interval_log_probs
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.registry import register
 from llmrubric.model.threads import one_thread
 
 INPUTS = ("own", "all", "mean")
@@ -81,12 +82,22 @@ class MixedOrdinal:
     """
 
     family = "clmm"
+    FORMAT = "llmrubric-clmm/1"
+    fits_questions = True  # fit(tables, questions): model=auto's inner CV fits the main question only
 
     def __init__(self, rubric: Rubric, inputs: str = "own", rounds: int = 4, seed: int = 0):
         if inputs not in INPUTS:
             raise InputError(f"{inputs!r} is not one of {list(INPUTS)}", setting="inputs")
         self.rubric, self.inputs, self.rounds, self.seed = rubric, inputs, rounds, seed
         self.name = f"clmm_{inputs}"
+
+    def same_as(self, tables: Tables) -> tuple[str, str] | None:
+        """The family this one equals on ``tables`` and why: ``clmm_own`` for ``inputs=mean`` when every
+        question has at most one LLM source (the mean of one source is that source)."""
+        questions = [b.question_id for b in FeatureLayout.from_features(tables.features, self.rubric).blocks]
+        if self.inputs != "mean" or len(questions) != len(set(questions)):
+            return None
+        return "clmm_own", "every question has at most one LLM source"
 
     def _columns(self, question: Question) -> list[int]:
         """Input columns of ``question``: its own blocks' (``own``, ``mean``) or all; all when it has none."""
@@ -207,6 +218,7 @@ class MixedOrdinal:
             mean, scale = self.scales_[qid]
             tensors[f"scale.{qid}.mean"], tensors[f"scale.{qid}.scale"] = torch.tensor(mean), torch.tensor(scale)
         meta = {
+            "format": self.FORMAT,
             "inputs": self.inputs,
             "rounds": self.rounds,
             "layout": self.layout_.to_dict(),
@@ -218,7 +230,9 @@ class MixedOrdinal:
         return meta, tensors
 
     @classmethod
-    def from_state(cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor]) -> MixedOrdinal:
+    def from_state(
+        cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
+    ) -> MixedOrdinal:
         self = cls(rubric, meta["inputs"], meta["rounds"])
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.blocks_ = column_blocks(self.layout_, rubric)
@@ -286,3 +300,12 @@ def _update_variances(fit: _QuestionFit, loss) -> None:
                 torch.linalg.inv(h_beta + 1e-8 * torch.eye(len(rows), dtype=h_beta.dtype)).diagonal().clamp(min=0)
             )
             fit.tau2.copy_(((beta**2 + var_beta).mean()).clamp(VARIANCE_FLOOR, VARIANCE_CEILING))
+
+
+def _clmm(inputs: str):
+    """The build of the mixed model on ``inputs`` registered in :mod:`llmrubric.model.registry`."""
+    return lambda rubric, setup: MixedOrdinal(rubric, inputs, seed=setup.seed)
+
+
+for _inputs in INPUTS:
+    register(f"clmm_{_inputs}", _clmm(_inputs), MixedOrdinal, candidate=True)

@@ -5,7 +5,9 @@ rubric's other questions: the judge's own answers as one-hot vectors (the Oracle
 average one-hot vector of the *other* judges of the same text (the Depersonalized Oracle).
 A :class:`~llmrubric.model.calibrator.NetworkCalibrator` appends them to its LLM features via
 ``pair_features=``. :class:`PersonalIsotonic` refits each judge's point predictions of a
-judge-independent model with an isotonic regression (scikit-learn).
+judge-independent model with an isotonic regression (scikit-learn); registered as
+``personal_isotonic`` (on the network; :mod:`llmrubric.model.registry`), it saves and loads like
+every family, its base model's state inside its own.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import logging
 
 import numpy as np
 import pandas as pd
+import torch
 from sklearn.isotonic import IsotonicRegression
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.encoding import PAIR, pairs_of, with_round
+from llmrubric.model.estimator import split_tensors
+from llmrubric.model.registry import Setup, family_of, make, register
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,10 @@ class JudgeAnswers:
 
     def fit(self, tables: Tables) -> JudgeAnswers:
         return self
+
+    def settings(self) -> dict:
+        """The arguments that rebuild it (``JudgeAnswers(rubric, **settings)``): it has no fitted state."""
+        return {"others": self.others, "questions": list(self.questions)}
 
     @property
     def dim(self) -> int:
@@ -116,6 +125,8 @@ class PersonalIsotonic:
     The predicted distribution is the base method's; only ``mean`` changes.
     """
 
+    FORMAT = "llmrubric-personal_isotonic/1"
+
     def __init__(self, base, rubric: Rubric, min_pairs: int = 2):
         self.base, self.rubric, self.min_pairs = base, rubric, min_pairs
         self.question = rubric.main
@@ -148,3 +159,44 @@ class PersonalIsotonic:
             if judge in self.models_:
                 mean[rows] = self.models_[judge].predict(mean[rows])
         return pred.assign(mean=mean)
+
+    def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
+        """The base method's distributions (only the point predictions are corrected)."""
+        return self.base.predict_proba(tables, pairs)
+
+    def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The base model's state and each judge's isotonic steps (thresholds and values)."""
+        base_meta, base_tensors = self.base.state()
+        judges = list(self.models_)
+        meta = {"format": self.FORMAT, "min_pairs": self.min_pairs, "judges": judges, "base": base_meta}
+        tensors = {f"base/{k}": v for k, v in base_tensors.items()}
+        for i, judge in enumerate(judges):
+            model = self.models_[judge]
+            tensors[f"isotonic/{i}.x"] = torch.from_numpy(np.asarray(model.X_thresholds_, dtype=np.float64))
+            tensors[f"isotonic/{i}.y"] = torch.from_numpy(np.asarray(model.y_thresholds_, dtype=np.float64))
+        return meta, tensors
+
+    @classmethod
+    def from_state(
+        cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
+    ) -> PersonalIsotonic:
+        """Each judge's isotonic regression refitted on its own steps (an isotonic sequence is its own fit)."""
+        base = family_of(meta["base"]["format"], source).from_state(
+            rubric, meta["base"], split_tensors(tensors, "base"), source
+        )
+        self = cls(base, rubric, meta["min_pairs"])
+        values = np.asarray(self.question.values, float)
+        self.models_ = {}
+        for i, judge in enumerate(meta["judges"]):
+            model = IsotonicRegression(y_min=values.min(), y_max=values.max(), out_of_bounds="clip")
+            steps = split_tensors(tensors, "isotonic")
+            self.models_[judge] = model.fit(steps[f"{i}.x"].numpy(), steps[f"{i}.y"].numpy())
+        return self
+
+
+def _personal_isotonic(rubric: Rubric, setup: Setup) -> PersonalIsotonic:
+    """The network (``model.*`` settings) with its point predictions corrected per judge."""
+    return PersonalIsotonic(make("network", rubric, setup.model, setup.trainer, setup.seed, setup.group), rubric)
+
+
+register("personal_isotonic", _personal_isotonic, PersonalIsotonic)

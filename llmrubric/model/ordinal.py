@@ -14,14 +14,10 @@ cells, or a categorical one (options not ordered), keeps w = 0.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
+from torch import nn
 
 from llmrubric.model.encoding import Encoded
-
-if TYPE_CHECKING:
-    from llmrubric.model.network import CalibrationNet
 
 GRID = torch.linspace(0.0, 1.0, 51)
 
@@ -49,9 +45,9 @@ def blend(probs: torch.Tensor, weight: torch.Tensor, option_mask: torch.Tensor) 
 
 @torch.no_grad()
 def fit_ordinal_weight(
-    net: CalibrationNet, val: Encoded, ordered: list[bool] | None = None, min_cells: int = 20
+    net: nn.Module, val: Encoded, ordered: list[bool] | None = None, min_cells: int = 20
 ) -> list[float]:
-    """Set ``net.ordinal_weight`` from the held-out rows ``val`` (only questions ``ordered``, default
+    """Set ``net.ordinal_weight`` (a :class:`~llmrubric.model.network.CalibrationNet`'s) from the held-out rows ``val`` (only questions ``ordered``, default
     all); returns the weights."""
     net.eval()
     net.ordinal_weight.zero_()

@@ -8,6 +8,7 @@ from llmrubric.config import REPORT_SECTIONS, ReportConfig
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.model.baselines import METHODS
+from llmrubric.model.registry import names
 
 SECTIONS = REPORT_SECTIONS
 
@@ -40,8 +41,8 @@ class ReportSettings(ReportConfig):
 
         if not self.sections or set(self.sections) - set(SECTIONS):
             bad("sections", f"must be a non-empty subset of {list(SECTIONS)}, got {self.sections}")
-        if set(self.methods) - set(METHODS) or "llm_rubric" not in self.methods:
-            bad("methods", f"must include llm_rubric and only methods of {list(METHODS)}, got {self.methods}")
+        if set(self.methods) - set(names()) or "llm_rubric" not in self.methods:
+            bad("methods", f"must include llm_rubric and only registered methods {names()}, got {self.methods}")
         for key in ("seeds", "workers", "permutations", "bootstrap", "lc_repetitions"):
             if int(getattr(self, key)) < 1:
                 bad(key, f"must be >= 1, got {getattr(self, key)}")

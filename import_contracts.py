@@ -3,6 +3,10 @@
 ``from optuna.storages._rdb import models`` (a private module) and ``from optuna.study import _helper``
 (a private name) break it; names such as ``__future__`` or ``__version__`` are not private. Registered in
 ``pyproject.toml`` (``[tool.importlinter]`` ``contract_types``) and run by ``lint-imports`` in ``make test``.
+
+A top-level module of the repository, not of the package: ``lint-imports`` puts the folder it runs in on
+``sys.path``, so running it from the root finds this file with no ``PYTHONPATH``, and the wheel, whose
+packages ``pyproject.toml`` lists, leaves out this tool of the test dependencies (import-linter).
 """
 
 from __future__ import annotations

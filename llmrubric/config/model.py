@@ -1,0 +1,88 @@
+"""The model settings (``model.*``, ``conf/model/``): the calibration network, ``model=auto``'s candidates,
+and the named model files read without composing."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from llmrubric.config.paths import conf_path
+
+AUTO_CANDIDATES = ("network", "clmm_own", "clmm_all", "clmm_mean", "ridge_judge")
+
+
+@dataclass
+class AutoConfig:
+    """``model=auto`` (:mod:`llmrubric.model.auto`): candidate families compared by inner cross-validation.
+
+    Attributes:
+        candidates: names registered as candidates in :mod:`llmrubric.model.registry`
+            (``registry.names(candidate=True)``; ``network`` is the network of the other ``model.*`` settings).
+        rule: ``select`` (the candidate with the lowest inner-CV NLL) or ``stack`` (non-negative
+            weights summing to 1 that maximise the inner-CV likelihood of the main question);
+            ``select`` had the lower pair NLL on all four design protocols of ``benchmarks/auto.py``
+            (synthetic DS1..DS5 and the simulated 12-system set, leave one system out and system groups).
+        group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
+            score unseen systems (``systems``, ``system_groups``), else by text.
+        folds: inner folds (by system: at most one per training system).
+    """
+
+    candidates: list[str] = field(default_factory=lambda: list(AUTO_CANDIDATES))
+    rule: str = "select"
+    group: str = "auto"
+    folds: int = 5
+
+
+@dataclass
+class ModelConfig:
+    """The calibration network and its ensemble (``model.*``), defaults chosen by synthetic
+    5-fold CV (``benchmarks/table1.py``, NLL of the main question on training texts only).
+
+    Attributes:
+        h1, h2: hidden layer sizes.
+        inputs: ``expected`` (each feature block's expected answer), ``probabilities`` (the raw
+            distributions, the paper's) or ``both``.
+        personalize: ``input`` (a judge one-hot on the input), ``deltas`` (per-judge layer
+            deltas, eq. 3-5 of the paper) or ``none``.
+        input_dropout: dropout on the inputs while training (0.2 beat 0.0: NLL 1.0557 vs 1.0594).
+        ensemble: networks whose average distribution is predicted.
+        head: ``softmax`` (the network's heads), ``ordinal`` or ``combined``
+            (:mod:`llmrubric.model.cumulative`); ``monotone`` applies to the latter two.
+        family: ``network`` (this network alone) or ``auto`` (the model chosen by inner
+            cross-validation among ``auto.candidates``, :class:`AutoConfig`).
+    """
+
+    h1: int = 25
+    h2: int = 25
+    inputs: str = "expected"
+    personalize: str = "input"
+    input_dropout: float = 0.2
+    ensemble: int = 5
+    head: str = "softmax"
+    monotone: bool = False
+    family: str = "network"
+    auto: AutoConfig = field(default_factory=AutoConfig)
+
+
+def model_settings(model: dict | ModelConfig | None = None) -> dict:
+    """:class:`ModelConfig`'s defaults updated by ``model`` (unknown keys are kept, for the caller to reject)."""
+    from omegaconf import Container, OmegaConf
+
+    given = asdict(model) if isinstance(model, ModelConfig) else dict(model or {})
+    plain = lambda v: OmegaConf.to_container(v, resolve=True) if isinstance(v, Container) else v
+    given = {k: asdict(v) if isinstance(v, AutoConfig) else plain(v) for k, v in given.items()}
+    return {**asdict(ModelConfig()), **given}
+
+
+def model_overrides(name: str) -> dict:
+    """What ``conf/model/<name>.yaml`` sets over :class:`ModelConfig`'s defaults (``model_overrides("paper")``:
+    the paper's network), read without composing (so also inside a running Hydra app; the file's
+    only default is the schema)."""
+    import yaml
+
+    data = yaml.safe_load(conf_path("model", f"{name}.yaml").read_text()) or {}
+    return {k: v for k, v in data.items() if k != "defaults"}
+
+
+def model_file(name: str) -> dict:
+    """The settings of ``conf/model/<name>.yaml`` over :class:`ModelConfig`'s defaults."""
+    return model_settings(model_overrides(name))

@@ -1,0 +1,49 @@
+"""Scoring and leaderboard settings (``conf/scoring/``: ``llmrubric score``, ``llmrubric leaderboard``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LeaderboardConfig:
+    """System leaderboards (``leaderboard.*`` of the scoring settings).
+
+    Attributes:
+        question: None: the checkpoint's (rubric's) main question.
+        bootstrap: replicates; texts and judges resampled, answers drawn from p̂_a.
+        alpha: intervals are 1 - alpha.
+        sample_answers: False: replicates use expected answers (no answer sampling).
+        band_replicates: replicates kept for the density plot's uncertainty bands.
+        missing_systems: a system absent from the reference leaderboard: ``error`` or ``drop`` (warned).
+        small_sample: label intervals (classical, PPI, PPI++): ``student`` widens ppi_py's normal
+            interval to Student's t_{k-1} with Bessel's correction (k labels); ``normal`` keeps the library's.
+    """
+
+    question: str | None = None
+    bootstrap: int = 1000
+    seed: int = 0
+    alpha: float = 0.05
+    sample_answers: bool = True
+    band_replicates: int = 200
+    missing_systems: str = "error"
+    small_sample: str = "student"
+
+
+@dataclass
+class ScoringConfig:
+    """Scoring new texts with a trained calibrator and system leaderboards (LLM-Rubric Appendix A):
+    ``llmrubric score texts`` and ``llmrubric leaderboard build`` (``conf/scoring/``, ``--config``).
+
+    Attributes:
+        trusted_judges: the trusted set A; None: every judge known to the checkpoint.
+        questions: questions to score; None: every ordered rubric question (categorical ones have no score).
+        quantile: judge-free quantile over A, reported beside mean and max.
+        chunk_texts: texts per chunk; memory is bounded by chunk_texts × |A| pairs.
+    """
+
+    trusted_judges: list[str] | None = None
+    questions: list[str] | None = None
+    quantile: float = 0.9
+    chunk_texts: int = 4096
+    leaderboard: LeaderboardConfig = field(default_factory=LeaderboardConfig)

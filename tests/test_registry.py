@@ -1,0 +1,165 @@
+"""Every registered model family fits on a small table, saves, loads with ``load_model`` and predicts
+the same; a family added as one module that registers itself is a candidate of ``model=auto`` and
+a method of ``evaluate.py`` with no other edit."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from support.settings import FAST
+
+from llmrubric.config import model_file
+from llmrubric.io.errors import InputError
+from llmrubric.io.predictions import predictions_frame
+from llmrubric.model import registry
+from llmrubric.model.auto import AutoCalibrator
+from llmrubric.model.baselines import expand_baselines, make_method, questions_proba
+from llmrubric.model.encoding import pairs_of
+from llmrubric.model.estimator import load_model, read_checkpoint, save_model, write_checkpoint
+
+SMALL_AUTO = {**model_file("auto"), "ensemble": 1, "auto": {**model_file("auto")["auto"], "folds": 2}}
+SMALL_AUTO["auto"]["candidates"] = ["network", "ridge_judge"]
+
+
+@pytest.fixture(scope="module")
+def small(simulated):
+    """60 texts of the simulated data: 45 to fit on, 15 to predict."""
+    texts = simulated.text_ids[:60]
+    return simulated.subset(texts[:45]), simulated.subset(texts[45:])
+
+
+def settings(name: str) -> dict:
+    """Small settings: one network per ensemble, model=auto with two candidates and two inner folds."""
+    return SMALL_AUTO if name == "auto" else {"ensemble": 1}
+
+
+def round_trip(name: str, rubric, small, tmp_path) -> None:
+    """Fit, save, load with load_model: the same class, distributions and predictions table."""
+    train, test = small
+    model = registry.make(name, rubric, settings(name), FAST, seed=0)
+    assert isinstance(model, registry.Family)  # the protocol's methods and FORMAT
+    model = model.fit(train)
+    loaded = load_model(save_model(model, tmp_path / f"{name}.safetensors"))
+    assert type(loaded) is type(model)
+    before, after = model.predict_proba(test), loaded.predict_proba(test)
+    width = max(len(q.options) for q in rubric.questions)
+    assert before.shape == (len(pairs_of(test.annotations)), len(rubric.questions), width)
+    assert np.isfinite(before[:, rubric.ids.index(rubric.main.id), :]).all()
+    np.testing.assert_array_equal(after, before)
+    pd.testing.assert_frame_equal(loaded.predict(test), model.predict(test))
+
+
+SLOW = ("ordinal", "combined")  # conf/model/<name>.yaml: five members fitted one after another
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in registry.names()]
+)
+def test_every_family_fits_saves_loads_and_predicts_the_same(name, rubric, small, tmp_path):
+    round_trip(name, rubric, small, tmp_path)
+
+
+class Prior:
+    """A family in one module: each question's training marginal, whatever the text and judge."""
+
+    FORMAT = "llmrubric-test_prior/1"
+
+    def __init__(self, rubric, seed: int = 0):
+        self.rubric = rubric
+
+    def fit(self, tables):
+        answers = tables.annotations
+        self.marginals_ = {}
+        for q in self.rubric.questions:
+            counts = answers[answers.question_id == q.id].answer.value_counts().reindex(q.keys, fill_value=0)
+            self.marginals_[q.id] = (counts.to_numpy(float) + 1) / (counts.sum() + len(q.keys))
+        return self
+
+    def predict_proba(self, tables, pairs=None):
+        pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        return questions_proba(
+            self.rubric, {q: np.tile(p, (len(pairs), 1)) for q, p in self.marginals_.items()}, len(pairs)
+        )
+
+    def predict(self, tables, pairs=None):
+        pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
+        return predictions_frame(pairs, self.rubric.questions, self.predict_proba(tables, pairs))
+
+    def state(self):
+        return {"format": self.FORMAT}, {q: torch.from_numpy(p) for q, p in self.marginals_.items()}
+
+    @classmethod
+    def from_state(cls, rubric, meta, tensors, source="<checkpoint>"):
+        self = cls(rubric)
+        self.marginals_ = {q.id: tensors[q.id].numpy() for q in rubric.questions}
+        return self
+
+
+@pytest.fixture
+def prior_registered(monkeypatch):
+    """``Prior`` registered as a candidate, as its module would (undone after the test)."""
+    monkeypatch.setattr(registry, "_ENTRIES", dict(registry._ENTRIES))
+    monkeypatch.setattr(registry, "_FORMATS", dict(registry._FORMATS))
+    registry.register("test_prior", lambda rubric, setup: Prior(rubric, setup.seed), Prior, candidate=True)
+
+
+def test_a_new_family_is_an_auto_candidate_an_evaluate_method_and_round_trips(
+    prior_registered, rubric, small, tmp_path
+):
+    train, test = small
+    assert "test_prior" in registry.names(candidate=True)
+    round_trip("test_prior", rubric, small, tmp_path)
+    assert isinstance(make_method("test_prior", rubric), Prior)
+    assert expand_baselines(["test_prior"], rubric, train.features) == (["test_prior"], {})
+    model_settings = {**SMALL_AUTO, "auto": {**SMALL_AUTO["auto"], "candidates": ["test_prior", "ridge_judge"]}}
+    auto = AutoCalibrator(rubric, model_settings, FAST).fit(train)
+    assert set(auto.table_) == {"test_prior", "ridge_judge"} and auto.table_["test_prior"]["nll"] > 0
+    auto.weights_ = {"test_prior": 1.0}  # the member loads through the registry whatever the inner CV chose
+    auto.members_ = {"test_prior": Prior(rubric).fit(train)}
+    loaded = load_model(save_model(auto, tmp_path / "auto.safetensors"))
+    np.testing.assert_array_equal(loaded.predict_proba(test), auto.predict_proba(test))
+
+
+def test_a_misspelt_candidate_names_the_setting_and_lists_the_registry(rubric):
+    wrong = {**SMALL_AUTO, "auto": {**SMALL_AUTO["auto"], "candidates": ["network", "clmm_owm"]}}
+    with pytest.raises(InputError, match=r"model\.auto\.candidates.*clmm_owm.*known: .*clmm_own") as error:
+        AutoCalibrator(rubric, wrong, FAST)
+    assert "\n" not in str(error.value)
+
+
+def test_an_unknown_family_version_or_missing_key_is_one_error_naming_the_file(rubric, small, tmp_path):
+    model = registry.make("constant", rubric).fit(small[0])
+    meta, tensors = model.state()
+    meta = {**meta, "rubric": rubric.to_dict(), "main_question": rubric.main.id}
+    cases = {
+        "family": ({**meta, "format": "llmrubric-unheard_of/1"}, tensors, "unknown model family"),
+        "version": ({**meta, "format": "llmrubric-constant/9"}, tensors, "retrain"),
+        "key": (meta, {}, "lacks 'marginal_'"),
+    }
+    for case, (bad_meta, bad_tensors, message) in cases.items():
+        path = write_checkpoint(tmp_path / f"{case}.safetensors", bad_meta, bad_tensors)
+        with pytest.raises(InputError, match=message) as error:
+            load_model(path)
+        assert str(path) in str(error.value) and "\n" not in str(error.value)
+    assert read_checkpoint(save_model(model, tmp_path / "ok.safetensors"))[0]["format"] == "llmrubric-constant/1"
+
+
+def test_a_baseline_under_a_second_name_is_listed_once(rubric, simulated):
+    methods, skipped = expand_baselines(["expected_llm", "mean_of_sources", "constant"], rubric, simulated.features)
+    assert methods == ["expected_llm", "constant"] and not skipped
+    assert expand_baselines(["mean_of_sources"], rubric, simulated.features)[0] == ["mean_of_sources"]
+
+
+def test_a_candidate_equal_to_another_is_not_applicable_not_a_failure(rubric, small, caplog):
+    """One LLM source per question: clmm_mean is clmm_own, recorded as not applicable at info level."""
+    settings = {**SMALL_AUTO, "auto": {**SMALL_AUTO["auto"], "candidates": ["clmm_own", "clmm_mean"]}}
+    with caplog.at_level(logging.INFO, logger="llmrubric"):
+        auto = AutoCalibrator(rubric, settings, FAST).fit(small[0])
+    row = auto.table_["clmm_mean"]
+    assert row["not_applicable"].startswith("identical to clmm_own") and "error" not in row
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r for r in caplog.records if "clmm_mean not applicable" in r.getMessage() and r.levelno == logging.INFO]

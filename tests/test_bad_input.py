@@ -30,6 +30,9 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
 from llmrubric.model.calibrator import NetworkCalibrator
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("bad_input")
+
 SIM = ROOT / "data" / "simulated"
 FAST_TRAIN = [
     "logger=none",

@@ -10,6 +10,9 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
 from llmrubric.model.calibrator import NetworkCalibrator
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("calibrator")
+
 
 @pytest.fixture(scope="module")
 def split(simulated):

@@ -12,6 +12,9 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("scoring")
+
 
 @pytest.fixture(scope="module")
 def split(simulated):

@@ -1,14 +1,11 @@
 """model=auto (inner-CV choice among model families), the cumulative-link mixed model and the new baselines."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from support.paths import ROOT
+from support.scripts import run
 from support.settings import FAST, FAST_OVERRIDES
 
 from llmrubric.apps.evaluate import evaluate_predicted
@@ -242,9 +239,8 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
         *[f"data.train.{name}={path}" for name, path in paths.items()],
         *FAST_OVERRIDES,
     ]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     for script in ("train.py", "evaluate.py"):
-        done = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+        done = run(script, *args)
         assert done.returncode == 0, done.stderr[-2000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     methods = metrics["methods"]

@@ -9,7 +9,9 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
-	@echo "installing the optional group [server] (llama-cpp-python; its first build takes about 5 minutes on 2 cores, later setups reuse the wheel pip cached)"
+	@if $(PY) -m pip cache list llama_cpp_python 2>/dev/null | grep -q llama_cpp_python; then \
+		echo "installing the optional group [server] (llama-cpp-python) from the wheel pip cached: seconds"; \
+	else echo "building the optional group [server] (llama-cpp-python from source): about 5 minutes on 2 cores, once (pip caches the wheel)"; fi
 	@if CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -e ".[test,server]" > $(SERVER_LOG) 2>&1; then rm -f $(SERVER_LOG); \
 	else echo "setup: the optional group [server] (llama-cpp-python) did not install, see $(SERVER_LOG); its tests will skip"; fi
 	touch $@
@@ -17,12 +19,16 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 	$(VENV)/bin/llmrubric models fetch smollm2 models
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing chromium (headless browser check of the HTML report)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+		echo "installing chromium (headless browser check of the HTML report; a minute or two)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) > $(VENV)/apt-chromium.log 2>&1 \
+		&& rm -f $(VENV)/apt-chromium.log \
+		|| echo "setup: chromium did not install, see $(VENV)/apt-chromium.log; its test will skip"; \
 	fi
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing postgresql (the PostgreSQL study tests start a local server)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+		echo "installing postgresql (the PostgreSQL study tests start a local server; a minute or two)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) > $(VENV)/apt-postgresql.log 2>&1 \
+		&& rm -f $(VENV)/apt-postgresql.log \
+		|| echo "setup: postgresql did not install, see $(VENV)/apt-postgresql.log; its tests will skip"; \
 	fi
 
 demo: setup
@@ -50,14 +56,14 @@ demo-llm: setup
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -n 2 -p no:cacheprovider tests
+	$(PY) -m pytest -n 2 --dist loadgroup -p no:cacheprovider tests
 
 # the tests without the slow and service-backed markers of pyproject.toml (about a minute on 2 cores); no `make setup`
 FAST_TESTS := not slow and not llm and not llama_server and not postgres and not mlflow_server and not chromium
 test-fast: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -n 2 -p no:cacheprovider -q -m "$(FAST_TESTS)" tests
+	$(PY) -m pytest -n 2 --dist loadgroup -p no:cacheprovider -q -m "$(FAST_TESTS)" tests
 
 bench: setup
 	$(PY) benchmarks/table1.py

@@ -195,8 +195,7 @@ def server(args, cfg: dict) -> dict:
             out["recorded"] = record(srv, rubric, Path(args.record))
     out["note"] = (
         "transformers de-quantises the Q4_1 weights to float32, llama.cpp multiplies them with activations rounded "
-        "to 8 bits (chat_same_tokens_in_process: the kernels alone); and llama.cpp's tokenizer writes the template's "
-        "'\\n\\n' before an option's digit as one token where transformers' GGUF tokenizer writes two "
-        "(prompts_with_equal_token_counts 0)"
+        "to 8 bits (chat_same_tokens_in_process: the kernels alone); both read the same prompt tokens since issue 33 "
+        "(llmrubric.extract.models.split_digits_first: the GGUF's smollm pre-tokenizer, as llama.cpp applies it)"
     )
     return out

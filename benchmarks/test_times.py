@@ -1,5 +1,5 @@
-"""How long the test targets take: ``make test-fast`` (the 90 s target of issue 28) and, with ``--full``,
-``make test`` (CI's command, 15 min at most).
+"""How long the test targets take: ``make test-fast`` (60 s at most on 2 cores, issue 33) and, with ``--full``,
+``make test`` (CI's command, 8 min at most on 2 cores).
 
     .venv/bin/python benchmarks/test_times.py [--full] [--out benchmarks/results/test_times.json]
 

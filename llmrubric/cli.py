@@ -4,6 +4,7 @@ llmrubric data fetch | simulate | summary | texts
 llmrubric models fetch
 llmrubric extract features | bank | summaries
 llmrubric score texts
+llmrubric rubric plan
 llmrubric leaderboard build | correlate
 llmrubric label suggest
 llmrubric judges add
@@ -30,6 +31,7 @@ COMMAND_MODULES = (
     "llmrubric.apps.score",
     "llmrubric.apps.labels",
     "llmrubric.apps.ir",
+    "llmrubric.apps.rubric",
 )
 HYDRA_APPS = (  # llmrubric <name> [overrides…]: the Hydra apps behind train.py and evaluate.py, imported when run
     ("train", "train calibrators on an experiment's data and save checkpoints (Hydra: conf/, key=value overrides)"),

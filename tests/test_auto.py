@@ -1,14 +1,11 @@
 """model=auto (inner-CV choice among model families), the cumulative-link mixed model and the new baselines."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from support.paths import ROOT
+from support.scripts import run
 from support.settings import FAST, FAST_OVERRIDES
 
 from llmrubric.apps.evaluate import evaluate_predicted
@@ -48,7 +45,7 @@ def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp
     train, test = sources3.subset(sources3.text_ids[:90]), sources3.subset(sources3.text_ids[90:])
     model = AutoCalibrator(rubric, FAST_AUTO, FAST, seed=0).fit(train)
     assert sum(model.weights_.values()) == pytest.approx(1.0) and min(model.weights_.values()) >= 0
-    assert {n.removesuffix("+level") for n in model.table_} == set(FAST_AUTO["auto"]["candidates"])
+    assert {n.removesuffix("-level") for n in model.table_} == set(FAST_AUTO["auto"]["candidates"])
     assert all(np.isfinite(row["nll"]) for row in model.table_.values() if "error" not in row)
     assert model.val_nll_ <= min(row["nll"] for row in model.table_.values() if "nll" in row) + 1e-9
     probs = model.predict_proba(test)
@@ -68,7 +65,7 @@ def test_select_keeps_the_candidate_with_the_lowest_inner_nll(sources3, rubric):
     settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "rule": "select", "candidates": ["clmm_all", "ridge_judge"]}}
     model = AutoCalibrator(rubric, settings, FAST, seed=1).fit(sources3)
     best = min(model.table_, key=lambda n: model.table_[n]["nll"])
-    assert model.weights_ == {best: 1.0} and list(model.members_) == [best.removesuffix("+level")]
+    assert model.weights_ == {best: 1.0} and list(model.members_) == [best.removesuffix("-level")]
 
 
 def test_inner_folds_by_system_never_split_a_system(sources3, rubric):
@@ -99,7 +96,8 @@ def test_a_failing_candidate_is_recorded_and_all_failing_is_an_error(sources3, r
     monkeypatch.setattr(MixedOrdinal, "fit", broken)
     settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all", "ridge_judge"]}}
     model = AutoCalibrator(rubric, settings, FAST).fit(sources3)
-    assert "broken on purpose" in model.table_["clmm_all"]["error"] and model.weights_ == {"ridge_judge": 1.0}
+    assert "broken on purpose" in model.table_["clmm_all"]["error"] and "clmm_all-level" not in model.table_
+    assert [n.removesuffix("-level") for n in model.weights_] == ["ridge_judge"]
     only = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all"]}}
     with pytest.raises(InputError, match="every candidate failed") as error:
         AutoCalibrator(rubric, only, FAST).fit(sources3)
@@ -242,9 +240,8 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
         *[f"data.train.{name}={path}" for name, path in paths.items()],
         *FAST_OVERRIDES,
     ]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     for script in ("train.py", "evaluate.py"):
-        done = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+        done = run(script, *args)
         assert done.returncode == 0, done.stderr[-2000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     methods = metrics["methods"]
@@ -262,7 +259,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
     assert set(metrics["auto"]) == {"fold0", "fold1"}
     for choice in metrics["auto"].values():
         assert sum(choice["weights"].values()) == pytest.approx(1.0) and choice["inner_folds_by"] == "system"
-        assert {n.removesuffix("+level") for n in choice["inner_cv"]} == set(model_file("auto")["auto"]["candidates"])
+        assert {n.removesuffix("-level") for n in choice["inner_cv"]} == set(model_file("auto")["auto"]["candidates"])
         assert "reason" in choice["system_level"]
     assert "model=auto, fold0: weights" in (tmp_path / "run" / "metrics.md").read_text()
 

@@ -30,6 +30,9 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
 from llmrubric.model.calibrator import NetworkCalibrator
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("bad_input")
+
 SIM = ROOT / "data" / "simulated"
 FAST_TRAIN = [
     "logger=none",
@@ -353,10 +356,10 @@ CASES = [
         ("options", "'9'", "expected 4"),
     ),
     Case(
-        "features-whole-question-absent",
+        "features-no-block-of-the-model",  # a whole question absent is marginalised (issue 34); no shared block is an error
         "cli",
-        feats_case(lambda df: df[df.question_id != "Q3"]),
-        ("Q3", "layout mismatch"),
+        feats_case(lambda df: df.assign(source="another-llm")),
+        ("feats.csv", "share no block", "layout mismatch"),
     ),
     Case(
         "features-unknown-suffix",

@@ -10,6 +10,9 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
 from llmrubric.model.calibrator import NetworkCalibrator
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("calibrator")
+
 
 @pytest.fixture(scope="module")
 def split(simulated):
@@ -76,7 +79,9 @@ def test_layout_mismatch_at_prediction_is_an_error(fitted, split):
         fitted.predict(Tables(split[1].annotations, wrong))
     renamed = feats.assign(source="other-llm")
     renamed.attrs["source"] = "features.csv"
-    with pytest.raises(InputError, match="absent from the features") as info:
+    with pytest.raises(
+        InputError, match="share no block"
+    ) as info:  # absent blocks are marginalised; none shared is an error
         fitted.predict(Tables(split[1].annotations, renamed))
     assert info.value.file == "features.csv"
 

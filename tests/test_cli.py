@@ -19,6 +19,7 @@ GRAMMAR = {
     "label": ["suggest"],
     "judges": ["add"],
     "ir": ["qrels", "trec-eval", "nuggets", "grounded-qa"],
+    "rubric": ["plan"],
     "schema": ["show"],
 }
 HYDRA_APPS = ["train", "evaluate"]  # verbs of their own: everything after them goes to Hydra

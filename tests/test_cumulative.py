@@ -14,6 +14,9 @@ from llmrubric.io.errors import InputError
 from llmrubric.model.calibrator import NetworkCalibrator, fit_together
 from llmrubric.model.cumulative import CumulativeNet
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("cumulative")
+
 ORDINAL, COMBINED = group("model", "ordinal"), group("model", "combined")
 
 

@@ -11,6 +11,7 @@ imports only what llmrubric has. Markdown links point at existing files (and hea
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import re
 import shlex
@@ -145,6 +146,13 @@ def _run_cli(argv: list[str]) -> tuple[int, str]:
     return 0, out.getvalue()
 
 
+@functools.cache
+def _help(words: tuple[str, ...]) -> tuple[int, str]:
+    """``llmrubric <words> --help``: its exit code and output, run once per noun/verb in a test process (the
+    guides name ``train`` and ``extract features`` dozens of times; Hydra's help composes the whole config)."""
+    return _run_cli([*words, "--help"])
+
+
 def _parse_cli(argv: list[str]) -> tuple[int, str]:
     out = StringIO()
     with redirect_stdout(out), redirect_stderr(out):
@@ -167,7 +175,7 @@ def test_cli_command_parses(cmd: Command):
     args = list(cmd.argv[1:])
     words = _words(args)
     assert words, f"{cmd}: not `llmrubric <noun> <verb> ...`"
-    code, text = _run_cli([*words, "--help"])
+    code, text = _help(tuple(words))
     assert code == 0, f"{cmd}: `llmrubric {' '.join(words)} --help` exited {code}\n{text[-800:]}"
     code, text = _parse_cli(args)
     assert code == 0, f"{cmd}: the line does not parse\n{text[-800:]}"
@@ -187,7 +195,7 @@ def _inline_cli() -> list:
 @pytest.mark.parametrize("span", _inline_cli())
 def test_inline_cli_names_exist(span: str):
     words = _words(shlex.split(span)[1:])
-    code, text = _run_cli([*words, "--help"])
+    code, text = _help(tuple(words))
     assert code == 0, f"`{span}`: `llmrubric {' '.join(words)} --help` exited {code}\n{text[-800:]}"
 
 

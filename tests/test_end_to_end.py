@@ -38,7 +38,14 @@ def test_demo_train_then_evaluate(tmp_path):
 
 def test_a_systems_evaluation_writes_the_errors_that_give_a_leaderboard_shift_intervals(tmp_path):
     run_dir, board_dir = tmp_path / "run", tmp_path / "board"
-    args = ["experiment=demo", "protocol=systems", f"run_dir={run_dir}", "logger=none", *FAST_OVERRIDES]
+    args = [
+        "experiment=demo",
+        "protocol=systems",
+        f"run_dir={run_dir}",
+        "logger=none",
+        "model.ensemble=1",
+        *FAST_OVERRIDES,
+    ]
     for script in ("train.py", "evaluate.py"):
         done = run(script, *args)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -116,7 +123,8 @@ def test_a_system_groups_evaluation_writes_the_system_figures_of_every_method(tm
 
 
 def test_evaluate_with_a_mismatched_checkpoint_writes_nothing(tmp_path):
-    args = ["experiment=demo", f"run_dir={tmp_path}", *FAST_OVERRIDES]
+    args = ["experiment=demo", f"run_dir={tmp_path}", "model.ensemble=1", "model.auto.candidates=[network]"]
+    args += FAST_OVERRIDES
     assert run("train.py", *args).returncode == 0
     features = pd.read_csv(ROOT / "data" / "simulated" / "features.csv")
     bad = tmp_path / "features_q3_missing.csv"

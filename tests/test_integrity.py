@@ -95,6 +95,7 @@ def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, mo
         "folds=2",
         "logger=none",
         "model.ensemble=1",
+        "model.auto.candidates=[network]",  # model=auto (its save is interrupted) with one candidate to train
         *FAST_OVERRIDES,
     ]
     assert run_script("train.py", args) == 0

@@ -25,6 +25,9 @@ from llmrubric.model.estimator import load_model
 from llmrubric.model.judges import add_judge
 from llmrubric.scoring import labels as lab
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("labels")
+
 SIM = ROOT / "data" / "simulated"
 
 NEW = "J01"

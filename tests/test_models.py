@@ -3,6 +3,8 @@ the one-line errors for a missing, truncated, unsupported or weightless model.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -42,6 +44,21 @@ def test_cache_key_covers_the_weights(tmp_path):
     (folder / "q8.gguf").write_bytes(b"another quantisation")
     keys = {models.weights_hash(models.resolve(folder, name)) for name in ("q4.gguf", "q8.gguf")}
     assert len(keys) == 2
+
+
+def test_a_digits_first_gguf_tokenizer_splits_as_llama_cpp():
+    """GPT-2's split writes "\\n\\n1" as two newline pieces; llama.cpp's ``smollm`` (digits first) as one."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import BPE
+
+    def built(pre: str) -> tuple[bool, list[str]]:
+        tokenizer = Tokenizer(BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        changed = models.split_digits_first(SimpleNamespace(backend_tokenizer=tokenizer), pre)
+        return changed, [piece for piece, _ in tokenizer.pre_tokenizer.pre_tokenize_str("Options:\n\n12. a")]
+
+    assert built("smollm") == (True, ["Options", ":", "\u010a\u010a", "1", "2", ".", "\u0120a"])
+    assert built("gpt2") == (False, ["Options", ":", "\u010a", "\u010a", "12", ".", "\u0120a"])
 
 
 @pytest.mark.parametrize("case", ["missing", "not_gguf", "truncated", "no_weights", "unsupported"])

@@ -22,7 +22,8 @@ from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.report.plan import ReportPlan
 from llmrubric.report.settings import ReportSettings
 
-pytestmark = pytest.mark.slow  # the data set's fixture runs the summary CLI; three tests train
+# the data set's fixture runs the summary CLI (once: one worker runs the module, --dist loadgroup); three tests train
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multi_source")]
 
 
 @pytest.fixture(scope="module")

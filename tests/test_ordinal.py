@@ -8,13 +8,17 @@ from support.settings import FAST
 from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.ordinal import blend, fit_ordinal_weight, ordinal_shape
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("ordinal")
+
 PLAIN = {**FAST, "ordinal_blend": False}
 
 
 @pytest.fixture(scope="module")
 def member(rubric, simulated):
-    """A fitted network (temperature scaled, not blended) with its early-stopping rows."""
-    cal = NetworkCalibrator(rubric, trainer=PLAIN, seed=0).fit(simulated)
+    """A fitted network (temperature scaled, not blended) with its early-stopping rows: the first member of
+    the default ensemble (a member's seed does not depend on the ensemble's size), trained alone."""
+    cal = NetworkCalibrator(rubric, {"ensemble": 1}, trainer=PLAIN, seed=0).fit(simulated)
     _, _, vals, _ = cal._members(simulated)
     return cal.nets_[0], vals[0]
 

@@ -28,6 +28,9 @@ from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
 from llmrubric.report.build import check_report_config
 from llmrubric.report.settings import ReportSettings
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("report")
+
 CHROMIUM = Path("/usr/bin/chromium")
 FAST_REPORT = [
     "report=fast",

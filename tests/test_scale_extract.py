@@ -20,6 +20,9 @@ from llmrubric.extract.runner import extract
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("scale_extract")
+
 KEYS = ["text_id", "question_id", "option"]
 
 

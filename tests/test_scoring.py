@@ -12,6 +12,9 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("scoring")
+
 
 @pytest.fixture(scope="module")
 def split(simulated):
@@ -117,7 +120,7 @@ def test_bad_input_is_an_error_and_writes_nothing(model, split, tmp_path):
         score_texts(model, test.features, questions=["Q99"])
     bad = test.features.assign(source="other-llm")
     bad.attrs["source"] = "new.csv"
-    with pytest.raises(InputError, match="absent from the features") as info:
+    with pytest.raises(InputError, match="share no block") as info:
         score_texts(model, bad, predictions_out=tmp_path / "pred.csv")
     assert info.value.file == "new.csv" and not (tmp_path / "pred.csv").exists()
     with pytest.raises(InputError, match="table format"):

@@ -143,10 +143,10 @@ def test_auto_compares_with_and_without_the_level_and_saves_it(six, rubric, tmp_
     held = sorted(systems.unique())[0]
     train, test = six.subset(systems.index[systems != held]), six.subset(systems.index[systems == held])
     model = AutoCalibrator(rubric, _auto("auto"), FAST, group="system").fit(train)
-    assert set(model.table_) == {"ridge_judge", "ridge_judge+level"}
-    assert np.isfinite(model.table_["ridge_judge+level"]["nll"]) and model.level_record_["compared"]
+    assert set(model.table_) == {"ridge_judge", "ridge_judge-level"}
+    assert np.isfinite(model.table_["ridge_judge-level"]["nll"]) and model.level_record_["compared"]
     forced = AutoCalibrator(rubric, _auto("on"), FAST, group="system").fit(train)
-    assert forced.weights_ == {"ridge_judge+level": 1.0} and "ridge_judge" in forced.levels_
+    assert forced.weights_ == {"ridge_judge-level": 1.0} and "ridge_judge" in forced.levels_
     probs = forced.predict_proba(test)
     np.testing.assert_allclose(probs[:, 0, :4].sum(axis=1), 1.0, atol=1e-9)
     forced.save(tmp_path / "auto.safetensors")

@@ -7,11 +7,17 @@ from support.settings import FAST
 from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.temperature import GRID, _grid_nll, best_inverse_temperature, fit_temperature
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("temperature")
+
 
 @pytest.fixture(scope="module")
 def member(rubric, simulated):
-    """A fitted network (no temperature yet) with its early-stopping rows."""
-    cal = NetworkCalibrator(rubric, trainer={**FAST, "temperature_scaling": False}, seed=0).fit(simulated)
+    """A fitted network (no temperature yet) with its early-stopping rows: the first member of the default
+    ensemble (a member's seed does not depend on the ensemble's size), trained alone."""
+    cal = NetworkCalibrator(rubric, {"ensemble": 1}, trainer={**FAST, "temperature_scaling": False}, seed=0).fit(
+        simulated
+    )
     _, _, vals, _ = cal._members(simulated)
     return cal, cal.nets_[0], vals[0]
 

@@ -83,6 +83,22 @@ def add_run_flags(p) -> None:
         help="compute nothing: write what the cache holds (the rest listed as 'no result')",
     )
     p.add_argument(
+        "--adaptive",
+        dest="adaptive_extraction",
+        action="store_true",
+        help="ask each text only the blocks worth asking, one at a time (docs/adaptive.md); needs --calibrator",
+    )
+    p.add_argument("--calibrator", help="with --adaptive: a checkpoint trained on this model's features and rubric")
+    p.add_argument(
+        "--budget", dest="adaptive.budget", type=int, help="with --adaptive: most calls per text (adaptive.budget)"
+    )
+    p.add_argument(
+        "--min-gain",
+        dest="adaptive.min_gain",
+        type=float,
+        help="with --adaptive: stop a text when the best expected variance reduction per unit cost is below this",
+    )
+    p.add_argument(
         "--shard", metavar="K/N", help="only the texts of shard K of N (0 <= K < N; by the sha256 of text_id)"
     )
     p.add_argument(
@@ -178,11 +194,11 @@ def _settings(args) -> dict:
     settings = command_settings(
         "extract",
         getattr(args, "config", None),
-        {k: v for k, v in given.items() if k in setting_keys},
+        {k: v for k, v in given.items() if k.split(".")[0] in setting_keys},
         getattr(args, "overrides", None) or [],
         "extract config",
     )
-    settings.update({k: v for k, v in given.items() if k not in setting_keys and v is not None})
+    settings.update({k: v for k, v in given.items() if k.split(".")[0] not in setting_keys and v is not None})
     if settings.get("model") in (None, "???"):
         raise InputError("no model given (--model or model: in the config)")
     return settings
@@ -196,6 +212,7 @@ def run(args) -> int:
     from llmrubric.extract.summaries import summarise
 
     settings = _settings(args)
+    check_adaptive(settings)
     detector = make_detector(settings["detect_injection"], settings["injection_patterns"])
     shard = parse_shard(settings["shard"]) if settings.get("shard") else None
     if settings.get("shards") is not None and (shard or settings.get("cached_only")):
@@ -225,6 +242,8 @@ def run(args) -> int:
             launcher,
             detector,
         )
+    elif settings.get("adaptive_extraction"):
+        result = _run_adaptive(settings, tasks, skipped, rubric, source, cache_path, detector)
     else:
         backend = make_backend_from(settings)
         cache = ResultCache(cache_path)
@@ -261,6 +280,56 @@ def run(args) -> int:
     write_table(features, out)
     print(json.dumps(summary))
     return 0
+
+
+def check_adaptive(settings: dict) -> None:
+    """``--adaptive`` goes with ``--calibrator`` and runs in one process; its settings in range."""
+    from llmrubric.model.adaptive import adaptive_settings
+
+    settings["adaptive"] = adaptive_settings(settings.get("adaptive"))
+    if not settings.get("adaptive_extraction"):
+        if settings.get("calibrator"):
+            raise InputError("--calibrator is for --adaptive extraction", setting="--calibrator")
+        return
+    if not settings.get("calibrator"):
+        raise InputError(
+            "--adaptive needs --calibrator CKPT (a calibrator of this model's features)", setting="--calibrator"
+        )
+    for flag in ("shards", "shard", "cached_only"):
+        if settings.get(flag):
+            raise InputError(f"--adaptive does not run with --{flag.replace('_', '-')}", setting="--adaptive")
+
+
+def _run_adaptive(settings, tasks, skipped, rubric, source, cache_path, detector):
+    """The adaptive extraction of ``tasks`` with the selector of ``--calibrator``."""
+    from llmrubric.extract.cache import ResultCache
+    from llmrubric.model.adaptive import Selector
+    from llmrubric.model.estimator import load_model
+    from llmrubric.scoring.adaptive_extract import check_rubric, check_source, extract_adaptive
+
+    model = load_model(settings["calibrator"])
+    if rubric is not None:
+        check_rubric(model.rubric, rubric, settings["calibrator"])
+    selector = Selector(model, settings["adaptive"])
+    check_source(selector, source, tasks)
+    backend = make_backend_from(settings)
+    cache = ResultCache(cache_path)
+    try:
+        return extract_adaptive(
+            tasks,
+            backend,
+            cache,
+            source,
+            selector,
+            skipped,
+            rubric,
+            progress=not settings.get("no_progress"),
+            min_label_mass=float(settings["min_label_mass"]),
+            detector=detector,
+        )
+    finally:
+        cache.close()
+        backend.close()
 
 
 def _tasks(settings: dict, texts: pd.DataFrame) -> tuple:

@@ -19,7 +19,7 @@ the Python API (:func:`group`) all read settings through it, and a bad override 
 """
 
 from llmrubric.config.data import MISSING, DataConfig
-from llmrubric.config.extract import ExtractConfig
+from llmrubric.config.extract import AdaptiveConfig, ExtractConfig
 from llmrubric.config.ir import AutograderConfig, IRConfig, NuggetsConfig
 from llmrubric.config.labels import JudgesConfig, LabelsConfig, SuggestConfig
 from llmrubric.config.loader import (
@@ -55,6 +55,7 @@ __all__ = [
     "AutoConfig",
     "AutograderConfig",
     "DataConfig",
+    "AdaptiveConfig",
     "ExtractConfig",
     "IRConfig",
     "JudgesConfig",

@@ -2,7 +2,35 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AdaptiveConfig:
+    """The adaptive rubric (``extract features --adaptive``, ``rubric plan``; docs/adaptive.md): per text,
+    ask next the block whose answer is expected to reduce the variance of the main question's
+    predicted score most per unit cost; stop at ``budget`` calls or when that reduction falls below
+    ``min_gain``.
+
+    Attributes:
+        budget: most LLM calls (blocks asked) per text; None: every block of the calibrator.
+        min_gain: stop when the best expected variance reduction per unit cost is below this
+            (squared score units; 0: stop only at the budget or when no block is left; 0.0005 was
+            chosen on the synthetic and simulated sets, benchmarks/README.md, issue 34).
+        cost: ``calls`` (each block costs 1) or ``tokens`` (a block costs its prompt's length in
+            characters over the mean prompt length of the text's blocks).
+        draws: the answer model's guesses of a block's answer that each expected reduction averages over.
+        judges: whose mean predicted score is the target; None: the average over every judge of the
+            calibrator (as ``score texts`` with no trusted judges).
+        seed: seeds the answer model's guesses.
+    """
+
+    budget: int | None = None
+    min_gain: float = 0.0005
+    cost: str = "calls"
+    draws: int = 32
+    judges: list[str] | None = None
+    seed: int = 0
 
 
 @dataclass
@@ -19,6 +47,7 @@ class ExtractConfig:
         min_label_mass: blocks whose labels get less total probability are marked ``low_label_mass``.
         detect_injection: True: blocks whose text matches a pattern are marked ``possible_injection``.
         injection_patterns: None: ``conf/injection/default.yaml``.
+        adaptive: the adaptive rubric's settings (:class:`AdaptiveConfig`; used with ``--adaptive``).
     """
 
     backend: str = "transformers"
@@ -30,3 +59,4 @@ class ExtractConfig:
     min_label_mass: float = 0.05
     detect_injection: bool = False
     injection_patterns: str | None = None
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)

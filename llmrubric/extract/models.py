@@ -4,6 +4,13 @@ A model is named by ``path``: a folder with ``config.json`` and weights, a ``.gg
 folder holding exactly one ``.gguf`` file (``gguf_file`` names it when there are several).
 Its weights hash (sha256 of the weight files) enters the cache key, so two quantisations in
 one folder never share cached answers.
+
+A GGUF file's tokenizer is the reference implementation of llama.cpp, which splits the text by the
+rules the file names in ``tokenizer.ggml.pre`` before its BPE merges. The tokenizer ``transformers``
+builds from the file knows some of those names; for the digits-first ones it does not know (SmolLM2's
+``smollm``) it falls back to GPT-2's split, which writes ``"\n\n1"`` as ``"\n"``, ``"\n"``, ``"1"`` where
+llama.cpp (and SmolLM2's own Hugging Face tokenizer) writes ``"\n\n"``, ``"1"``. :func:`load` gives such a
+tokenizer llama.cpp's split, and :func:`tokenizer_tag` marks it in the cache key.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from llmrubric.io.files import atomic_path
 MODELS_DIR = conf_path("models")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, IndexError, struct.error)
+# llama.cpp's pre-tokenizers (llama-vocab.cpp) that split every digit off first, then apply GPT-2's regex
+DIGITS_FIRST = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"})
 
 
 @dataclass(frozen=True)
@@ -94,10 +103,47 @@ def load(files: ModelFiles, torch_dtype):
         auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
         model = auto.from_pretrained(files.folder, dtype=torch_dtype, **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(files.folder, **kwargs)
+        split_digits_first(tokenizer, gguf_pre_tokenizer(files))
     except LOAD_ERRORS as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise InputError(f"cannot load the model ({type(e).__name__}: {first})", file=where) from e
     return model, tokenizer
+
+
+def gguf_pre_tokenizer(files: ModelFiles) -> str | None:
+    """The GGUF file's ``tokenizer.ggml.pre`` (None for an HF folder or a file without one)."""
+    if not files.gguf_file:
+        return None
+    from gguf import GGUFReader
+
+    field = GGUFReader(files.folder / files.gguf_file).get_field("tokenizer.ggml.pre")
+    return None if field is None else bytes(field.parts[field.data[0]]).decode()
+
+
+def split_digits_first(tokenizer, pre: str | None) -> bool:
+    """Give a byte-level BPE tokenizer built from a GGUF file with a digits-first ``pre`` llama.cpp's split
+    (each digit alone, then GPT-2's regex: ``Digits`` + ``ByteLevel``, as in SmolLM2's own tokenizer.json),
+    where ``transformers`` left GPT-2's split alone; whether it did."""
+    from tokenizers import pre_tokenizers
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    current = getattr(backend, "pre_tokenizer", None)
+    if pre not in DIGITS_FIRST or not isinstance(current, pre_tokenizers.ByteLevel) or not current.use_regex:
+        return False
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=current.add_prefix_space, trim_offsets=current.trim_offsets),
+        ]
+    )
+    return True
+
+
+def tokenizer_tag(files: ModelFiles) -> str:
+    """What the cache key adds for the tokenizer :func:`load` builds: ``"+pre=NAME"`` where it splits as
+    llama.cpp's digits-first ``NAME`` (the cached answers of GPT-2's split are not reused), else ``""``."""
+    pre = gguf_pre_tokenizer(files)
+    return f"+pre={pre}" if pre in DIGITS_FIRST else ""
 
 
 def spec(name: str) -> dict:

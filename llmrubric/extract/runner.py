@@ -4,6 +4,7 @@ arrives, and build the features table plus a record of everything that is not a 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ def extract(
         dynamic_ncols=True,
     )
     computed_tokens = prompt_tokens = 0
+    start = time.perf_counter()
     try:
         for r in backend.score(todo if compute else []):
             cache.put(model_id, r)
@@ -81,6 +83,7 @@ def extract(
             bar.update(1)
     finally:
         bar.close()
+    llm_seconds = time.perf_counter() - start
     extraction = assemble(tasks, results, source, skipped, rubric, min_label_mass, detector)
     s = extraction.failures.status.value_counts() if len(extraction.failures) else {}
     extraction.summary = {
@@ -97,23 +100,29 @@ def extract(
         **label_mass_quantiles(results.values()),
         "prompt_tokens": prompt_tokens,
         "computed_tokens": computed_tokens,
+        "llm_seconds": llm_seconds,
     }
-    if extraction.summary["low_label_mass"]:
+    warn(extraction.summary, source, min_label_mass)
+    log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
+    return extraction
+
+
+def warn(summary: dict, source: str, min_label_mass: float) -> None:
+    """Log the blocks of low label mass and those that may judge an injection, if any."""
+    if summary["low_label_mass"]:
         log.warning(
             "%s: %d blocks have label mass below min_label_mass %g (marked low_label_mass in the failures table); "
             "check the prompt's answer format, label_prefix and chat_template",
             source,
-            extraction.summary["low_label_mass"],
+            summary["low_label_mass"],
             min_label_mass,
         )
-    if extraction.summary["possible_injection"]:
+    if summary["possible_injection"]:
         log.warning(
             "%s: %d blocks judge a text that may hold instructions to the judge (marked possible_injection)",
             source,
-            extraction.summary["possible_injection"],
+            summary["possible_injection"],
         )
-    log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
-    return extraction
 
 
 def label_mass(r: Result) -> float | None:

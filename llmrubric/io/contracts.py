@@ -51,7 +51,7 @@ SPECS = {
             (
                 "prob",
                 f"float >= 0; a block (text, source, question) sums to at most 1 + options × {PROB_TOLERANCE:g} "
-                "(unnormalised); an absent block, or a block of 2+ options that are all 0, is missing (masked, counted in a warning); "
+                "(unnormalised); an absent block, or a block of 2+ options that are all 0, is missing (marginalised when predicting, counted in a warning); "
                 "a one-option block is a value, 0 included; NA is an error",
             ),
         ),

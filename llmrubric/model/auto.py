@@ -13,7 +13,7 @@ the candidates that predict it. A candidate that fails to fit is recorded with i
 out (a warning); one that does not apply to the data (``clmm_mean`` with one LLM source per
 question is ``clmm_own``) is recorded as not applicable (info); all failing is an error. Inner folds never see the texts (or systems) they score, and the
 outer test data are never seen at all. With 3+ training systems each candidate ``X`` is also scored
-as ``X+level``, with the system level of :mod:`llmrubric.model.system_level` fitted in each inner
+as ``X-level``, with the system level of :mod:`llmrubric.model.system_level` fitted in each inner
 fold on its training systems (``model.auto.system_level``).
 """
 
@@ -243,7 +243,7 @@ class AutoCalibrator:
         return members
 
     def _fit_levels(self, tables: Tables) -> dict:
-        """The system level of every weighted ``<candidate>+level``, fitted on the member's in-sample predictions."""
+        """The system level of every weighted ``<candidate>-level``, fitted on the member's in-sample predictions."""
         main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
         pairs, _ = question_targets(tables, self.rubric.main)
         values = np.asarray(self.rubric.main.values, dtype=float)
@@ -287,7 +287,27 @@ class AutoCalibrator:
             n: self.members_[n].predict_proba(tables, pairs) for n in {w.removesuffix(LEVEL) for w in self.weights_}
         }
         fixed = getattr(self, "fixed_levels_", None)
-        probs = with_levels(self.levels_, self.rubric, base, list(self.weights_), tables, pairs, fixed)
+        return self._mixture(with_levels(self.levels_, self.rubric, base, list(self.weights_), tables, pairs, fixed))
+
+    @property
+    def answers_(self):
+        """The answer model of the members (all fitted on the same features); None for an old checkpoint
+        or when a member cannot predict completions (a family without ``proba_completed``)."""
+        members = list(self.members_.values())
+        if not all(hasattr(m, "proba_completed") for m in members):
+            return None
+        return next((m.answers_ for m in members if getattr(m, "answers_", None) is not None), None)
+
+    def proba_completed(self, batch, completions: np.ndarray) -> np.ndarray:
+        """(draws, pairs, questions, max options): the members' mixture for each completion
+        (:mod:`llmrubric.model.absent`; every member has the layout of ``batch``)."""
+        probs = {n: self.members_[n.removesuffix(LEVEL)].proba_completed(batch, completions) for n in self.weights_}
+        draws, n_pairs = completions.shape[1], len(batch.pairs)
+        flat = self._mixture({n: p.reshape(draws * n_pairs, *p.shape[2:]) for n, p in probs.items()})
+        return flat.reshape(draws, n_pairs, *flat.shape[1:])
+
+    def _mixture(self, probs: dict[str, np.ndarray]) -> np.ndarray:
+        """Each question's weighted mixture of the members' ``probs`` (rows, questions, max options)."""
         known = {
             n: np.isfinite(p).all(axis=(0, 2)) if len(p) else ~np.isnan(p).all(axis=(0, 2)) for n, p in probs.items()
         }

@@ -35,6 +35,8 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, source_of
+from llmrubric.model.absent import CompletionBatch, marginal_proba
+from llmrubric.model.answers import AnswerModel, answers_from_state, answers_state
 from llmrubric.model.columns import text_columns
 from llmrubric.model.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.registry import Setup, entry, make, register
@@ -237,7 +239,8 @@ class RidgeJudge(MainQuestionBaseline):
     """Ridge regression of each question's answer on every feature block plus judge indicators.
 
     Each block gives one value per text (:mod:`llmrubric.model.columns`); a block missing for a
-    text takes the training mean. For an ordered question the distribution is a normal with the
+    training text takes the training mean, one absent from a text to predict is marginalised
+    (:mod:`llmrubric.model.absent`). For an ordered question the distribution is a normal with the
     training residual spread, discretised onto the options (:func:`discretised_normal`); for a
     categorical one the regression is an L2-penalised multinomial logistic regression on the same
     inputs (penalty chosen by 5-fold CV log loss). ``fit(tables, questions)`` fits the given
@@ -251,18 +254,42 @@ class RidgeJudge(MainQuestionBaseline):
 
     def _design(self, tables: Tables, pairs: pd.DataFrame) -> np.ndarray:
         texts = sorted(pairs.text_id.unique())
-        text_x = text_columns(self.layout_, self.rubric, tables.features, texts)
-        text_x = np.where(np.isnan(text_x), self.fill_, text_x)[
-            pairs.text_id.map({t: i for i, t in enumerate(texts)}).to_numpy()
-        ]
-        judge = self.judges_.indices(pairs.judge_id)
-        onehot = np.zeros((len(pairs), len(self.judges_.judges)))
+        absent_ok = getattr(self, "answers_", None) is not None
+        text_x = text_columns(self.layout_, self.rubric, tables.features, texts, absent_ok)
+        rows = pairs.text_id.map({t: i for i, t in enumerate(texts)}).to_numpy()
+        return self._design_rows(text_x[rows], self.judges_.indices(pairs.judge_id))
+
+    def _design_rows(self, columns: np.ndarray, judge: np.ndarray) -> np.ndarray:
+        """The design matrix of rows of text ``columns`` (absent: the training mean) and judge indices."""
+        onehot = np.zeros((len(judge), len(self.judges_.judges)))
         onehot[judge >= 0, judge[judge >= 0]] = 1.0
-        return np.hstack([text_x, onehot])
+        return np.hstack([np.where(np.isnan(columns), self.fill_, columns), onehot])
+
+    def _completed(self, batch: CompletionBatch, completions: np.ndarray) -> dict:
+        """Each fitted question's (probabilities (D, P, options), point values (D, P) or None) per completion."""
+        columns = batch.pair_columns(completions)
+        draws, n_pairs = columns.shape[:2]
+        judge = np.tile(self.judges_.indices(batch.pairs.judge_id), draws)
+        x = self._design_rows(columns.reshape(draws * n_pairs, -1), judge)
+        out = {}
+        for qid in self.fits_:
+            p, mu = self._question_proba(self.rubric[qid], x)
+            out[qid] = (p.reshape(draws, n_pairs, -1), None if mu is None else mu.reshape(draws, n_pairs))
+        return out
+
+    def proba_completed(self, batch: CompletionBatch, completions: np.ndarray) -> np.ndarray:
+        """(draws, pairs, questions, max options) for each completion (:mod:`llmrubric.model.absent`)."""
+        probs = self._completed(batch, completions)
+        draws, n_pairs = completions.shape[1], len(batch.pairs)
+        flat = questions_proba(
+            self.rubric, {q: p.reshape(draws * n_pairs, -1) for q, (p, _) in probs.items()}, draws * n_pairs
+        )
+        return flat.reshape(draws, n_pairs, *flat.shape[1:])
 
     def fit(self, tables, questions: list[str] | None = None):
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
+        self.answers_ = AnswerModel.fit(tables.features, self.layout_, self.rubric)
         columns = text_columns(self.layout_, self.rubric, tables.features, tables.text_ids)
         self.fill_ = pd.DataFrame(columns).mean().fillna(0.0).to_numpy()
         self.fits_ = {}
@@ -325,9 +352,11 @@ class RidgeJudge(MainQuestionBaseline):
     def predict(self, tables: Tables, pairs: pd.DataFrame | None = None) -> pd.DataFrame:
         """The predictions table of every fitted question."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
-        x = self._design(tables, pairs)
         questions = [self.rubric[q] for q in self.fits_]
-        results = [self._question_proba(q, x) for q in questions]
+        results = self._marginal_results(tables, pairs)
+        if results is None:
+            x = self._design(tables, pairs)
+            results = [self._question_proba(q, x) for q in questions]
         width = max(len(q.options) for q in questions)
         probs = np.stack([np.pad(p, ((0, 0), (0, width - p.shape[1]))) for p, _ in results], axis=1)
         means = None
@@ -335,8 +364,35 @@ class RidgeJudge(MainQuestionBaseline):
             means = np.stack([m for _, m in results], axis=1)
         return predictions_frame(pairs, questions, probs, means)
 
+    def _marginal_results(self, tables: Tables, pairs: pd.DataFrame) -> list | None:
+        """Each fitted question's (probabilities, point values) with absent blocks marginalised
+        (:func:`llmrubric.model.absent.marginal_proba`); None when every text has every block."""
+        questions = list(self.fits_)
+        widths = [len(self.rubric[q].options) for q in questions]
+
+        def whole(part):
+            x = self._design(tables, part)
+            return _packed([self._question_proba(self.rubric[q], x) for q in questions])
+
+        def completed(batch, completions):
+            results = self._completed(batch, completions)
+            return _packed([results[q] for q in questions])
+
+        packed = marginal_proba(self, tables, pairs, whole, completed)
+        if packed is None:
+            return None
+        out, start = [], 0
+        for k in widths:
+            mu = packed[:, start + k]
+            out.append((packed[:, start : start + k], None if np.isnan(mu).all() else mu))
+            start += k + 1
+        return out
+
     def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        results = self._marginal_results(tables, pairs)
+        if results is not None:
+            return questions_proba(self.rubric, {q: p for q, (p, _) in zip(self.fits_, results)}, len(pairs))
         x = self._design(tables, pairs)
         return questions_proba(
             self.rubric, {q: self._question_proba(self.rubric[q], x)[0] for q in self.fits_}, len(pairs)
@@ -378,6 +434,7 @@ class RidgeJudge(MainQuestionBaseline):
             "judges": list(self.judges_.judges),
             "questions": list(self.fits_),
         }
+        answers_state(self.answers_, meta, tensors)
         return meta, tensors
 
     @classmethod
@@ -392,7 +449,17 @@ class RidgeJudge(MainQuestionBaseline):
             q: {k.split(".", 1)[1]: v.numpy() for k, v in tensors.items() if k.split(".", 1)[0] == q}
             for q in meta["questions"]
         }
+        self.answers_ = answers_from_state(meta, tensors, rubric, source)
         return self
+
+
+def _packed(results: list) -> np.ndarray:
+    """Questions' (probabilities, point values or None) side by side on the last axis: each
+    question's options, then its point value (NaN when None)."""
+    parts = []
+    for p, mu in results:
+        parts += [p, (np.full(p.shape[:-1], np.nan) if mu is None else mu)[..., None]]
+    return np.concatenate(parts, axis=-1)
 
 
 def main_blocks(features: pd.DataFrame, rubric: Rubric) -> list[Block]:

@@ -23,8 +23,10 @@ from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
+from llmrubric.model.absent import CompletionBatch, marginal_proba
+from llmrubric.model.answers import AnswerModel, answers_from_state, answers_state
 from llmrubric.model.cumulative import HEADS, CumulativeNet, train_cumulative
-from llmrubric.model.encoding import Encoded, FeatureLayout, JudgeMap, encode
+from llmrubric.model.encoding import Encoded, FeatureLayout, JudgeMap, encode, pairs_of
 from llmrubric.model.engine import structure, train_stacked
 from llmrubric.model.estimator import load_model, write_checkpoint
 from llmrubric.model.network import INPUTS, PERSONALIZATION, CalibrationNet
@@ -206,6 +208,9 @@ class NetworkCalibrator:
         if self.feature_questions is not None or self.drop_questions:
             layout = layout.restrict(self.feature_questions, self.drop_questions)
         self.layout_, self.judges_ = layout, judges or JudgeMap.from_annotations(tables.annotations)
+        self.answers_ = (
+            None if self.pair_features is not None else AnswerModel.fit(tables.features, layout, self.rubric)
+        )
         if self.pair_features is not None:
             self.pair_features.fit(tables)
         data = data if data is not None else self.encode(tables)
@@ -219,7 +224,8 @@ class NetworkCalibrator:
         return nets, trains, vals, data
 
     def encode(self, tables: Tables, pairs: pd.DataFrame | None = None) -> Encoded:
-        data = encode(tables, self.rubric, self.layout_, self.judges_, pairs)
+        absent_ok = getattr(self, "answers_", None) is not None
+        data = encode(tables, self.rubric, self.layout_, self.judges_, pairs, absent_ok)
         if self.pair_features is None:
             return data
         extra = torch.from_numpy(np.asarray(self.pair_features.transform(tables, data.pairs), dtype=np.float32))
@@ -228,8 +234,13 @@ class NetworkCalibrator:
 
     def predict_proba(self, data: Tables | Encoded, pairs: pd.DataFrame | None = None) -> np.ndarray:
         """Probabilities (pairs, questions, max options; padded options 0), the members' average, of the
-        annotated pairs of tables ``data`` (or its ``pairs``), or of pairs already encoded by :meth:`encode`."""
+        annotated pairs of tables ``data`` (or its ``pairs``), or of pairs already encoded by :meth:`encode`.
+        Texts of ``data`` with absent blocks are marginalised (:mod:`llmrubric.model.absent`)."""
         if not isinstance(data, Encoded):
+            pairs = pairs_of(data.annotations) if pairs is None else pairs
+            marginal = marginal_proba(self, data, pairs)
+            if marginal is not None:
+                return marginal
             data = self.encode(data, pairs)
         with one_thread():
             probs = torch.stack([net.probabilities(data.x, data.judge) for net in self.nets_]).mean(dim=0).numpy()
@@ -245,11 +256,26 @@ class NetworkCalibrator:
     ) -> pd.DataFrame:
         """Predictions table for the annotated pairs of ``tables`` (or ``pairs``, or the already
         encoded ``data``), all questions by default."""
-        data = data if data is not None else self.encode(tables, pairs)
-        probs = self.predict_proba(data)
+        marginal = None
+        if data is None:
+            pairs = pairs_of(tables.annotations) if pairs is None else pairs
+            marginal = marginal_proba(self, tables, pairs)
+            data = self.encode(tables, pairs)
+        probs = self.predict_proba(data) if marginal is None else marginal
         ids = questions or self.rubric.ids
         index = [self.rubric.ids.index(q) for q in ids]
         return predictions_frame(data.pairs, [self.rubric[q] for q in ids], probs[:, index])
+
+    def proba_completed(self, batch: CompletionBatch, completions: np.ndarray) -> np.ndarray:
+        """(draws, pairs, questions, max options): the members' average for each completion
+        (:class:`llmrubric.model.absent.CompletionBatch`), one pass over every (completion, pair)."""
+        x = torch.from_numpy(batch.network_inputs(completions))
+        draws, n_pairs = x.shape[:2]
+        judge = torch.from_numpy(self.judges_.indices(batch.pairs.judge_id)).repeat(draws)
+        with one_thread():
+            rows = x.reshape(draws * n_pairs, -1)
+            probs = torch.stack([net.probabilities(rows, judge) for net in self.nets_]).mean(dim=0).numpy()
+        return probs.reshape(draws, n_pairs, *probs.shape[1:])
 
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """Metadata (rubric, judge map, layout, settings, training summaries, an oracle's inputs) and
@@ -272,6 +298,7 @@ class NetworkCalibrator:
             meta["pair_features"] = self.pair_features.settings()
             meta["llm_features"] = self.llm_features
         tensors = {f"{m}.{k}": v for m, net in enumerate(self.nets_) for k, v in net.state_dict().items()}
+        answers_state(self.answers_, meta, tensors)
         return meta, tensors
 
     def save(self, path: str | Path) -> Path:
@@ -307,6 +334,7 @@ class NetworkCalibrator:
         self.judges_ = JudgeMap(tuple(meta["judges"]))
         self.summaries_ = meta.get("summaries", [])
         self.train_texts_, self.source_ = meta.get("train_texts"), source
+        self.answers_ = answers_from_state(meta, tensors, rubric, source)
         self.nets_ = []
         for m in range(len(self.seeds)):
             net = self._net()

@@ -30,9 +30,12 @@ def block_columns(block: Block, p: np.ndarray, rubric: Rubric) -> np.ndarray:
     return dist[:, :-1]
 
 
-def text_columns(layout: FeatureLayout, rubric: Rubric, features: pd.DataFrame, texts: list[str]) -> np.ndarray:
-    """(texts, columns) of every block of ``layout``, in layout order; NaN where a block is missing."""
-    x = layout.matrix(features, texts).astype(np.float64)
+def text_columns(
+    layout: FeatureLayout, rubric: Rubric, features: pd.DataFrame, texts: list[str], absent_ok: bool = False
+) -> np.ndarray:
+    """(texts, columns) of every block of ``layout``, in layout order; NaN where a block is missing
+    (``absent_ok``: see :meth:`FeatureLayout.matrix`)."""
+    x = layout.matrix(features, texts, absent_ok).astype(np.float64)
     columns, offset = [], 0
     for block in layout.blocks:
         columns.append(block_columns(block, x[:, offset : offset + len(block.options)], rubric))

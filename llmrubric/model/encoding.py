@@ -78,13 +78,14 @@ class FeatureLayout:
             raise InputError(f"no feature blocks left after restricting to {question_ids} / dropping {drop}")
         return FeatureLayout(tuple(blocks))
 
-    def matrix(self, features: pd.DataFrame, text_ids: list[str]) -> np.ndarray:
+    def matrix(self, features: pd.DataFrame, text_ids: list[str], absent_ok: bool = False) -> np.ndarray:
         """(texts, dim) float32: probabilities per block in layout order, then presence flags.
 
         A block missing for a text is zeros with presence flag 0. Blocks in ``features``
-        with other options than the layout's are an error (layout mismatch).
+        with other options than the layout's are an error (layout mismatch), as is a layout
+        block absent from all of ``features`` unless ``absent_ok`` (see :meth:`check`).
         """
-        self.check(features)
+        self.check(features, absent_ok)
         index = pd.Index(text_ids)
         x = np.zeros((len(text_ids), self.dim), dtype=np.float32)
         n_probs = self.dim - len(self.blocks)
@@ -101,12 +102,23 @@ class FeatureLayout:
             offset += len(block.options)
         return x
 
-    def check(self, features: pd.DataFrame) -> None:
-        """Every layout block must appear in ``features`` with exactly the layout's options."""
+    def check(self, features: pd.DataFrame, absent_ok: bool = False) -> None:
+        """Every layout block must appear in ``features`` with exactly the layout's options; with
+        ``absent_ok`` a block may be absent, but ``features`` must share at least one block with the layout."""
         seen = features.groupby(["source", "question_id"], sort=False)["option"].agg(lambda s: set(s))
+        shared = [b for b in self.blocks if (b.source, b.question_id) in seen.index]
+        if absent_ok and self.blocks and not shared:
+            raise InputError(
+                f"feature layout mismatch: the features share no block with the model (model: "
+                f"{[b.name for b in self.blocks]}, features: {sorted('/'.join(map(str, k)) for k in seen.index)})",
+                file=source_of(features),
+                column="question_id",
+            )
         for block in self.blocks:
             key = (block.source, block.question_id)
             if key not in seen.index:
+                if absent_ok:
+                    continue
                 raise InputError(
                     f"feature layout mismatch: block {block.name} expected by the model is absent from the features "
                     f"(features have {sorted('/'.join(k) for k in seen.index)})",
@@ -201,9 +213,15 @@ def question_targets(tables: Tables, question) -> tuple[pd.DataFrame, np.ndarray
 
 
 def encode(
-    tables: Tables, rubric: Rubric, layout: FeatureLayout, judges: JudgeMap, pairs: pd.DataFrame | None = None
+    tables: Tables,
+    rubric: Rubric,
+    layout: FeatureLayout,
+    judges: JudgeMap,
+    pairs: pd.DataFrame | None = None,
+    absent_ok: bool = False,
 ) -> Encoded:
-    """Encode annotations (or explicit ``pairs`` to predict) as tensors."""
+    """Encode annotations (or explicit ``pairs`` to predict) as tensors (``absent_ok``: see
+    :meth:`FeatureLayout.matrix`)."""
     ann = with_round(tables.annotations)
     pairs = pairs_of(ann) if pairs is None else pairs.assign(round=pairs.get("round", "1")).reset_index(drop=True)
     text_ids = sorted(pairs.text_id.unique())
@@ -214,7 +232,7 @@ def encode(
             file=source_of(tables.features),
             column="text_id",
         )
-    x_text = layout.matrix(tables.features, text_ids)
+    x_text = layout.matrix(tables.features, text_ids, absent_ok)
     row_of_text = pd.Index(text_ids).get_indexer(pairs.text_id)
     y = np.full((len(pairs), len(rubric.questions)), -1, dtype=np.int64)
     pair_index = pd.MultiIndex.from_frame(pairs[PAIR])

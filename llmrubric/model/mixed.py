@@ -15,10 +15,11 @@ then each variance is set to the mean of its effects' squared modes plus their p
 variances (the diagonal of each judge's inverse Hessian block), for ``rounds`` rounds. A judge
 not seen in training gets the population values (u = 0, v = 0).
 
-A missing block is filled in, not masked: ``own``/``all`` take the training mean of its column, ``mean``
-averages the sources present; a text without any input column of its question is predicted at
-the training mean of the inputs. A question without a block of its own is predicted from all
-blocks. Categorical questions are not predicted (NaN): the family is ordinal.
+A text with absent blocks is predicted by marginalising them with the answer model
+(:mod:`llmrubric.model.absent`). In training, and for a checkpoint without an answer model, a
+missing block is filled: ``own``/``all`` with the training mean of its column, ``mean`` averages
+the sources present; a text without any input column of its question is at the training mean of
+the inputs. A question without a block of its own is predicted from all blocks. Categorical questions are not predicted (NaN): the family is ordinal.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Question, Rubric
 from llmrubric.io.tables import Tables
+from llmrubric.model.absent import CompletionBatch, marginal_proba
+from llmrubric.model.answers import AnswerModel, answers_from_state, answers_state
 from llmrubric.model.columns import column_blocks, text_columns
 from llmrubric.model.cumulative import interval_log_probs
 from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
@@ -125,6 +128,7 @@ class MixedOrdinal:
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.blocks_ = column_blocks(self.layout_, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
+        self.answers_ = AnswerModel.fit(tables.features, self.layout_, self.rubric)
         self.scales_, self.fits_ = {}, {}
         texts = tables.text_ids
         columns = text_columns(self.layout_, self.rubric, tables.features, texts)
@@ -150,24 +154,41 @@ class MixedOrdinal:
         return self
 
     def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
-        """(pairs, questions, max options) probabilities; NaN for questions not fitted, 0 in padding."""
+        """(pairs, questions, max options) probabilities; NaN for questions not fitted, 0 in padding.
+        Texts with absent blocks are marginalised (:mod:`llmrubric.model.absent`)."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        marginal = marginal_proba(self, tables, pairs)
+        if marginal is not None:
+            return marginal
         texts = sorted(pairs.text_id.unique())
-        columns = text_columns(self.layout_, self.rubric, tables.features, texts)
+        absent_ok = getattr(self, "answers_", None) is not None
+        columns = text_columns(self.layout_, self.rubric, tables.features, texts, absent_ok)
         rows = pd.Index(texts).get_indexer(pairs.text_id)
-        judge = torch.from_numpy(self.judges_.indices(pairs.judge_id))
+        return self._proba_rows(columns[rows], self.judges_.indices(pairs.judge_id))
+
+    def _proba_rows(self, columns: np.ndarray, judge: np.ndarray) -> np.ndarray:
+        """(rows, questions, max options) of rows of text ``columns`` and judge indices."""
+        judge = torch.from_numpy(judge)
         width = max(len(q.options) for q in self.rubric.questions)
-        out = np.full((len(pairs), len(self.rubric.questions), width), np.nan)
+        out = np.full((len(columns), len(self.rubric.questions), width), np.nan)
         for qi, question in enumerate(self.rubric.questions):
             k = len(question.options)
             if question.id in self.fits_:
-                f = torch.from_numpy(self._inputs(columns, question)[rows])
+                f = torch.from_numpy(self._inputs(columns, question))
                 with torch.no_grad(), one_thread():
                     p = self.fits_[question.id].log_probs(f, judge).exp().numpy()
             else:
                 continue
             out[:, qi, :k], out[:, qi, k:] = p, 0.0
         return out
+
+    def proba_completed(self, batch: CompletionBatch, completions: np.ndarray) -> np.ndarray:
+        """(draws, pairs, questions, max options) for each completion (:mod:`llmrubric.model.absent`)."""
+        columns = batch.pair_columns(completions)
+        draws, n_pairs = columns.shape[:2]
+        judge = np.tile(self.judges_.indices(batch.pairs.judge_id), draws)
+        out = self._proba_rows(columns.reshape(draws * n_pairs, -1), judge)
+        return out.reshape(draws, n_pairs, *out.shape[1:])
 
     def predict(self, tables: Tables, pairs: pd.DataFrame | None = None) -> pd.DataFrame:
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
@@ -227,6 +248,7 @@ class MixedOrdinal:
             "fitted": list(self.fits_),
             "options": {qid: len(self.rubric[qid].options) for qid in self.fits_},
         }
+        answers_state(self.answers_, meta, tensors)
         return meta, tensors
 
     @classmethod
@@ -244,6 +266,7 @@ class MixedOrdinal:
             fit = _QuestionFit(len(mean), meta["options"][qid], len(self.judges_.judges))
             fit.load_state_dict({k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"fit.{qid}.")})
             self.fits_[qid] = fit
+        self.answers_ = answers_from_state(meta, tensors, rubric, source)
         return self
 
 

@@ -73,7 +73,7 @@ def tilt(probs: np.ndarray, values: np.ndarray, targets: np.ndarray) -> np.ndarr
     """(n, K): each row of ``probs`` exponentially tilted, ``p_k e^{λ v_k}`` normalised, so that its
     mean is ``targets`` (clipped into the row's support); ``λ`` by Newton steps kept inside a
     bisection bracket (the mean rises with ``λ``, its derivative is the tilted variance)."""
-    logp = np.log(np.clip(probs, 1e-300, None))
+    logp = np.log(np.clip(np.asarray(probs, dtype=np.float64), 1e-300, None))
     support = probs > 0
     low = np.where(support, values, np.inf).min(axis=1)
     high = np.where(support, values, -np.inf).max(axis=1)
@@ -329,7 +329,7 @@ class SystemLevel:
         return self
 
 
-LEVEL = "+level"  # the name of a candidate with the system level: ``<candidate>+level``
+LEVEL = "-level"  # the name of a candidate with the system level: ``<candidate>-level``
 SETTINGS = ("auto", "on", "off")
 
 
@@ -385,7 +385,7 @@ def levelled_fold(rubric: Rubric, models: list, splits: list[tuple], pairs: list
 def with_levels(
     levels: dict, rubric: Rubric, base: dict, names: list[str], tables: Tables, pairs, fixed: dict | None = None
 ) -> dict:
-    """name → (pairs, questions, options) probabilities: a member's own, or for ``<member>+level``
+    """name → (pairs, questions, options) probabilities: a member's own, or for ``<member>-level``
     its main question with the system level (``fixed``: member → :meth:`SystemLevel.levels` of all texts)."""
     out = {}
     main_index, k = rubric.ids.index(rubric.main.id), len(rubric.main.options)

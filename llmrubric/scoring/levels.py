@@ -23,7 +23,7 @@ from llmrubric.io.errors import InputError
 
 def read_levels(path: str | Path) -> pd.DataFrame:
     """A levels table of ``score texts`` (``system_id, level, level_sd, known, sigma_within``), indexed by system."""
-    from llmrubric.scoring.leaderboard import read_system_values
+    from llmrubric.scoring.leaderboard.reading import read_system_values
 
     table = read_system_values(path, "levels table", lambda columns: ["level", "level_sd", "sigma_within"])
     if (table.level_sd < 0).any() or (table.sigma_within < 0).any():

@@ -5,8 +5,9 @@ distribution per (text, question) and the judge-free score over the trusted set 
 ``mean`` (ŷ_i = mean_{a∈A} ŷ_i^a), ``max`` and a ``quantile`` over A. Texts are scored in
 chunks, so memory is bounded by the chunk size, and the predictions table can be streamed
 to a file. A text that lacks some of the checkpoint's feature blocks is scored with those
-blocks masked (status ``masked``, blocks named in ``missing_blocks``); a text with no
-features at all is not scored (status ``no_features``, scores NA).
+blocks marginalised by the model's answer model (:mod:`llmrubric.model.absent`; status
+``masked``, blocks named in ``missing_blocks``); a text with no features at all is not scored
+(status ``no_features``, scores NA).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from llmrubric.io.integrity import check_finite_predictions
 from llmrubric.io.predictions import predictions_frame, probabilities
 from llmrubric.io.rows import check_unique
 from llmrubric.io.tables import Tables, source_of
+from llmrubric.model.absent import DRAWS, SEED, batch_of
 from llmrubric.model.calibrator import NetworkCalibrator
 from llmrubric.model.threads import one_thread
 
@@ -151,7 +153,7 @@ def score_texts(
     questions = _scored_questions(calibrator, questions)
     src = source_of(features)
     features = features.astype({c: object for c in ("text_id", "source", "question_id", "option")})
-    calibrator.layout_.check(features)
+    calibrator.layout_.check(features, absent_ok=getattr(calibrator, "answers_", None) is not None)
     scored, unscored = _split_featured(_text_table(features, texts), features)
     levels = _system_levels(calibrator, features, scored, judges)
     chunks = _ChunkPredictor(calibrator, judges, questions, _features_by_text(features, scored, src))
@@ -182,7 +184,8 @@ def score_texts(
     masked = int(scores[scores.question_id == questions[0]].status.eq("masked").sum())
     if masked:
         log.warning(
-            "%d texts lack some feature blocks and were scored with those blocks masked (see missing_blocks)", masked
+            "%d texts lack some feature blocks and were scored with those blocks marginalised (see missing_blocks)",
+            masked,
         )
     summary = {
         "texts": int(len(scored)),
@@ -287,17 +290,18 @@ class _ChunkPredictor:
                 "round": "1",
             }
         )
-        x = self.layout.matrix(chunk_feats, text_ids)
+        x = self.layout.matrix(chunk_feats, text_ids, absent_ok=getattr(self.calibrator, "answers_", None) is not None)
         absent = (
             x[:, self.n_probs : self.n_probs + len(self.block_names)] == 0
         )  # presence flags follow the probabilities
         for row in np.flatnonzero(absent.any(axis=1)):
             self.missing[text_ids[row]] = ";".join(self.block_names[absent[row]])
         if self.fast is not None:
+            fast = lambda x: self._fast_marginal(x, absent, chunk_feats, text_ids)
             probs = (
-                self.fast(x)[:, :, self.q_index]
+                fast(x)[:, :, self.q_index]
                 if self.verified
-                else _checked(self.calibrator, chunk_feats, pairs, x, self.q_index, self.fast)
+                else _checked(self.calibrator, chunk_feats, pairs, x, self.q_index, fast)
             )
             self.verified = True
             if probs is None:
@@ -305,6 +309,22 @@ class _ChunkPredictor:
         if self.fast is None:
             probs = self._predict_slow(chunk_feats, pairs, len(chunk))
         return pairs, probs
+
+    def _fast_marginal(self, x: np.ndarray, absent: np.ndarray, feats: pd.DataFrame, text_ids: list[str]):
+        """The fast path's probabilities of texts ``x``; those with ``absent`` blocks are the mean over
+        the completions of :func:`llmrubric.model.absent.marginal_proba` (a model without an answer
+        model: its old filling)."""
+        probs = self.fast(x)
+        rows = np.flatnonzero(absent.any(axis=1))
+        if not len(rows) or getattr(self.calibrator, "answers_", None) is None:
+            return probs
+        pairs = pd.DataFrame({"text_id": [text_ids[r] for r in rows], "judge_id": self.judges[0]})
+        batch = batch_of(self.calibrator, Tables(_empty_annotations(), feats), pairs)
+        inputs = batch.network_inputs(self.calibrator.answers_.sample(batch.columns, DRAWS, SEED))
+        draws = inputs.shape[0]
+        completed = self.fast(inputs.reshape(draws * len(rows), -1))
+        probs[rows] = completed.reshape(draws, len(rows), *completed.shape[1:]).mean(axis=0)
+        return probs
 
     def _chunk_features(self, lo: int, n: int) -> pd.DataFrame:
         """The feature rows of texts ``lo`` to ``lo + n - 1`` (all rows if a block is absent from them all)."""

@@ -1,5 +1,5 @@
-"""``train.py`` / ``evaluate.py`` run as a user runs them: in a subprocess (:func:`run`) or in this process
-(:func:`run_script`, so that Hydra parses the overrides as on the command line); :func:`snapshot` of the
+"""``train.py`` / ``evaluate.py`` run as a user runs them, in this process, so that Hydra parses the overrides as
+on the command line: :func:`run` (exit code and output) and :func:`run_script` (exit code); :func:`snapshot` of the
 files a run leaves."""
 
 from __future__ import annotations
@@ -9,15 +9,26 @@ import os
 import runpy
 import subprocess
 import sys
+import warnings
+from contextlib import redirect_stderr, redirect_stdout
+from io import StringIO
 from pathlib import Path
 
 from .paths import ROOT
 
 
-def run(script, *args):
-    """``python <script> args…`` in a subprocess in the repository root; the completed process."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+def run(script, *args) -> subprocess.CompletedProcess:
+    """``python <script> args…`` from the repository root, in this process (:func:`run_script`: the same Hydra
+    parsing, no second start-up of torch); its exit code and what it printed, as a completed process."""
+    out, err, cwd = StringIO(), StringIO(), os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with redirect_stdout(out), redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            code = run_script(script, [str(a) for a in args])
+    finally:
+        os.chdir(cwd)
+    return subprocess.CompletedProcess([sys.executable, script, *args], code, out.getvalue(), err.getvalue())
 
 
 def run_script(script: str, overrides: list[str]) -> int:

@@ -119,8 +119,8 @@ class TransformersBackend(Backend):
             if path is None:
                 raise InputError("the transformers backend needs a model path (--model)")
             files = models.resolve(path, gguf_file)
-            name = name or f"{files.name}@{models.weights_hash(files)}"
             model, tokenizer = models.load(files, torch_dtype)
+            name = name or f"{files.name}@{models.weights_hash(files)}{models.tokenizer_tag(files)}"
         if tokenizer is None:
             raise InputError("the transformers backend needs a tokenizer")
         self.model = model.to(device=device, dtype=torch_dtype).eval()

@@ -1,0 +1,78 @@
+"""Which tokens SmolLM2 reads (issue 33): the chat prompts of the ``--dialogues`` shortest real LLM-Rubric
+dialogues (the server benchmark's, ``benchmarks/real_llm_server.py``) tokenised by llama.cpp (``vocab_only``;
+the reference implementation of the GGUF file's tokenizer, as the server applies it) and by the tokenizer
+``transformers`` builds from the same file, with GPT-2's split (as built) and with the file's digits-first
+split (``llmrubric.extract.models.split_digits_first``, what ``models.load`` now returns).
+
+    .venv/bin/python benchmarks/prompt_tokens.py [--dialogues 10] [--out benchmarks/results/prompt_tokens.json]
+
+Per tokenizer: prompts whose ids equal llama.cpp's, prompts whose every label continuation does too, and the
+token-count differences. Needs llama-cpp-python (optional group ``server``) and the GGUF (``make setup``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import transformers
+from common import ROOT, llm_rubric_default
+from real_llm_probe import shortest
+
+from llmrubric.extract import models
+from llmrubric.extract.adapters import llm_rubric_real_texts
+from llmrubric.extract.families import likert_tasks
+from llmrubric.extract.prompts import PromptTemplate
+from llmrubric.io.rubric import Rubric
+
+
+def compare(tokenizer, llama, tasks) -> dict:
+    """How many chat prompts (and label continuations) ``tokenizer`` gives llama.cpp's ids."""
+    reference = lambda text: llama.tokenize(text.encode(), add_bos=True, special=True)
+    same = labels = 0
+    extra = set()
+    for t in tasks:
+        chat = [{"role": "user", "content": t.prompt}]
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text)["input_ids"]
+        same += ids == reference(text)
+        labels += all(tokenizer(text + label)["input_ids"] == reference(text + label) for label in t.labels)
+        extra.add(len(ids) - len(reference(text)))
+    return {"prompts_with_llama_cpp_ids": same, "with_llama_cpp_label_ids": labels, "extra_tokens": sorted(extra)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dialogues", type=int, default=10)
+    parser.add_argument("--data", default=str(Path(llm_rubric_default()) / "real" / "real_data.json"))
+    parser.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "prompt_tokens.json")
+    args = parser.parse_args()
+    from llama_cpp import Llama
+
+    files = models.resolve(args.model)
+    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
+    texts = shortest(llm_rubric_real_texts(args.data), args.dialogues)
+    tasks, _ = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
+    llama = Llama(str(args.model), vocab_only=True, verbose=False)
+    built = transformers.AutoTokenizer.from_pretrained(files.folder, gguf_file=files.gguf_file)
+    split = transformers.AutoTokenizer.from_pretrained(files.folder, gguf_file=files.gguf_file)
+    pre = models.gguf_pre_tokenizer(files)
+    out = {
+        "model": files.name,
+        "gguf_pre_tokenizer": pre,
+        "dialogues": len(texts),
+        "prompts": len(tasks),
+        "gpt2_split": compare(built, llama, tasks),
+        "digits_first_split": compare(split, llama, tasks) if models.split_digits_first(split, pre) else None,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

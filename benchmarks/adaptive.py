@@ -57,10 +57,10 @@ from llmrubric.evaluation.adaptive import MainQuestion, greedy_fixed_order, mask
 from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, load_tables  # noqa: E402
-from llmrubric.model.absent import batch_of  # noqa: E402
 from llmrubric.model.adaptive import Selector, reveal_orders  # noqa: E402
-from llmrubric.model.calibrator import NetworkCalibrator  # noqa: E402
-from llmrubric.model.encoding import pairs_of  # noqa: E402
+from llmrubric.model.core.absent import batch_of  # noqa: E402
+from llmrubric.model.core.encoding import pairs_of  # noqa: E402
+from llmrubric.model.families.network.calibrator import NetworkCalibrator  # noqa: E402
 
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 RULES = ("adaptive", "fixed", "random")
@@ -197,8 +197,8 @@ def logistic_baseline(tables: Tables, rubric: Rubric, n_folds: int, seed: int) -
     answers (CV by text), blocks added greedily by CV pair NLL."""
     from sklearn.linear_model import LogisticRegression
 
-    from llmrubric.model.columns import text_columns
-    from llmrubric.model.encoding import FeatureLayout
+    from llmrubric.model.core.columns import text_columns
+    from llmrubric.model.core.encoding import FeatureLayout
 
     layout = FeatureLayout.from_features(tables.features, rubric)
     ids = sorted(tables.features.text_id.unique())

@@ -81,10 +81,10 @@ from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import build_model, candidate  # noqa: E402
-from llmrubric.model.baselines import make_method  # noqa: E402
-from llmrubric.model.encoding import PAIR, with_round  # noqa: E402
-from llmrubric.model.registry import fit_questions  # noqa: E402
-from llmrubric.model.threads import single_threaded  # noqa: E402
+from llmrubric.model.core.encoding import PAIR, with_round  # noqa: E402
+from llmrubric.model.core.registry import fit_questions  # noqa: E402
+from llmrubric.model.core.threads import single_threaded  # noqa: E402
+from llmrubric.model.families.baselines import make_method  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "auto.json"
 GENERATOR = ROOT.parent / "shared" / "generators" / "multisystem.py"

@@ -40,8 +40,8 @@ from llmrubric.experiments.search import Setting, cross_validate  # noqa: E402
 from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
-from llmrubric.model.calibrator import NetworkCalibrator, fit_together  # noqa: E402
-from llmrubric.model.encoding import JudgeMap  # noqa: E402
+from llmrubric.model.core.encoding import JudgeMap  # noqa: E402
+from llmrubric.model.families.network.calibrator import NetworkCalibrator, fit_together  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

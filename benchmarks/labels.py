@@ -19,7 +19,7 @@ is over DS1..DS3): ``classical``, ``ppi``, ``ppi_pp`` with k texts drawn uniform
 (:mod:`llmrubric.scoring.labels`, ``small_sample`` from ``conf/scoring/default.yaml``). Coverage of
 the truth and mean width over systems and repetitions; k = 0 holds the leave-one-system-out shift
 interval (score ± t·RMS of the other systems' errors), the leaderboard's interval without labels.
-``level`` (issue 32): the system level (:class:`llmrubric.model.system_level.SystemLevel`) fitted on
+``level`` (issue 32): the system level (:class:`llmrubric.model.core.system_level.SystemLevel`) fitted on
 the training systems of each split with the split model's in-sample expected answers; at k = 0 its
 prior's interval (mean ± z·sd), at k > 0 that prior updated as ``llmrubric leaderboard build
 --levels`` does (the labels' estimate mean(f) + mean(y − f) of variance sigma_within² / k; here
@@ -76,10 +76,10 @@ from llmrubric.io.files import write_json, write_table  # noqa: E402
 from llmrubric.io.predictions import probabilities  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, read_table  # noqa: E402
-from llmrubric.model.calibrator import NetworkCalibrator, fit_together  # noqa: E402
-from llmrubric.model.encoding import question_targets  # noqa: E402
+from llmrubric.model.core.encoding import question_targets  # noqa: E402
+from llmrubric.model.core.system_level import SystemLevel  # noqa: E402
+from llmrubric.model.families.network.calibrator import NetworkCalibrator, fit_together  # noqa: E402
 from llmrubric.model.judges import add_judge  # noqa: E402
-from llmrubric.model.system_level import SystemLevel  # noqa: E402
 from llmrubric.scoring import labels as lab  # noqa: E402
 from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
 
@@ -155,7 +155,7 @@ def held_out_texts(name: str, rubric: Rubric, tables: Tables, cache: Path) -> pd
 
 def level_prior(rubric: Rubric, model, train: Tables, test: Tables) -> tuple[float, float]:
     """Mean and variance of the held-out system's level before any label of it: the system level
-    (:class:`llmrubric.model.system_level.SystemLevel`) fitted on the training systems with ``model``'s
+    (:class:`llmrubric.model.core.system_level.SystemLevel`) fitted on the training systems with ``model``'s
     in-sample expected answers, its prior at the held-out system's LLM summary."""
     main = rubric.main
     values = np.asarray(main.values, float)

@@ -48,8 +48,8 @@ from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables  # noqa: E402
-from llmrubric.model.baselines import ExpectedLLM  # noqa: E402
-from llmrubric.model.calibrator import NetworkCalibrator  # noqa: E402
+from llmrubric.model.families.baselines import ExpectedLLM  # noqa: E402
+from llmrubric.model.families.network.calibrator import NetworkCalibrator  # noqa: E402
 from llmrubric.scoring import leaderboard as lb  # noqa: E402
 from llmrubric.scoring.scores import score_texts  # noqa: E402
 

@@ -4,7 +4,7 @@ part of the blocks, by 5-fold CV by text.
     .venv/bin/python benchmarks/masking.py [--part calibration nll] [--sets synthetic simulated real]
         [--families ridge_judge clmm_all network] [--folds 5] [--data ../shared/data/llm-rubric]
 
-``calibration``: the answer model (:class:`llmrubric.model.answers.AnswerModel`) is fitted on the
+``calibration``: the answer model (:class:`llmrubric.model.core.answers.AnswerModel`) is fitted on the
 training folds' features; on each held-out text a random half of its blocks is hidden and the
 central 80 % (and 50 %, 95 %) interval of each hidden block's column given the others is checked
 against the real column (coverage, nominal 0.80), for the logit transform (shipped) and a Gaussian
@@ -12,7 +12,7 @@ of the raw columns (``identity``). Features only: the real set's GPT-3.5 answers
 
 ``nll``: each family is fitted on the training folds (complete blocks) and predicts the held-out
 texts' main question with every block, with a random half of each text's blocks removed
-(marginalised: :mod:`llmrubric.model.absent`; and the old filling: zeros and flags for the
+(marginalised: :mod:`llmrubric.model.core.absent`; and the old filling: zeros and flags for the
 network, the training mean for ridge and the mixed model) and with no block (every block drawn
 from the answer model's marginal). Pair NLL and Pearson; the issue's target: NLL with half the
 blocks at most halfway between all and none. Synthetic and simulated sets only (no test labels
@@ -40,12 +40,12 @@ from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, load_tables  # noqa: E402
-from llmrubric.model.absent import DRAWS, SEED, batch_of  # noqa: E402
-from llmrubric.model.answers import TRANSFORMS, AnswerModel  # noqa: E402
 from llmrubric.model.auto import candidate  # noqa: E402
-from llmrubric.model.encoding import FeatureLayout, question_targets  # noqa: E402
-from llmrubric.model.registry import fit_questions  # noqa: E402
-from llmrubric.model.threads import one_thread  # noqa: E402
+from llmrubric.model.core.absent import DRAWS, SEED, batch_of  # noqa: E402
+from llmrubric.model.core.answers import TRANSFORMS, AnswerModel  # noqa: E402
+from llmrubric.model.core.encoding import FeatureLayout, question_targets  # noqa: E402
+from llmrubric.model.core.registry import fit_questions  # noqa: E402
+from llmrubric.model.core.threads import one_thread  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "masking.json"
 LEVELS = (0.5, 0.8, 0.95)

@@ -35,7 +35,7 @@ from llmrubric.evaluation.metrics import METRICS, evaluate, seed_sd  # noqa: E40
 from llmrubric.experiments.search import Setting, cross_validate, run_search  # noqa: E402
 from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.model.calibrator import NetworkCalibrator  # noqa: E402
+from llmrubric.model.families.network.calibrator import NetworkCalibrator  # noqa: E402
 
 
 def reference_setting(root: Path) -> Setting:

@@ -4,7 +4,7 @@ the other four: a shift protocol that needs no real labels).
 
     .venv/bin/python benchmarks/table1.py [--seeds 10] [--data ../shared/data/llm-rubric]
 
-Every method of ``llmrubric.model.baselines.METHODS`` is run with the same folds (split by
+Every method of ``llmrubric.model.families.baselines.METHODS`` is run with the same folds (split by
 dialogue, fold seed 0, or by system); learned and random methods over ``--seeds`` seeds.
 Metrics are pooled over (dialogue, judge) pairs of Q0. Prints the table and writes
 ``benchmarks/results/table1.json``.
@@ -36,7 +36,7 @@ from llmrubric.data.splits import system_folds, text_folds  # noqa: E402
 from llmrubric.evaluation.metrics import METRICS, evaluate, markdown_table, seed_sd  # noqa: E402
 from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.model.baselines import DETERMINISTIC, METHODS, make_method  # noqa: E402
+from llmrubric.model.families.baselines import DETERMINISTIC, METHODS, make_method  # noqa: E402
 
 PAPER = {
     "synthetic_cv": {

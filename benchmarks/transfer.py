@@ -73,8 +73,8 @@ from llmrubric.io.errors import InputError  # noqa: E402
 from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
-from llmrubric.model.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
-from llmrubric.model.calibrator import NetworkCalibrator, fit_together  # noqa: E402
+from llmrubric.model.families.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
+from llmrubric.model.families.network.calibrator import NetworkCalibrator, fit_together  # noqa: E402
 from llmrubric.scoring.leaderboard import rms, shift_half_width  # noqa: E402
 
 METHODS = ("default", "ordinal", "combined", "ridge_judge", "mean_of_sources", "best_source")

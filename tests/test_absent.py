@@ -12,14 +12,14 @@ from support.settings import FAST
 from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
-from llmrubric.model.absent import DRAWS, SEED, batch_of
-from llmrubric.model.answers import AnswerModel
 from llmrubric.model.auto import AutoCalibrator
-from llmrubric.model.baselines import RidgeJudge
-from llmrubric.model.calibrator import NetworkCalibrator
-from llmrubric.model.encoding import FeatureLayout, question_targets
-from llmrubric.model.estimator import load_model
-from llmrubric.model.mixed import MixedOrdinal
+from llmrubric.model.core.absent import DRAWS, SEED, batch_of
+from llmrubric.model.core.answers import AnswerModel
+from llmrubric.model.core.checkpoints import load_model
+from llmrubric.model.core.encoding import FeatureLayout, question_targets
+from llmrubric.model.families.baselines import RidgeJudge
+from llmrubric.model.families.mixed import MixedOrdinal
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
 DROPPED = "Q3"  # the block removed in the value tests (a question whose answers move Q0)

@@ -22,7 +22,7 @@ from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import read_table
 from llmrubric.model.adaptive import Selector, adaptive_settings, explained_variance, reveal_orders
-from llmrubric.model.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.scoring.adaptive_extract import extract_adaptive
 
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
@@ -105,8 +105,8 @@ def test_choose_stops_at_the_budget_and_below_min_gain(calibrator, some_texts):
 
 
 def test_masked_predictions_with_nothing_hidden_are_the_models_own(calibrator, some_texts):
-    from llmrubric.model.absent import batch_of
-    from llmrubric.model.encoding import pairs_of
+    from llmrubric.model.core.absent import batch_of
+    from llmrubric.model.core.encoding import pairs_of
 
     pairs = pairs_of(some_texts.annotations)
     batch = batch_of(calibrator, some_texts, pairs)

@@ -51,19 +51,19 @@ def test_packages_import_only_the_layers_below_and_nothing_private():
 @pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (pip install -e '.[test]')")
 def test_the_contracts_catch_an_upward_import_a_private_one_and_one_of_model_auto(tmp_path):
     """The same contracts on a copy of the package with one upward import, one private import and a module of
-    ``model/`` that imports ``model.auto`` break."""
+    ``model/core/`` that imports ``model.auto`` break."""
     root = _copy(tmp_path)
     with open(root / "llmrubric" / "io" / "errors.py", "a") as f:
         f.write(
-            "\nfrom llmrubric.model import engine  # noqa\nfrom optuna.storages._heartbeat import is_heartbeat_enabled  # noqa\n"
+            "\nfrom llmrubric.model.families.network import engine  # noqa\nfrom optuna.storages._heartbeat import is_heartbeat_enabled  # noqa\n"
         )
-    (root / "llmrubric" / "model" / "planted.py").write_text("import llmrubric.model.auto  # noqa\n")
+    (root / "llmrubric" / "model" / "core" / "planted.py").write_text("import llmrubric.model.auto  # noqa\n")
     result = _lint_imports(root)
     assert result.returncode != 0
     assert "0 kept, 3 broken" in result.stdout
-    assert "llmrubric.io.errors -> llmrubric.model.engine" in result.stdout
+    assert "llmrubric.io.errors -> llmrubric.model.families.network.engine" in result.stdout
     assert "optuna.storages._heartbeat" in result.stdout
-    assert "llmrubric.model.planted -> llmrubric.model.auto" in result.stdout
+    assert "llmrubric.model.core.planted -> llmrubric.model.auto" in result.stdout
 
 
 GRAPH = (

@@ -15,9 +15,9 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
 from llmrubric.model import auto as auto_module
 from llmrubric.model.auto import AutoCalibrator, _weights
-from llmrubric.model.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method
-from llmrubric.model.estimator import load_model
-from llmrubric.model.mixed import MixedOrdinal
+from llmrubric.model.core.checkpoints import load_model
+from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method
+from llmrubric.model.families.mixed import MixedOrdinal
 
 FAST_AUTO = {**model_file("auto"), "ensemble": 1}
 

@@ -28,7 +28,7 @@ from llmrubric.cli import main as cli_main
 from llmrubric.extract.testbank import Item, write_bank
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
-from llmrubric.model.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 
 # its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
 pytestmark = pytest.mark.xdist_group("bad_input")

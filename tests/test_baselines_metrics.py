@@ -5,7 +5,7 @@ from support.settings import FAST
 
 from llmrubric.evaluation.metrics import evaluate, nll, point_metrics, seed_sd
 from llmrubric.io.errors import InputError
-from llmrubric.model.baselines import METHODS, make_method
+from llmrubric.model.families.baselines import METHODS, make_method
 
 
 def test_point_metrics_against_hand_computation():
@@ -69,7 +69,7 @@ def with_second_source(tables):
 
 
 def test_llm_baselines_with_several_sources(simulated, rubric):
-    from llmrubric.model.baselines import expand_baselines
+    from llmrubric.model.families.baselines import expand_baselines
 
     both = with_second_source(simulated)
     names, skipped = expand_baselines(["expected_llm", "argmax_llm", "constant", "ridge_judge"], rubric, both.features)

@@ -8,7 +8,7 @@ from support.settings import FAST, PAPER
 from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
-from llmrubric.model.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 
 # its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
 pytestmark = pytest.mark.xdist_group("calibrator")

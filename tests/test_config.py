@@ -27,9 +27,9 @@ from llmrubric.config import (
 )
 from llmrubric.io.errors import InputError
 from llmrubric.model.auto import AutoCalibrator
-from llmrubric.model.baselines import make_method
-from llmrubric.model.calibrator import NetworkCalibrator
-from llmrubric.model.network import CalibrationNet
+from llmrubric.model.families.baselines import make_method
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.net import CalibrationNet
 
 
 def test_the_python_api_the_hydra_apps_and_the_cli_default_to_the_same_settings(rubric, capsys):

@@ -11,8 +11,8 @@ from llmrubric.config import group
 from llmrubric.data.simulate import simulate_shift
 from llmrubric.evaluation.metrics import evaluate
 from llmrubric.io.errors import InputError
-from llmrubric.model.calibrator import NetworkCalibrator, fit_together
-from llmrubric.model.cumulative import CumulativeNet
+from llmrubric.model.families.network.calibrator import NetworkCalibrator, fit_together
+from llmrubric.model.families.network.cumulative import CumulativeNet
 
 # its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
 pytestmark = pytest.mark.xdist_group("cumulative")

@@ -14,7 +14,7 @@ from support.settings import FAST, FAST_OVERRIDES, PAPER
 from llmrubric.cli import main as cli
 from llmrubric.data.splits import holdout_texts
 from llmrubric.evaluation.metrics import evaluate
-from llmrubric.model.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 
 pytestmark = pytest.mark.slow  # every test trains through the Hydra apps or on the shared release
 
@@ -151,7 +151,7 @@ def test_personalization_recovers_the_idiosyncratic_judge(simulated, rubric):
 def test_synthetic_to_real_the_shipped_default_beats_the_paper_model_and_the_llm(llm_rubric_data, rubric):
     """``NetworkCalibrator(rubric)`` is the shipped ``llm_rubric`` (README, Table 1): better than the paper's
     network and the expected LLM answer on the real dialogues."""
-    from llmrubric.model.baselines import make_method
+    from llmrubric.model.families.baselines import make_method
 
     synthetic, real = llm_rubric_data
     model = evaluate(NetworkCalibrator(rubric, seed=0).fit(synthetic).predict(real), real.annotations, rubric.main)
@@ -202,7 +202,7 @@ def test_train_with_search_selects_refits_and_tracks_nested_trials(tmp_path, mlf
 
 
 def test_cv_training_runs_every_fold_in_one_stacked_program(tmp_path, monkeypatch):
-    import llmrubric.model.calibrator as calibrator
+    import llmrubric.model.families.network.calibrator as calibrator
     from llmrubric.apps.train import train_app
     from llmrubric.config import compose
 

@@ -23,8 +23,8 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.files import write_json, write_table
 from llmrubric.io.tables import read_table, validate_annotations, validate_features
 from llmrubric.model.auto import AutoCalibrator
-from llmrubric.model.calibrator import NetworkCalibrator
-from llmrubric.model.encoding import FeatureLayout
+from llmrubric.model.core.encoding import FeatureLayout
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.scoring import leaderboard as lb
 
 

@@ -17,7 +17,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.ir import autograder as ag
 from llmrubric.ir import nuggets as ng
 from llmrubric.ir.calibrated import calibrated_labels, ir_tables
-from llmrubric.model.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 
 GRADES = pd.DataFrame(
     [

@@ -19,9 +19,9 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
 from llmrubric.model.auto import AutoCalibrator
-from llmrubric.model.baselines import RidgeJudge, answered_pairs
-from llmrubric.model.calibrator import NetworkCalibrator
-from llmrubric.model.estimator import load_model
+from llmrubric.model.core.checkpoints import load_model
+from llmrubric.model.families.baselines import RidgeJudge, answered_pairs
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.model.judges import add_judge
 from llmrubric.scoring import labels as lab
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from llmrubric.model.engine import masked_nll
-from llmrubric.model.network import CalibrationNet
+from llmrubric.model.families.network.engine import masked_nll
+from llmrubric.model.families.network.net import CalibrationNet
 
 # the paper's network (conf/model/paper.yaml)
 PAPER_NET = {"inputs": "probabilities", "personalize": "deltas", "input_dropout": 0.0}

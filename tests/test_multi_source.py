@@ -17,8 +17,8 @@ from llmrubric.experiments.experiment import Split
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import load_tables
-from llmrubric.model.baselines import expand_baselines, make_method
-from llmrubric.model.calibrator import NetworkCalibrator
+from llmrubric.model.families.baselines import expand_baselines, make_method
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.report.plan import ReportPlan
 from llmrubric.report.settings import ReportSettings
 

@@ -5,8 +5,8 @@ from scipy import stats
 from scipy.optimize import minimize_scalar
 from support.settings import FAST
 
-from llmrubric.model.calibrator import NetworkCalibrator
-from llmrubric.model.ordinal import blend, fit_ordinal_weight, ordinal_shape
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.ordinal import blend, fit_ordinal_weight, ordinal_shape
 
 # its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
 pytestmark = pytest.mark.xdist_group("ordinal")

@@ -1,10 +1,15 @@
 """Every registered model family fits on a small table, saves, loads with ``load_model`` and predicts
-the same; a family added as one module that registers itself is a candidate of ``model=auto`` and
+the same; a family added as one module in ``llmrubric/model/families/`` that registers itself is a candidate of ``model=auto`` and
 a method of ``evaluate.py`` with no other edit."""
 
 from __future__ import annotations
 
+import inspect
 import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,11 +20,11 @@ from support.settings import FAST
 from llmrubric.config import model_file
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
-from llmrubric.model import registry
 from llmrubric.model.auto import AutoCalibrator
-from llmrubric.model.baselines import expand_baselines, make_method, questions_proba
-from llmrubric.model.encoding import pairs_of
-from llmrubric.model.estimator import load_model, read_checkpoint, save_model, write_checkpoint
+from llmrubric.model.core import registry
+from llmrubric.model.core.checkpoints import load_model, read_checkpoint, save_model, write_checkpoint
+from llmrubric.model.core.encoding import pairs_of
+from llmrubric.model.families.baselines import expand_baselines, make_method, questions_proba
 
 SMALL_AUTO = {**model_file("auto"), "ensemble": 1, "auto": {**model_file("auto")["auto"], "folds": 2}}
 SMALL_AUTO["auto"]["candidates"] = ["network", "ridge_judge"]
@@ -163,3 +168,34 @@ def test_a_candidate_equal_to_another_is_not_applicable_not_a_failure(rubric, sm
     assert row["not_applicable"].startswith("identical to clmm_own") and "error" not in row
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r for r in caplog.records if "clmm_mean not applicable" in r.getMessage() and r.levelno == logging.INFO]
+
+
+def test_a_module_dropped_in_the_families_folder_is_registered(tmp_path):
+    """A new family is one module in ``llmrubric/model/families/``: in a copy of the package with ``Prior``'s
+    module dropped there, the registry lists it as a candidate, with no other file edited."""
+    package = Path(registry.__file__).resolve().parents[2]
+    shutil.copytree(package, tmp_path / "llmrubric", ignore=shutil.ignore_patterns("__pycache__"))
+    module = "\n".join(
+        [
+            "import numpy as np",
+            "import torch",
+            "from llmrubric.io.predictions import predictions_frame",
+            "from llmrubric.model.families.baselines import questions_proba",
+            "from llmrubric.model.core.encoding import pairs_of",
+            "from llmrubric.model.core.registry import register",
+            inspect.getsource(Prior),
+            "register('dropped_prior', lambda rubric, setup: Prior(rubric, setup.seed), Prior, candidate=True)",
+        ]
+    )
+    (tmp_path / "llmrubric" / "model" / "families" / "dropped_prior.py").write_text(module)
+    probe = (
+        "import llmrubric.model.core.registry as r; e = r.entry('dropped_prior'); "
+        "print(r.__file__, e.candidate, e.family.__module__, 'dropped_prior' in r.names(candidate=True))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    where, candidate, module_name, listed = done.stdout.split()
+    assert Path(where).is_relative_to(tmp_path)
+    assert (candidate, module_name, listed) == ("True", "llmrubric.model.families.dropped_prior", "True")

@@ -21,10 +21,10 @@ from llmrubric.experiments.variants import Variant, ensemble, run_variants
 from llmrubric.io.errors import InputError
 from llmrubric.io.files import write_folder
 from llmrubric.io.tables import Tables
-from llmrubric.model.baselines import METHODS
-from llmrubric.model.calibrator import NetworkCalibrator
-from llmrubric.model.estimator import load_model
-from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
+from llmrubric.model.core.checkpoints import load_model
+from llmrubric.model.families.baselines import METHODS
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.oracles import JudgeAnswers, PersonalIsotonic
 from llmrubric.report.build import check_report_config
 from llmrubric.report.settings import ReportSettings
 

@@ -9,7 +9,7 @@ from llmrubric.cli import main
 from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
-from llmrubric.model.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
 # its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)

@@ -5,10 +5,10 @@ from support.settings import FAST
 
 from llmrubric.config import TrainConfig
 from llmrubric.data.splits import text_folds
-from llmrubric.model.calibrator import NetworkCalibrator
-from llmrubric.model.encoding import FeatureLayout, JudgeMap, encode
-from llmrubric.model.engine import train_stacked
-from llmrubric.model.network import CalibrationNet
+from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, encode
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.engine import train_stacked
+from llmrubric.model.families.network.net import CalibrationNet
 
 TRAINER = {**FAST, "delta_l2": 0.01, "weight_decay": 0.001, "batch_size": 32}
 
@@ -171,7 +171,7 @@ def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, simul
 
 @pytest.mark.slow
 def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, simulated):
-    from llmrubric.model.calibrator import fit_together
+    from llmrubric.model.families.network.calibrator import fit_together
 
     folds = text_folds(simulated.text_ids, 3, seed=0)
     train, test = simulated.subset(folds.text_id[folds.fold != 0]), simulated.subset(folds.text_id[folds.fold == 0])

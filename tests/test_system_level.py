@@ -1,4 +1,4 @@
-"""The system level with partial pooling (llmrubric/model/system_level.py) and its use by model=auto."""
+"""The system level with partial pooling (llmrubric/model/core/system_level.py) and its use by model=auto."""
 
 import numpy as np
 import pandas as pd
@@ -10,8 +10,8 @@ from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
 from llmrubric.model.auto import AutoCalibrator
-from llmrubric.model.estimator import load_model
-from llmrubric.model.system_level import SystemLevel, tilt
+from llmrubric.model.core.checkpoints import load_model
+from llmrubric.model.core.system_level import SystemLevel, tilt
 
 VALUES = np.arange(1.0, 5.0)
 
@@ -51,8 +51,8 @@ def leveled_data(rng, systems=40, texts=30, slope=0.85, tau=0.15, within=0.3, sa
 
 def expected_answers(tables, rubric, within=0.3):
     """A text model's in-sample expected answers: the flat within-system line through the LLM's answer."""
-    from llmrubric.model.encoding import question_targets
-    from llmrubric.model.system_level import source_means
+    from llmrubric.model.core.encoding import question_targets
+    from llmrubric.model.core.system_level import source_means
 
     pairs, _ = question_targets(tables, rubric.main)
     x = pd.Series(source_means(tables, rubric, list(tables.text_ids)), index=tables.text_ids)

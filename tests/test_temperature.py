@@ -4,8 +4,8 @@ import torch
 from scipy.optimize import minimize_scalar
 from support.settings import FAST
 
-from llmrubric.model.calibrator import NetworkCalibrator
-from llmrubric.model.temperature import GRID, _grid_nll, best_inverse_temperature, fit_temperature
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.temperature import GRID, _grid_nll, best_inverse_temperature, fit_temperature
 
 # its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
 pytestmark = pytest.mark.xdist_group("temperature")

@@ -36,7 +36,7 @@ from llmrubric.experiments.tracking import Tracker, metric_keys
 from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.files import write_json, write_table, write_text
 from llmrubric.io.integrity import check_fits
-from llmrubric.model.encoding import PAIR, with_round
+from llmrubric.model.core.encoding import PAIR, with_round
 from llmrubric.scoring.leaderboard import rms
 
 log = logging.getLogger("evaluate")
@@ -70,7 +70,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     """Every split's checkpoint and the baselines on its held-out texts; the figures use the first
     grouping's splits (all of them but under ``protocol=system_groups``), the Kendall within held-out
     groups every grouping's (:func:`grouping_figures`)."""
-    from llmrubric.model.baselines import duplicates  # imported here: not for --help
+    from llmrubric.model.families.baselines import duplicates  # imported here: not for --help
 
     run_dir = Path(cfg.run_dir)
     parts, choices, skipped = predict_splits(cfg, rubric, splits)
@@ -133,8 +133,8 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict]:
     """Held-out predictions of every split's checkpoint (``llm_rubric``) and of each configured baseline
     fitted on the split's training texts: ``{method: [table per split]}``, model=auto's choices per
     split, and the baselines skipped with their reason."""
-    from llmrubric.model.baselines import expand_baselines, make_method  # imported here: not for --help
-    from llmrubric.model.estimator import load_model
+    from llmrubric.model.core.checkpoints import load_model
+    from llmrubric.model.families.baselines import expand_baselines, make_method  # imported here: not for --help
 
     run_dir = Path(cfg.run_dir)
     predictions, choices = {"llm_rubric": []}, {}

@@ -304,7 +304,7 @@ def _run_adaptive(settings, tasks, skipped, rubric, source, cache_path, detector
     """The adaptive extraction of ``tasks`` with the selector of ``--calibrator``."""
     from llmrubric.extract.cache import ResultCache
     from llmrubric.model.adaptive import Selector
-    from llmrubric.model.estimator import load_model
+    from llmrubric.model.core.checkpoints import load_model
     from llmrubric.scoring.adaptive_extract import check_rubric, check_source, extract_adaptive
 
     model = load_model(settings["calibrator"])

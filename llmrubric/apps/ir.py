@@ -127,7 +127,7 @@ def run_qrels(args) -> int:
     if args.checkpoint:
         from llmrubric.extract.testbank import read_bank
         from llmrubric.ir.calibrated import calibrated_labels
-        from llmrubric.model.estimator import load_model
+        from llmrubric.model.core.checkpoints import load_model
 
         if not (args.features and args.texts):
             raise InputError("calibrated qrels need --features and --texts")

@@ -98,7 +98,7 @@ def run_suggest(args) -> int:
 
 def run_add_judge(args) -> int:
     from llmrubric.io.tables import Tables, read_table, validate_annotations, validate_features
-    from llmrubric.model.estimator import load_model
+    from llmrubric.model.core.checkpoints import load_model
     from llmrubric.model.judges import add_judge, added_record, annotated_judge
 
     settings = section_settings(args, "labels", "judges", "min_annotations", "l2")

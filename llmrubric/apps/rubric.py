@@ -46,7 +46,7 @@ def run_plan(args) -> int:
     from llmrubric.io.files import write_json
     from llmrubric.io.tables import Tables, read_table, validate_annotations, validate_features
     from llmrubric.model.adaptive import Selector
-    from llmrubric.model.estimator import load_model
+    from llmrubric.model.core.checkpoints import load_model
 
     if not str(args.out).endswith(".json"):
         raise InputError("the plan is written as JSON: give --out a .json path", setting="--out")

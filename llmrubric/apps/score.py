@@ -86,7 +86,7 @@ def register(subparsers) -> None:
 def run_score(args) -> int:
     from llmrubric.io.files import check_table_path, json_safe, write_json, write_table
     from llmrubric.io.tables import read_table, validate_features
-    from llmrubric.model.estimator import load_model
+    from llmrubric.model.core.checkpoints import load_model
     from llmrubric.scoring.scores import score_texts
 
     settings = command_settings(

@@ -15,7 +15,7 @@ class AutoConfig:
     """``model=auto`` (:mod:`llmrubric.model.auto`): candidate families compared by inner cross-validation.
 
     Attributes:
-        candidates: names registered as candidates in :mod:`llmrubric.model.registry`
+        candidates: names registered as candidates in :mod:`llmrubric.model.core.registry`
             (``registry.names(candidate=True)``; ``network`` is the network of the other ``model.*`` settings).
         rule: ``select`` (the candidate with the lowest inner-CV NLL) or ``stack`` (non-negative
             weights summing to 1 that maximise the inner-CV likelihood of the main question);
@@ -24,7 +24,7 @@ class AutoConfig:
         group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
             score unseen systems (``systems``, ``system_groups``), else by text.
         folds: inner folds (by system: at most one per training system).
-        system_level: the system level with partial pooling (:mod:`llmrubric.model.system_level`):
+        system_level: the system level with partial pooling (:mod:`llmrubric.model.core.system_level`):
             ``auto`` compares every candidate with and without it by the inner CV where the training
             data have 3+ systems with labels (else records why not); ``on``: only with it (fewer
             systems are an error); ``off``: never.
@@ -51,7 +51,7 @@ class ModelConfig:
         input_dropout: dropout on the inputs while training (0.2 beat 0.0: NLL 1.0557 vs 1.0594).
         ensemble: networks whose average distribution is predicted.
         head: ``softmax`` (the network's heads), ``ordinal`` or ``combined``
-            (:mod:`llmrubric.model.cumulative`); ``monotone`` applies to the latter two.
+            (:mod:`llmrubric.model.families.network.cumulative`); ``monotone`` applies to the latter two.
         family: ``network`` (this network alone) or ``auto`` (the model chosen by inner
             cross-validation among ``auto.candidates``, :class:`AutoConfig`).
     """

@@ -2,7 +2,7 @@
 
 Blocks are revealed in an order per text (the selector's, one fixed order for all texts, or a random
 one); after c calls a text's other blocks are absent and its predictions are the model's marginal
-over them (:mod:`llmrubric.model.absent`). :func:`plan` is what ``llmrubric rubric plan`` prints:
+over them (:mod:`llmrubric.model.core.absent`). :func:`plan` is what ``llmrubric rubric plan`` prints:
 for each budget, the blocks asked and the expected quality, from the features alone (and, given
 annotations, the main question's pair NLL and Pearson).
 """
@@ -14,9 +14,9 @@ import pandas as pd
 
 from llmrubric.evaluation.significance import pair_nll, pearson_rows
 from llmrubric.io.tables import Tables
-from llmrubric.model.absent import DRAWS, MAX_ROWS, SEED, CompletionBatch, batch_of
 from llmrubric.model.adaptive import Reveal, Selector, reveal_orders
-from llmrubric.model.encoding import pairs_of, with_round
+from llmrubric.model.core.absent import DRAWS, MAX_ROWS, SEED, CompletionBatch, batch_of
+from llmrubric.model.core.encoding import pairs_of, with_round
 
 
 def masked_proba(model, batch: CompletionBatch, hidden: np.ndarray, draws: int = DRAWS) -> np.ndarray:

@@ -17,7 +17,7 @@ from sklearn.metrics import f1_score
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import probabilities
 from llmrubric.io.rubric import Question
-from llmrubric.model.encoding import PAIR, with_round
+from llmrubric.model.core.encoding import PAIR, with_round
 
 METRICS = ("rmse", "pearson", "spearman", "kendall", "nll")
 CATEGORICAL_METRICS = ("accuracy", "macro_f1", "nll", "brier")

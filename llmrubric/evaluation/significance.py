@@ -27,7 +27,7 @@ from llmrubric.evaluation.metrics import point_metrics
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import probabilities
 from llmrubric.io.rubric import Question
-from llmrubric.model.encoding import PAIR, with_round
+from llmrubric.model.core.encoding import PAIR, with_round
 
 POINT_METRICS = ("rmse", "pearson", "spearman", "kendall")
 LOWER_IS_BETTER = frozenset({"rmse", "nll"})

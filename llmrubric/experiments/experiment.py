@@ -125,7 +125,7 @@ PREDICTION_FORMATS = ("csv", "parquet", "tsv", "jsonl")
 def check_settings(cfg: DictConfig) -> Rubric:
     """Every setting of train.py and evaluate.py, checked before any work; an error names the setting."""
     from llmrubric.model.auto import build_model
-    from llmrubric.model.baselines import make_method
+    from llmrubric.model.families.baselines import make_method
 
     rubric = load_rubric(cfg)
     seed = check_range("seed", cfg.seed, integer=True)

@@ -4,7 +4,7 @@ A configuration's score is the pooled held-out NLL of the main question over ``i
 folds of the training texts (the paper's criterion); RMSE and correlations are recorded as
 trial attributes, not optimised. Trials are asked in batches (TPE with the constant liar) and
 the fold models of a whole batch train as one stacked program
-(:func:`llmrubric.model.calibrator.fit_together`), so a batch costs about one fit. Trials are pruned
+(:func:`llmrubric.model.families.network.calibrator.fit_together`), so a batch costs about one fit. Trials are pruned
 (asynchronous successive halving or the median rule) on the mean
 held-out NLL of the main question of their fold models.
 
@@ -44,8 +44,8 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.files import write_json, write_table
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.calibrator import NetworkCalibrator, fit_together
-from llmrubric.model.encoding import JudgeMap
+from llmrubric.model.core.encoding import JudgeMap
+from llmrubric.model.families.network.calibrator import NetworkCalibrator, fit_together
 
 log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)

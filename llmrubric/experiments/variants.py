@@ -27,12 +27,12 @@ from llmrubric.io.predictions import option_columns
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.auto import build_model
-from llmrubric.model.baselines import DETERMINISTIC, make_method
-from llmrubric.model.calibrator import NetworkCalibrator
-from llmrubric.model.encoding import PAIR, JudgeMap, with_round
-from llmrubric.model.oracles import JudgeAnswers, PersonalIsotonic
-from llmrubric.model.registry import names
-from llmrubric.model.threads import one_thread, single_threaded
+from llmrubric.model.core.encoding import PAIR, JudgeMap, with_round
+from llmrubric.model.core.registry import names
+from llmrubric.model.core.threads import one_thread, single_threaded
+from llmrubric.model.families.baselines import DETERMINISTIC, make_method
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.oracles import JudgeAnswers, PersonalIsotonic
 
 log = logging.getLogger(__name__)
 SINGLE_RUN = frozenset(DETERMINISTIC) | {"random"}
@@ -44,7 +44,7 @@ class Variant:
 
     Args:
         name: unique name in the report.
-        method: a Table 1 method (:data:`llmrubric.model.baselines.METHODS`); the knobs below need ``llm_rubric``.
+        method: a Table 1 method (:data:`llmrubric.model.families.baselines.METHODS`); the knobs below need ``llm_rubric``.
         question: the target (fine-tuned, evaluated) question; None: the rubric's main question.
         model, trainer: ``(key, value)`` overrides of the network / trainer settings.
         drop_questions: feature blocks left out (ablations).
@@ -181,7 +181,7 @@ def run_variants(
     ``requests`` maps each variant to its number of seeds (``0..n-1``; one run if it has no
     training randomness). Every split is trained; predictions are concatenated over the
     splits' test sets. All seeds and splits of one calibration-network variant are fitted
-    together (one stacked program, see :func:`llmrubric.model.calibrator.fit_together`; with one
+    together (one stacked program, see :func:`llmrubric.model.families.network.calibrator.fit_together`; with one
     judge map, the union of the training sets' judges, when these differ); a variant that
     is another requested variant plus isotonic correction shares its fitted models. One
     job per variant; jobs run in ``workers`` processes.

@@ -16,7 +16,7 @@ import pandas as pd
 from llmrubric.extract.summaries import summarise
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, validate_annotations, validate_features
-from llmrubric.model.calibrator import NetworkCalibrator
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
 

@@ -5,7 +5,7 @@ expected answer averaged over the target judges. Its variance given ``x_O`` come
 not asked yet; asking block b is expected to remove ``Var(E[ŷ0 | x_O, x_b])`` of it (the law of total
 variance). :class:`Selector` estimates that for every unasked block at once from ``draws`` joint
 completions of the unasked columns drawn by the fitted model's answer model
-(:class:`llmrubric.model.answers.AnswerModel`): ŷ0 of each completion, regressed per text on the
+(:class:`llmrubric.model.core.answers.AnswerModel`): ŷ0 of each completion, regressed per text on the
 drawn columns of each block (and their squares) over the draws; the explained variance, adjusted
 for the regressors, is the block's expected reduction. The next block is the one with the largest
 reduction per unit cost; a text stops at ``budget`` blocks, when the best reduction per unit cost is
@@ -23,8 +23,8 @@ from llmrubric.config import AdaptiveConfig
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_range
 from llmrubric.io.tables import Tables
-from llmrubric.model.absent import MAX_ROWS, CompletionBatch, answer_model, batch_of
-from llmrubric.model.columns import block_columns
+from llmrubric.model.core.absent import MAX_ROWS, CompletionBatch, answer_model, batch_of
+from llmrubric.model.core.columns import block_columns
 
 COSTS = ("calls", "tokens")
 
@@ -48,7 +48,7 @@ def adaptive_settings(settings: dict | AdaptiveConfig | None = None, prefix: str
 class Selector:
     """Chooses each text's next block for a fitted model that carries an answer model (``answers_``).
 
-    The state of a set of texts is a :class:`llmrubric.model.absent.CompletionBatch` whose pairs are
+    The state of a set of texts is a :class:`llmrubric.model.core.absent.CompletionBatch` whose pairs are
     each text with every target judge (``settings["judges"]``, default every judge of the model) and
     whose absent blocks are those not asked: :meth:`empty` (nothing asked; extraction) or
     :meth:`batch_of` (a features table, for simulations that hide blocks with ``batch.hide``).

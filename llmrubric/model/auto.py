@@ -1,6 +1,6 @@
 """``model=auto``: the model family chosen on the user's own training data by inner cross-validation.
 
-The candidates (the names :mod:`llmrubric.model.registry` marks ``candidate``: the calibration
+The candidates (the names :mod:`llmrubric.model.core.registry` marks ``candidate``: the calibration
 network, its cumulative-link heads, the cumulative-link mixed model on three kinds of input,
 probabilistic ridge regression, and any family registered as one) are each
 fitted on the inner folds of the training data, grouped by text or by system as the model will be
@@ -13,7 +13,7 @@ the candidates that predict it. A candidate that fails to fit is recorded with i
 out (a warning); one that does not apply to the data (``clmm_mean`` with one LLM source per
 question is ``clmm_own``) is recorded as not applicable (info); all failing is an error. Inner folds never see the texts (or systems) they score, and the
 outer test data are never seen at all. With 3+ training systems each candidate ``X`` is also scored
-as ``X-level``, with the system level of :mod:`llmrubric.model.system_level` fitted in each inner
+as ``X-level``, with the system level of :mod:`llmrubric.model.core.system_level` fitted in each inner
 fold on its training systems (``model.auto.system_level``).
 """
 
@@ -33,10 +33,10 @@ from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
-from llmrubric.model.estimator import load_model, split_tensors, write_checkpoint
-from llmrubric.model.registry import Setup, entry, family_of, fit_questions, make, names, register
-from llmrubric.model.system_level import (
+from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
+from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.core.registry import Setup, entry, family_of, fit_questions, make, names, register
+from llmrubric.model.core.system_level import (
     LEVEL,
     SystemLevel,
     level_plan,
@@ -57,7 +57,7 @@ PROB_FLOOR = 1e-12
 
 def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None = None, seed: int = 0, group="text"):
     """The model of ``model.family``: :class:`AutoCalibrator` (``auto``) or the network (``network``),
-    from :mod:`llmrubric.model.registry`. ``group`` resolves ``model.auto.group=auto`` (``text`` or ``system``)."""
+    from :mod:`llmrubric.model.core.registry`. ``group`` resolves ``model.auto.group=auto`` (``text`` or ``system``)."""
     settings = model_settings(model)
     if settings["family"] not in FAMILIES:
         raise InputError(f"{settings['family']!r} is not one of {list(FAMILIES)}", setting="model.family")
@@ -65,7 +65,7 @@ def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None 
 
 
 def candidate(name: str, rubric: Rubric, model: dict, trainer: TrainConfig, seed: int):
-    """An unfitted candidate by name (the registry's :func:`~llmrubric.model.registry.names` ``(candidate=True)``)."""
+    """An unfitted candidate by name (the registry's :func:`~llmrubric.model.core.registry.names` ``(candidate=True)``)."""
     if name not in names(candidate=True):
         raise InputError(f"unknown candidate {name!r}; known: {names(candidate=True)}", setting="model.auto.candidates")
     return make(name, rubric, model, trainer, seed)
@@ -300,7 +300,7 @@ class AutoCalibrator:
 
     def proba_completed(self, batch, completions: np.ndarray) -> np.ndarray:
         """(draws, pairs, questions, max options): the members' mixture for each completion
-        (:mod:`llmrubric.model.absent`; every member has the layout of ``batch``)."""
+        (:mod:`llmrubric.model.core.absent`; every member has the layout of ``batch``)."""
         probs = {n: self.members_[n.removesuffix(LEVEL)].proba_completed(batch, completions) for n in self.weights_}
         draws, n_pairs = completions.shape[1], len(batch.pairs)
         flat = self._mixture({n: p.reshape(draws * n_pairs, *p.shape[2:]) for n, p in probs.items()})

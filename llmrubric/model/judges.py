@@ -2,10 +2,10 @@
 
 A ``model=auto`` checkpoint gets the judge in every member: its networks as below, the mixed
 model's judge effects as their posterior mode under the fitted prior, ridge regression's judge
-coefficient from the residuals (:meth:`llmrubric.model.mixed.MixedOrdinal.add_judge`,
-:meth:`llmrubric.model.baselines.RidgeJudge.add_judge`).
+coefficient from the residuals (:meth:`llmrubric.model.families.mixed.MixedOrdinal.add_judge`,
+:meth:`llmrubric.model.families.baselines.RidgeJudge.add_judge`).
 
-:func:`add_judge` extends a trained :class:`~llmrubric.model.calibrator.NetworkCalibrator`'s judge map by
+:func:`add_judge` extends a trained :class:`~llmrubric.model.families.network.calibrator.NetworkCalibrator`'s judge map by
 one judge and fits, in every ensemble member, the parameters that belong to that judge alone, with
 the shared ones (weights, standardisation, temperatures, ordinal blend) frozen:
 
@@ -37,10 +37,10 @@ import torch
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables, source_of
-from llmrubric.model.cumulative import CumulativeNet
-from llmrubric.model.encoding import JudgeMap
-from llmrubric.model.network import CalibrationNet
-from llmrubric.model.threads import one_thread
+from llmrubric.model.core.encoding import JudgeMap
+from llmrubric.model.core.threads import one_thread
+from llmrubric.model.families.network.cumulative import CumulativeNet
+from llmrubric.model.families.network.net import CalibrationNet
 
 
 def judge_parameters(net: CalibrationNet) -> dict[str, int]:

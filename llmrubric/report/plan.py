@@ -15,8 +15,8 @@ from llmrubric.experiments.variants import (
     table1_variants,
 )
 from llmrubric.io.rubric import Rubric
-from llmrubric.model.encoding import FeatureLayout
-from llmrubric.model.oracles import JudgeAnswers
+from llmrubric.model.core.encoding import FeatureLayout
+from llmrubric.model.families.network.oracles import JudgeAnswers
 from llmrubric.report.settings import ReportSettings, check_questions
 
 LLM_ANSWER_METHODS = ("argmax_llm", "expected_llm", "calibrated_q0")  # need an LLM's answers to the main question

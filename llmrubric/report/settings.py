@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields
 from llmrubric.config import REPORT_SECTIONS, ReportConfig
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.model.baselines import METHODS
-from llmrubric.model.registry import names
+from llmrubric.model.core.registry import names
+from llmrubric.model.families.baselines import METHODS
 
 SECTIONS = REPORT_SECTIONS
 

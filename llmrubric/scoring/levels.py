@@ -1,4 +1,4 @@
-"""Leaderboards by the system level of a model that has one (:mod:`llmrubric.model.system_level`).
+"""Leaderboards by the system level of a model that has one (:mod:`llmrubric.model.core.system_level`).
 
 ``llmrubric score texts`` with such a model writes ``<scores>.levels.csv``: per system the posterior
 mean ``level`` of its human mean and its ``level_sd`` (the prior from the system's LLM answers for a

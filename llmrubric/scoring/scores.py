@@ -5,7 +5,7 @@ distribution per (text, question) and the judge-free score over the trusted set 
 ``mean`` (ŷ_i = mean_{a∈A} ŷ_i^a), ``max`` and a ``quantile`` over A. Texts are scored in
 chunks, so memory is bounded by the chunk size, and the predictions table can be streamed
 to a file. A text that lacks some of the checkpoint's feature blocks is scored with those
-blocks marginalised by the model's answer model (:mod:`llmrubric.model.absent`; status
+blocks marginalised by the model's answer model (:mod:`llmrubric.model.core.absent`; status
 ``masked``, blocks named in ``missing_blocks``); a text with no features at all is not scored
 (status ``no_features``, scores NA).
 """
@@ -31,9 +31,9 @@ from llmrubric.io.integrity import check_finite_predictions
 from llmrubric.io.predictions import predictions_frame, probabilities
 from llmrubric.io.rows import check_unique
 from llmrubric.io.tables import Tables, source_of
-from llmrubric.model.absent import DRAWS, SEED, batch_of
-from llmrubric.model.calibrator import NetworkCalibrator
-from llmrubric.model.threads import one_thread
+from llmrubric.model.core.absent import DRAWS, SEED, batch_of
+from llmrubric.model.core.threads import one_thread
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
 
 log = logging.getLogger(__name__)
 SCORE_COLUMNS = ["text_id", "system_id", "question_id", "mean", "max", "quantile", "judges", "status", "missing_blocks"]
@@ -202,7 +202,7 @@ def score_texts(
 
 
 def _system_levels(calibrator, features: pd.DataFrame, scored: pd.DataFrame, judges: list[str]):
-    """A model with a system level (:mod:`llmrubric.model.system_level`): each system's level over
+    """A model with a system level (:mod:`llmrubric.model.core.system_level`): each system's level over
     all its scored texts, kept by the model for every chunk; None for other models."""
     if not getattr(calibrator, "levels_", None):
         return None
@@ -312,7 +312,7 @@ class _ChunkPredictor:
 
     def _fast_marginal(self, x: np.ndarray, absent: np.ndarray, feats: pd.DataFrame, text_ids: list[str]):
         """The fast path's probabilities of texts ``x``; those with ``absent`` blocks are the mean over
-        the completions of :func:`llmrubric.model.absent.marginal_proba` (a model without an answer
+        the completions of :func:`llmrubric.model.core.absent.marginal_proba` (a model without an answer
         model: its old filling)."""
         probs = self.fast(x)
         rows = np.flatnonzero(absent.any(axis=1))

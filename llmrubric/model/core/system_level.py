@@ -31,8 +31,8 @@ from scipy import optimize, special
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Question, Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.columns import text_columns
-from llmrubric.model.encoding import FeatureLayout, question_targets
+from llmrubric.model.core.columns import text_columns
+from llmrubric.model.core.encoding import FeatureLayout, question_targets
 
 MIN_SYSTEMS = 3
 NODES = 9  # Gauss–Hermite nodes of the level's posterior
@@ -151,7 +151,7 @@ class SystemLevel:
     """The system level (module doc) of the main question over one text model's predictions.
 
     ``fit(tables, expected)``: ``expected`` holds the text model's in-sample expected answers of the
-    main question's annotated pairs (:func:`llmrubric.model.encoding.question_targets` order).
+    main question's annotated pairs (:func:`llmrubric.model.core.encoding.question_targets` order).
     ``apply(tables, pairs, probs)`` returns the main question's distributions with the level.
     """
 

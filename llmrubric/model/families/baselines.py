@@ -1,5 +1,5 @@
 """Baselines of LLM-Rubric Table 1 and those a careful user tries first, with the estimator
-interface (:mod:`llmrubric.model.estimator`).
+interface (:mod:`llmrubric.model.core.checkpoints`).
 
 Each predicts the main question's distribution for every annotated (text, judge) pair and
 a point value (``mean``): random draws from a uniform distribution; the LLM's own
@@ -13,7 +13,7 @@ With several LLM sources (models, prompt variants) answering the main question,
 ``expected_llm/<source>`` and ``argmax_llm/<source>`` use one source and the unqualified
 names the mean of the sources' normalised distributions (whose expected answer is the
 mean of the sources' expected answers); :func:`expand_baselines` names them for a data set.
-Each registers under its name in :mod:`llmrubric.model.registry` and saves its (small) fitted
+Each registers under its name in :mod:`llmrubric.model.core.registry` and saves its (small) fitted
 state like every family; ``mean_of_sources`` is ``expected_llm`` under a second name, so a run of
 both lists it once (:func:`duplicates`).
 """
@@ -35,16 +35,16 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, source_of
-from llmrubric.model.absent import CompletionBatch, marginal_proba
-from llmrubric.model.answers import AnswerModel, answers_from_state, answers_state
-from llmrubric.model.columns import text_columns
-from llmrubric.model.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets
-from llmrubric.model.registry import Setup, entry, make, register
-from llmrubric.model.threads import one_thread
+from llmrubric.model.core.absent import CompletionBatch, marginal_proba
+from llmrubric.model.core.answers import AnswerModel, answers_from_state, answers_state
+from llmrubric.model.core.columns import text_columns
+from llmrubric.model.core.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.core.registry import Setup, entry, make, register
+from llmrubric.model.core.threads import one_thread
 
 
 class MainQuestionBaseline:
-    """Shared plumbing: the estimator interface (:mod:`llmrubric.model.estimator`) of a method that
+    """Shared plumbing: the estimator interface (:mod:`llmrubric.model.core.checkpoints`) of a method that
     predicts the main question only; a pair it cannot predict (a text without the LLM's answer to the
     main question) is left out of :meth:`predict` and NaN in :meth:`predict_proba`."""
 
@@ -238,9 +238,9 @@ def discretised_normal(mu: np.ndarray, sigma: float, question) -> np.ndarray:
 class RidgeJudge(MainQuestionBaseline):
     """Ridge regression of each question's answer on every feature block plus judge indicators.
 
-    Each block gives one value per text (:mod:`llmrubric.model.columns`); a block missing for a
+    Each block gives one value per text (:mod:`llmrubric.model.core.columns`); a block missing for a
     training text takes the training mean, one absent from a text to predict is marginalised
-    (:mod:`llmrubric.model.absent`). For an ordered question the distribution is a normal with the
+    (:mod:`llmrubric.model.core.absent`). For an ordered question the distribution is a normal with the
     training residual spread, discretised onto the options (:func:`discretised_normal`); for a
     categorical one the regression is an L2-penalised multinomial logistic regression on the same
     inputs (penalty chosen by 5-fold CV log loss). ``fit(tables, questions)`` fits the given
@@ -278,7 +278,7 @@ class RidgeJudge(MainQuestionBaseline):
         return out
 
     def proba_completed(self, batch: CompletionBatch, completions: np.ndarray) -> np.ndarray:
-        """(draws, pairs, questions, max options) for each completion (:mod:`llmrubric.model.absent`)."""
+        """(draws, pairs, questions, max options) for each completion (:mod:`llmrubric.model.core.absent`)."""
         probs = self._completed(batch, completions)
         draws, n_pairs = completions.shape[1], len(batch.pairs)
         flat = questions_proba(
@@ -366,7 +366,7 @@ class RidgeJudge(MainQuestionBaseline):
 
     def _marginal_results(self, tables: Tables, pairs: pd.DataFrame) -> list | None:
         """Each fitted question's (probabilities, point values) with absent blocks marginalised
-        (:func:`llmrubric.model.absent.marginal_proba`); None when every text has every block."""
+        (:func:`llmrubric.model.core.absent.marginal_proba`); None when every text has every block."""
         questions = list(self.fits_)
         widths = [len(self.rubric[q].options) for q in questions]
 
@@ -495,13 +495,13 @@ def duplicates(names: list[str]) -> dict[str, str]:
 
 
 def make_method(name: str, rubric: Rubric, seed: int = 0, model: dict | None = None, trainer: dict | None = None):
-    """A method of Table 1 (any name of :mod:`llmrubric.model.registry`) by name, unfitted;
+    """A method of Table 1 (any name of :mod:`llmrubric.model.core.registry`) by name, unfitted;
     ``argmax_llm/<source>``, ``expected_llm/<source>``: one LLM source."""
     return make(name, rubric, model, trainer, seed)
 
 
 def _baseline(cls):
-    """The build of an LLM baseline registered in :mod:`llmrubric.model.registry`."""
+    """The build of an LLM baseline registered in :mod:`llmrubric.model.core.registry`."""
     return lambda rubric, setup: cls(rubric, setup.seed, setup.source)
 
 

@@ -4,7 +4,7 @@ A family module registers each name it provides (:func:`register`) when it is im
 :mod:`llmrubric.model.families` imports the built-in ones (``import llmrubric.model`` does), so
 the registry is complete wherever a model is built or loaded. ``model=auto``'s candidates
 (:func:`names` with ``candidate=True``), ``evaluate.py``'s baselines and the report's methods
-(:func:`make`), ``judges add`` and :func:`llmrubric.model.estimator.load_model` (:func:`family_of`)
+(:func:`make`), ``judges add`` and :func:`llmrubric.model.core.checkpoints.load_model` (:func:`family_of`)
 look names and checkpoint formats up here; none of them names a family class.
 
 Every family implements :class:`Family`. ``meta["format"]`` of its :meth:`Family.state` is
@@ -29,7 +29,7 @@ from llmrubric.io.tables import Tables
 
 @runtime_checkable
 class Family(Protocol):
-    """The interface of every registered model family (:mod:`llmrubric.model.estimator` describes the
+    """The interface of every registered model family (:mod:`llmrubric.model.core.checkpoints` describes the
     arrays); families may take further optional arguments after these."""
 
     FORMAT: str  # "llmrubric-<family>/<version>": meta["format"] of state()

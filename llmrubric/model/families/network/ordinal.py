@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llmrubric.model.encoding import Encoded
+from llmrubric.model.core.encoding import Encoded
 
 GRID = torch.linspace(0.0, 1.0, 51)
 
@@ -47,7 +47,7 @@ def blend(probs: torch.Tensor, weight: torch.Tensor, option_mask: torch.Tensor) 
 def fit_ordinal_weight(
     net: nn.Module, val: Encoded, ordered: list[bool] | None = None, min_cells: int = 20
 ) -> list[float]:
-    """Set ``net.ordinal_weight`` (a :class:`~llmrubric.model.network.CalibrationNet`'s) from the held-out rows ``val`` (only questions ``ordered``, default
+    """Set ``net.ordinal_weight`` (a :class:`~llmrubric.model.families.network.net.CalibrationNet`'s) from the held-out rows ``val`` (only questions ``ordered``, default
     all); returns the weights."""
     net.eval()
     net.ordinal_weight.zero_()

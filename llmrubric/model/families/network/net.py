@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from llmrubric.config import ModelConfig
-from llmrubric.model.ordinal import blend
+from llmrubric.model.families.network.ordinal import blend
 
 PERSONALIZATION = ("deltas", "input", "none")
 INPUTS = ("probabilities", "expected", "both")
@@ -54,9 +54,9 @@ class CalibrationNet(nn.Module):
     per-pair inputs.
     Features are standardised with training statistics (buffers saved with the weights).
     Each question's logits are divided by its ``temperature`` (a buffer, 1 unless
-    :func:`llmrubric.model.temperature.fit_temperature` set it after training); the probabilities
+    :func:`llmrubric.model.families.network.temperature.fit_temperature` set it after training); the probabilities
     (:meth:`probabilities`) are then blended with their ordinal shape by each
-    question's ``ordinal_weight`` (0 unless :func:`llmrubric.model.ordinal.fit_ordinal_weight` set it).
+    question's ``ordinal_weight`` (0 unless :func:`llmrubric.model.families.network.ordinal.fit_ordinal_weight` set it).
 
     Personalization: ``"deltas"`` adds judge-specific deltas to every layer (eq. 3–5; they
     start at zero, an unseen judge, index -1, uses the shared weights alone); ``"input"``
@@ -76,7 +76,9 @@ class CalibrationNet(nn.Module):
         extra_dim: number of further per-pair inputs after the flags, used as they are.
     """
 
-    program = "stacked"  # trained by llmrubric.model.engine.train_stacked with the other stacked networks
+    program = (
+        "stacked"  # trained by llmrubric.model.families.network.engine.train_stacked with the other stacked networks
+    )
 
     def __init__(
         self,
@@ -187,7 +189,7 @@ class CalibrationNet(nn.Module):
     @torch.no_grad()
     def probabilities(self, x: torch.Tensor, judge: torch.Tensor, batch_size: int = 65536) -> torch.Tensor:
         """Predicted probabilities (B, questions, max options), padded options 0: the softmax, blended
-        with its ordinal shape by each question's ``ordinal_weight`` (:mod:`llmrubric.model.ordinal`)."""
+        with its ordinal shape by each question's ``ordinal_weight`` (:mod:`llmrubric.model.families.network.ordinal`)."""
         self.eval()
         out = [
             blend(

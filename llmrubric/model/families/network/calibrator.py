@@ -23,18 +23,18 @@ from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.absent import CompletionBatch, marginal_proba
-from llmrubric.model.answers import AnswerModel, answers_from_state, answers_state
-from llmrubric.model.cumulative import HEADS, CumulativeNet, train_cumulative
-from llmrubric.model.encoding import Encoded, FeatureLayout, JudgeMap, encode, pairs_of
-from llmrubric.model.engine import structure, train_stacked
-from llmrubric.model.estimator import load_model, write_checkpoint
-from llmrubric.model.network import INPUTS, PERSONALIZATION, CalibrationNet
-from llmrubric.model.oracles import JudgeAnswers
-from llmrubric.model.ordinal import fit_ordinal_weight
-from llmrubric.model.registry import Setup, register
-from llmrubric.model.temperature import fit_temperature
-from llmrubric.model.threads import one_thread
+from llmrubric.model.core.absent import CompletionBatch, marginal_proba
+from llmrubric.model.core.answers import AnswerModel, answers_from_state, answers_state
+from llmrubric.model.core.checkpoints import load_model, write_checkpoint
+from llmrubric.model.core.encoding import Encoded, FeatureLayout, JudgeMap, encode, pairs_of
+from llmrubric.model.core.registry import Setup, register
+from llmrubric.model.core.threads import one_thread
+from llmrubric.model.families.network.cumulative import HEADS, CumulativeNet, train_cumulative
+from llmrubric.model.families.network.engine import structure, train_stacked
+from llmrubric.model.families.network.net import INPUTS, PERSONALIZATION, CalibrationNet
+from llmrubric.model.families.network.oracles import JudgeAnswers
+from llmrubric.model.families.network.ordinal import fit_ordinal_weight
+from llmrubric.model.families.network.temperature import fit_temperature
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
@@ -69,14 +69,14 @@ class NetworkCalibrator:
             ``ensemble``: the number of networks (seeds spawned from ``seed``: :attr:`seeds`, each with its
             own early-stopping split) whose average distribution is the prediction, and ``head``:
             ``softmax`` (the network's heads), or ``ordinal`` / ``combined`` with ``monotone``
-            (:mod:`llmrubric.model.cumulative`: cumulative-link heads on a learned score).
+            (:mod:`llmrubric.model.families.network.cumulative`: cumulative-link heads on a learned score).
         trainer: :class:`TrainConfig` fields.
         seed: seeds initialisation, the early-stopping split and the batch order.
         feature_questions: use only the feature blocks of these questions (e.g. ``[Q0]``).
         drop_questions: leave out the feature blocks of these questions (ablations).
         pair_features: optional per-(text, judge) input columns appended to x, an object with
             ``fit(tables)``, ``dim`` and ``transform(tables, pairs) -> (pairs, dim)`` (the
-            oracle studies' :class:`llmrubric.model.oracles.JudgeAnswers`, saved as its settings; no other kind is saved).
+            oracle studies' :class:`llmrubric.model.families.network.oracles.JudgeAnswers`, saved as its settings; no other kind is saved).
         llm_features: False keeps only the ``pair_features`` as input (the oracle without LLM probabilities).
     """
 
@@ -235,7 +235,7 @@ class NetworkCalibrator:
     def predict_proba(self, data: Tables | Encoded, pairs: pd.DataFrame | None = None) -> np.ndarray:
         """Probabilities (pairs, questions, max options; padded options 0), the members' average, of the
         annotated pairs of tables ``data`` (or its ``pairs``), or of pairs already encoded by :meth:`encode`.
-        Texts of ``data`` with absent blocks are marginalised (:mod:`llmrubric.model.absent`)."""
+        Texts of ``data`` with absent blocks are marginalised (:mod:`llmrubric.model.core.absent`)."""
         if not isinstance(data, Encoded):
             pairs = pairs_of(data.annotations) if pairs is None else pairs
             marginal = marginal_proba(self, data, pairs)
@@ -268,7 +268,7 @@ class NetworkCalibrator:
 
     def proba_completed(self, batch: CompletionBatch, completions: np.ndarray) -> np.ndarray:
         """(draws, pairs, questions, max options): the members' average for each completion
-        (:class:`llmrubric.model.absent.CompletionBatch`), one pass over every (completion, pair)."""
+        (:class:`llmrubric.model.core.absent.CompletionBatch`), one pass over every (completion, pair)."""
         x = torch.from_numpy(batch.network_inputs(completions))
         draws, n_pairs = x.shape[:2]
         judge = torch.from_numpy(self.judges_.indices(batch.pairs.judge_id)).repeat(draws)
@@ -368,7 +368,7 @@ def fit_together(
     progress=None,
 ) -> list[NetworkCalibrator]:
     """Fit each calibrator on its tables; all their members train as one stacked program
-    (:func:`llmrubric.model.engine.train_stacked`; one per network structure, e.g. two when some
+    (:func:`llmrubric.model.families.network.engine.train_stacked`; one per network structure, e.g. two when some
     are personalized by judge deltas and others not, or when their training sets see different
     numbers of judges).
 
@@ -383,11 +383,11 @@ def fit_together(
     ``progress`` (a tqdm bar, optional) advances once per epoch of each stacked program.
     Each member joins the training program its class names (:data:`PROGRAMS`): the stacked networks
     above, or with a cumulative head (``model.head`` ordinal or combined) full-batch L-BFGS
-    (:func:`llmrubric.model.cumulative.train_cumulative`); both run the same epoch loop
-    (:func:`llmrubric.model.engine.run_phase`), pruning included.
+    (:func:`llmrubric.model.families.network.cumulative.train_cumulative`); both run the same epoch loop
+    (:func:`llmrubric.model.families.network.engine.run_phase`), pruning included.
     With ``trainer.temperature_scaling``, each member of a calibrator that finished then gets
-    its per-question temperatures from its early-stopping split (:mod:`llmrubric.model.temperature`),
-    and with ``trainer.ordinal_blend`` its per-question ordinal weights (:mod:`llmrubric.model.ordinal`).
+    its per-question temperatures from its early-stopping split (:mod:`llmrubric.model.families.network.temperature`),
+    and with ``trainer.ordinal_blend`` its per-question ordinal weights (:mod:`llmrubric.model.families.network.ordinal`).
     All of it runs on one torch thread: the tensors are small and more threads only contend.
     """
     with one_thread():
@@ -449,7 +449,7 @@ def _fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, pr
 
 
 def _network(overrides=None, main_features: bool = False, oracle: str | None = None, llm_features: bool = True):
-    """The build of a network registered in :mod:`llmrubric.model.registry`: the ``model.*`` settings with
+    """The build of a network registered in :mod:`llmrubric.model.core.registry`: the ``model.*`` settings with
     ``overrides`` (a dict, or a callable of them), the main question's feature blocks only, or an oracle's inputs."""
 
     def build(rubric: Rubric, setup: Setup) -> NetworkCalibrator:

@@ -1,6 +1,6 @@
 """A model of the LLM's answers: the distribution of an unasked feature block given the asked ones.
 
-It works on the text columns of :mod:`llmrubric.model.columns` (one per ordered block: its expected
+It works on the text columns of :mod:`llmrubric.model.core.columns` (one per ordered block: its expected
 answer; one per single-option block: its probability; one per option but the last of a categorical
 block). Each column is bounded (an expected answer lies between the smallest and the largest option
 value, a probability in [0, 1]), so it is scaled to [0, 1], clipped to [``EPS``, 1 - ``EPS``] and
@@ -33,8 +33,8 @@ from sklearn.covariance import ledoit_wolf_shrinkage
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.model.columns import column_blocks, text_columns
-from llmrubric.model.encoding import FeatureLayout
+from llmrubric.model.core.columns import column_blocks, text_columns
+from llmrubric.model.core.encoding import FeatureLayout
 
 EPS = 0.01  # columns are clipped to [EPS, 1 - EPS] of their range before the logit
 TRANSFORMS = ("logit", "identity")  # of the scaled columns; identity: a Gaussian of the raw columns (for comparison)
@@ -232,7 +232,7 @@ def answers_from_state(meta: dict, tensors: dict, rubric: Rubric, source: str = 
 
 def _is_expected(block, rubric: Rubric) -> bool:
     """Whether ``block``'s column is its expected answer (numeric options of an ordered or non-rubric
-    question, as :func:`llmrubric.model.columns.block_columns` decides), not probabilities."""
+    question, as :func:`llmrubric.model.core.columns.block_columns` decides), not probabilities."""
     if len(block.options) < 2 or (block.question_id in rubric and not rubric[block.question_id].ordered):
         return False
     try:

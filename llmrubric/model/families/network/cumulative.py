@@ -26,10 +26,18 @@ import torch
 from torch import nn
 
 from llmrubric.config import TrainConfig
-from llmrubric.model.encoding import Encoded
-from llmrubric.model.engine import PHASES, EarlyStopping, PhaseRun, masked_nll, phase_mask, phase_summaries, run_phase
-from llmrubric.model.network import CalibrationNet
-from llmrubric.model.threads import one_thread
+from llmrubric.model.core.encoding import Encoded
+from llmrubric.model.core.threads import one_thread
+from llmrubric.model.families.network.engine import (
+    PHASES,
+    EarlyStopping,
+    PhaseRun,
+    masked_nll,
+    phase_mask,
+    phase_summaries,
+    run_phase,
+)
+from llmrubric.model.families.network.net import CalibrationNet
 
 HEADS = ("softmax", "ordinal", "combined")
 LBFGS_STEPS = 10  # L-BFGS iterations per epoch of train_cumulative
@@ -186,9 +194,9 @@ def train_cumulative(
     by full-batch L-BFGS (the heads are small and near-convex: mini-batches only slow them down) on
     the mean NLL plus ``weight_decay`` times the squared shared weights and ``delta_l2`` times the
     squared judge cut deltas. An epoch is up to :data:`LBFGS_STEPS` L-BFGS iterations of each model;
-    :func:`llmrubric.model.engine.run_phase`, the stacked networks' loop, runs the epochs (early
+    :func:`llmrubric.model.families.network.engine.run_phase`, the stacked networks' loop, runs the epochs (early
     stopping on held-out NLL with the best weights restored, or convergence; ``progress`` and
-    ``on_epoch`` as in :func:`llmrubric.model.engine.train_stacked`). Nothing is random here: the
+    ``on_epoch`` as in :func:`llmrubric.model.families.network.engine.train_stacked`). Nothing is random here: the
     caller's ``seeds`` drew the initial weights. Returns one summary per model and phase."""
     summaries: list[dict] = [{} for _ in nets]
     dropped = torch.zeros(len(nets), dtype=torch.bool)  # pruned or diverged: no further phases

@@ -3,10 +3,10 @@
 :class:`JudgeAnswers` makes per-(text, judge) feature columns from human answers to the
 rubric's other questions: the judge's own answers as one-hot vectors (the Oracle) or the
 average one-hot vector of the *other* judges of the same text (the Depersonalized Oracle).
-A :class:`~llmrubric.model.calibrator.NetworkCalibrator` appends them to its LLM features via
+A :class:`~llmrubric.model.families.network.calibrator.NetworkCalibrator` appends them to its LLM features via
 ``pair_features=``. :class:`PersonalIsotonic` refits each judge's point predictions of a
 judge-independent model with an isotonic regression (scikit-learn); registered as
-``personal_isotonic`` (on the network; :mod:`llmrubric.model.registry`), it saves and loads like
+``personal_isotonic`` (on the network; :mod:`llmrubric.model.core.registry`), it saves and loads like
 every family, its base model's state inside its own.
 """
 
@@ -22,9 +22,9 @@ from sklearn.isotonic import IsotonicRegression
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.encoding import PAIR, pairs_of, with_round
-from llmrubric.model.estimator import split_tensors
-from llmrubric.model.registry import Setup, family_of, make, register
+from llmrubric.model.core.checkpoints import split_tensors
+from llmrubric.model.core.encoding import PAIR, pairs_of, with_round
+from llmrubric.model.core.registry import Setup, family_of, make, register
 
 log = logging.getLogger(__name__)
 

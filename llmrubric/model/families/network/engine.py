@@ -31,9 +31,9 @@ from torch import nn
 
 from llmrubric.config import TrainConfig
 from llmrubric.io.errors import InputError
-from llmrubric.model.encoding import Encoded
-from llmrubric.model.network import CalibrationNet
-from llmrubric.model.threads import one_thread
+from llmrubric.model.core.encoding import Encoded
+from llmrubric.model.core.threads import one_thread
+from llmrubric.model.families.network.net import CalibrationNet
 
 BETAS, EPS = (0.9, 0.999), 1e-8
 COMPACT_BELOW = 0.75  # re-stack the running models once fewer than this share of the stack still runs
@@ -400,7 +400,7 @@ class _Program:
 class PhaseRun(ABC):
     """One training phase of n models, driven epoch by epoch by :func:`run_phase`: the stacked
     networks' mini-batch Adam (:class:`_Phase`) and the cumulative heads' full-batch L-BFGS
-    (:class:`llmrubric.model.cumulative.LbfgsPhase`). Holds ``phase``, ``n``, ``running`` (n,) bool,
+    (:class:`llmrubric.model.families.network.cumulative.LbfgsPhase`). Holds ``phase``, ``n``, ``running`` (n,) bool,
     ``has_val`` and ``max_epochs`` (n,), and ``stopping`` (:class:`EarlyStopping`)."""
 
     @abstractmethod

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from llmrubric.model.encoding import Encoded
-from llmrubric.model.network import CalibrationNet
+from llmrubric.model.core.encoding import Encoded
+from llmrubric.model.families.network.net import CalibrationNet
 
 GRID = torch.logspace(-1.3, 1.3, 521)  # inverse temperatures 0.05 .. 20, 0.5 % apart
 COARSE = 20  # every COARSE-th grid point first, then the fine points around the best of them

@@ -1,10 +1,10 @@
 """The estimator interface every model family implements, and the one checkpoint file they share.
 
-A family (the calibration network and its cumulative heads, :class:`~llmrubric.model.calibrator.NetworkCalibrator`;
-the cumulative-link mixed model, :class:`~llmrubric.model.mixed.MixedOrdinal`; ridge regression,
-:class:`~llmrubric.model.baselines.RidgeJudge`; the LLM baselines; the oracles; the model choice of
+A family (the calibration network and its cumulative heads, :class:`~llmrubric.model.families.network.calibrator.NetworkCalibrator`;
+the cumulative-link mixed model, :class:`~llmrubric.model.families.mixed.MixedOrdinal`; ridge regression,
+:class:`~llmrubric.model.families.baselines.RidgeJudge`; the LLM baselines; the oracles; the model choice of
 :class:`~llmrubric.model.auto.AutoCalibrator`), registered under its config name in
-:mod:`llmrubric.model.registry` (whose :class:`~llmrubric.model.registry.Family` is this interface), has:
+:mod:`llmrubric.model.core.registry` (whose :class:`~llmrubric.model.core.registry.Family` is this interface), has:
 
 - ``fit(tables) -> self``;
 - ``predict_proba(tables, pairs=None) -> ndarray (pairs, rubric questions, max options)``: the
@@ -30,7 +30,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.files import atomic_path
 from llmrubric.io.integrity import tensors_digest, verify_tensors
 from llmrubric.io.rubric import Rubric
-from llmrubric.model.registry import family_of
+from llmrubric.model.core.registry import family_of
 
 META_KEY = "llmrubric"
 
@@ -76,7 +76,7 @@ def save_model(model, path: str | Path) -> Path:
 
 
 def load_model(path: str | Path):
-    """The fitted model of a checkpoint, whatever its family (:func:`llmrubric.model.registry.family_of`);
+    """The fitted model of a checkpoint, whatever its family (:func:`llmrubric.model.core.registry.family_of`);
     a checkpoint of an unknown family or version, or whose state lacks a key, is one :class:`InputError`."""
     meta, tensors = read_checkpoint(path)
     family = family_of(meta["format"], str(path))

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from llmrubric.io.rubric import Rubric
-from llmrubric.model.encoding import Block, FeatureLayout
+from llmrubric.model.core.encoding import Block, FeatureLayout
 
 
 def block_columns(block: Block, p: np.ndarray, rubric: Rubric) -> np.ndarray:

@@ -3,7 +3,7 @@
 A block is absent for a text when the features table has no row of that (source, question) for it.
 A text with every block is predicted as it always was. A text with absent blocks gets the average of
 the family's predictions over :data:`DRAWS` completions of its blocks, the present ones kept and the
-absent ones drawn from the family's answer model (:class:`llmrubric.model.answers.AnswerModel`) given
+absent ones drawn from the family's answer model (:class:`llmrubric.model.core.answers.AnswerModel`) given
 the present ones. Every family implements ``proba_completed(batch, completions)``: its predictions
 for each completion of a :class:`CompletionBatch`, vectorised on its own encoding.
 """
@@ -18,8 +18,8 @@ import pandas as pd
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables, source_of
-from llmrubric.model.answers import AnswerModel
-from llmrubric.model.encoding import pairs_of
+from llmrubric.model.core.answers import AnswerModel
+from llmrubric.model.core.encoding import pairs_of
 
 DRAWS = 64  # completions averaged per text with absent blocks
 SEED = 0  # of the completions' quasi-random draws: predictions are deterministic

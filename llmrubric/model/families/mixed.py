@@ -4,10 +4,10 @@ For question q with options 1..K, text t and judge j::
 
     P(y <= k) = σ(c_k + u_jk - exp(v_j) · β·f_t)
 
-``f_t`` are standardised inputs of the text (:mod:`llmrubric.model.columns`): the expected
+``f_t`` are standardised inputs of the text (:mod:`llmrubric.model.core.columns`): the expected
 answers of q's own feature blocks (``inputs=own``), of every block (``all``), or their mean over
 the LLM sources that answered (``mean``: the mean of sources through a per-judge ordinal link).
-``c`` are the population cut points (kept increasing as in :mod:`llmrubric.model.cumulative`),
+``c`` are the population cut points (kept increasing as in :mod:`llmrubric.model.families.network.cumulative`),
 ``u_j`` each judge's offsets of the cut points and ``v_j`` its log-slope: random effects with
 ``u_jk ~ N(0, σ_k²)``, ``v_j ~ N(0, σ_v²)`` and ``β ~ N(0, τ²)``. The variances are estimated
 as ordinal mixed models do, by the Laplace approximation: the posterior mode is fitted by L-BFGS,
@@ -16,7 +16,7 @@ variances (the diagonal of each judge's inverse Hessian block), for ``rounds`` r
 not seen in training gets the population values (u = 0, v = 0).
 
 A text with absent blocks is predicted by marginalising them with the answer model
-(:mod:`llmrubric.model.absent`). In training, and for a checkpoint without an answer model, a
+(:mod:`llmrubric.model.core.absent`). In training, and for a checkpoint without an answer model, a
 missing block is filled: ``own``/``all`` with the training mean of its column, ``mean`` averages
 the sources present; a text without any input column of its question is at the training mean of
 the inputs. A question without a block of its own is predicted from all blocks. Categorical questions are not predicted (NaN): the family is ordinal.
@@ -35,13 +35,13 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Question, Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.absent import CompletionBatch, marginal_proba
-from llmrubric.model.answers import AnswerModel, answers_from_state, answers_state
-from llmrubric.model.columns import column_blocks, text_columns
-from llmrubric.model.cumulative import interval_log_probs
-from llmrubric.model.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
-from llmrubric.model.registry import register
-from llmrubric.model.threads import one_thread
+from llmrubric.model.core.absent import CompletionBatch, marginal_proba
+from llmrubric.model.core.answers import AnswerModel, answers_from_state, answers_state
+from llmrubric.model.core.columns import column_blocks, text_columns
+from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.core.registry import register
+from llmrubric.model.core.threads import one_thread
+from llmrubric.model.families.network.cumulative import interval_log_probs
 
 INPUTS = ("own", "all", "mean")
 VARIANCE_FLOOR, VARIANCE_CEILING = 1e-4, 100.0
@@ -155,7 +155,7 @@ class MixedOrdinal:
 
     def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
         """(pairs, questions, max options) probabilities; NaN for questions not fitted, 0 in padding.
-        Texts with absent blocks are marginalised (:mod:`llmrubric.model.absent`)."""
+        Texts with absent blocks are marginalised (:mod:`llmrubric.model.core.absent`)."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
         marginal = marginal_proba(self, tables, pairs)
         if marginal is not None:
@@ -183,7 +183,7 @@ class MixedOrdinal:
         return out
 
     def proba_completed(self, batch: CompletionBatch, completions: np.ndarray) -> np.ndarray:
-        """(draws, pairs, questions, max options) for each completion (:mod:`llmrubric.model.absent`)."""
+        """(draws, pairs, questions, max options) for each completion (:mod:`llmrubric.model.core.absent`)."""
         columns = batch.pair_columns(completions)
         draws, n_pairs = columns.shape[:2]
         judge = np.tile(self.judges_.indices(batch.pairs.judge_id), draws)
@@ -326,7 +326,7 @@ def _update_variances(fit: _QuestionFit, loss) -> None:
 
 
 def _clmm(inputs: str):
-    """The build of the mixed model on ``inputs`` registered in :mod:`llmrubric.model.registry`."""
+    """The build of the mixed model on ``inputs`` registered in :mod:`llmrubric.model.core.registry`."""
     return lambda rubric, setup: MixedOrdinal(rubric, inputs, seed=setup.seed)
 
 

@@ -59,7 +59,7 @@ class LlamaServer:
 
     def command(self) -> list[str]:
         s = self.settings
-        threads = s["n_threads"] or len(os.sched_getaffinity(0))
+        threads = s["n_threads"] or int(os.environ.get("OMP_NUM_THREADS", 0)) or len(os.sched_getaffinity(0))
         return [
             sys.executable,
             "-m",

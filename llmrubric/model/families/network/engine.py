@@ -23,8 +23,8 @@ import copy
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import lightning_fabric as lf
 import numpy as np
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from llmrubric.io.errors import InputError
 from llmrubric.model.core.encoding import Encoded
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.net import CalibrationNet
+
+if TYPE_CHECKING:
+    import lightning_fabric as lf
 
 BETAS, EPS = (0.9, 0.999), 1e-8
 COMPACT_BELOW = 0.75  # re-stack the running models once fewer than this share of the stack still runs
@@ -97,6 +100,8 @@ def train_stacked(
     if not (len(nets) == len(trains) == len(vals) == len(configs) == len(seeds)):
         raise ValueError("train_stacked needs one training set, validation set, config and seed per network")
     accelerator = accelerator or configs[0].accelerator
+    import lightning_fabric as lf  # here, not at the top: predicting and scoring start 3-4 s sooner without it
+
     try:
         fabric = lf.Fabric(accelerator=accelerator, devices=1, precision="32-true")
     except (ValueError, RuntimeError) as e:  # e.g. cuda asked for on a machine without one

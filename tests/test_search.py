@@ -48,6 +48,7 @@ def test_search_selects_by_inner_cv_nll_and_resumes(tmp_path, rubric, simulated)
     assert len(again.trials) == 4 and [t.number for t in again.trials] == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_trials_train_with_the_search_patience_and_the_selection_keeps_the_trainers(rubric, simulated):
     space = search_config(None, 1).space
     objective = Objective(
@@ -92,12 +93,17 @@ def test_two_workers_share_one_sqlite_study_without_duplicates_or_losses(tmp_pat
     assert all(w.returncode == 0 for w in workers), [err[-2000:] for _, err in outputs]
     study = optuna.load_study(study_name="shared", storage=storage)
     numbers = [t.number for t in study.trials]
-    assert numbers == list(range(len(numbers))) and 6 <= len(numbers) <= 7
+    surplus = [
+        t for t in study.trials if t.user_attrs.get("fail_reason") == "surplus"
+    ]  # asked at once: one per worker at most
+    assert numbers == list(range(len(numbers))) and len(finished_trials(study)) == 6
+    assert len(numbers) == 6 + len(surplus) and len(surplus) <= len(workers)
     assert all(t.state.is_finished() for t in study.trials)
     assert len({t.datetime_start for t in study.trials}) == len(numbers)
     assert all(json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)
 
 
+@pytest.mark.slow
 def test_a_diverging_trial_is_failed_with_its_reason_and_the_search_goes_on(tmp_path, rubric, simulated):
     storage = f"sqlite:///{tmp_path / 'nan.db'}"
     config = search_config(storage, 2)
@@ -177,6 +183,7 @@ def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rub
     assert len(finished_trials(study)) == 8
 
 
+@pytest.mark.slow
 def test_cross_validation_scores_equal_the_metrics_of_its_predictions(rubric, simulated):
     from llmrubric.data.splits import text_folds
     from llmrubric.evaluation.metrics import evaluate
@@ -225,6 +232,7 @@ def test_a_space_with_choices_the_model_always_refuses_fails_before_training(rub
     check_space({"model.inputs": {"type": "categorical", "choices": ["expected", "both"]}}, ordinal, rubric)
 
 
+@pytest.mark.slow
 def test_a_trial_whose_combination_the_model_refuses_is_failed_and_the_batch_trains_the_rest(rubric, simulated):
     space = {
         "model.head": {"type": "categorical", "choices": ["softmax", "ordinal"]},
@@ -242,6 +250,7 @@ def test_a_trial_whose_combination_the_model_refuses_is_failed_and_the_batch_tra
     assert trained.state == optuna.trial.TrialState.COMPLETE and trained.value > 0
 
 
+@pytest.mark.slow
 def test_a_worker_that_loses_the_race_to_create_a_new_studys_schema_opens_it_again(tmp_path, monkeypatch):
     from sqlalchemy.exc import IntegrityError, OperationalError
 

@@ -71,6 +71,7 @@ def with_block_values(tables: Tables, answers: AnswerModel, block: int, values: 
     return Tables(tables.annotations, pd.concat([f[keep], rows], ignore_index=True), tables.texts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["network", "ordinal", "ridge_judge", "clmm_all"])
 def test_complete_blocks_predict_as_before(families, split, name):
     model = families[name]
@@ -87,6 +88,7 @@ def test_complete_blocks_predict_as_before(families, split, name):
     np.testing.assert_array_equal(np.nan_to_num(once, nan=-1), np.nan_to_num(now, nan=-1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["network", "ordinal", "ridge_judge", "clmm_all"])
 def test_removed_block_is_the_expectation_over_its_likely_answers(families, split, rubric, name):
     """Independent reference: Gauss–Hermite quadrature (40 nodes) over the block's conditional
@@ -128,6 +130,7 @@ def pair_nll(probs: np.ndarray, answers: np.ndarray) -> float:
     return float(-np.log(np.clip(probs[np.arange(len(answers)), answers], 1e-12, 1)).mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["network", "ridge_judge"])
 def test_half_the_blocks_is_at_most_halfway_between_all_and_none(families, split, rubric, name):
     model, test = families[name], split[1]
@@ -178,6 +181,7 @@ def test_answer_model_round_trips_with_the_model(families, split, tmp_path, name
     np.testing.assert_array_equal(again.predict_proba(partial), model.predict_proba(partial))
 
 
+@pytest.mark.slow
 def test_auto_mixes_its_members_completions(rubric, split):
     model = AutoCalibrator(
         rubric,
@@ -220,6 +224,7 @@ def test_features_that_share_no_block_or_have_other_options_are_one_line_errors(
         model.predict_proba(Tables(test.annotations, renamed, test.texts))
 
 
+@pytest.mark.slow
 def test_score_texts_marginalises_on_its_fast_path(families, split, rubric):
     model, test = families["network"], split[1]
     partial = without(test, test.text_ids[1::2])

@@ -71,6 +71,7 @@ def test_the_settings_are_checked_and_name_the_setting():
             adaptive_settings(bad)
 
 
+@pytest.mark.slow
 def test_reveal_asks_each_block_once_and_the_expected_reduction_is_what_revealing_removes(calibrator, some_texts):
     selector = Selector(calibrator, {"draws": 32})
     reveal = reveal_orders(selector, selector.batch_of(some_texts))
@@ -89,6 +90,7 @@ def test_reveal_asks_each_block_once_and_the_expected_reduction_is_what_revealin
     )
 
 
+@pytest.mark.slow
 def test_choose_stops_at_the_budget_and_below_min_gain(calibrator, some_texts):
     selector = Selector(calibrator, {"draws": 16, "budget": 2, "min_gain": 0.0})
     state = selector.batch_of(some_texts).hide(np.ones((24, len(selector.blocks)), dtype=bool))
@@ -118,6 +120,7 @@ def test_masked_predictions_with_nothing_hidden_are_the_models_own(calibrator, s
     )
 
 
+@pytest.mark.slow
 def test_plan_reports_every_budget_and_the_stop_rule(calibrator, some_texts):
     result = plan(Selector(calibrator, {"draws": 16, "min_gain": 0.01}), some_texts, [1, 3, 9])
     rows = {r["rule"]: r for r in result["rows"]}
@@ -146,6 +149,7 @@ class Interrupted(Backend):
             yield result
 
 
+@pytest.mark.slow
 def test_an_interrupted_adaptive_extraction_resumes_without_asking_twice(calibrator, model_dir, rubric, tmp_path):
     texts = read_table(write_texts(tmp_path / "texts.jsonl", n=4), "texts")
     tasks, skipped = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
@@ -215,6 +219,7 @@ def _bad_rubric(tmp_path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra, needle",
     [

@@ -41,6 +41,7 @@ def _copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (pip install -e '.[test]')")
 def test_packages_import_only_the_layers_below_and_nothing_private():
     result = _lint_imports()
@@ -48,6 +49,7 @@ def test_packages_import_only_the_layers_below_and_nothing_private():
     assert "3 kept, 0 broken" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (pip install -e '.[test]')")
 def test_the_contracts_catch_an_upward_import_a_private_one_and_one_of_model_auto(tmp_path):
     """The same contracts on a copy of the package with one upward import, one private import and a module of
@@ -113,6 +115,7 @@ def _functions(path: Path):
             yield node.name, node.lineno, node.end_lineno - node.lineno + 1
 
 
+@pytest.mark.slow
 def test_no_function_in_the_package_is_longer_than_80_lines():
     long = [
         f"{path.relative_to(ROOT)}:{line} {name} ({n} lines)"

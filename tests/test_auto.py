@@ -76,6 +76,7 @@ def test_inner_folds_by_system_never_split_a_system(sources3, rubric):
     assert (per_system == 1).all() and folds.fold.nunique() == 5
 
 
+@pytest.mark.slow
 def test_too_few_systems_is_an_error_or_a_recorded_fallback(sources3, rubric):
     names = sorted(sources3.texts.system_id.unique())[:2]
     two = sources3.subset(sources3.texts.text_id[sources3.texts.system_id.isin(names)])
@@ -138,6 +139,7 @@ def test_a_categorical_question_is_covered_when_only_ordinal_families_have_weigh
     np.testing.assert_allclose(probs[:, 0], model.members_["clmm_all"].predict_proba(tables)[:, 0])
 
 
+@pytest.mark.slow
 def test_the_mixed_model_recovers_its_own_generating_slope_and_judge_spread(rubric):
     rng = np.random.default_rng(0)
     n_texts, judges = 600, 8
@@ -175,6 +177,7 @@ def test_the_mixed_model_recovers_its_own_generating_slope_and_judge_spread(rubr
     assert (unseen @ np.arange(4) > shifted @ np.arange(4)).all()  # the population, above the harshest judge
 
 
+@pytest.mark.slow
 def test_mean_of_sources_averages_the_sources_present_and_counts_the_rest(sources3, rubric):
     features = sources3.features
     lacking = sources3.text_ids[:5]

@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import auto as bench  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("protocol", "group"), [("systems", "system"), ("system_groups", "system"), ("cv", "text")])
 def test_the_shipped_model_is_composed_and_grouped_as_train_py_builds_it(rubric, protocol, group):
     model = bench.shipped_model(rubric, protocol)
@@ -29,6 +30,7 @@ def test_the_committed_results_name_the_shipped_path():
     assert report["meta"]["auto_path"] == "shipped"
 
 
+@pytest.mark.slow
 def test_a_small_run_writes_the_grouped_kendall_of_every_method(tmp_path):
     out = tmp_path / "auto.json"
     args = ["--data", str(ROOT / "data" / "simulated"), "--rubric", str(ROOT / "conf" / "rubric" / "llm_rubric.yaml")]

@@ -76,7 +76,8 @@ def world(tmp_path_factory):
         == 0
     )
     pd.DataFrame({"system": ["S1", "S2", "S3"], "score": [1.0, 2.0, 3.0]}).to_csv(w / "ref.csv", index=False)
-    assert run_script("train.py", ["experiment=demo", f"run_dir={w / 'run'}", *FAST_TRAIN]) == 0
+    trained = ["experiment=demo", f"run_dir={w / 'run'}", *FAST_TRAIN, "model.auto.candidates=[network]"]
+    assert run_script("train.py", trained) == 0
     # IR: grades, nugget bank, answers and assignments; grounded QA questions, predictions, docs
     pd.DataFrame(
         [("q1", "d1", "i1", 4), ("q1", "d2", "i1", 1), ("q2", "e1", "k1", 5)],
@@ -953,6 +954,7 @@ def test_the_table_is_large_and_ids_are_unique():
     assert len(CASES) >= 80 and len({c.id for c in CASES}) == len(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, world, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PYTHONWARNINGS", "ignore")

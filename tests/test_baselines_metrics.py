@@ -29,6 +29,7 @@ def test_llm_baselines_match_the_reference_values_on_real(llm_rubric_data, rubri
         assert tuple(round(m[k], 3) for k in ("rmse", "pearson", "spearman", "kendall")) == values
 
 
+@pytest.mark.slow
 def test_ridge_and_constant_on_real(llm_rubric_data, rubric):
     synthetic, real = llm_rubric_data
     ridge = evaluate(make_method("ridge_judge", rubric).fit(synthetic).predict(real), real.annotations, rubric.main)
@@ -68,6 +69,7 @@ def with_second_source(tables):
     return Tables(tables.annotations, pd.concat([features, other], ignore_index=True), tables.texts)
 
 
+@pytest.mark.slow
 def test_llm_baselines_with_several_sources(simulated, rubric):
     from llmrubric.model.families.baselines import expand_baselines
 

@@ -17,6 +17,7 @@ def forecasts(n, seed=0, power=1.0):
     return f, y
 
 
+@pytest.mark.slow
 def test_smece_separates_calibrated_from_miscalibrated_forecasts():
     f, y = forecasts(2000)
     good, low, high = smece_interval(f, y, n_resamples=40, seed=0)
@@ -25,6 +26,7 @@ def test_smece_separates_calibrated_from_miscalibrated_forecasts():
     assert bad > 0.1
 
 
+@pytest.mark.slow
 def test_smece_interval_is_seeded_and_shrinks_with_data():
     f, y = forecasts(200, seed=2)
     small = smece_interval(f, y, 40, seed=1)
@@ -40,6 +42,7 @@ def test_smece_rejects_non_probabilities():
         smece(np.array([]), np.array([]))
 
 
+@pytest.mark.slow
 def test_groups_below_the_minimum_are_skipped_with_a_note():
     rng = np.random.default_rng(0)
     n = 200
@@ -58,6 +61,7 @@ def test_groups_below_the_minimum_are_skipped_with_a_note():
     assert all(r["low"] <= r["smece"] <= r["high"] for r in pooled)
 
 
+@pytest.mark.slow
 def test_reliability_and_judge_figures_render_as_png():
     f, y = forecasts(400)
     value, low, high = smece_interval(f, y, 30)
@@ -77,6 +81,7 @@ def test_reliability_and_judge_figures_render_as_png():
     assert png_bytes(fig).startswith(PNG)
 
 
+@pytest.mark.slow
 def test_learning_curve_figure_draws_each_metric():
     import pandas as pd
 

@@ -25,6 +25,7 @@ def fitted(rubric, split):
     return NetworkCalibrator(rubric, trainer=FAST, seed=3).fit(split[0])
 
 
+@pytest.mark.slow
 def test_predictions_are_distributions_with_mean_and_variance(fitted, split, rubric):
     pred = fitted.predict(split[1])
     assert set(pred.question_id) == set(rubric.ids)
@@ -37,6 +38,7 @@ def test_predictions_are_distributions_with_mean_and_variance(fitted, split, rub
     assert q8["p_4"].isna().all() and np.allclose(q8[["p_1", "p_2", "p_3"]].sum(axis=1), 1)
 
 
+@pytest.mark.slow
 def test_same_seed_same_predictions(rubric, split, fitted):
     again = NetworkCalibrator(rubric, trainer=FAST, seed=3).fit(split[0])
     pd.testing.assert_frame_equal(again.predict(split[1]), fitted.predict(split[1]))
@@ -52,6 +54,7 @@ def test_checkpoint_round_trip_is_exact_and_pickle_free(fitted, split, tmp_path)
     assert loaded.layout_ == fitted.layout_ and loaded.judges_ == fitted.judges_
 
 
+@pytest.mark.slow
 def test_unseen_judge_gets_shared_weights_and_a_warning(rubric, split, caplog):
     fitted = NetworkCalibrator(rubric, PAPER, FAST, seed=3).fit(split[0])  # the paper's judge deltas
     test = split[1]
@@ -71,6 +74,7 @@ def test_unseen_judge_gets_shared_weights_and_a_warning(rubric, split, caplog):
     assert np.allclose(probs.iloc[1, 4:], zeroed.iloc[1, 4:]) and not np.allclose(probs.iloc[0, 4:], zeroed.iloc[0, 4:])
 
 
+@pytest.mark.slow
 def test_layout_mismatch_at_prediction_is_an_error(fitted, split):
     feats = split[1].features
     wrong = feats[~((feats.question_id == "Q3") & (feats.option == "4"))].copy()
@@ -86,6 +90,7 @@ def test_layout_mismatch_at_prediction_is_an_error(fitted, split):
     assert info.value.file == "features.csv"
 
 
+@pytest.mark.slow
 def test_restricted_inputs(rubric, split):
     q0_only = NetworkCalibrator(rubric, trainer=FAST, feature_questions=["Q0"]).fit(split[0])
     assert [b.question_id for b in q0_only.layout_.blocks] == ["Q0"] and q0_only.layout_.dim == 5

@@ -32,6 +32,7 @@ from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.model.families.network.net import CalibrationNet
 
 
+@pytest.mark.slow
 def test_the_python_api_the_hydra_apps_and_the_cli_default_to_the_same_settings(rubric, capsys):
     api = AutoCalibrator(rubric)
     hydra = compose("config")
@@ -54,6 +55,7 @@ def test_the_network_class_defaults_are_the_model_config():
             assert signature.parameters[field.name].default == field.default, field.name
 
 
+@pytest.mark.slow
 def test_named_configs_override_the_defaults_they_name(rubric):
     paper = group("model", "paper")
     assert paper == {
@@ -150,6 +152,7 @@ def test_every_shipped_setting_file_starts_from_its_typed_schema_and_repeats_no_
                 assert value != base[key], f"{group_name}/{option}.yaml repeats the default {key}: {value!r}"
 
 
+@pytest.mark.slow
 def test_a_settings_file_or_flag_that_the_schema_refuses_names_the_setting(tmp_path):
     (tmp_path / "mine.yaml").write_text("quantile: 0.5\nleaderboard: {bootstrap: many}\n")
     with pytest.raises(InputError, match=r"mine.yaml, setting leaderboard.bootstrap: .*'many'"):
@@ -163,6 +166,7 @@ def test_a_settings_file_or_flag_that_the_schema_refuses_names_the_setting(tmp_p
     assert partial["chunk_texts"] == ScoringConfig.chunk_texts  # what the file leaves out: the schema's default
 
 
+@pytest.mark.slow
 def test_code_defaults_equal_the_shipped_settings():
     from llmrubric.model.judges import add_judge
     from llmrubric.report.settings import ReportSettings

@@ -129,6 +129,7 @@ def test_cumulative_heads_refuse_a_categorical_question(rubric):
     assert NetworkCalibrator(categorical, {"ensemble": 1}).model["head"] == "softmax"
 
 
+@pytest.mark.slow
 def test_cumulative_heads_run_the_stacked_networks_epoch_loop_pruning_included(rubric, shift):
     """The L-BFGS heads report every epoch to ``on_epoch`` like the stacked networks, and can be pruned."""
     calls = []

@@ -17,10 +17,13 @@ from llmrubric.evaluation.metrics import evaluate
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 
 pytestmark = pytest.mark.slow  # every test trains through the Hydra apps or on the shared release
+# the system protocols' tests check evaluate's system figures, not what model=auto chooses (test_auto.py,
+# test_system_level.py): two candidates on three inner folds
+SYSTEM_FIGURES_ONLY = ["model.auto.candidates=[network,ridge_judge]", "model.auto.folds=3"]
 
 
 def test_demo_train_then_evaluate(tmp_path):
-    args = ["experiment=demo", f"run_dir={tmp_path}", *FAST_OVERRIDES]
+    args = ["experiment=demo", f"run_dir={tmp_path}", *FAST_OVERRIDES, "model.ensemble=2"]
     trained = run("train.py", *args)
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert (tmp_path / "fold0.safetensors").is_file() and (tmp_path / "folds.csv").is_file()
@@ -45,6 +48,7 @@ def test_a_systems_evaluation_writes_the_errors_that_give_a_leaderboard_shift_in
         "logger=none",
         "model.ensemble=1",
         *FAST_OVERRIDES,
+        *SYSTEM_FIGURES_ONLY,
     ]
     for script in ("train.py", "evaluate.py"):
         done = run(script, *args)
@@ -95,6 +99,7 @@ def test_a_systems_evaluation_writes_the_errors_that_give_a_leaderboard_shift_in
 
 def test_a_system_groups_evaluation_writes_the_system_figures_of_every_method(tmp_path):
     args = ["experiment=demo", "protocol=system_groups", f"run_dir={tmp_path}", "logger=none", "model.ensemble=1"]
+    args += SYSTEM_FIGURES_ONLY
     for script in ("train.py", "evaluate.py"):
         done = run(script, *args, "grouping_seeds=2", *FAST_OVERRIDES)
         assert done.returncode == 0, done.stderr[-2000:]

@@ -64,6 +64,7 @@ def test_probabilities_match_direct_softmax(llama, tok):
         assert 0 < sum(probs.values()) < 1  # mass outside the options is kept
 
 
+@pytest.mark.slow
 def test_multi_token_labels_are_full_continuations(llama, tok):
     labels = ["Likely.", "Somewhat likely.", "Unlikely.", "Somewhat unlikely."]
     assert any(len(tok(" " + lab, add_special_tokens=False)["input_ids"]) > 2 for lab in labels)
@@ -126,6 +127,7 @@ def test_batching_invariance(llama, tok, reuse):
                 assert other[qid][label] == pytest.approx(p, rel=1e-4, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_seq2seq_t5_matches_direct(t5, tok):
     labels = ["1", "2", "Somewhat likely."]
     backend = TransformersBackend(t5, tok, batch_size=2)
@@ -142,6 +144,7 @@ def test_seq2seq_t5_matches_direct(t5, tok):
             assert r.probs[label] == pytest.approx(expected, rel=1e-4, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_likert_features_validate_and_mask_citation_blocks(llama, tok, rubric, tmp_path):
     texts = pd.read_json(write_texts(tmp_path / "t.jsonl", n=4), lines=True)
     tasks, skipped = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
@@ -185,6 +188,7 @@ def test_option_orders_are_rotated_and_averaged(llama, tok, rubric, tmp_path):
         likert_tasks(texts, rubric, PromptTemplate("llm_rubric"), orders=0)
 
 
+@pytest.mark.slow
 def test_cache_skips_done_work(llama, tok, rubric, tmp_path):
     texts = pd.read_json(write_texts(tmp_path / "t.jsonl", n=2), lines=True)
     tasks, skipped = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
@@ -206,6 +210,7 @@ def test_cache_skips_done_work(llama, tok, rubric, tmp_path):
     pd.testing.assert_frame_equal(second.features, third.features)
 
 
+@pytest.mark.slow
 def test_item_families_and_summaries(llama, tok):
     from llmrubric.extract.summaries import summarise
 

@@ -71,6 +71,7 @@ def expected_api_probs(model, tok, prompt, labels, follow_whitespace=False):
 PROMPTS = [f"Conversation: user: reset password {i}?\nQuestion: how likely{'?' * i}\nAnswer:" for i in range(4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_openai_client_reports_real_model_logprobs(llama, tok, endpoint):
     labels = ["1", "2", "3", "4"]
@@ -87,6 +88,7 @@ def test_openai_client_reports_real_model_logprobs(llama, tok, endpoint):
             assert r.probs[lab] == pytest.approx(expected[lab], rel=1e-3, abs=1e-7)
 
 
+@pytest.mark.slow
 def test_openai_retries_rate_limits_and_timeouts(llama, tok):
     with FakeOpenAI(llama, tok, fail_first=3, stall_first=1, stall_s=1.5) as server:
         backend = OpenAIBackend(
@@ -105,6 +107,7 @@ def test_openai_retries_rate_limits_and_timeouts(llama, tok):
     assert backend.stats["retries"] == 4
 
 
+@pytest.mark.slow
 def test_openai_failure_is_recorded_never_zero(llama, tok):
     with FakeOpenAI(llama, tok, fail_first=100) as server:
         backend = OpenAIBackend("tiny", server.url, endpoint="chat", api_key_env=None, max_retries=2, backoff=0.01)
@@ -115,6 +118,7 @@ def test_openai_failure_is_recorded_never_zero(llama, tok):
     assert ex.summary["failed"] == 1
 
 
+@pytest.mark.slow
 def test_openai_absent_option_mass_is_unknown(llama, tok):
     with FakeOpenAI(llama, tok) as server:
         backend = OpenAIBackend("tiny", server.url, endpoint="completions", api_key_env=None, top_logprobs=4)
@@ -402,6 +406,7 @@ def test_cli_extract_bank_reports_unusable_model_output_and_bad_queries(model_di
     assert "'query' column" in capsys.readouterr().err and not out.exists()
 
 
+@pytest.mark.slow
 def test_extract_configs_are_composed_by_hydra_with_overrides(tmp_path):
     from llmrubric.apps.extract import load_config
 

@@ -114,6 +114,7 @@ def test_bad_shard_is_one_line_error(setup, value, capsys):
     assert not list(tmp.glob("f*"))
 
 
+@pytest.mark.slow
 def test_one_shard_is_its_texts_of_a_one_process_run(setup):
     tmp, texts, model = setup
     assert main(argv(texts, model, tmp / "good.yaml", tmp / "all.csv")) == 0
@@ -168,6 +169,7 @@ def test_shard_jobs_fail_resume_and_match_one_process_run(setup, capsys):
     pd.testing.assert_frame_equal(again[0], features)
 
 
+@pytest.mark.slow
 def test_launcher_settings_are_checked_before_any_work(setup, capsys):
     tmp, texts, model = setup
     out = tmp / "f.csv"

@@ -68,6 +68,7 @@ def test_shipped_checksums_match_the_release():
     assert set(UPSTREAM_PATHS) == set(checksums())
 
 
+@pytest.mark.slow
 def test_fetch_mirror_then_nothing_to_do_then_resume(tmp_path):
     dest = tmp_path / "dest"
     with serve(SHARED) as (url, requests):
@@ -83,6 +84,7 @@ def test_fetch_mirror_then_nothing_to_do_then_resume(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
 
 
+@pytest.mark.slow
 def test_fetch_upstream_layout(tmp_path):
     upstream = tmp_path / "upstream"
     for name, remote in UPSTREAM_PATHS.items():
@@ -94,6 +96,7 @@ def test_fetch_upstream_layout(tmp_path):
     assert "/data/synth_data/synth_dialogue_ids.tsv" in requests
 
 
+@pytest.mark.slow
 def test_corrupted_file_keeps_nothing(tmp_path):
     source = mirror(tmp_path)
     data = bytearray((source / SMALL).read_bytes())
@@ -107,6 +110,7 @@ def test_corrupted_file_keeps_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mirror"]
 
 
+@pytest.mark.slow
 def test_corrupted_file_into_partial_dest_adds_nothing(tmp_path):
     source = mirror(tmp_path)
     (source / "LICENSE").write_text("not the licence\n")
@@ -119,6 +123,7 @@ def test_corrupted_file_into_partial_dest_adds_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest", "mirror"]
 
 
+@pytest.mark.slow
 def test_missing_file_keeps_nothing(tmp_path):
     source = mirror(tmp_path)
     (source / "real" / "real_data.json").unlink()
@@ -127,6 +132,7 @@ def test_missing_file_keeps_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mirror"]
 
 
+@pytest.mark.slow
 def test_cli_fetch(tmp_path, capsys):
     dest = tmp_path / "dest"
     with serve(SHARED) as (url, _):

@@ -55,6 +55,7 @@ def test_default_patterns_leave_ordinary_dialogues_alone():
         assert detector.find(text) is None, text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not REAL.is_file(), reason="shared LLM-Rubric data not found")
 def test_no_real_dialogue_is_flagged_until_injected():
     detector = InjectionDetector()

@@ -116,6 +116,7 @@ def test_an_interrupted_training_leaves_the_run_directory_as_it_was(tmp_path, mo
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".train-")]
 
 
+@pytest.mark.slow
 def test_non_finite_predictions_are_an_error_not_a_score(simulated, rubric):
     model = NetworkCalibrator(rubric, {"ensemble": 1}, FAST, 0).fit(simulated.subset(simulated.text_ids[:30]))
     with torch.no_grad():
@@ -155,6 +156,7 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys, tmp_path):
     assert len(err.strip().splitlines()) == 1 and "interrupted" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_hydra_full_error_shows_the_traceback(monkeypatch, tmp_path):
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     with pytest.raises(InputError, match="trainer.lr"):

@@ -266,6 +266,7 @@ def test_calibrated_autograder_beats_the_uncalibrated_max_grade():
     assert set(calibrated.relevance) <= {0, 1, 2, 3}
 
 
+@pytest.mark.slow
 def test_qrels_and_trec_eval_commands(tmp_path):
     GRADES.to_csv(tmp_path / "grades.csv", index=False)
     assert main(["ir", "qrels", "--grades", str(tmp_path / "grades.csv"), "--out", str(tmp_path / "qrels.txt")]) == 0

@@ -33,6 +33,7 @@ SIM = ROOT / "data" / "simulated"
 NEW = "J01"
 
 
+@pytest.mark.slow
 def test_ppi_py_matches_the_former_hand_written_ppi_where_both_apply():
     rng = np.random.default_rng(3)
     y = rng.normal(3, 1, 30)
@@ -72,6 +73,7 @@ def test_ppi_pp_is_no_wider_than_classical_and_ppi_with_useless_predictions():
     assert widths["noise"]["ppi_pp"] <= widths["noise"]["classical"] * 1.01  # lambda near 0 does not
 
 
+@pytest.mark.slow
 def test_active_estimator_is_ppi_py_under_uniform_probabilities_and_valid_under_active_ones():
     rng = np.random.default_rng(1)
     all_f = rng.normal(3, 1, 100)
@@ -189,6 +191,7 @@ def build(d, ann, out, *extra):
     )
 
 
+@pytest.mark.slow
 def test_suggest_then_active_leaderboard_in_two_rounds(board_files):
     d = board_files
     assert suggest(d, d / "r1.csv", 8) == 0
@@ -214,6 +217,7 @@ def test_suggest_then_active_leaderboard_in_two_rounds(board_files):
     assert "active PPI++ [interval]" in (d / "board" / "leaderboard.md").read_text()
 
 
+@pytest.mark.slow
 def test_uniform_labels_give_classical_ppi_and_ppi_pp_with_differences(board_files):
     d = board_files
     human([f"A{i:02d}" for i in range(0, 30, 3)] + [f"B{i:02d}" for i in range(0, 30, 3)]).to_csv(
@@ -242,6 +246,7 @@ def one_line_exit_2(code, capsys, before, folder, *where):
     assert snapshot(folder) == before  # nothing written
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case",
     ["unknown_text", "not_drawn", "drawn_unlabelled", "zero_prob", "partial_probs", "budget"],

@@ -151,6 +151,7 @@ def test_texts_without_system_are_an_error(small):
         lb.system_data(small.drop(columns="system_id"), Q, texts)
 
 
+@pytest.mark.slow
 def test_leaderboard_command_writes_tables_and_plot(small, tmp_path):
     small.to_csv(tmp_path / "pred.csv", index=False)
     (tmp_path / "rubric.yaml").write_text("name: t\nquestions:\n  - {id: Q, main: true, options: [1, 2, 3, 4]}\n")

@@ -97,6 +97,7 @@ def label_sums(top: dict[str, float]) -> dict[str, float]:
     return {label: sum(math.exp(v) for t, v in top.items() if t.strip() == label) for label in LABELS}
 
 
+@pytest.mark.slow
 def test_chat_recording_shape_and_parse():
     rec = recording("chat")
     content = rec["response"]["choices"][0]["logprobs"]["content"]
@@ -110,6 +111,7 @@ def test_chat_recording_shape_and_parse():
     assert r.prompt_tokens == rec["response"]["usage"]["prompt_tokens"]
 
 
+@pytest.mark.slow
 def test_completions_recording_follows_the_likely_whitespace_tokens():
     first = recording("completions")
     top = first["response"]["choices"][0]["logprobs"]["top_logprobs"][0]  # a dict token → logprob
@@ -132,6 +134,7 @@ def test_completions_recording_follows_the_likely_whitespace_tokens():
     assert r.status == "incomplete" and set(r.probs.values()) == {None} and "mass unknown" in r.reason
 
 
+@pytest.mark.slow
 def test_a_response_without_logprobs_fails_naming_the_endpoint():
     rec = recording("chat_without_top_logprobs")
     assert rec["response"]["choices"][0]["logprobs"] is None  # llama.cpp: logprobs: true alone returns none
@@ -142,6 +145,7 @@ def test_a_response_without_logprobs_fails_naming_the_endpoint():
     assert r.reason.startswith(f"the response of {url} has no token logprobs")
 
 
+@pytest.mark.slow
 def test_fewer_top_logprobs_than_options_is_incomplete_naming_the_endpoint():
     rec = copy.deepcopy(recording("chat"))
     entries = rec["response"]["choices"][0]["logprobs"]["content"][0]
@@ -153,6 +157,7 @@ def test_fewer_top_logprobs_than_options_is_incomplete_naming_the_endpoint():
     assert r.reason.startswith(f"{url} returned 2 top logprobs, fewer than the 4 options (top_logprobs = 20")
 
 
+@pytest.mark.slow
 def test_context_overflow_fails_per_prompt_and_is_retried_by_the_next_run(tmp_path):
     rec = recording("completions_overflow")
     assert rec["response"]["http_status"] == 400
@@ -206,6 +211,7 @@ def test_a_server_that_is_not_up_is_one_line_error(texts, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_top_logprobs_below_the_options_is_one_line_error(texts, tmp_path, capsys):
     with Replay(recording("chat")) as replay:
         err = one_line_error(

@@ -180,7 +180,11 @@ def test_multi_source_end_to_end(multi_source, tmp_path):
     ]
     trained = run("train.py", *args)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    light = [
+    light = [  # the sections the test reads, one training process, one learning-curve point
+        "report.sections=[table1,calibration,per_question,learning_curve]",
+        "report.workers=1",
+        "report.lc_fractions=[1.0]",
+        "report.lc_repetitions=1",
         "report.permutations=100",
         "report.bootstrap=50",
         "report.calibration_bootstrap=10",

@@ -1,13 +1,15 @@
 """The README's quickstart runs as written: its commands are read from README.md and run, in order, in a
 temporary folder laid out like a checkout (``conf/``, ``train.py``, ``evaluate.py``) on the shipped simulated
 data. The only substitutions: ``.venv/bin/python`` and ``.venv/bin/llmrubric`` are this interpreter and its
-``llmrubric`` entry point, and the placeholder ``PATH`` of ``--model`` is a tiny local model (the simulated
-texts get a dialogue each, since the shipped table has none)."""
+``llmrubric`` entry point, the placeholder ``PATH`` of ``--model`` is a tiny local model (the simulated
+texts get a dialogue each, since the shipped table has none), and the checkout's ``conf/`` trains quickly (its
+``trainer/default.yaml`` is ``trainer/fast.yaml``, one network per ensemble, three inner folds): the same commands and code paths."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 README = ROOT / "README.md"
 HEADING = "## Quickstart with your own data"
-CHECKOUT = ("conf", "train.py", "evaluate.py")  # what the commands name in the repository
+CHECKOUT = ("train.py", "evaluate.py")  # what the commands name in the repository, beside conf/
 SIMULATED = ROOT / "data" / "simulated"
 TEXTS_PER_SYSTEM, NEW_PER_SYSTEM = 10, 3  # annotated texts to train on, new texts to score (4 systems each)
 LLMRUBRIC = [sys.executable, "-c", "import sys; from llmrubric.cli import main; sys.exit(main())"]
@@ -64,6 +66,10 @@ def checkout(tmp_path, tok, llama):
     input (``new_texts.csv`` and its features) made as step 1 says."""
     for name in CHECKOUT:
         (tmp_path / name).symlink_to(ROOT / name)
+    conf = shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    shutil.copyfile(conf / "trainer" / "fast.yaml", conf / "trainer" / "default.yaml")
+    with open(conf / "model" / "auto.yaml", "a") as f:
+        f.write("ensemble: 1\nauto: {folds: 3}\n")
     texts = pd.read_csv(SIMULATED / "texts.csv").groupby("system_id").head(TEXTS_PER_SYSTEM + NEW_PER_SYSTEM)
     new = texts.groupby("system_id").tail(NEW_PER_SYSTEM).text_id
     train = texts.text_id[~texts.text_id.isin(new)]

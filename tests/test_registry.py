@@ -61,6 +61,7 @@ def round_trip(name: str, rubric, small, tmp_path) -> None:
 SLOW = ("ordinal", "combined")  # conf/model/<name>.yaml: five members fitted one after another
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in registry.names()]
 )
@@ -112,6 +113,7 @@ def prior_registered(monkeypatch):
     registry.register("test_prior", lambda rubric, setup: Prior(rubric, setup.seed), Prior, candidate=True)
 
 
+@pytest.mark.slow
 def test_a_new_family_is_an_auto_candidate_an_evaluate_method_and_round_trips(
     prior_registered, rubric, small, tmp_path
 ):
@@ -160,6 +162,7 @@ def test_a_baseline_under_a_second_name_is_listed_once(rubric, simulated):
     assert expand_baselines(["mean_of_sources"], rubric, simulated.features)[0] == ["mean_of_sources"]
 
 
+@pytest.mark.slow
 def test_a_candidate_equal_to_another_is_not_applicable_not_a_failure(rubric, small, caplog):
     """One LLM source per question: clmm_mean is clmm_own, recorded as not applicable at info level."""
     settings = {**SMALL_AUTO, "auto": {**SMALL_AUTO["auto"], "candidates": ["clmm_own", "clmm_mean"]}}
@@ -171,6 +174,7 @@ def test_a_candidate_equal_to_another_is_not_applicable_not_a_failure(rubric, sm
     assert [r for r in caplog.records if "clmm_mean not applicable" in r.getMessage() and r.levelno == logging.INFO]
 
 
+@pytest.mark.slow
 def test_a_module_dropped_in_the_families_folder_is_registered(tmp_path):
     """A new family is one module in ``llmrubric/model/families/``: in a copy of the package with ``Prior``'s
     module dropped there, the registry lists it as a candidate, with no other file edited."""

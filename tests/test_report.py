@@ -1,16 +1,14 @@
 """Oracle inputs, the report's runner, settings and atomic folder, the fast report end to end, and a headless browser check."""
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from support.paths import ROOT
+from support.scripts import run
 from support.settings import FAST, FAST_OVERRIDES
 
 from llmrubric.config import compose
@@ -124,6 +122,7 @@ def test_calibrator_appends_pair_features_and_saves_the_oracles(rubric, split, t
         NetworkCalibrator(rubric, llm_features=False)
 
 
+@pytest.mark.slow
 def test_personal_isotonic_changes_only_the_point_prediction(rubric, split):
     train, test = split
     model = PersonalIsotonic(NetworkCalibrator(rubric, {"personalize": False}, FAST), rubric).fit(train)
@@ -138,6 +137,7 @@ def test_personal_isotonic_changes_only_the_point_prediction(rubric, split):
         assert np.all(np.diff(corrected["mean"].to_numpy()[rows][order]) >= -1e-12), judge
 
 
+@pytest.mark.slow
 def test_isotonic_variant_shares_the_base_models_fit(rubric, split, monkeypatch):
     calls = []
     original = studies._run_job
@@ -173,6 +173,7 @@ def test_ensemble_averages_seeds_by_pair(rubric):
     assert np.allclose(out[["p_1", "p_2"]].iloc[0], [0.5, 0.5]) and np.allclose(out["var"], [0.25, 0.25])
 
 
+@pytest.mark.slow
 def test_report_settings_name_the_bad_key(rubric):
     with pytest.raises(InputError, match="report.sections"):
         ReportSettings.from_dict({"sections": ["table1", "tea_leaves"]})
@@ -209,9 +210,9 @@ def report_dir(tmp_path_factory):
         "logger=none",
         *FAST_OVERRIDES,
         *FAST_REPORT,
+        "model.auto.candidates=[network,ridge_judge]",  # the report's variants of model=auto, two candidates
     ]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "evaluate.py", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = run("evaluate.py", *args)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"report written to {run_dir}/report" in done.stdout
     assert not (run_dir / "folds.csv").exists() and not (run_dir / "metrics.json").exists()

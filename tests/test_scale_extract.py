@@ -63,6 +63,7 @@ def reference(tasks, llama, tok):
     return sorted_features(ex)
 
 
+@pytest.mark.slow
 def test_replicas_answer_every_prompt_once_despite_a_slow_and_a_killed_one(tasks, reference, llama, tok, tmp_path):
     cache = ResultCache(tmp_path / "cache.sqlite")
     with (
@@ -84,6 +85,7 @@ def test_replicas_answer_every_prompt_once_despite_a_slow_and_a_killed_one(tasks
     pd.testing.assert_frame_equal(sorted_features(again), reference)
 
 
+@pytest.mark.slow
 def test_endpoints_dying_mid_run_leave_failures_with_reasons_that_resume(tasks, reference, llama, tok, tmp_path):
     cache = ResultCache(tmp_path / "cache.sqlite")
     with FakeOpenAI(llama, tok, die_after=6) as a, FakeOpenAI(llama, tok, die_after=6) as b:
@@ -104,6 +106,7 @@ def test_endpoints_dying_mid_run_leave_failures_with_reasons_that_resume(tasks, 
     pd.testing.assert_frame_equal(sorted_features(resumed), reference)
 
 
+@pytest.mark.slow
 def test_pool_sends_to_the_least_busy_live_endpoint_and_pauses_a_failing_one():
     pool = EndpointPool(["http://a", "http://b"], limit=2, pause_after=2, pause=0.2)
     a, b = pool.endpoints

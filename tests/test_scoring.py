@@ -35,6 +35,7 @@ def _reference(model, test, judges, questions=None):
     return model.predict(Tables(empty, test.features), pairs, questions)
 
 
+@pytest.mark.slow
 def test_judge_free_scores_match_the_public_predictions(model, split):
     test = split[1]
     judges = ["J01", "J03", "J07"]
@@ -51,6 +52,7 @@ def test_judge_free_scores_match_the_public_predictions(model, split):
     assert len(p) == len(ref) and np.allclose(p["p_1"], p["p_1_ref"], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_an_ensemble_with_judge_input_personalization_scores_on_the_fast_path(rubric, split):
     train, test = split
     model = NetworkCalibrator(
@@ -69,6 +71,7 @@ def test_an_ensemble_with_judge_input_personalization_scores_on_the_fast_path(ru
     )
 
 
+@pytest.mark.slow
 def test_missing_blocks_are_masked_and_flagged_and_featureless_texts_are_not_scored(model, split):
     test = split[1]
     masked_text, dropped_text = test.text_ids[0], test.text_ids[1]
@@ -88,6 +91,7 @@ def test_missing_blocks_are_masked_and_flagged_and_featureless_texts_are_not_sco
     assert abs(full.at[("Q0", masked_text), "mean"] - q0.at[masked_text, "mean"]) > 1e-4
 
 
+@pytest.mark.slow
 def test_chunks_and_streamed_predictions_agree(model, split, tmp_path):
     test = split[1]
     one = score_texts(model, test.features, test.texts, chunk_texts=4, predictions_out=tmp_path / "pred.parquet")
@@ -98,6 +102,7 @@ def test_chunks_and_streamed_predictions_agree(model, split, tmp_path):
     assert not pred.duplicated(["text_id", "judge_id", "question_id"]).any()
 
 
+@pytest.mark.slow
 def test_a_fast_path_that_disagrees_falls_back_to_the_public_predictions(model, split, monkeypatch):
     import llmrubric.scoring.scores as scoring
 
@@ -128,6 +133,7 @@ def test_bad_input_is_an_error_and_writes_nothing(model, split, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_score_command(model, split, tmp_path):
     test = split[1]
     checkpoint = model.save(tmp_path / "model.safetensors")

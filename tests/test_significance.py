@@ -68,6 +68,7 @@ def test_p_values_agree_with_scipy_permutation_test():
         assert ours[metric]["p_value"] == pytest.approx(ref.pvalue, abs=0.03)
 
 
+@pytest.mark.slow
 def test_clear_improvement_is_significant_and_exchangeable_methods_are_not():
     y, a, b = data(300, noise_a=0.5, noise_b=1.5)
     result = paired_permutation_test(y, a, b, n_permutations=2000, seed=0)
@@ -103,6 +104,7 @@ def test_constant_prediction_has_no_correlation_p_value():
     assert np.isnan(result["pearson"]["p_value"]) and np.isfinite(result["rmse"]["p_value"])
 
 
+@pytest.mark.slow
 def test_bootstrap_intervals_bracket_the_estimate_and_shrink_with_data():
     widths = []
     for n in (80, 800):

@@ -153,6 +153,7 @@ def test_cli_simulate(tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_shift_set_has_systems_beyond_the_others_and_several_sources(rubric):
     tables, truth = simulate_shift(0, n_texts=480, rubric=rubric)
     q0 = tables.annotations[tables.annotations.question_id == "Q0"]

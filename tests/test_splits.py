@@ -94,6 +94,7 @@ def test_system_groups_outside_2_to_the_number_of_systems_is_an_error_naming_the
         system_group_folds(simulated, k, seed=0)
 
 
+@pytest.mark.slow
 def test_check_settings_refuses_fewer_than_2_system_groups(tmp_path):
     cfg = compose("config", ["experiment=demo", "protocol=system_groups", "system_groups=1", f"run_dir={tmp_path}"])
     with pytest.raises(InputError, match="setting system_groups"):
@@ -101,6 +102,7 @@ def test_check_settings_refuses_fewer_than_2_system_groups(tmp_path):
     check_settings(compose("config", ["experiment=demo", "protocol=system_groups", f"run_dir={tmp_path}"]))
 
 
+@pytest.mark.slow
 def test_the_system_groups_experiment_scores_each_group_of_synthetic_systems_with_one_model(llm_rubric_data):
     synthetic, _ = llm_rubric_data
     cfg = compose("config", ["experiment=llm_rubric_system_groups"])
@@ -113,6 +115,7 @@ def test_the_system_groups_experiment_scores_each_group_of_synthetic_systems_wit
     assert set.union(*held) == {f"V{i}" for i in range(1, 6)} and all(not h & t for h, t in zip(held, trained))
 
 
+@pytest.mark.slow
 def test_system_groupings_deal_the_systems_once_per_seed_and_name_every_split(simulated, tmp_path):
     folds = system_groupings(simulated, 2, seed=3, seeds=3)
     assert sorted(folds.grouping.unique()) == [0, 1, 2]

@@ -75,6 +75,7 @@ def test_fold_models_trained_as_one_program_equal_each_trained_alone_with_input_
     )  # dropout acted
 
 
+@pytest.mark.slow
 def test_ensemble_members_differ_and_seeds_share_nothing(rubric, simulated):
     folds = text_folds(simulated.text_ids, 3, seed=0)
     train = simulated.subset(folds.text_id[folds.fold != 0])
@@ -130,6 +131,7 @@ def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own
         assert sa["finetune"]["val_nll"] == pytest.approx(sb["finetune"]["val_nll"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, simulated):
     layout, judges, parts = _fold_data(rubric, simulated, k_folds=3)
     main = rubric.ids.index(rubric.main.id)

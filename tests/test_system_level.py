@@ -74,6 +74,7 @@ def test_tilting_hits_the_target_mean_keeps_the_support_and_sums_to_one():
     np.testing.assert_allclose(tilt(p, VALUES, p @ VALUES), p, atol=1e-7)  # the own mean: unchanged
 
 
+@pytest.mark.slow
 def test_the_level_recovers_a_known_system_relation_and_its_spread(rubric):
     tables, x_sys, level = leveled_data(np.random.default_rng(1))
     fit = SystemLevel(rubric).fit(tables, expected_answers(tables, rubric))

@@ -56,6 +56,7 @@ def test_the_fitted_temperature_minimises_held_out_nll_of_each_question(member, 
         net.heads.bias.div_(3.0)
 
 
+@pytest.mark.slow
 def test_a_question_with_too_few_held_out_cells_keeps_temperature_one(member, rubric):
     _, net, val = member
     cells = (val.y >= 0).sum(dim=0)

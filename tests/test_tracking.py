@@ -165,6 +165,7 @@ def test_config_then_environment_then_default_store(tmp_path, monkeypatch):
     assert not Tracker.from_config(OmegaConf.create({})).enabled
 
 
+@pytest.mark.slow
 def test_logger_none_writes_nothing_and_never_imports_mlflow(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'env.db'}")

@@ -127,6 +127,7 @@ def test_nested_intervals_use_only_models_that_never_saw_the_system(tmp_path):
     assert 0 <= out["coverage_nested"] <= 1 and out["width_nested"] > 0
 
 
+@pytest.mark.slow
 def test_system_kendall_bootstrap_pairs_the_draws_of_two_methods():
     rng = np.random.default_rng(0)
     quality = {"A": 1.0, "B": 2.0, "C": 3.0, "D": 4.0}

@@ -41,6 +41,7 @@ def run_target(target: str) -> dict:
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "pytest": counts,
+        "failed_tests": [line.split()[1] for line in result.stdout.splitlines() if line.startswith("FAILED ")],
         "summary": summary,
     }
 

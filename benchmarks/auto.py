@@ -28,9 +28,11 @@ Methods: ``auto`` is the shipped path: :func:`shipped_model` composes the settin
 does (``conf/config.yaml`` with ``model=auto`` through :func:`llmrubric.config.compose`, inner folds
 grouped as the protocol makes ``train.py`` group them) and fits :class:`AutoCalibrator` on each
 outer fold's training data; its predictions and seconds are its own. ``auto_stack`` is the same
-with ``model.auto.rule=stack`` (the other rule). Then each candidate alone (``network`` is
+with ``model.auto.rule=stack`` (the other rule), ``auto_folds3`` with ``model.auto.folds=3`` (the
+cheaper inner CV). Then each candidate alone (``network`` is
 ``model=default``), ``mean_of_sources`` and ``raw_linear_system`` (a line through the training
-systems' means of the raw LLM answers, each new system placed on it). Figures of the main question:
+systems' means of the raw LLM answers, each new system placed on it); named with ``--methods`` only,
+``<candidate>-level``: the candidate alone with the system level fitted on its in-sample answers. Figures of the main question:
 ``pair_pearson``, ``pair_nll`` (on the pairs a method predicts; ``not_predicted`` counts the
 others), ``system_rms``, ``system_kendall`` and the shift intervals' ``coverage``
 (:func:`llmrubric.evaluation.transfer.system_metrics`; system protocols only), ``system_kendall_groups``
@@ -81,8 +83,9 @@ from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import build_model, candidate  # noqa: E402
-from llmrubric.model.core.encoding import PAIR, with_round  # noqa: E402
+from llmrubric.model.core.encoding import PAIR, question_targets, with_round  # noqa: E402
 from llmrubric.model.core.registry import fit_questions  # noqa: E402
+from llmrubric.model.core.system_level import LEVEL, SystemLevel  # noqa: E402
 from llmrubric.model.core.threads import single_threaded  # noqa: E402
 from llmrubric.model.families.baselines import make_method  # noqa: E402
 
@@ -102,6 +105,11 @@ GROUPS = {
 }  # system groups; others 2 (--data: 3)
 PROTOCOLS = ("systems", "system_groups", "cv", "holdout")
 BASELINES = ("mean_of_sources", "raw_linear_system")
+AUTO_VARIANTS = {  # the shipped path with these overrides
+    "auto": (),
+    "auto_stack": ("model.auto.rule=stack",),
+    "auto_folds3": ("model.auto.folds=3",),
+}
 SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")
 
 
@@ -184,8 +192,13 @@ def shipped_model(rubric: Rubric, protocol: str, overrides: tuple[str, ...] = ()
 
 
 def methods(selected: tuple[str, ...] | None = None) -> list[str]:
-    every = ["auto", "auto_stack", *model_file("auto")["auto"]["candidates"], *BASELINES]
-    return [m for m in every if not selected or m in selected]
+    """Every method, or those of ``selected``: with no selection the ``<candidate>-level`` ones are left
+    out (they are diagnostics of the level alone, named with ``--methods``)."""
+    candidates = model_file("auto")["auto"]["candidates"]
+    every = [*AUTO_VARIANTS, *candidates, *BASELINES]
+    if not selected:
+        return every
+    return [m for m in [*every, *(c + LEVEL for c in candidates)] if m in selected]
 
 
 def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) -> dict:
@@ -203,22 +216,50 @@ def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) ->
         train, test = (tables.subset(folds.text_id[(folds.fold == fold) == held]) for held in (False, True))
     trainer = group("trainer", "default")
     main = [rubric.main.id]
-    out, choice = {}, {}
+    out, choice, fitted = {}, {}, {}
     for name in methods(selected):
         start = time.process_time()
-        if name.startswith("auto"):
-            model = shipped_model(rubric, protocol, ("model.auto.rule=stack",) if name == "auto_stack" else ())
+        if name in AUTO_VARIANTS:
+            model = shipped_model(rubric, protocol, AUTO_VARIANTS[name])
             model.fit(train)
             choice[name] = model.choice()
             predictions = model.predict(test, questions=main)
         elif name in BASELINES:
             predictions = make_method(name, rubric, 0).fit(train).predict(test)
+        elif name.endswith(LEVEL):
+            base = name.removesuffix(LEVEL)
+            if base not in fitted:
+                fitted[base] = fit_questions(candidate(base, rubric, model_file("auto"), trainer, 0), train, main)
+                out.setdefault(base, (_main(fitted[base].predict(test), rubric), time.process_time() - start))
+            predictions = with_system_level(fitted[base], out[base][0], rubric, train, test)
+            if predictions is None:
+                continue
+            start -= out[base][1]  # its seconds include the text model's
         else:
             model = candidate(name, rubric, model_file("auto"), trainer, 0)
-            model = fit_questions(model, train, main)  # the main question only where the family fits some
-            predictions = model.predict(test)
+            fitted[name] = fit_questions(model, train, main)  # the main question only where the family fits some
+            predictions = fitted[name].predict(test)
         out[name] = (_main(predictions, rubric), time.process_time() - start)
     return {"job": job, "predictions": out, "choice": choice}
+
+
+def with_system_level(model, predictions: pd.DataFrame, rubric: Rubric, train, test) -> pd.DataFrame | None:
+    """``predictions`` (the main question's, of ``model``) with the system level fitted on ``train`` from
+    the model's in-sample expected answers (as ``model=auto`` fits ``<candidate>-level``); None where
+    the training data cannot fit one (fewer than 3 systems)."""
+    main = rubric.main
+    values, index = np.asarray(main.values, float), rubric.ids.index(main.id)
+    pairs, _ = question_targets(train, main)
+    expected = model.predict_proba(train, pairs)[:, index, : len(values)] @ values
+    try:
+        level = SystemLevel(rubric).fit(train, expected)
+    except InputError:
+        return None
+    columns = [f"p_{k}" for k in main.keys]
+    probs = level.apply(test, predictions, predictions[columns].to_numpy(float))
+    return predictions.assign(
+        **dict(zip(columns, probs.T)), mean=probs @ values, var=probs @ values**2 - (probs @ values) ** 2
+    )
 
 
 def _main(predictions: pd.DataFrame, rubric: Rubric) -> pd.DataFrame:
@@ -331,6 +372,10 @@ def summarise(set_name: str, protocol: str, results: list[dict], args) -> dict:
     first_runs = [r for r in results if r["job"][2] == 0]
     out, per_pair = {}, {}
     names = methods(args.methods)
+    skipped = [n for n in names if any(n not in r["predictions"] for r in results)]
+    if skipped:
+        out["skipped"] = {n: "no system level in some outer fold (fewer than 3 training systems)" for n in skipped}
+    names = [n for n in names if n not in skipped]
     for name in names:
         parts = [r["predictions"][name] for r in first_runs]
         predictions = pd.concat([p for p, _ in parts], ignore_index=True)
@@ -338,7 +383,7 @@ def summarise(set_name: str, protocol: str, results: list[dict], args) -> dict:
         if protocol == "system_groups":
             out[name]["system_kendall_groups"] = kendall_groups(results, name, folds, rubric, tables)
         per_pair[name] = pair_log_likelihood(predictions, test_tables.annotations, rubric.main)
-    singles = [n for n in names if not n.startswith("auto")]  # the candidates and baselines alone
+    singles = [n for n in names if n not in AUTO_VARIANTS]  # the candidates and baselines alone
     if "auto" in out and singles:
         best = min(singles, key=lambda n: out[n]["pair_nll"])
         try:
@@ -466,9 +511,11 @@ def main(argv: list[str] | None = None) -> int:
     args.grouping_seeds = args.grouping_seeds or default_grouping_seeds()
     if args.grouping_seeds < 1:
         raise InputError("--grouping-seeds must be 1 or more")
-    unknown = sorted(set(args.methods or ()) - set(methods()))
+    known = methods(tuple(args.methods or ())) if args.methods else methods()
+    unknown = sorted(set(args.methods or ()) - set(known))
     if unknown:
-        raise InputError(f"unknown method(s) {unknown}; known: {methods()}")
+        levels = [c + LEVEL for c in model_file("auto")["auto"]["candidates"]]
+        raise InputError(f"unknown method(s) {unknown}; known: {methods() + levels}")
     args.methods = tuple(args.methods) if args.methods else None
     with tempfile.TemporaryDirectory(prefix="llmrubric-auto-") as generated:
         args.generated = generated
@@ -557,7 +604,7 @@ def print_table(set_name: str, protocol: str, figures_: dict) -> None:
     keys = ("pair_pearson", "pair_nll", "system_rms", "system_kendall", "system_kendall_groups", "coverage", "seconds")
     print(f"\n{set_name} / {protocol}\n| method | " + " | ".join(keys) + " |")
     for name, row in figures_.items():
-        if name in ("vs_best", "choices"):
+        if name in ("vs_best", "choices", "skipped"):
             continue
         cells = ["—" if row.get(k) is None or row.get(k) != row.get(k) else f"{row[k]:.3f}" for k in keys]
         print(f"| {name} | " + " | ".join(cells) + " |")

@@ -384,7 +384,7 @@ def _keep_source(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
 
 def require_features(annotations: pd.DataFrame, features: pd.DataFrame, drop: bool) -> pd.DataFrame:
     """Annotations whose text has no features: an error, or dropped with a warning if ``drop``."""
-    missing = ~annotations.text_id.isin(set(features.text_id))
+    missing = ~annotations.text_id.isin(features.text_id.unique())
     if not missing.any():
         return annotations
     texts = annotations.text_id[missing].nunique()

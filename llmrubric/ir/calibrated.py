@@ -38,7 +38,7 @@ def ir_tables(
     question_id, answer``) as targets; texts without summaries are dropped from the judgments."""
     feats = summary_features(features, family, importance)
     ann = validate_annotations(judgments, rubric)
-    kept = ann[ann.text_id.isin(set(feats.text_id))]
+    kept = ann[ann.text_id.isin(feats.text_id.unique())]
     kept.attrs["source"] = ann.attrs.get("source")
     return Tables(kept, feats)
 

@@ -237,7 +237,7 @@ def _scored_questions(calibrator: NetworkCalibrator, questions: list[str] | None
 
 def _split_featured(table: pd.DataFrame, features: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The texts to score that have features (renumbered from 0) and those without (warned about)."""
-    has = table.text_id.isin(set(features.text_id)).to_numpy()
+    has = table.text_id.isin(features.text_id.unique()).to_numpy()
     scored, unscored = table[has].reset_index(drop=True), table[~has]
     if len(unscored):
         log.warning("%d texts have no features and are not scored (first: %r)", len(unscored), unscored.text_id.iloc[0])

@@ -96,7 +96,7 @@ def batch_of(model, tables: Tables, pairs: pd.DataFrame | None = None) -> Comple
     answers = answer_model(model)
     pairs = (pairs_of(tables.annotations) if pairs is None else pairs).reset_index(drop=True)
     texts = sorted(pairs.text_id.unique())
-    missing = sorted(set(texts) - set(tables.features.text_id))
+    missing = sorted(set(texts) - set(tables.features.text_id.unique()))
     if missing:
         raise InputError(
             f"{len(missing)} texts have no features (first: {missing[0]!r})",

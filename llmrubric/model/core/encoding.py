@@ -105,7 +105,8 @@ class FeatureLayout:
     def check(self, features: pd.DataFrame, absent_ok: bool = False) -> None:
         """Every layout block must appear in ``features`` with exactly the layout's options; with
         ``absent_ok`` a block may be absent, but ``features`` must share at least one block with the layout."""
-        seen = features.groupby(["source", "question_id"], sort=False)["option"].agg(lambda s: set(s))
+        distinct = features[["source", "question_id", "option"]].drop_duplicates()
+        seen = distinct.groupby(["source", "question_id"], sort=False)["option"].agg(set)
         shared = [b for b in self.blocks if (b.source, b.question_id) in seen.index]
         if absent_ok and self.blocks and not shared:
             raise InputError(
@@ -225,7 +226,7 @@ def encode(
     ann = with_round(tables.annotations)
     pairs = pairs_of(ann) if pairs is None else pairs.assign(round=pairs.get("round", "1")).reset_index(drop=True)
     text_ids = sorted(pairs.text_id.unique())
-    missing = set(text_ids) - set(tables.features.text_id)
+    missing = set(text_ids) - set(tables.features.text_id.unique())
     if missing:
         raise InputError(
             f"{len(missing)} texts have no features (first: {sorted(missing)[0]!r})",

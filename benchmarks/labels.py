@@ -22,11 +22,12 @@ interval (score ± t·RMS of the other systems' errors), the leaderboard's inter
 ``level`` (issue 32): the system level (:class:`llmrubric.model.core.system_level.SystemLevel`) fitted on
 the training systems of each split with the split model's in-sample expected answers; at k = 0 its
 prior's interval (mean ± z·sd), at k > 0 that prior updated as ``llmrubric leaderboard build
---levels`` does (the labels' estimate mean(f) + mean(y − f) of variance sigma_within² / k; here
+--levels`` did before ``level_ppi_pp_student`` replaced it (the labels' estimate mean(f) + mean(y − f) of variance sigma_within² / k; here
 sigma_within is the SD of label − f about each system's mean over the other systems' held-out
 texts, a stand-in for the model's in-sample one); ``level_ppi_pp``: the prior updated by the PPI++
 estimate of the same k labels (its variance read from the PPI++ interval's half-width),
-``level_ppi_pp_student``: that with the half-width widened by t_{k-1} / z.
+``level_ppi_pp_student``: that with the half-width widened by t_{k-1} / z, the rule of
+``leaderboard build --levels`` (:func:`llmrubric.scoring.levels.level_posterior`, called here).
 ``--ks`` and ``--no-match`` run a part (e.g. ``--ks 10 --no-match --no-judges``).
 ``labels_to_match_classical_at_40``: the fewest labels (k = 2..40) at which a method's mean width
 is at most the classical interval's at k = 40, over the systems with at least 45 texts, beside
@@ -82,6 +83,7 @@ from llmrubric.model.families.network.calibrator import NetworkCalibrator, fit_t
 from llmrubric.model.judges import add_judge  # noqa: E402
 from llmrubric.scoring import labels as lab  # noqa: E402
 from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
+from llmrubric.scoring.levels import level_posterior  # noqa: E402
 
 KS = (0, 5, 10, 20, 40)
 JUDGE_KS = (5, 10, 20, 50)
@@ -168,24 +170,8 @@ def level_prior(rubric: Rubric, model, train: Tables, test: Tables) -> tuple[flo
     return float(row["mean"]), float(row["var"])
 
 
-def level_interval(prior_mean: float, prior_var: float, labelled: dict, alpha: float, k: int = 0) -> dict:
-    """The level's posterior interval given k labels: the prior (:func:`level_prior`) updated by the
-    PPI++ estimate of the k labels (``labelled``: its estimate and interval; its variance read from
-    the interval's half-width, so a Student-widened interval counts as the less precise estimate).
-    ``k`` > 1: the posterior's half-width widened by t_{k-1} / z (``level_ppi_pp_student``). Labels that give
-    PPI++ a zero-width interval (all equal) leave it as it is: the posterior would be that point."""
-    z = stats.norm.ppf(1 - alpha / 2)
-    label_var = ((labelled["high"] - labelled["low"]) / (2 * z)) ** 2
-    if not label_var > 0:
-        return dict(labelled)
-    precision = 1 / prior_var + 1 / label_var
-    mean = (prior_mean / prior_var + labelled["estimate"] / label_var) / precision
-    half = z / math.sqrt(precision) * (stats.t.ppf(1 - alpha / 2, k - 1) / z if k > 1 else 1.0)
-    return {"estimate": mean, "low": mean - half, "high": mean + half}
-
-
 def level_rule(prior_mean: float, prior_var: float, y, f, chosen, sigma_within: float, alpha: float) -> dict:
-    """The leaderboard's rule (:func:`llmrubric.scoring.levels.with_level_intervals`): the prior updated by
+    """The leaderboard's rule before ``level_ppi_pp_student`` replaced it: the prior updated by
     the labels' estimate ``mean(f) + mean_labelled(y − f)`` of variance ``sigma_within² / k``."""
     k = int(chosen.sum())
     estimate = f.mean() + (y[chosen] - f[chosen]).mean()
@@ -217,8 +203,8 @@ def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float,
             i = rng.choice(len(g), k, p=q)
             outs["active_ppi_pp"] = lab.active_ppi_pp(y[i], f[i], q[i], f, alpha, small_sample=small)
             outs["level"] = level_rule(*prior, y, f, chosen, sigma, alpha)
-            outs["level_ppi_pp"] = level_interval(*prior, outs["ppi_pp"], alpha)
-            outs["level_ppi_pp_student"] = level_interval(*prior, outs["ppi_pp"], alpha, k)
+            outs["level_ppi_pp"] = level_posterior(*prior, outs["ppi_pp"], k, alpha, "normal")
+            outs["level_ppi_pp_student"] = level_posterior(*prior, outs["ppi_pp"], k, alpha, "student")
             for m, o in outs.items():
                 out[m][0].append(o["low"] <= truth <= o["high"])
                 out[m][1].append(o["high"] - o["low"])

@@ -220,3 +220,24 @@ def test_score_texts_writes_levels_and_the_leaderboard_ranks_by_them(six, rubric
     before = rows.set_index("system")
     width = lambda r: r.level_high - r.level_low  # noqa: E731
     assert with_labels.level_labels[new] == 10 and width(with_labels.loc[new]) < width(before.loc[new])
+
+
+def test_level_posterior_weighs_the_prior_against_the_labels_ppi_pp_interval():
+    from scipy import stats
+
+    from llmrubric.scoring.levels import level_posterior
+
+    labelled = {"estimate": 3.0, "low": 2.5, "high": 3.5}
+    flat = level_posterior(0.0, 1e9, labelled, 10, small_sample="normal")
+    assert flat["estimate"] == pytest.approx(3.0) and flat["high"] - flat["low"] == pytest.approx(1.0)
+    tight = level_posterior(4.0, 1e-9, labelled, 10, small_sample="normal")
+    assert tight["estimate"] == pytest.approx(4.0) and tight["high"] - tight["low"] < 1e-3
+    z = stats.norm.ppf(0.975)
+    var = (0.5 / z) ** 2  # the prior as precise as the labels: the mean halfway, the width / sqrt(2)
+    even = level_posterior(4.0, var, labelled, 10, small_sample="normal")
+    assert even["estimate"] == pytest.approx(3.5) and even["high"] - even["low"] == pytest.approx(1 / np.sqrt(2))
+    student = level_posterior(4.0, var, labelled, 10, small_sample="student")
+    ratio = (student["high"] - student["low"]) / (even["high"] - even["low"])
+    assert student["estimate"] == pytest.approx(3.5) and ratio == pytest.approx(stats.t.ppf(0.975, 9) / z)
+    point = {"estimate": 2.0, "low": 2.0, "high": 2.0}
+    assert level_posterior(4.0, var, point, 10) == point

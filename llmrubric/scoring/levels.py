@@ -4,21 +4,27 @@
 mean ``level`` of its human mean and its ``level_sd`` (the prior from the system's LLM answers for a
 new system; close to its own labels' mean for a training one) and the within-system residual spread
 ``sigma_within``. ``leaderboard build --levels`` ranks the systems by their level and adds its
-interval ``level ± z·sd``. With human labels of k texts of a new system (``--annotations``) the
-posterior narrows: the labels estimate the level by ``level + mean over the labelled texts of
-(human − predicted score)`` with variance ``sigma_within² / k``, combined with the prior by the
-normal–normal update. A training system's level already holds its training labels and is kept.
+interval ``level ± z·sd``. With human labels of k ≥ 2 texts of a new system (``--annotations``) the
+posterior narrows (:func:`level_posterior`): the PPI++ estimate of the system's mean from the labels
+and the scores of all its texts (:func:`llmrubric.scoring.labels.uniform_interval`), its variance read
+from its interval, combined with the prior by the normal–normal update; with ``small_sample:
+student`` the posterior's half-width is widened by t_{k−1}/z. ``benchmarks/labels.py`` chose this
+rule (``level_ppi_pp_student``) on the simulated and synthetic sets: coverage ≥ 0.93 on both at
+k = 10, narrower than PPI++ alone, where the update by ``mean(y − f)`` of variance
+``sigma_within²/k`` covered 0.92 on the synthetic set. A training system's level already holds its
+training labels and is kept.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from scipy import stats
 
 from llmrubric.io.errors import InputError
+from llmrubric.scoring.labels import uniform_interval
 
 
 def read_levels(path: str | Path) -> pd.DataFrame:
@@ -36,10 +42,33 @@ def read_levels(path: str | Path) -> pd.DataFrame:
     return table
 
 
+def level_posterior(
+    prior_mean: float, prior_var: float, labelled: dict, k: int, alpha: float = 0.05, small_sample: str = "student"
+) -> dict:
+    """``estimate, low, high`` of a new system's level from its prior and the interval ``labelled`` of
+    its k labels (PPI++, module doc). A zero-width ``labelled`` interval (labels and scores that
+    leave no spread) is returned as it is: the posterior would be that point."""
+    z = stats.norm.ppf(1 - alpha / 2)
+    label_var = ((labelled["high"] - labelled["low"]) / (2 * z)) ** 2
+    if not label_var > 0:
+        return dict(labelled)
+    precision = 1 / max(prior_var, 1e-12) + 1 / label_var
+    mean = (prior_mean / max(prior_var, 1e-12) + labelled["estimate"] / label_var) / precision
+    widen = stats.t.ppf(1 - alpha / 2, k - 1) / z if small_sample == "student" and k > 1 else 1.0
+    half = z / math.sqrt(precision) * widen
+    return {"estimate": float(mean), "low": float(mean - half), "high": float(mean + half)}
+
+
 def with_level_intervals(
-    board: pd.DataFrame, levels: pd.DataFrame, systems: list, labels: pd.Series | None, alpha: float = 0.05
+    board: pd.DataFrame,
+    levels: pd.DataFrame,
+    systems: list,
+    labels: pd.Series | None,
+    alpha: float = 0.05,
+    small_sample: str = "student",
 ) -> pd.DataFrame:
-    """``board`` with ``level, level_low, level_high, level_labels`` (module doc), ranked by level."""
+    """``board`` with ``level, level_low, level_high`` and ``level_labels`` (the labels the level used:
+    0 for a training system or fewer than 2), ranked by level (module doc)."""
     missing = sorted(set(board.system) - set(levels.index))
     if missing:
         raise InputError(f"systems {missing} are not in the levels table", column="system_id")
@@ -47,22 +76,23 @@ def with_level_intervals(
     rows = []
     for data in systems:
         row = levels.loc[data.system]
-        mean, var, k = float(row.level), float(row.level_sd) ** 2, 0
+        mean, sd, k = float(row.level), float(row.level_sd), 0
+        low, high = mean - z * sd, mean + z * sd
         if labels is not None and not row.known:
             scores = pd.Series(data.text_scores(), index=data.text_ids)
             labelled = labels.reindex(data.text_ids).dropna()
-            k = len(labelled)
-            if k and row.sigma_within > 0:
-                estimate = mean + float((labelled - scores.reindex(labelled.index)).mean())
-                precision = 1.0 / max(var, 1e-12) + k / float(row.sigma_within) ** 2
-                mean = (mean / max(var, 1e-12) + estimate * k / float(row.sigma_within) ** 2) / precision
-                var = 1.0 / precision
+            if len(labelled) >= 2:
+                k = len(labelled)
+                rest = scores.drop(labelled.index)
+                ppi = uniform_interval("ppi_pp", labelled, scores.reindex(labelled.index), rest, alpha, small_sample)
+                posterior = level_posterior(mean, sd**2, ppi, k, alpha, small_sample)
+                mean, low, high = posterior["estimate"], posterior["low"], posterior["high"]
         rows.append(
             {
                 "system": data.system,
                 "level": mean,
-                "level_low": mean - z * np.sqrt(var),
-                "level_high": mean + z * np.sqrt(var),
+                "level_low": low,
+                "level_high": high,
                 "level_labels": k,
             }
         )

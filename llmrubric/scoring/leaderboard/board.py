@@ -70,7 +70,7 @@ def build(
     if levels is not None:  # ranked by the system level (llmrubric.scoring.levels)
         from llmrubric.scoring.levels import with_level_intervals
 
-        board = with_level_intervals(board, levels, systems, labels, alpha)
+        board = with_level_intervals(board, levels, systems, labels, alpha, small_sample)
     settings = {
         "question": question.id,
         "judges": judges,

@@ -76,3 +76,33 @@ def test_the_targets_compare_auto_with_the_bounds_of_the_issue():
     cv = bench.targets(figures, "cv")
     assert cv == {"pair_nll_within_0.005": {"met": True, "auto": 1.0, "bound": 1.005, "against": "network"}}
     assert "kendall_groups_at_least_mean" not in bench.targets(figures, "systems")
+
+
+def test_a_candidate_with_the_level_puts_a_new_systems_mean_at_the_levels_prior(rubric):
+    from llmrubric.config import group, model_file
+    from llmrubric.data.splits import text_systems
+    from llmrubric.io.tables import load_tables
+    from llmrubric.model.core.encoding import question_targets
+    from llmrubric.model.core.registry import fit_questions
+    from llmrubric.model.core.system_level import SystemLevel
+
+    folder = ROOT / "data" / "simulated"
+    tables = load_tables(*(folder / f"{n}.csv" for n in ("annotations", "features")), rubric, folder / "texts.csv")
+    systems = text_systems(tables)
+    new = sorted(systems.unique())[0]
+    train, test = tables.subset(systems.index[systems != new]), tables.subset(systems.index[systems == new])
+    model = fit_questions(bench.candidate("ridge_judge", rubric, model_file("auto"), group("trainer", "default"), 0),
+                          train, [rubric.main.id])  # fmt: skip
+    predictions = bench._main(model.predict(test), rubric)
+    levelled = bench.with_system_level(model, predictions, rubric, train, test)
+    probs = levelled[[f"p_{k}" for k in rubric.main.keys]].to_numpy()
+    assert probs.min() >= 0 and abs(probs.sum(axis=1) - 1).max() < 1e-9
+    values = rubric.main.values
+    pairs, _ = question_targets(train, rubric.main)
+    index = rubric.ids.index(rubric.main.id)
+    level = SystemLevel(rubric).fit(train, model.predict_proba(train, pairs)[:, index, : len(values)] @ values)
+    prior = level.levels(test, predictions, predictions["mean"].to_numpy())["mean"].iloc[0]
+    moved = abs(predictions["mean"].mean() - prior)
+    assert moved > 0.05  # the text model alone puts this system elsewhere
+    # at the prior, up to the outer Gauss–Hermite nodes of the level that the 1..5 scale cuts off
+    assert levelled["mean"].mean() == pytest.approx(prior, abs=0.01 * moved)

@@ -19,11 +19,12 @@ class AutoConfig:
             (``registry.names(candidate=True)``; ``network`` is the network of the other ``model.*`` settings).
         rule: ``select`` (the candidate with the lowest inner-CV NLL) or ``stack`` (non-negative
             weights summing to 1 that maximise the inner-CV likelihood of the main question);
-            ``select`` had the lower pair NLL on all four design protocols of ``benchmarks/auto.py``
-            (synthetic DS1..DS5 and the simulated 12-system set, leave one system out and system groups).
+            ``select`` had the lower pair NLL on DS1..DS5 and ``stack`` on the 6-system generated set
+            (leave one system out and system groups, ``benchmarks/auto.py``): a tie, ``select`` kept.
         group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
             score unseen systems (``systems``, ``system_groups``), else by text.
-        folds: inner folds (by system: at most one per training system).
+        folds: inner folds (by system: at most one per training system); 3 takes 0.53–0.67 × the
+            time of 5 but lost up to 0.017 pair NLL on the missing-blocks design set (benchmarks/README.md).
         system_level: the system level with partial pooling (:mod:`llmrubric.model.core.system_level`):
             ``auto`` compares every candidate with and without it by the inner CV where the training
             data have 3+ systems with labels (else records why not); ``on``: only with it (fewer

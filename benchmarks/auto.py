@@ -468,6 +468,8 @@ def cost(args) -> dict:
     """Fit seconds (process time, one thread) of model=auto (the shipped path, 5 and 3 inner folds) and
     model=default on whole sets, inner folds by system."""
     single_threaded()
+    import lightning_fabric  # noqa: F401  imported by the first network fit: not charged to either model
+
     out = {}
     for set_name in ("llm_rubric_synthetic", "simulated_shift"):
         rubric, tables, _ = load_set(set_name, *_args_tuple(args)[:4])

@@ -1,32 +1,34 @@
 """The README's quickstart runs as written: its commands are read from README.md and run, in order, in a
 temporary folder laid out like a checkout (``conf/``, ``train.py``, ``evaluate.py``) on the shipped simulated
-data. The only substitutions: ``.venv/bin/python`` and ``.venv/bin/llmrubric`` are this interpreter and its
-``llmrubric`` entry point, the placeholder ``PATH`` of ``--model`` is a tiny local model (the simulated
-texts get a dialogue each, since the shipped table has none), and the checkout's ``conf/`` trains quickly (its
-``trainer/default.yaml`` is ``trainer/fast.yaml``, one network per ensemble, three inner folds): the same commands and code paths."""
+data, each in this process as its entry point runs it (``llmrubric.cli.main``; ``train.py`` and ``evaluate.py``
+with Hydra's parsing of ``sys.argv``). The only changes: the placeholder ``PATH`` of ``--model`` is a tiny local
+model (the simulated texts get a dialogue each, since the shipped table has none), and ``train.py`` /
+``evaluate.py`` get three more overrides that make them quick (``trainer=fast``, one network per ensemble,
+three inner folds of ``auto``): the same commands and code paths."""
 
 from __future__ import annotations
 
 import json
 import shlex
-import shutil
-import subprocess
-import sys
+from contextlib import chdir
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from support.paths import ROOT
+from support.scripts import run_script
 from support.tiny_models import save_model
+
+from llmrubric.cli import main
 
 pytestmark = pytest.mark.slow
 
 README = ROOT / "README.md"
 HEADING = "## Quickstart with your own data"
-CHECKOUT = ("train.py", "evaluate.py")  # what the commands name in the repository, beside conf/
+CHECKOUT = ("train.py", "evaluate.py", "conf")  # what the commands name in the repository
+QUICK = ["trainer=fast", "++model.ensemble=1", "model.auto.folds=3"]  # added to train.py and evaluate.py
 SIMULATED = ROOT / "data" / "simulated"
 TEXTS_PER_SYSTEM, NEW_PER_SYSTEM = 10, 3  # annotated texts to train on, new texts to score (4 systems each)
-LLMRUBRIC = [sys.executable, "-c", "import sys; from llmrubric.cli import main; sys.exit(main())"]
 
 
 def quickstart() -> list[list[str]]:
@@ -46,11 +48,13 @@ def quickstart() -> list[list[str]]:
     return commands
 
 
-def runnable(argv: list[str], model: Path) -> list[str]:
-    """``argv`` with this interpreter for ``.venv/bin/…`` and the tiny model for ``--model PATH``."""
-    program = {".venv/bin/python": [sys.executable], ".venv/bin/llmrubric": LLMRUBRIC}[argv[0]]
+def run(argv: list[str], model: Path) -> int:
+    """``argv`` run in this process, with the tiny model for ``--model PATH``; its exit code."""
     args = [str(model) if a == "PATH" and before == "--model" else a for before, a in zip(argv, argv[1:])]
-    return [*program, *args]
+    if argv[0] == ".venv/bin/llmrubric":
+        return main(args)
+    assert argv[0] == ".venv/bin/python" and args[0] in CHECKOUT, argv
+    return run_script(args[0], [*args[1:], *QUICK])
 
 
 def write_texts(ids: pd.Series, path: Path) -> None:
@@ -66,10 +70,6 @@ def checkout(tmp_path, tok, llama):
     input (``new_texts.csv`` and its features) made as step 1 says."""
     for name in CHECKOUT:
         (tmp_path / name).symlink_to(ROOT / name)
-    conf = shutil.copytree(ROOT / "conf", tmp_path / "conf")
-    shutil.copyfile(conf / "trainer" / "fast.yaml", conf / "trainer" / "default.yaml")
-    with open(conf / "model" / "auto.yaml", "a") as f:
-        f.write("ensemble: 1\nauto: {folds: 3}\n")
     texts = pd.read_csv(SIMULATED / "texts.csv").groupby("system_id").head(TEXTS_PER_SYSTEM + NEW_PER_SYSTEM)
     new = texts.groupby("system_id").tail(NEW_PER_SYSTEM).text_id
     train = texts.text_id[~texts.text_id.isin(new)]
@@ -88,9 +88,9 @@ def test_the_quickstart_commands_run_as_written(checkout):
     new_features = [
         {"texts.csv": "new_texts.csv", "features.parquet": "new_features.parquet"}.get(a, a) for a in extract
     ]
-    for argv in [extract, new_features, *commands[1:]]:
-        done = subprocess.run(runnable(argv, model), cwd=folder, capture_output=True, text=True)
-        assert done.returncode == 0, f"{shlex.join(argv)}\n{done.stderr[-3000:]}"
+    with chdir(folder):
+        for argv in [extract, new_features, *commands[1:]]:
+            assert run(argv, model) == 0, shlex.join(argv)
 
     run_dir = folder / "outputs" / "mine"
     assert (run_dir / "fold0.safetensors").is_file() and json.loads((run_dir / "metrics.json").read_text())["methods"]

@@ -10,6 +10,7 @@ from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.scoring.ranks import by_score
 from llmrubric.scoring.scores import score_texts
 
 # its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
@@ -179,3 +180,13 @@ def test_score_command(model, split, tmp_path):
         == 2
     )
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_scores_equal_to_nine_decimals_share_a_rank_and_the_rest_keep_their_order():
+    """New systems whose levels are equal get text scores equal up to float noise (the 11th decimal): one rank."""
+    board = pd.DataFrame(
+        {"system": ["c", "a", "b", "d", "e"], "score": [2.83323550974, 2.83323550980, 2.83323550975, 3.0, 2.8332346]}
+    )
+    out = by_score(board, "score")
+    assert out.system.tolist() == ["d", "a", "b", "c", "e"]
+    assert out["rank"].tolist() == [1.0, 3.0, 3.0, 3.0, 5.0]

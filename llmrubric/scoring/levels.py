@@ -25,6 +25,7 @@ from scipy import stats
 
 from llmrubric.io.errors import InputError
 from llmrubric.scoring.labels import uniform_interval
+from llmrubric.scoring.ranks import by_score
 
 
 def read_levels(path: str | Path) -> pd.DataFrame:
@@ -96,7 +97,4 @@ def with_level_intervals(
                 "level_labels": k,
             }
         )
-    out = board.drop(columns="rank").merge(pd.DataFrame(rows), on="system", how="left")
-    out = out.sort_values(["level", "system"], ascending=[False, True], kind="stable").reset_index(drop=True)
-    out.insert(0, "rank", stats.rankdata(-out.level.to_numpy(), method="average"))
-    return out
+    return by_score(board.drop(columns="rank").merge(pd.DataFrame(rows), on="system", how="left"), "level")

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from llmrubric.scoring.leaderboard.resampling import interval
 from llmrubric.scoring.leaderboard.systems import SystemData
+from llmrubric.scoring.ranks import by_score
 
 
 def leaderboard(systems: list[SystemData], boot: dict, alpha: float = 0.05) -> pd.DataFrame:
-    """``rank, system, score, low, high, texts`` sorted by score (ties share the average rank)."""
+    """``rank, system, score, low, high, texts`` sorted by score (ties share the average rank: :func:`by_score`)."""
     rows = []
     for s in systems:
         low, high = interval(boot["means"][s.system], alpha)
@@ -27,10 +27,4 @@ def leaderboard(systems: list[SystemData], boot: dict, alpha: float = 0.05) -> p
                 "texts": len(s.text_ids),
             }
         )
-    board = (
-        pd.DataFrame(rows)
-        .sort_values(["score", "system"], ascending=[False, True], kind="stable")
-        .reset_index(drop=True)
-    )
-    board.insert(0, "rank", stats.rankdata(-board.score.to_numpy(), method="average"))
-    return board
+    return by_score(pd.DataFrame(rows), "score")

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 README = ROOT / "README.md"
 HEADING = "## Quickstart with your own data"
-CHECKOUT = ("train.py", "evaluate.py", "conf")  # what the commands name in the repository
+SCRIPTS = ("train.py", "evaluate.py")
+CHECKOUT = (*SCRIPTS, "conf")  # what the commands name in the repository
 QUICK = ["trainer=fast", "++model.ensemble=1", "model.auto.folds=3"]  # added to train.py and evaluate.py
 SIMULATED = ROOT / "data" / "simulated"
 TEXTS_PER_SYSTEM, NEW_PER_SYSTEM = 10, 3  # annotated texts to train on, new texts to score (4 systems each)
@@ -53,7 +54,7 @@ def run(argv: list[str], model: Path) -> int:
     args = [str(model) if a == "PATH" and before == "--model" else a for before, a in zip(argv, argv[1:])]
     if argv[0] == ".venv/bin/llmrubric":
         return main(args)
-    assert argv[0] == ".venv/bin/python" and args[0] in CHECKOUT, argv
+    assert argv[0] == ".venv/bin/python" and args[0] in SCRIPTS, argv
     return run_script(args[0], [*args[1:], *QUICK])
 
 

@@ -19,8 +19,8 @@ class AutoConfig:
             (``registry.names(candidate=True)``; ``network`` is the network of the other ``model.*`` settings).
         rule: ``select`` (the candidate with the lowest inner-CV NLL) or ``stack`` (non-negative
             weights summing to 1 that maximise the inner-CV likelihood of the main question);
-            ``select`` had the lower pair NLL on DS1..DS5 and ``stack`` on the 6-system generated set
-            (leave one system out and system groups, ``benchmarks/auto.py``): a tie, ``select`` kept.
+            ``select`` had the lower pair NLL on 3 of the 4 protocols of ``benchmarks/auto.py`` that ran
+            both (DS1..DS5 and the 6-system generated set, leave one system out and system groups).
         group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
             score unseen systems (``systems``, ``system_groups``), else by text.
         folds: inner folds (by system: at most one per training system); 3 takes 0.53–0.67 × the

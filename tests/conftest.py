@@ -60,6 +60,14 @@ def simulated(rubric):
 
 
 @pytest.fixture(scope="session")
+def search_data():
+    """What the search tests train on (``support.search.search_tables``)."""
+    from support.search import search_tables
+
+    return search_tables()
+
+
+@pytest.fixture(scope="session")
 def shared_root() -> Path:
     if not (SHARED / "SHA256SUMS").is_file():
         pytest.skip(f"shared LLM-Rubric data not found at {SHARED}")
@@ -91,12 +99,16 @@ def llama(tok):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """The real SmolLM2-135M-Instruct (GGUF de-quantised to float32): (model, tokenizer)."""
+    """The real SmolLM2-135M-Instruct (GGUF de-quantised to float32): (model, tokenizer), converted once into the
+    transformers backend's ``gguf_cache`` as ``llmrubric extract`` loads it (the tests of this group compare its
+    tokens and answers with llama.cpp's)."""
     import torch
 
+    from llmrubric.config import load_file
     from llmrubric.extract import models
 
     path = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not path.is_file():
         pytest.fail(f"{path} is missing: run `make setup` (llmrubric models fetch smollm2 models)")
-    return models.load(models.resolve(path), torch.float32)
+    cache = load_file(ROOT / "conf" / "extract" / "transformers.yaml")["gguf_cache"]
+    return models.load(models.resolve(path), torch.float32, cache)

@@ -105,6 +105,62 @@ def test_bad_models_are_one_line_errors(case, gguf_file, tmp_path, capsys):
     assert not out.exists()
 
 
+def write_gguf(path, **strings) -> None:
+    """A small GGUF file with these string fields, an array of strings and a tensor."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in strings.items():
+        writer.add_string(key, value)
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bc", "\n\n"] * 50)
+    writer.add_uint32("llama.block_count", 2)
+    writer.add_tensor("w", np.zeros((2, 2), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_strings_are_read_from_the_header(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_gguf(path, **{"tokenizer.ggml.pre": "smollm", "general.name": "tiny"})
+    assert (
+        models.gguf_string(path, "tokenizer.ggml.pre") == "smollm"
+        and models.gguf_string(path, "general.name") == "tiny"
+    )
+    assert models.gguf_string(path, "general.architecture") == "llama" and models.gguf_string(path, "nope") is None
+    assert models.gguf_pre_tokenizer(models.resolve(path)) == "smollm"
+    (tmp_path / "x.gguf").write_bytes(b"GGML" + b"\0" * 20)
+    with pytest.raises(InputError, match="not a GGUF file"):
+        models.gguf_string(tmp_path / "x.gguf", "general.name")
+    (tmp_path / "cut.gguf").write_bytes(path.read_bytes()[:60])
+    with pytest.raises(InputError, match="header ends early"):
+        models.gguf_string(tmp_path / "cut.gguf", "nope")
+
+
+def test_a_gguf_files_converted_copy_is_loaded_in_its_place_and_a_partial_one_is_not(tok, llama, tmp_path):
+    """The copy is found by the file's hash and the dtype; the GGUF file itself (here not loadable) is not read."""
+    from llmrubric.extract import converted
+
+    path = tmp_path / "m.gguf"
+    write_gguf(path)
+    files, cache = models.resolve(path), tmp_path / "cache"
+    copy = converted.folder(cache, files.gguf_file, models.weights_hash(files), torch.float32)
+    assert converted.save(llama, tok, copy, {"gguf_file": str(path)}) and not list(cache.glob("*.part-*"))
+    model, tokenizer = models.load(files, torch.float32, cache)
+    ids = tok("Answer: 1 2 3 4").input_ids
+    assert tokenizer("Answer: 1 2 3 4").input_ids == ids
+    with torch.no_grad():
+        assert torch.equal(model(torch.tensor([ids])).logits, llama(torch.tensor([ids])).logits)
+    for other in (torch.bfloat16, None):
+        where = converted.folder(cache, files.gguf_file, models.weights_hash(files), other)
+        assert where != copy and not where.exists()
+    (copy / converted.MARK).unlink()  # a copy without its mark is not whole: the file itself is loaded (and fails)
+    with pytest.raises(InputError, match="cannot load the model") as e:
+        models.load(files, torch.float32, cache)
+    assert str(path) in str(e.value)
+
+
 def test_chat_template_without_an_answer_position_is_an_error(tok):
     from support.tiny_models import make_llama
 

@@ -177,6 +177,7 @@ def test_multi_source_end_to_end(multi_source, tmp_path):
         f"data.train.texts={multi_source['texts']}",
         *FAST_OVERRIDES,
         "model.ensemble=2",
+        "model.auto.folds=3",  # 3 inner folds: the data, not the number of folds, is what this test varies
     ]
     trained = run("train.py", *args)
     assert trained.returncode == 0, trained.stderr[-2000:]

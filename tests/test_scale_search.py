@@ -23,13 +23,11 @@ WORKER = """
 import os, sys, time
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from test_scale_search import config
-from support.search import BASE
+from support.search import BASE, search_tables
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
-d = {root!r} + "/data/simulated/"
-tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
+tables = search_tables()
 if {stall}:  # the worker to kill stalls in its second trial, so that it dies mid-trial however fast trials run
     import llmrubric.experiments.search as search
     calls, train = [], search.fit_together
@@ -72,7 +70,7 @@ def outcome(study: optuna.Study) -> dict:
 
 
 @pytest.mark.postgres
-def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgres, tmp_path, rubric, simulated):
+def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgres, tmp_path, rubric, search_data):
     storage = postgres.create_database("shared")
     (tmp_path / "go-first").touch()
     killed = worker(storage, tmp_path / "go-first", stall=True)
@@ -111,7 +109,7 @@ def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgr
     [rerun] = [t for t in shared.trials if t.user_attrs.get("requeued_from") == interrupted[0].number]
     assert rerun.params == interrupted[0].params and rerun.state == optuna.trial.TrialState.COMPLETE
     assert len(finished_trials(shared)) == N_TRIALS  # none lost, none run twice
-    _, alone = run_search(rubric, simulated, BASE, config(f"sqlite:///{tmp_path / 'alone.db'}"), "alone", seed=0)
+    _, alone = run_search(rubric, search_data, BASE, config(f"sqlite:///{tmp_path / 'alone.db'}"), "alone", seed=0)
     assert outcome(shared) == pytest.approx(outcome(alone), rel=1e-6)
     assert shared.best_trial.params == alone.best_trial.params
 

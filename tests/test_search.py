@@ -36,23 +36,23 @@ def test_space_keys_map_onto_model_and_trainer_settings():
 
 
 @pytest.mark.slow
-def test_search_selects_by_inner_cv_nll_and_resumes(tmp_path, rubric, simulated):
+def test_search_selects_by_inner_cv_nll_and_resumes(tmp_path, rubric, search_data):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    setting, study = run_search(rubric, simulated, BASE, search_config(storage, 3), "s", seed=0)
+    setting, study = run_search(rubric, search_data, BASE, search_config(storage, 3), "s", seed=0)
     assert len(study.trials) == 3
     best = study.best_trial
     assert best.value == min(t.value for t in study.trials if t.value is not None)
     assert setting.trainer["lr"] == best.params["trainer.lr"] and setting.model["h1"] == 6
     assert len(best.user_attrs["fold_nll"]) == 3 and -1 <= best.user_attrs["pearson"] <= 1
-    _, again = run_search(rubric, simulated, BASE, search_config(storage, 4), "s", seed=0)
+    _, again = run_search(rubric, search_data, BASE, search_config(storage, 4), "s", seed=0)
     assert len(again.trials) == 4 and [t.number for t in again.trials] == [0, 1, 2, 3]
 
 
 @pytest.mark.slow
-def test_trials_train_with_the_search_patience_and_the_selection_keeps_the_trainers(rubric, simulated):
+def test_trials_train_with_the_search_patience_and_the_selection_keeps_the_trainers(rubric, search_data):
     space = search_config(None, 1).space
     objective = Objective(
-        rubric, simulated, BASE, dict(space), text_folds(simulated.text_ids, 3, 0), seed=0, patience=7
+        rubric, search_data, BASE, dict(space), text_folds(search_data.text_ids, 3, 0), seed=0, patience=7
     )
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
     [setting] = objective.settings([trial])
@@ -64,13 +64,11 @@ WORKER = """
 import json, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from omegaconf import OmegaConf
-from support.search import BASE, search_config
+from support.search import BASE, search_config, search_tables
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
-d = {root!r} + "/data/simulated/"
-tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
+tables = search_tables()
 _, study = run_search(rubric, tables, BASE, search_config({storage!r}, 6), "shared", seed=0)
 print(json.dumps(sorted(t.number for t in study.trials)))
 """
@@ -104,14 +102,14 @@ def test_two_workers_share_one_sqlite_study_without_duplicates_or_losses(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_diverging_trial_is_failed_with_its_reason_and_the_search_goes_on(tmp_path, rubric, simulated):
+def test_a_diverging_trial_is_failed_with_its_reason_and_the_search_goes_on(tmp_path, rubric, search_data):
     storage = f"sqlite:///{tmp_path / 'nan.db'}"
     config = search_config(storage, 2)
     config.space = {"trainer.lr": {"type": "categorical", "choices": [0.01, 1.0e300]}}
     study = optuna.create_study(study_name="nan", storage=storage, direction="minimize")
     study.enqueue_trial({"trainer.lr": 1.0e300})
     study.enqueue_trial({"trainer.lr": 0.01})
-    setting, study = run_search(rubric, simulated, BASE, config, "nan", seed=0)
+    setting, study = run_search(rubric, search_data, BASE, config, "nan", seed=0)
     failed, complete = study.trials
     assert (
         failed.state == optuna.trial.TrialState.FAIL and "non-finite training loss" in failed.user_attrs["fail_reason"]
@@ -122,13 +120,11 @@ def test_a_diverging_trial_is_failed_with_its_reason_and_the_search_goes_on(tmp_
 KILLED = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
-from support.search import BASE, search_config
+from support.search import BASE, search_config, search_tables
 from llmrubric.io.rubric import Rubric
-from llmrubric.io.tables import load_tables
 from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
-d = {root!r} + "/data/simulated/"
-tables = load_tables(d + "annotations.csv", d + "features.csv", rubric, d + "texts.csv")
+tables = search_tables()
 config = search_config({storage!r}, 8)
 config.batch, config.heartbeat_seconds = 2, 1
 run_search(rubric, tables, BASE, config, "killed", seed=0)
@@ -136,7 +132,7 @@ run_search(rubric, tables, BASE, config, "killed", seed=0)
 
 
 @pytest.mark.slow
-def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rubric, simulated):
+def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rubric, search_data):
     storage = f"sqlite:///{tmp_path / 'killed.db'}"
     optuna.create_study(study_name="killed", storage=storage, direction="minimize")
     code = KILLED.format(root=str(ROOT), tests=str(ROOT / "tests"), storage=storage)
@@ -169,7 +165,7 @@ def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rub
     time.sleep(2.5)  # past the heartbeat grace period (2 × 1 s)
     config = search_config(storage, 8)
     config.batch, config.heartbeat_seconds = 2, 1
-    _, study = run_search(rubric, simulated, BASE, config, "killed", seed=0)
+    _, study = run_search(rubric, search_data, BASE, config, "killed", seed=0)
     trials = {t.number: t for t in study.trials}
     assert all((trials[n].params, trials[n].value, trials[n].state) == value for n, value in before.items())
     assert all(trials[n].state == optuna.trial.TrialState.FAIL for n in interrupted)
@@ -184,39 +180,41 @@ def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rub
 
 
 @pytest.mark.slow
-def test_cross_validation_scores_equal_the_metrics_of_its_predictions(rubric, simulated):
+def test_cross_validation_scores_equal_the_metrics_of_its_predictions(rubric, search_data):
     from llmrubric.data.splits import text_folds
     from llmrubric.evaluation.metrics import evaluate
     from llmrubric.experiments.search import cross_validate
 
-    metrics, predictions = cross_validate(rubric, simulated, BASE, text_folds(simulated.text_ids, 3, seed=0), seed=0)
-    expected = evaluate(predictions, simulated.annotations, rubric.main, per_judge=False)
+    metrics, predictions = cross_validate(
+        rubric, search_data, BASE, text_folds(search_data.text_ids, 3, seed=0), seed=0
+    )
+    expected = evaluate(predictions, search_data.annotations, rubric.main, per_judge=False)
     for key in ("nll", "rmse", "pearson", "spearman", "kendall", "n"):
         assert metrics[key] == pytest.approx(expected[key], rel=1e-5)
     assert len(metrics["fold_nll"]) == 3 and min(metrics["fold_nll"]) <= metrics["nll"] <= max(metrics["fold_nll"])
 
 
 @pytest.mark.slow
-def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_a_resumed_search(tmp_path, rubric, simulated):
+def test_a_trial_killed_before_its_first_heartbeat_does_not_stall_a_resumed_search(tmp_path, rubric, search_data):
     storage = f"sqlite:///{tmp_path / 'silent.db'}"
     config = search_config(storage, 2)
     config.batch, config.heartbeat_seconds = 2, 1
     silent = create_study(config, "silent").ask()  # asked, then its worker died before any heartbeat
     time.sleep(2.5)  # past the grace period (2 × 1 s)
-    _, study = run_search(rubric, simulated, BASE, config, "silent", seed=0)
+    _, study = run_search(rubric, search_data, BASE, config, "silent", seed=0)
     assert study.trials[silent.number].state == optuna.trial.TrialState.FAIL
     assert len(finished_trials(study)) == 2
 
 
 @pytest.mark.slow
-def test_a_trial_killed_mid_sampling_reruns_with_the_parameters_it_had_sampled(tmp_path, rubric, simulated):
+def test_a_trial_killed_mid_sampling_reruns_with_the_parameters_it_had_sampled(tmp_path, rubric, search_data):
     storage = f"sqlite:///{tmp_path / 'partial.db'}"
     config = search_config(storage, 1)
     config.batch, config.heartbeat_seconds = 1, 1
     partial = create_study(config, "partial").ask()
     lr = partial.suggest_float("trainer.lr", 1e-3, 3e-2, log=True)  # killed before model.personalize was sampled
     time.sleep(2.5)  # past the grace period (2 × 1 s)
-    _, study = run_search(rubric, simulated, BASE, config, "partial", seed=0)
+    _, study = run_search(rubric, search_data, BASE, config, "partial", seed=0)
     assert study.trials[partial.number].state == optuna.trial.TrialState.FAIL
     [rerun] = [t for t in study.trials if t.user_attrs.get("requeued_from") == partial.number]
     assert rerun.state == optuna.trial.TrialState.COMPLETE and rerun.params["trainer.lr"] == lr
@@ -233,14 +231,14 @@ def test_a_space_with_choices_the_model_always_refuses_fails_before_training(rub
 
 
 @pytest.mark.slow
-def test_a_trial_whose_combination_the_model_refuses_is_failed_and_the_batch_trains_the_rest(rubric, simulated):
+def test_a_trial_whose_combination_the_model_refuses_is_failed_and_the_batch_trains_the_rest(rubric, search_data):
     space = {
         "model.head": {"type": "categorical", "choices": ["softmax", "ordinal"]},
         "model.personalize": {"type": "categorical", "choices": ["input", "none"]},
     }
     base = Setting({**BASE.model, "inputs": "expected"}, BASE.trainer)
     check_space(space, base, rubric)  # each choice is accepted in some combination
-    objective = Objective(rubric, simulated, base, space, text_folds(simulated.text_ids, 3, 0), seed=0)
+    objective = Objective(rubric, search_data, base, space, text_folds(search_data.text_ids, 3, 0), seed=0)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     study.enqueue_trial({"model.head": "ordinal", "model.personalize": "input"})
     study.enqueue_trial({"model.head": "softmax", "model.personalize": "input"})

@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from llmrubric.config import conf_path
+from llmrubric.extract import converted
 from llmrubric.io.errors import InputError
 from llmrubric.io.files import atomic_path
 
@@ -92,18 +93,34 @@ def weights_hash(files: ModelFiles) -> str:
     return digest.hexdigest()[:16]
 
 
-def load(files: ModelFiles, torch_dtype):
-    """``(model, tokenizer)`` with ``from_pretrained``; a load failure is a one-line error naming the file."""
+def load(files: ModelFiles, torch_dtype, cache: str | Path | None = None):
+    """``(model, tokenizer)`` with ``from_pretrained``; a load failure is a one-line error naming the file.
+
+    With a ``cache`` folder a GGUF file is converted once: its copy there (:mod:`llmrubric.extract.converted`) is
+    loaded instead when whole."""
+    copy = None
+    if files.gguf_file and cache:
+        copy = converted.folder(cache, files.gguf_file, weights_hash(files), torch_dtype)
+        if converted.is_whole(copy):
+            return _from_pretrained(copy, None, torch_dtype)
+    model, tokenizer = _from_pretrained(files.folder, files.gguf_file, torch_dtype)
+    split_digits_first(tokenizer, gguf_pre_tokenizer(files))
+    if copy is not None:
+        made_from = {"gguf_file": str(files.folder / files.gguf_file), "weights_hash": weights_hash(files)}
+        converted.save(model, tokenizer, copy, made_from)
+    return model, tokenizer
+
+
+def _from_pretrained(folder: Path, gguf_file: str | None, torch_dtype):
     import transformers
 
-    where = str(files.folder / files.gguf_file) if files.gguf_file else str(files.folder)
-    kwargs = {"gguf_file": files.gguf_file} if files.gguf_file else {}
+    where = str(folder / gguf_file) if gguf_file else str(folder)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        config = transformers.AutoConfig.from_pretrained(files.folder, **kwargs)
+        config = transformers.AutoConfig.from_pretrained(folder, **kwargs)
         auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
-        model = auto.from_pretrained(files.folder, dtype=torch_dtype, **kwargs)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(files.folder, **kwargs)
-        split_digits_first(tokenizer, gguf_pre_tokenizer(files))
+        model = auto.from_pretrained(folder, dtype=torch_dtype, **kwargs)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
     except LOAD_ERRORS as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise InputError(f"cannot load the model ({type(e).__name__}: {first})", file=where) from e
@@ -114,10 +131,56 @@ def gguf_pre_tokenizer(files: ModelFiles) -> str | None:
     """The GGUF file's ``tokenizer.ggml.pre`` (None for an HF folder or a file without one)."""
     if not files.gguf_file:
         return None
-    from gguf import GGUFReader
+    return gguf_string(files.folder / files.gguf_file, "tokenizer.ggml.pre")
 
-    field = GGUFReader(files.folder / files.gguf_file).get_field("tokenizer.ggml.pre")
-    return None if field is None else bytes(field.parts[field.data[0]]).decode()
+
+GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type: bytes
+GGUF_STRING, GGUF_ARRAY = 8, 9
+
+
+def gguf_string(path: Path, key: str) -> str | None:
+    """A string of a GGUF file's metadata, read from its header alone (``gguf.GGUFReader`` maps every field, the
+    vocabulary's arrays too: seconds); None if the file has no such key. A file that is not GGUF of version 2
+    or 3 is a one-line error."""
+    order = "<"
+
+    def read(fmt: str):
+        size = struct.calcsize(order + fmt)
+        data = f.read(size)
+        if len(data) != size:
+            raise InputError("not a whole GGUF file (its header ends early)", file=str(path))
+        return struct.unpack(order + fmt, data)[0]
+
+    def skip(kind: int) -> None:
+        if kind == GGUF_STRING:
+            f.seek(read("Q"), 1)
+        elif kind == GGUF_ARRAY:
+            item, count = read("I"), read("Q")
+            if item in GGUF_SCALARS:
+                f.seek(GGUF_SCALARS[item] * count, 1)
+            else:
+                for _ in range(count):
+                    skip(item)
+        elif kind in GGUF_SCALARS:
+            f.seek(GGUF_SCALARS[kind], 1)
+        else:
+            raise InputError(f"not a GGUF file this reader knows (value type {kind})", file=str(path))
+
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise InputError("not a GGUF file (it does not start with 'GGUF')", file=str(path))
+        version = f.read(4)
+        order = "<" if version in (b"\x02\0\0\0", b"\x03\0\0\0") else ">"
+        if version not in (b"\x02\0\0\0", b"\x03\0\0\0", b"\0\0\0\x02", b"\0\0\0\x03"):
+            raise InputError("not a GGUF file of version 2 or 3", file=str(path))
+        read("Q")  # tensors
+        for _ in range(read("Q")):
+            name = f.read(read("Q")).decode("utf-8", "replace")
+            kind = read("I")
+            if name == key and kind == GGUF_STRING:
+                return f.read(read("Q")).decode("utf-8", "replace")
+            skip(kind)
+    return None
 
 
 def split_digits_first(tokenizer, pre: str | None) -> bool:

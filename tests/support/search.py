@@ -1,5 +1,5 @@
-"""A small search: the base setting its trials start from, an Optuna config on any storage, and a
-three-trial ``search`` group for the Hydra apps."""
+"""A small search: the base setting its trials start from, the data they train on, an Optuna config on any
+storage, and a three-trial ``search`` group for the Hydra apps."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ from omegaconf import OmegaConf
 
 from llmrubric.config import group
 from llmrubric.experiments.search import Setting
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.tables import Tables, load_tables
 
-from .settings import FAST
+from .paths import ROOT
+from .settings import FAST, SIMULATED
 
 BASE = Setting({"h1": 6, "h2": 6, "ensemble": 1}, dict(FAST))
+SEARCH_TEXTS = 120  # the studies' bookkeeping is under test, not the size of the data: trials train on 120 texts
 
 TINY_SEARCH = """
 defaults:
@@ -26,6 +30,16 @@ space:
   trainer.pretrain_epochs: {type: int, low: 2, high: 4}
   trainer.finetune_epochs: {type: int, low: 2, high: 4}
 """
+
+
+def search_tables() -> Tables:
+    """The first ``SEARCH_TEXTS`` texts of ``data/simulated`` (sorted ids), which every search test and its worker
+    processes train on."""
+    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
+    tables = load_tables(
+        *(SIMULATED / f"{t}.csv" for t in ("annotations", "features")), rubric, SIMULATED / "texts.csv"
+    )
+    return tables.subset(sorted(tables.text_ids)[:SEARCH_TEXTS])
 
 
 def search_config(storage: str, n_trials: int) -> dict:

@@ -18,6 +18,7 @@ BACKEND_KEYS = {
         "overflow",
         "label_prefix",
         "chat_template",
+        "gguf_cache",
     ),
     "openai": (
         "base_url",

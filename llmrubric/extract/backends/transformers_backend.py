@@ -80,6 +80,8 @@ class TransformersBackend(Backend):
             the answer position (:meth:`_answer_prefix`).
         chat_template: wrap the prompt as a user message with the tokenizer's chat template.
         threads: CPU threads (default: the CPUs this process may use).
+        gguf_cache: a folder where a ``.gguf`` model's converted copy is kept and loaded from next time
+            (:mod:`llmrubric.extract.converted`); None: convert at every load.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class TransformersBackend(Backend):
         chat_template: bool = False,
         threads: int | None = None,
         model_id: str | None = None,
+        gguf_cache: str | None = None,
     ):
         for key, value in (("batch_size", batch_size), ("prefix_batch_size", prefix_batch_size)):
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -119,7 +122,7 @@ class TransformersBackend(Backend):
             if path is None:
                 raise InputError("the transformers backend needs a model path (--model)")
             files = models.resolve(path, gguf_file)
-            model, tokenizer = models.load(files, torch_dtype)
+            model, tokenizer = models.load(files, torch_dtype, gguf_cache)
             name = name or f"{files.name}@{models.weights_hash(files)}{models.tokenizer_tag(files)}"
         if tokenizer is None:
             raise InputError("the transformers backend needs a tokenizer")

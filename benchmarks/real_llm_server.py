@@ -138,7 +138,7 @@ def server(args, cfg: dict) -> dict:
     model = str(ROOT / cfg["model"])
     out: dict = {"dialogues": len(texts), "prompts": len(tasks), "model": Path(model).name, "endpoints": {}}
     local = {}
-    weights, tokenizer = models.load(models.resolve(model), torch.float32)
+    weights, tokenizer = models.load(models.resolve(model), torch.float32, cfg.get("gguf_cache"))
     for name, kwargs in {
         "chat": {"chat_template": True},
         "space": {"chat_template": False, "label_prefix": " "},

@@ -77,6 +77,18 @@ def test_multi_token_labels_are_full_continuations(llama, tok):
             )
 
 
+def test_labels_that_differ_in_their_last_token_share_one_row(llama, tok):
+    labels = ["11", "12", "13", "14"]
+    pieces = [tok(" " + label, add_special_tokens=False).input_ids for label in labels]
+    assert all(len(p) == 2 for p in pieces) and len({p[0] for p in pieces}) == 1  # " 1" then a digit
+    backend = TransformersBackend(llama, tok, batch_size=4)
+    t = task("Q0", PROMPTS[0], labels)
+    [r] = backend.score([t])
+    for label in labels:
+        assert r.probs[label] == pytest.approx(direct_causal(llama, tok, PROMPTS[0], " " + label), rel=1e-4, abs=1e-12)
+    assert backend.stats["prefill_tokens"] == len(backend._prepare(t).ids) + 1  # one row: prompt and " 1"
+
+
 def assert_same_probabilities(one: TransformersBackend, other: TransformersBackend, tasks) -> None:
     """Both backends score every task, with the same probabilities (rel 1e-4)."""
     a = {(r.task.text_id, r.task.question_id): r.probs for r in one.score(tasks)}

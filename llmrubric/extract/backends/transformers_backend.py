@@ -47,7 +47,7 @@ class _Row:
     item: int  # index into the prepared list
     tokens: list[int]
     start: int  # position in ``tokens`` whose logits predict the first label token
-    label: int | None  # None: read every single-token label at ``start``
+    labels: tuple[int, ...] | None  # labels read here (all but their last token in it); None: every 1-token label
 
 
 def shared_prefix(ids: Sequence[Sequence[int]]) -> int:
@@ -304,8 +304,11 @@ class TransformersBackend(Backend):
             suffix = p.ids[prefix:]
             if all(len(label) == 1 for label in p.labels):
                 rows.append(_Row(i, suffix, len(suffix) - 1, None))
-            else:
-                rows.extend(_Row(i, suffix + label[:-1], len(suffix) - 1, k) for k, label in enumerate(p.labels))
+            else:  # labels that differ only in their last token (" 1", " 2": " " then a digit) share one row
+                heads: dict[tuple[int, ...], list[int]] = defaultdict(list)
+                for k, label in enumerate(p.labels):
+                    heads[tuple(label[:-1])].append(k)
+                rows.extend(_Row(i, suffix + list(head), len(suffix) - 1, tuple(ks)) for head, ks in heads.items())
         return sorted(rows, key=lambda r: len(r.tokens))
 
     def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -321,7 +324,7 @@ class TransformersBackend(Backend):
     def _logprobs(self, batch: list[_Row], **inputs) -> list[torch.Tensor]:
         """Run the model on one batch; per row, float32 log-probabilities at its read positions
         (``start`` onwards: one per label token). The LM head runs only there."""
-        reads = [1 if r.label is None else max(len(r.tokens) - r.start, 1) for r in batch]
+        reads = [1 if r.labels is None else max(len(r.tokens) - r.start, 1) for r in batch]
         if self.head_only:
             width = max(reads)
             keep = torch.tensor(
@@ -408,7 +411,7 @@ class TransformersBackend(Backend):
             self.stats["prefill_tokens"] += sum(len(r.tokens) for r in batch)
             self.stats["forward_passes"] += 1
             for r, lp in zip(batch, lps):
-                logprobs[r.item][r.label] = lp
+                logprobs[r.item].update(dict.fromkeys(r.labels or (None,), lp))
         yield from self._collect(prepared, logprobs, prefix_len)
 
     @torch.inference_mode()
@@ -444,7 +447,7 @@ class TransformersBackend(Backend):
             self.stats["prefill_tokens"] += sum(len(r.tokens) for _, r in batch)
             self.stats["forward_passes"] += 1
             for (gi, r), lp in zip(batch, lps):
-                logprobs[gi][r.item][r.label] = lp
+                logprobs[gi][r.item].update(dict.fromkeys(r.labels or (None,), lp))
         for g, n, lp in zip(groups, lengths, logprobs):
             yield from self._collect(g, lp, n)
 

@@ -12,7 +12,6 @@ Needs the GGUF (``make setup``). Seconds are wall seconds on this machine; prefi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from llmrubric.extract import models
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
+from llmrubric.io.files import write_json
 from llmrubric.io.rubric import Rubric
 
 QUESTIONS = ["Q0", "Q1", "Q6", "Q7", "Q8"]  # those that need no references
@@ -95,9 +95,7 @@ def main() -> int:
         "load": load,
         "scoring": scoring,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out, indent=1))
+    print(write_json(out, args.out).read_text(), end="")
     return 0
 
 

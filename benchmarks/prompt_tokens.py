@@ -13,7 +13,6 @@ token-count differences. Needs llama-cpp-python (optional group ``server``) and 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from llmrubric.extract import models
 from llmrubric.extract.adapters import llm_rubric_real_texts
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
+from llmrubric.io.files import write_json
 from llmrubric.io.rubric import Rubric
 
 
@@ -68,9 +68,7 @@ def main() -> int:
         "gpt2_split": compare(built, llama, tasks),
         "digits_first_split": compare(split, llama, tasks) if models.split_digits_first(split, pre) else None,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out, indent=1))
+    print(write_json(out, args.out).read_text(), end="")
     return 0
 
 

@@ -98,15 +98,16 @@ def load(files: ModelFiles, torch_dtype, cache: str | Path | None = None):
 
     With a ``cache`` folder a GGUF file is converted once: its copy there (:mod:`llmrubric.extract.converted`) is
     loaded instead when whole."""
-    copy = None
+    copy = digest = None
     if files.gguf_file and cache:
-        copy = converted.folder(cache, files.gguf_file, weights_hash(files), torch_dtype)
+        digest = weights_hash(files)
+        copy = converted.folder(cache, files.gguf_file, digest, torch_dtype)
         if converted.is_whole(copy):
             return _from_pretrained(copy, None, torch_dtype)
     model, tokenizer = _from_pretrained(files.folder, files.gguf_file, torch_dtype)
     split_digits_first(tokenizer, gguf_pre_tokenizer(files))
     if copy is not None:
-        made_from = {"gguf_file": str(files.folder / files.gguf_file), "weights_hash": weights_hash(files)}
+        made_from = {"gguf_file": str(files.folder / files.gguf_file), "weights_hash": digest}
         converted.save(model, tokenizer, copy, made_from)
     return model, tokenizer
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from common import ROOT
+from common import ROOT, exit_code
 
 from llmrubric.extract import models
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
@@ -52,13 +52,13 @@ def same_model(one, other, text: str) -> dict:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     parser.add_argument("--texts", nargs="+", default=["d01", "d09"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "local_model.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     files = models.resolve(args.model)
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
@@ -100,4 +100,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code(main, None))

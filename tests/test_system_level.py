@@ -1,5 +1,9 @@
 """The system level with partial pooling (llmrubric/model/core/system_level.py) and its use by model=auto."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,10 +12,11 @@ from support.settings import FAST
 from llmrubric.config import model_file
 from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.io.errors import InputError
-from llmrubric.io.tables import Tables
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.tables import Tables, load_tables
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.core.checkpoints import load_model
-from llmrubric.model.core.system_level import SystemLevel, tilt
+from llmrubric.model.core.system_level import LevelPrior, SystemLevel, tilt
 
 VALUES = np.arange(1.0, 5.0)
 
@@ -78,10 +83,11 @@ def test_tilting_hits_the_target_mean_keeps_the_support_and_sums_to_one():
 def test_the_level_recovers_a_known_system_relation_and_its_spread(rubric):
     tables, x_sys, level = leveled_data(np.random.default_rng(1))
     fit = SystemLevel(rubric).fit(tables, expected_answers(tables, rubric))
-    assert fit.form_ == "line" and fit.systems_ == 40
-    intercept, slope = fit.beta_
-    assert slope == pytest.approx(0.85, abs=0.15) and intercept == pytest.approx(0.4, abs=0.4)
-    assert 0.15**2 / 2.5 < fit.tau2_ < 0.15**2 * 2.5
+    record = fit.record()
+    assert record["form"] == "line" and fit.systems_ == 40 and record["summary"] == "llm"
+    assert record["slope"]["mean"] == pytest.approx(0.85, abs=0.15) and record["slope"]["sd"] < 0.15
+    assert record["intercept"] == pytest.approx(0.4 + 0.85 * record["x_centre"], abs=0.05)
+    assert 0.15 / 1.6 < record["tau"]["mean"] < 0.15 * 1.6 and record["tau"]["q10"] < record["tau"]["q90"]
     known = fit.known_.loc[[f"S{s:02d}" for s in range(40)], "mean"].to_numpy()
     assert np.sqrt(np.mean((known - level) ** 2)) < 0.1  # a training system: close to its own mean
 
@@ -94,10 +100,11 @@ def test_a_new_system_gets_the_prior_and_its_labels_narrow_the_posterior(rubric)
     pairs = new.annotations.drop_duplicates(["text_id", "judge_id"])[["text_id", "judge_id"]]
     levels = fit.levels(new, pairs, expected_answers(new, rubric))
     prior_mean, prior_var = fit.prior(levels.x.to_numpy())
-    assert not levels.known.iloc[0]
+    assert not levels.known.iloc[0] and levels.x.iloc[0] == pytest.approx(x_new[0], abs=0.1)
     assert levels["mean"].iloc[0] == pytest.approx(prior_mean[0]) and levels["var"].iloc[0] == pytest.approx(
         prior_var[0]
     )
+    assert 4 < levels["df"].iloc[0] < 1000  # the mixture over tau: heavier tails than a normal
     widths = [fit.posterior(prior_mean, prior_var, level_new, fit.sigma_within_**2 / k)[1][0] for k in (1, 5, 20, 80)]
     assert widths[0] < prior_var[0] and all(a > b for a, b in zip(widths, widths[1:]))
 
@@ -105,7 +112,7 @@ def test_a_new_system_gets_the_prior_and_its_labels_narrow_the_posterior(rubric)
 def test_with_all_systems_the_same_the_level_adds_nothing(rubric):
     tables, _, _ = leveled_data(np.random.default_rng(4), systems=12, same=True)
     fit = SystemLevel(rubric).fit(tables, expected_answers(tables, rubric))
-    assert fit.tau2_ < 0.005
+    assert fit.record()["tau"]["mean"] < 0.07
     spread = fit.known_["mean"].std()
     assert spread < 0.05  # every training system pooled to (nearly) one level
 
@@ -241,3 +248,120 @@ def test_level_posterior_weighs_the_prior_against_the_labels_ppi_pp_interval():
     assert student["estimate"] == pytest.approx(3.5) and ratio == pytest.approx(stats.t.ppf(0.975, 9) / z)
     point = {"estimate": 2.0, "low": 2.0, "high": 2.0}
     assert level_posterior(4.0, var, point, 10) == point
+
+
+GENERATOR = Path(__file__).resolve().parents[2] / "shared" / "generators" / "multisystem.py"
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """The shared generator's 8 systems and one human-written reference far above them (seed 0)."""
+    if not GENERATOR.is_file():
+        pytest.skip(f"the shared multi-system generator is not at {GENERATOR}")
+    out = tmp_path_factory.mktemp("references") / "data"
+    subprocess.run(
+        [sys.executable, str(GENERATOR), str(out), "--references", "1", "--systems", "8", "--seed", "0"],
+        check=True,
+        capture_output=True,
+    )
+    rubric = Rubric.load(out / "rubric.yaml")
+    return rubric, load_tables(out / "annotations.csv", out / "features.csv", rubric, out / "texts.csv")
+
+
+def _held_out(tables, system):
+    systems = tables.texts.set_index("text_id").system_id
+    return tables.subset(systems.index[systems != system]), tables.subset(systems.index[systems == system])
+
+
+def _level_of(rubric, train, test, model="ridge_judge"):
+    """(fitted level, levels table of ``test``, the text model's main-question probabilities of ``test``)."""
+    from llmrubric.config import group
+    from llmrubric.model.auto import candidate
+    from llmrubric.model.core.encoding import question_targets
+    from llmrubric.model.core.registry import fit_questions
+
+    main, values = rubric.main, np.asarray(rubric.main.values, float)
+    index, k = rubric.ids.index(main.id), len(values)
+    text_model = fit_questions(
+        candidate(model, rubric, model_file("auto"), group("trainer", "fast"), 0), train, [main.id]
+    )
+    pairs, _ = question_targets(train, main)
+    level = SystemLevel(rubric).fit(train, text_model.predict_proba(train, pairs)[:, index, :k] @ values)
+    held, _ = question_targets(test, main)
+    probs = text_model.predict_proba(test, held)[:, index, :k]
+    return level, level.levels(test, held, probs @ values), held, probs
+
+
+@pytest.mark.slow
+def test_a_reference_far_above_the_training_systems_is_placed_on_the_line_with_a_wide_interval(references):
+    from llmrubric.model.core.system_level import t_interval
+
+    rubric, tables = references
+    train, test = _held_out(tables, "ref00")
+    level, table, _, _ = _level_of(rubric, train, test)
+    main = test.annotations[test.annotations.question_id == rubric.main.id]
+    truth = main.answer.astype(float).mean()
+    means = train.annotations[train.annotations.question_id == rubric.main.id]
+    system_of = train.texts.set_index("text_id").system_id
+    human = means.answer.astype(float).groupby(means.text_id.map(system_of).to_numpy()).mean()
+    line = np.polyfit(level.train_x_, human.reindex(level.known_.index).to_numpy(), 1)
+    raw_error = abs(np.polyval(line, table.x.iloc[0]) - truth)
+    assert truth - table["mean"].iloc[0] > 0.5  # the LLMs see only part of the gap: no method gets close without labels
+    assert abs(table["mean"].iloc[0] - truth) <= raw_error + 0.05
+    low, high = t_interval(table["mean"], table["var"], table["df"], 0.8)
+    assert low[0] <= truth <= high[0]
+    inside = level.predictive(np.asarray([np.median(level.train_x_)]))[1][0]
+    assert table["var"].iloc[0] > 4 * inside  # extrapolation widens the level
+
+
+@pytest.mark.slow
+def test_the_held_out_systems_labels_never_reach_its_prediction(references):
+    rubric, tables = references
+    train, test = _held_out(tables, "sys03")
+    _, table, held, probs = _level_of(rubric, train, test)
+    flipped = test.annotations.assign(answer=lambda a: (6 - a.answer.astype(int)).astype(str))
+    other = Tables(flipped, test.features, test.texts)
+    level, _, _, _ = _level_of(rubric, train, test)
+    again = level.levels(other, held, probs @ np.asarray(rubric.main.values, float))
+    pd.testing.assert_frame_equal(table, again)
+    np.testing.assert_array_equal(level.apply(test, held, probs), level.apply(other, held, probs))
+
+
+def test_a_main_question_without_llm_answers_is_summarised_by_the_text_model(rubric):
+    tables, _, level = leveled_data(np.random.default_rng(8), systems=10)
+    expected = expected_answers(tables, rubric)
+    other = Tables(tables.annotations, tables.features.assign(question_id="Q1"), tables.texts)
+    fit = SystemLevel(rubric).fit(other, expected)
+    assert fit.record()["summary"] == "model" and fit.record()["slope"]["mean"] > 0.5
+    with pytest.raises(InputError, match="no LLM answers") as error:
+        SystemLevel(rubric, LevelPrior(summary="llm")).fit(other, expected)
+    assert error.value.setting == "model.auto.level_summary"
+    assert SystemLevel(rubric).fit(tables, expected).record()["summary"] == "llm"
+
+
+@pytest.mark.slow
+def test_three_training_systems_fit_levels_in_inner_folds_of_two_and_the_decision_is_recorded(six, rubric):
+    systems = six.texts.set_index("text_id").system_id
+    three = six.subset(systems.index[systems.isin(sorted(systems.unique())[:3])])
+    model = AutoCalibrator(rubric, _auto("auto"), FAST, group="system").fit(three)
+    assert "error" not in model.table_["ridge_judge-level"] and len(model.table_["ridge_judge-level"]["fold_nll"]) == 3
+    decision = model.choice()["decision"]
+    assert decision["best_with_level"] == "ridge_judge-level" and decision["best_without_level"] == "ridge_judge"
+    assert decision["reason"].startswith("lowest inner-CV NLL: " + max(model.weights_, key=model.weights_.get))
+
+
+@pytest.mark.slow
+def test_levels_given_for_one_call_do_not_stick_to_the_model(six, rubric):
+    systems = six.texts.set_index("text_id").system_id
+    names = sorted(systems.unique())
+    train = six.subset(systems.index[~systems.isin(names[:2])])
+    model = AutoCalibrator(rubric, _auto("on"), FAST, group="system").fit(train)
+    first, second = (six.subset(systems.index[systems == s]) for s in names[:2])
+    pairs = first.annotations[["text_id", "judge_id"]].drop_duplicates().assign(round="1")
+    levels = model.member_levels(first, pairs)
+    chunk = model.predict_proba(first, pairs.iloc[:8], levels)
+    alone = model.predict_proba(first, pairs.iloc[:8])
+    assert not np.allclose(chunk, alone)  # the chunk's level is its system's, not the chunk's own
+    np.testing.assert_allclose(model.predict_proba(first, pairs, levels), model.predict_proba(first, pairs), atol=1e-12)
+    later = model.predict_proba(second)  # a later call without levels: its own system's level, never NaN
+    assert np.isfinite(later[:, 0, :4]).all()

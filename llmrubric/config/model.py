@@ -29,6 +29,14 @@ class AutoConfig:
             ``auto`` compares every candidate with and without it by the inner CV where the training
             data have 3+ systems with labels (else records why not); ``on``: only with it (fewer
             systems are an error); ``off``: never.
+        level_summary: the summary ``x_s`` a system's level is regressed on: ``llm`` (the LLM
+            sources' mean expected answer of the main question), ``model`` (the text model's mean
+            prediction for the system: every rubric has it) or ``auto`` (``llm`` where every labelled
+            training system has LLM answers of the main question, else ``model``).
+        level_slope_sd: the level's slope prior ``N(0, level_slope_sd²)`` (summary and level share the scale).
+        level_tau_scale: the between-system spread's prior ``τ ~ HalfNormal(level_tau_scale · range)``.
+        level_beyond_sd: beyond the training systems' range of summaries the slope may change by
+            ``N(0, level_beyond_sd²)`` (the slope's own prior): extrapolated levels widen, their mean unchanged.
     """
 
     candidates: list[str] = field(default_factory=lambda: list(AUTO_CANDIDATES))
@@ -36,6 +44,10 @@ class AutoConfig:
     group: str = "auto"
     folds: int = 5
     system_level: str = "auto"
+    level_summary: str = "auto"
+    level_slope_sd: float = 2.0
+    level_tau_scale: float = 0.25
+    level_beyond_sd: float = 2.0
 
 
 @dataclass

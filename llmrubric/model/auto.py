@@ -38,6 +38,7 @@ from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, que
 from llmrubric.model.core.registry import Setup, entry, family_of, fit_questions, make, names, register
 from llmrubric.model.core.system_level import (
     LEVEL,
+    LevelPrior,
     SystemLevel,
     level_plan,
     levelled_fold,
@@ -100,6 +101,7 @@ class AutoCalibrator:
             raise InputError(f"unknown model.auto setting: {e}", setting="model.auto") from None
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
         check_auto(self.settings)
+        self.level_prior = LevelPrior.from_settings(self.settings)
         self.group = group if self.settings.group == "auto" else self.settings.group
         if self.group not in ("text", "system"):
             raise InputError(f"{self.group!r} is not text or system", setting="model.auto.group")
@@ -135,7 +137,7 @@ class AutoCalibrator:
     def fit(self, tables: Tables) -> AutoCalibrator:
         """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``."""
         self.fallback_, self._refitted = None, {}
-        self.level_record_ = level_plan(self.rubric, tables, self.settings.system_level)
+        self.level_record_ = level_plan(self.rubric, tables, self.settings.system_level, self.level_prior)
         folds = self._inner_folds(tables)
         splits = [
             (tables.subset(folds.text_id[folds.fold != k]), tables.subset(folds.text_id[folds.fold == k]))
@@ -179,8 +181,13 @@ class AutoCalibrator:
         self.weights_ = {n: w / total for n, w in self.weights_.items()}
         mixture = sum(w * likelihood[n] for n, w in self.weights_.items())
         self.inner_nll_ = float(-np.log(mixture).mean())
+        fold_of = np.concatenate([np.full(len(p), k) for k, (p, _) in enumerate(held)])
         for name in self.table_:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
+            if name in likelihood:
+                nll = -np.log(likelihood[name])
+                self.table_[name]["fold_nll"] = [float(nll[fold_of == k].mean()) for k in range(len(held))]
+        self.decision_ = _decision(self.table_, self.weights_, self.settings.rule)
         log.info("model=auto (%s, inner folds by %s): weights %s", self.settings.rule, self.group, self.weights_)
         self.members_ = self._fit_members(tables, list(dict.fromkeys(n.removesuffix(LEVEL) for n in self.weights_)))
         self.levels_ = self._fit_levels(tables)
@@ -226,7 +233,7 @@ class AutoCalibrator:
                 yield name, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
                 continue
             if self.level_record_["compared"]:
-                yield (f"{name}{LEVEL}", *levelled_fold(self.rubric, models, splits, pairs, folds))
+                yield (f"{name}{LEVEL}", *levelled_fold(self.rubric, models, splits, pairs, folds, self.level_prior))
 
     def _candidate(self, name: str):
         return candidate(name, self.rubric, self.model, self.trainer, self.seed)
@@ -250,7 +257,7 @@ class AutoCalibrator:
         levels = {}
         for name in [n.removesuffix(LEVEL) for n in self.weights_ if n.endswith(LEVEL)]:
             expected = self.members_[name].predict_proba(tables, pairs)[:, main_index, :k] @ values
-            levels[name] = SystemLevel(self.rubric).fit(tables, expected)
+            levels[name] = SystemLevel(self.rubric, self.level_prior).fit(tables, expected)
         self.level_record_["levels"] = {n: level.state()[0] for n, level in levels.items()}
         return levels
 
@@ -279,15 +286,17 @@ class AutoCalibrator:
         network = self.members_.get("network")
         return network.summaries_ if network is not None else []
 
-    def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
+    def predict_proba(
+        self, tables: Tables, pairs: pd.DataFrame | None = None, levels: dict | None = None
+    ) -> np.ndarray:
         """(pairs, questions, max options): each question's weighted mixture of the members that
-        predict it (weights renormalised over them); NaN for a question none predicts."""
+        predict it (weights renormalised over them); NaN for a question none predicts. ``levels``:
+        :meth:`member_levels` of all the texts of the systems, when ``pairs`` are a chunk of them."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
         base = {
             n: self.members_[n].predict_proba(tables, pairs) for n in {w.removesuffix(LEVEL) for w in self.weights_}
         }
-        fixed = getattr(self, "fixed_levels_", None)
-        return self._mixture(with_levels(self.levels_, self.rubric, base, list(self.weights_), tables, pairs, fixed))
+        return self._mixture(with_levels(self.levels_, self.rubric, base, list(self.weights_), tables, pairs, levels))
 
     @property
     def answers_(self):
@@ -321,20 +330,24 @@ class AutoCalibrator:
         check_finite_predictions(out[:, weight > 0], getattr(self, "source_", "<model>"))
         return out
 
-    def system_levels(self, tables: Tables, pairs: pd.DataFrame, fix: bool = False) -> pd.DataFrame | None:
-        """Per system of ``pairs`` the main question's level (``level``, ``level_sd``, ``known``, ``x``,
-        ``centre``, ``sigma_within``) of the weighted member with a level (None without one); ``fix``
-        keeps them for the predictions of later chunks of these texts (:func:`llmrubric.scoring.scores.score_texts`)."""
-        if not self.levels_:
-            return None
+    def member_levels(self, tables: Tables, pairs: pd.DataFrame) -> dict:
+        """member → :meth:`SystemLevel.levels` of the systems of ``pairs`` (over all of them: pass it
+        to :meth:`predict_proba` for chunks of these texts, :func:`llmrubric.scoring.scores.score_texts`)."""
         main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
         values = np.asarray(self.rubric.main.values, dtype=float)
-        tables_ = {}
+        out = {}
         for name, level in self.levels_.items():
             expected = self.members_[name].predict_proba(tables, pairs)[:, main_index, :k] @ values
-            tables_[name] = level.levels(tables, pairs, expected)
-        if fix:
-            self.fixed_levels_ = tables_
+            out[name] = level.levels(tables, pairs, expected)
+        return out
+
+    def system_levels(self, tables: Tables, pairs: pd.DataFrame, levels: dict | None = None) -> pd.DataFrame | None:
+        """Per system of ``pairs`` the main question's level (``level``, ``level_sd``, ``level_df``,
+        ``known``, ``x``, ``centre``, ``sigma_within``) of the weighted member with a level (None
+        without one); ``levels``: :meth:`member_levels` computed already."""
+        if not self.levels_:
+            return None
+        tables_ = levels if levels is not None else self.member_levels(tables, pairs)
         name = max(self.levels_, key=lambda n: self.weights_.get(n + LEVEL, 0.0))
         table = tables_[name]
         return pd.DataFrame(
@@ -342,6 +355,7 @@ class AutoCalibrator:
                 "system_id": table.index,
                 "level": table["mean"].to_numpy(),
                 "level_sd": np.sqrt(table["var"].to_numpy()),
+                "level_df": table["df"].to_numpy(),
                 "known": table.known.to_numpy(),
                 "x": table.x.to_numpy(),
                 "centre": table.centre.to_numpy(),
@@ -350,11 +364,16 @@ class AutoCalibrator:
         )
 
     def predict(
-        self, tables: Tables, pairs: pd.DataFrame | None = None, questions: list[str] | None = None
+        self,
+        tables: Tables,
+        pairs: pd.DataFrame | None = None,
+        questions: list[str] | None = None,
+        levels: dict | None = None,
     ) -> pd.DataFrame:
-        """Predictions table of the annotated pairs of ``tables`` (or ``pairs``), every predicted question."""
+        """Predictions table of the annotated pairs of ``tables`` (or ``pairs``), every predicted
+        question (``levels``: as for :meth:`predict_proba`)."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
-        probs = self.predict_proba(tables, pairs)
+        probs = self.predict_proba(tables, pairs, levels)
         ids = [q for q in (questions or self.rubric.ids) if np.isfinite(probs[:, self.rubric.ids.index(q)]).all()]
         index = [self.rubric.ids.index(q) for q in ids]
         return predictions_frame(pairs, [self.rubric[q] for q in ids], probs[:, index])
@@ -372,6 +391,7 @@ class AutoCalibrator:
             "system_level": self.level_record_,
             "weights": self.weights_,
             "inner_cv": self.table_,
+            "decision": self.decision_,
             "inner_nll": self.inner_nll_,
             "layout": self.layout_.to_dict(),
             "judges": list(self.judges_.judges),
@@ -395,6 +415,7 @@ class AutoCalibrator:
             "fallback": self.fallback_,
             "system_level": self.level_record_,
             "inner_cv": self.table_,
+            "decision": self.decision_,
         }
 
     def save(self, path):
@@ -415,6 +436,7 @@ class AutoCalibrator:
             raise InputError(f"not a model=auto checkpoint of format {FORMAT!r} (lacks {missing})", file=source)
         self = cls(rubric, meta["model"], meta["trainer"], meta["seed"], meta["group"])
         self.weights_, self.table_, self.inner_nll_ = meta["weights"], meta.get("inner_cv", {}), meta.get("inner_nll")
+        self.decision_ = meta.get("decision")
         self.layout_, self.judges_ = FeatureLayout.from_dict(meta["layout"]), JudgeMap(tuple(meta["judges"]))
         self.train_texts_, self.source_, self.fallback_ = meta.get("train_texts"), source, meta.get("fallback")
         self.added_judges_ = meta.get("added_judges", [])
@@ -456,6 +478,31 @@ def _point_figures(probs: np.ndarray, answers: np.ndarray, question) -> dict:
     if np.ptp(expected) == 0 or np.ptp(observed) == 0:
         return {"pearson": float("nan")}
     return {"pearson": float(np.corrcoef(expected, observed)[0, 1])}
+
+
+def _decision(table: dict, weights: dict, rule: str) -> dict:
+    """Why the weights are what they are: the winner (``select``) or the weighted members (``stack``),
+    the best candidate with and without the system level, and by how much the folds agree."""
+    fitted = {n: r for n, r in table.items() if "nll" in r}
+    ranked = sorted(fitted, key=lambda n: fitted[n]["nll"])
+    best = {
+        kind: next((n for n in ranked if n.endswith(LEVEL) == with_level), None)
+        for kind, with_level in (("with_level", True), ("without_level", False))
+    }
+    out = {"rule": rule, "ranking": ranked, **{f"best_{k}": v for k, v in best.items()}}
+    if best["with_level"] and best["without_level"]:
+        a, b = (np.asarray(fitted[best[k]]["fold_nll"]) for k in ("with_level", "without_level"))
+        out["level_gain"] = float(fitted[best["without_level"]]["nll"] - fitted[best["with_level"]]["nll"])
+        out["folds_level_better"] = f"{int((a < b).sum())} of {len(a)}"
+    winner = max(weights, key=weights.get)
+    runner = next((n for n in ranked if n != winner), None)
+    out["reason"] = (
+        f"lowest inner-CV NLL: {winner} {fitted[winner]['nll']:.4f}"
+        + (f" vs {runner} {fitted[runner]['nll']:.4f}" if runner else "")
+        if rule == "select"
+        else f"stacked weights {weights}"
+    )
+    return out
 
 
 def _weights(likelihood: np.ndarray, rule: str) -> np.ndarray:

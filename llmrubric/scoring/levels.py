@@ -1,10 +1,11 @@
 """Leaderboards by the system level of a model that has one (:mod:`llmrubric.model.core.system_level`).
 
 ``llmrubric score texts`` with such a model writes ``<scores>.levels.csv``: per system the posterior
-mean ``level`` of its human mean and its ``level_sd`` (the prior from the system's LLM answers for a
-new system; close to its own labels' mean for a training one) and the within-system residual spread
+mean ``level`` of its human mean, its ``level_sd`` and ``level_df`` (the level is a Student t: the
+prior from the system's summary for a new system, wider the further it lies from the training
+systems; close to its own labels' mean for a training one) and the within-system residual spread
 ``sigma_within``. ``leaderboard build --levels`` ranks the systems by their level and adds its
-interval ``level ± z·sd``. With human labels of k ≥ 2 texts of a new system (``--annotations``) the
+central interval from that t (``level ± z·sd`` for a table without ``level_df``). With human labels of k ≥ 2 texts of a new system (``--annotations``) the
 posterior narrows (:func:`level_posterior`): the PPI++ estimate of the system's mean from the labels
 and the scores of all its texts (:func:`llmrubric.scoring.labels.uniform_interval`), its variance read
 from its interval, combined with the prior by the normal–normal update; with ``small_sample:
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from scipy import stats
 
@@ -40,6 +42,11 @@ def read_levels(path: str | Path) -> pd.DataFrame:
     raw = read_nonempty(Path(path), "levels table")
     known = raw["known"] if "known" in raw.columns else pd.Series(False, index=raw.index)
     table["known"] = known.astype(str).str.strip().str.lower().isin(["true", "1"]).to_numpy()
+    df = pd.to_numeric(raw["level_df"], errors="coerce") if "level_df" in raw.columns else None
+    if df is not None and not (df > 2).all():
+        row = int(np.flatnonzero(~(df > 2).to_numpy())[0])
+        raise InputError("level_df must be a number > 2", file=str(path), row=row, column="level_df")
+    table["level_df"] = df.to_numpy() if df is not None else math.inf
     return table
 
 
@@ -78,7 +85,9 @@ def with_level_intervals(
     for data in systems:
         row = levels.loc[data.system]
         mean, sd, k = float(row.level), float(row.level_sd), 0
-        low, high = mean - z * sd, mean + z * sd
+        df = float(row.get("level_df", math.inf))
+        half = z * sd if not math.isfinite(df) else stats.t.ppf(1 - alpha / 2, df) * sd * math.sqrt((df - 2) / df)
+        low, high = mean - half, mean + half
         if labels is not None and not row.known:
             scores = pd.Series(data.text_scores(), index=data.text_ids)
             labelled = labels.reindex(data.text_ids).dropna()

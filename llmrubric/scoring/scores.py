@@ -155,8 +155,8 @@ def score_texts(
     features = features.astype({c: object for c in ("text_id", "source", "question_id", "option")})
     calibrator.layout_.check(features, absent_ok=getattr(calibrator, "answers_", None) is not None)
     scored, unscored = _split_featured(_text_table(features, texts), features)
-    levels = _system_levels(calibrator, features, scored, judges)
-    chunks = _ChunkPredictor(calibrator, judges, questions, _features_by_text(features, scored, src))
+    levels, member_levels = _system_levels(calibrator, features, scored, judges)
+    chunks = _ChunkPredictor(calibrator, judges, questions, _features_by_text(features, scored, src), member_levels)
     parts, kept, n_pairs = [], [], 0
     out = Path(predictions_out) if predictions_out is not None else None
     bar = tqdm(total=len(scored), desc="score", unit="text", disable=not progress, dynamic_ncols=True)
@@ -202,10 +202,11 @@ def score_texts(
 
 
 def _system_levels(calibrator, features: pd.DataFrame, scored: pd.DataFrame, judges: list[str]):
-    """A model with a system level (:mod:`llmrubric.model.core.system_level`): each system's level over
-    all its scored texts, kept by the model for every chunk; None for other models."""
+    """A model with a system level (:mod:`llmrubric.model.core.system_level`): (the levels table, its
+    members' levels over all the scored texts, passed to the predictions of every chunk); (None, None)
+    for other models."""
     if not getattr(calibrator, "levels_", None):
-        return None
+        return None, None
     pairs = pd.DataFrame(
         {
             "text_id": np.repeat(scored.text_id.to_numpy(), len(judges)),
@@ -214,7 +215,9 @@ def _system_levels(calibrator, features: pd.DataFrame, scored: pd.DataFrame, jud
             "round": "1",
         }
     )
-    return calibrator.system_levels(Tables(_empty_annotations(), features), pairs, fix=True)
+    tables = Tables(_empty_annotations(), features)
+    members = calibrator.member_levels(tables, pairs)
+    return calibrator.system_levels(tables, pairs, members), members
 
 
 def _scored_questions(calibrator: NetworkCalibrator, questions: list[str] | None) -> list[str]:
@@ -265,8 +268,9 @@ class _ChunkPredictor:
         judges: list[str],
         questions: list[str],
         by_text: tuple[pd.DataFrame, np.ndarray],
+        levels: dict | None = None,
     ):
-        self.calibrator, self.judges = calibrator, judges
+        self.calibrator, self.judges, self.levels = calibrator, judges, levels
         self.question_ids = questions
         self.questions = [calibrator.rubric[q] for q in questions]
         self.q_index = [calibrator.rubric.ids.index(q) for q in questions]
@@ -337,7 +341,8 @@ class _ChunkPredictor:
 
     def _predict_slow(self, chunk_feats: pd.DataFrame, pairs: pd.DataFrame, n: int) -> np.ndarray:
         """Probabilities by ``NetworkCalibrator.predict``, zero-padded to the widest question."""
-        pred = self.calibrator.predict(Tables(_empty_annotations(), chunk_feats), pairs, self.question_ids)
+        extra = {"levels": self.levels} if self.levels is not None else {}
+        pred = self.calibrator.predict(Tables(_empty_annotations(), chunk_feats), pairs, self.question_ids, **extra)
         width = probs_width(self.questions)
         probs = np.stack(
             [probabilities_padded(pred[pred.question_id == q.id], q, width) for q in self.questions], axis=1

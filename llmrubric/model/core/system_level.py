@@ -1,32 +1,36 @@
-"""A system level with partial pooling on top of any text-level model (issue 32; docs/models.md).
+"""A system level with honest uncertainty on top of any text-level model (issues 32, 41; docs/models.md).
 
 A text model fitted on texts pooled over systems learns the within-system relation between LLM
 answers and human labels, which is flatter than the between-system one, so the means of a new
 system are pulled toward the training mean. The level ``μ_s`` of system ``s`` (the mean human
-answer of the main question over its pairs) gets its own model::
+answer of the main question over its pairs) gets its own hierarchical model::
 
-    ȳ_s ~ N(μ_s, v_s)              v_s: the sampling variance of the system's labelled mean
-    μ_s ~ N(a + b·x_s, τ²)          x_s: mean over its texts of the sources' mean expected answer
+    ȳ_s ~ N(μ_s, v_s)                    v_s: the sampling variance of the system's labelled mean
+    μ_s ~ N(a + b·(x_s − x̄), τ²)         x_s: the system's summary (:class:`LevelPrior`)
+    a ~ N(mid-scale, range²),  b ~ N(0, slope_sd²),  τ ~ HalfNormal(tau_scale · range)
 
-``a, b`` (or ``a`` alone: the one with the lower leave-one-system-out error) and ``τ²`` are
-estimated from the training systems by REML (empirical Bayes). The posterior of ``μ_s`` is the
-prior (a new system), narrowed by its labels (a few of a new system, all of a training one: close
-to its own mean). The text model supplies the within-system part: the target mean of pair ``t``
-of system ``s`` is ``m_t − c_s + μ_s``, with ``m_t`` the model's expected answer and ``c_s`` its
-mean over the system's pairs (the training pairs for a training system). Each pair's distribution
-is exponentially tilted (``p_k ∝ p_k e^{λ v_k}``, ``λ`` by a 1-D root find) to that target: the
-support and the ordering within the system stay, and the mixture over Gauss–Hermite nodes of the
-level's posterior widens it by the level's uncertainty.
+Nothing is a point estimate: given ``τ`` the coefficients' posterior is conjugate normal, and ``τ``
+is integrated over a 1-D grid of equal prior mass weighted by the marginal likelihood. A new
+system's level is the mixture over ``τ`` of normals ``N(d·m_τ, τ² + d·Σ_τ·d)`` (``d = (1, x − x̄)``):
+wider the further its summary lies from the training systems' and the fewer they are, with heavier
+tails than a normal; it is carried as a Student t of the same mean, variance and kurtosis. The line
+nests the constant (``b = 0``); the slope's posterior, not a vote, says how far to trust it. A training
+system's level is the same mixture updated by its own labels. The text model supplies the within-system
+part: the target mean of pair ``t`` of system ``s`` is ``m_t − c_s + μ_s``, with ``m_t`` the model's
+expected answer and ``c_s`` its mean over the system's pairs (the training pairs for a training
+system). Each pair's distribution is exponentially tilted (``p_k ∝ p_k e^{λ v_k}``, ``λ`` by a 1-D
+root find) to that target: the support and the ordering within the system stay, and the average over
+equal-weight nodes of the level's t widens it by the level's uncertainty.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
-from scipy import optimize, special
+from scipy import special, stats
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Question, Rubric
@@ -34,9 +38,11 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.core.columns import text_columns
 from llmrubric.model.core.encoding import FeatureLayout, question_targets
 
-MIN_SYSTEMS = 3
-NODES = 9  # Gauss–Hermite nodes of the level's posterior
-TAU2_CEILING = 100.0
+MIN_SYSTEMS = 3  # labelled training systems for model.auto to compare a level
+MIN_FIT_SYSTEMS = 2  # systems a level is fitted on (an inner fold of 3 training systems has 2)
+NODES = 12  # equal-weight nodes of the level's Student t
+MAX_DF = 1000.0
+SUMMARIES = ("auto", "llm", "model")
 
 
 def text_system_ids(tables: Tables, pairs: pd.DataFrame | None = None) -> pd.Series:
@@ -120,31 +126,73 @@ def _keep_system_means(targets: np.ndarray, support: np.ndarray, values: np.ndar
     return targets + ((lo + hi) / 2)[group]
 
 
-def reml(y: np.ndarray, v: np.ndarray, design: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """(coefficients, their covariance, τ²) of ``y ~ N(design·β, τ² + v)`` by restricted maximum likelihood."""
+@dataclass(frozen=True)
+class LevelPrior:
+    """The level's priors and summary (``model.auto.level_*``; docs/models.md, "The system level").
 
-    def fit(tau2: float):
-        w = 1.0 / (tau2 + v)
-        info = design.T @ (design * w[:, None])
-        cov = np.linalg.pinv(info)
-        beta = cov @ (design.T @ (w * y))
-        r = y - design @ beta
-        loss = 0.5 * (np.sum(np.log(tau2 + v)) + np.sum(w * r**2) + np.linalg.slogdet(info)[1])
-        return beta, cov, loss
+    Attributes:
+        summary: what ``x_s`` is: ``llm`` (the sources' mean expected answer of the main question),
+            ``model`` (the text model's mean expected answer over the system's pairs: every rubric has
+            it) or ``auto`` (``llm`` where every labelled training system has it, else ``model``).
+        slope_sd: the slope's prior ``b ~ N(0, slope_sd²)`` (``x`` and the level share the answer scale).
+        beyond_sd: outside the training systems' range of ``x`` the slope may change by ``N(0, beyond_sd²)``
+            (hinge terms at the range's ends that no training system informs: a new system ``δ`` beyond
+            the range gets ``beyond_sd² δ²`` more variance, its mean unchanged).
+        tau_scale: ``τ ~ HalfNormal(tau_scale · range)``, ``range`` the main question's value range.
+        grid: points of the 1-D quadrature over ``τ`` (equal prior mass each).
+    """
 
-    if len(y) > design.shape[1]:
-        result = optimize.minimize_scalar(
-            lambda s: fit(math.exp(s))[2],
-            bounds=(math.log(1e-8), math.log(TAU2_CEILING)),
-            method="bounded",
-            options={"xatol": 1e-3},
+    summary: str = "auto"
+    slope_sd: float = 2.0
+    tau_scale: float = 0.25
+    beyond_sd: float = 2.0
+    grid: int = 64
+
+    @classmethod
+    def from_settings(cls, settings) -> LevelPrior:
+        """From :class:`llmrubric.config.AutoConfig` (its ``level_*`` fields), checked."""
+        prior = cls(
+            settings.level_summary,
+            float(settings.level_slope_sd),
+            float(settings.level_tau_scale),
+            float(settings.level_beyond_sd),
         )
-        tau2 = math.exp(result.x)
-    else:
-        tau2 = 0.0
-    tau2 = 0.0 if tau2 < 1e-6 else tau2
-    beta, cov, _ = fit(tau2)
-    return beta, cov, tau2
+        if prior.summary not in SUMMARIES:
+            raise InputError(f"{prior.summary!r} is not one of {list(SUMMARIES)}", setting="model.auto.level_summary")
+        for name in ("slope_sd", "tau_scale", "beyond_sd"):
+            if not getattr(prior, name) >= (0 if name == "beyond_sd" else 1e-12):
+                raise InputError(f"must be > 0, got {getattr(prior, name)}", setting=f"model.auto.level_{name}")
+        return prior
+
+
+def mixture_moments(means: np.ndarray, variances: np.ndarray, weights: np.ndarray):
+    """(mean, variance, degrees of freedom) of mixtures of normals (rows: mixtures, columns: components
+    with ``weights``); the degrees of freedom ``ν`` give a Student t of the same excess kurtosis
+    ``6 / (ν − 4)`` (the mixture over ``τ`` has heavier tails than any one normal)."""
+    mean = means @ weights
+    d = means - mean[:, None]
+    var = (variances + d**2) @ weights
+    fourth = (3 * variances**2 + 6 * variances * d**2 + d**4) @ weights
+    excess = fourth / np.maximum(var, 1e-300) ** 2 - 3.0
+    df = np.where(excess > 6.0 / (MAX_DF - 4.0), 4.0 + 6.0 / np.maximum(excess, 1e-12), MAX_DF)
+    return mean, var, np.minimum(df, MAX_DF)
+
+
+def level_nodes(mean: np.ndarray, var: np.ndarray, df: np.ndarray, nodes: int = NODES) -> np.ndarray:
+    """(systems, nodes) equal-weight points of each level's Student t (quantiles at ``(i − ½)/n``,
+    rescaled so that their variance is the level's)."""
+    u = (np.arange(nodes) + 0.5) / nodes
+    q = stats.t.ppf(u[None, :], np.asarray(df, float)[:, None])
+    q = q / np.sqrt(np.mean(q**2, axis=1, keepdims=True))
+    return np.asarray(mean, float)[:, None] + np.sqrt(np.asarray(var, float))[:, None] * q
+
+
+def t_interval(mean, var, df, coverage: float) -> tuple[np.ndarray, np.ndarray]:
+    """The central ``coverage`` interval of levels with ``mean``, ``var`` and ``df`` (a Student t)."""
+    df = np.asarray(df, float)
+    scale = np.sqrt(np.asarray(var, float) * (df - 2.0) / df)
+    half = stats.t.ppf(0.5 + coverage / 2, df) * scale
+    return np.asarray(mean, float) - half, np.asarray(mean, float) + half
 
 
 class SystemLevel:
@@ -155,8 +203,8 @@ class SystemLevel:
     ``apply(tables, pairs, probs)`` returns the main question's distributions with the level.
     """
 
-    def __init__(self, rubric: Rubric):
-        self.rubric = rubric
+    def __init__(self, rubric: Rubric, prior: LevelPrior | None = None, min_systems: int = MIN_FIT_SYSTEMS):
+        self.rubric, self.prior_settings, self.min_systems = rubric, prior or LevelPrior(), min_systems
         self.question: Question = rubric.main
         if not self.question.ordered:
             raise InputError(
@@ -164,6 +212,7 @@ class SystemLevel:
                 setting="model.auto.system_level",
             )
         self.values = np.asarray(self.question.values, dtype=float)
+        self.range = float(np.ptp(self.values)) or 1.0
 
     def fit(self, tables: Tables, expected: np.ndarray) -> SystemLevel:
         pairs, index = question_targets(tables, self.question)
@@ -178,35 +227,48 @@ class SystemLevel:
             }
         )[keep & pairs.text_id.astype(str).isin(systems.index).to_numpy()]
         per_system = self._system_table(frame, tables)
+        self.summary_ = self._summary(per_system)
+        per_system["x"] = per_system.c if self.summary_ == "model" else per_system.x_llm
         usable = per_system.dropna(subset=["x"])
-        if len(usable) < MIN_SYSTEMS:
+        self.without_summary_ = sorted(map(str, per_system.index[per_system.x.isna()]))
+        if len(usable) < self.min_systems:
             raise InputError(
-                f"a system level needs at least {MIN_SYSTEMS} training systems with labels and LLM answers, "
+                f"a system level needs at least {self.min_systems} training systems with labels and LLM answers, "
                 f"found {len(usable)}",
                 setting="model.auto.system_level",
             )
-        self.form_ = self._choose_form(usable)
-        design = self._design(usable.x.to_numpy())
-        self.beta_, self.cov_, self.tau2_ = reml(usable.y.to_numpy(), usable.v.to_numpy(), design)
-        prior_mean, prior_var = self.prior(usable.x.to_numpy())
-        precision = 1.0 / np.maximum(prior_var, 1e-12) + 1.0 / usable.v.to_numpy()
+        x = usable.x.to_numpy(float)
+        self.form_ = "line" if np.ptp(x) > 1e-9 * self.range else "constant"
+        self.x_centre_, self.x_range_ = float(np.mean(x)), (float(x.min()), float(x.max()))
+        self.train_x_ = x
+        y, v = usable.y.to_numpy(float), usable.v.to_numpy(float)
+        self.tau_, self.weight_, self.means_, self.covs_ = self._posterior_grid(y, v, self._design(x))
+        known = self._known(per_system.y.to_numpy(float), per_system.v.to_numpy(float), per_system.x.to_numpy(float))
         self.known_ = pd.DataFrame(
-            {
-                "mean": (prior_mean / np.maximum(prior_var, 1e-12) + usable.y.to_numpy() / usable.v.to_numpy())
-                / precision,
-                "var": 1.0 / precision,
-                "centre": usable.c.to_numpy(),
-            },
-            index=usable.index.astype(str),
+            {"mean": known[0], "var": known[1], "df": known[2], "centre": per_system.c.to_numpy(float)},
+            index=per_system.index.astype(str),
         )
         residual = frame.y - frame.m - frame.system.map(per_system.y - per_system.c)
         self.sigma_within_ = float(np.sqrt(np.mean(residual**2))) if len(residual) else 0.0
         self.systems_ = len(usable)
         return self
 
+    def _summary(self, per_system: pd.DataFrame) -> str:
+        """``llm`` or ``model`` (:class:`LevelPrior`); ``llm`` asked for without LLM answers of the main question is an error."""
+        asked, present = self.prior_settings.summary, per_system.x_llm.notna()
+        if asked == "llm" and not present.any():
+            raise InputError(
+                f"the main question {self.question.id} has no LLM answers to summarise systems by; "
+                "use model.auto.level_summary=model or auto",
+                setting="model.auto.level_summary",
+            )
+        if asked == "auto":
+            return "llm" if present.all() else "model"
+        return asked
+
     def _system_table(self, frame: pd.DataFrame, tables: Tables) -> pd.DataFrame:
         """Per training system: human mean ``y``, its sampling variance ``v`` (texts as clusters),
-        the model's mean ``c`` and the feature summary ``x``."""
+        the model's mean ``c`` and the LLM summary ``x_llm`` (NaN: no LLM answer of the main question)."""
         by_text = frame.groupby(["system", "text"]).y.mean()
         texts = by_text.groupby(level=0)
         pooled = float(np.nanmean(texts.var(ddof=1))) if len(by_text) else 0.0
@@ -215,36 +277,78 @@ class SystemLevel:
         systems = text_system_ids(tables)
         x = system_summaries(tables, self.rubric, systems[systems.isin(frame.system.unique())])
         table = pd.DataFrame({"y": frame.groupby("system").y.mean(), "c": frame.groupby("system").m.mean(), "v": v})
-        return table.assign(x=x.reindex(table.index))
-
-    def _choose_form(self, usable: pd.DataFrame) -> str:
-        """``line`` or ``constant``: the lower leave-one-system-out squared error of the prior mean."""
-        if np.ptp(usable.x) == 0 or len(usable) < MIN_SYSTEMS:
-            return "constant"
-        errors = {}
-        for form in ("constant", "line"):
-            self.form_ = form
-            e = []
-            for s in range(len(usable)):
-                rest = usable.drop(usable.index[s])
-                if np.ptp(rest.x) == 0 and form == "line":
-                    e.append(np.inf)
-                    continue
-                beta, _, _ = reml(rest.y.to_numpy(), rest.v.to_numpy(), self._design(rest.x.to_numpy()))
-                e.append(float((self._design(usable.x.to_numpy()[s : s + 1]) @ beta)[0] - usable.y.iloc[s]))
-            errors[form] = float(np.mean(np.square(e)))
-        return min(errors, key=errors.get)
+        return table.assign(x_llm=x.reindex(table.index))
 
     def _design(self, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=float)
+        x = np.asarray(x, dtype=float) - self.x_centre_
         return np.stack([np.ones_like(x), x], axis=1) if self.form_ == "line" else np.ones((len(x), 1))
 
+    def _coefficient_prior(self) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and precision of the coefficients' normal prior: the intercept (at the training systems'
+        mean summary) ``N(mid-scale, range²)``, the slope ``N(0, slope_sd²)``."""
+        mid = float(self.values.min() + self.values.max()) / 2
+        mean, sd = np.array([mid, 0.0]), np.array([self.range, self.prior_settings.slope_sd])
+        p = 2 if self.form_ == "line" else 1
+        return mean[:p], np.diag(1.0 / sd[:p] ** 2)
+
+    def _posterior_grid(self, y: np.ndarray, v: np.ndarray, design: np.ndarray):
+        """``τ`` grid (equal prior mass under its half-normal), the posterior weight of each point and
+        the conjugate normal posterior of the coefficients given each ``τ``."""
+        g = self.prior_settings.grid
+        tau = self.prior_settings.tau_scale * self.range * stats.halfnorm.ppf((np.arange(g) + 0.5) / g)
+        m0, p0 = self._coefficient_prior()
+        prior_cov = np.linalg.inv(p0)
+        logw, means, covs = np.empty(g), np.empty((g, len(m0))), np.empty((g, len(m0), len(m0)))
+        for j, t in enumerate(tau):
+            w = 1.0 / (t**2 + v)
+            cov = np.linalg.inv(design.T @ (design * w[:, None]) + p0)
+            means[j], covs[j] = cov @ (design.T @ (w * y) + p0 @ m0), cov
+            marginal = design @ prior_cov @ design.T + np.diag(t**2 + v)
+            r = y - design @ m0
+            sign, logdet = np.linalg.slogdet(marginal)
+            logw[j] = -0.5 * (logdet + r @ np.linalg.solve(marginal, r))
+        weight = np.exp(logw - logw.max())
+        return tau, weight / weight.sum(), means, covs
+
+    def _components(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(systems, grid) means and variances of the level of new systems with summaries ``x`` given each
+        ``τ``; a NaN ``x`` (no summary) pools the predictives at every training system's summary."""
+        x = np.asarray(x, dtype=float)
+        filled = np.where(np.isnan(x), self.x_centre_, x)
+        d = self._design(filled)
+        mean = d @ self.means_.T
+        var = self.tau_[None, :] ** 2 + np.einsum("ip,gpq,iq->ig", d, self.covs_, d)
+        beyond = np.maximum(np.maximum(filled - self.x_range_[1], self.x_range_[0] - filled), 0.0)
+        var = var + (self.prior_settings.beyond_sd * beyond)[:, None] ** 2
+        if np.isnan(x).any():
+            dt = self._design(self.train_x_)
+            m_t = dt @ self.means_.T  # (train, grid)
+            v_t = self.tau_[None, :] ** 2 + np.einsum("ip,gpq,iq->ig", dt, self.covs_, dt)
+            pooled_mean = m_t.mean(axis=0)
+            pooled_var = (v_t + m_t**2).mean(axis=0) - pooled_mean**2
+            mean[np.isnan(x)], var[np.isnan(x)] = pooled_mean, pooled_var
+        return mean, var
+
+    def predictive(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(mean, variance, degrees of freedom) of the level of new systems with summaries ``x``: the
+        mixture over ``τ`` of the conjugate predictives (wider away from the training systems' summaries)."""
+        mean, var = self._components(x)
+        return mixture_moments(mean, var, self.weight_)
+
     def prior(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Prior mean (within the scale) and variance (regression uncertainty included) of the level
-        of systems with summaries ``x``."""
-        d = self._design(x)
-        mean = np.clip(d @ self.beta_, self.values.min(), self.values.max())  # a mean stays on the scale
-        return mean, self.tau2_ + np.einsum("ij,jk,ik->i", d, self.cov_, d)
+        """Mean and variance of the level of new systems with summaries ``x`` (:meth:`predictive`)."""
+        mean, var, _ = self.predictive(x)
+        return mean, var
+
+    def _known(self, y: np.ndarray, v: np.ndarray, x: np.ndarray):
+        """(mean, variance, df) of training systems' levels given all the labels: per ``τ``, the normal
+        update of the prior by the system's own mean, the coefficients' uncertainty carried through."""
+        mean, var = self._components(x)
+        precision = 1.0 / var + 1.0 / v[:, None]
+        shrink = (1.0 / var) / precision
+        post_mean = shrink * mean + (1.0 / v[:, None]) / precision * y[:, None]
+        post_var = 1.0 / precision
+        return mixture_moments(post_mean, post_var, self.weight_)
 
     def posterior(self, prior_mean, prior_var, label_mean, label_var) -> tuple[np.ndarray, np.ndarray]:
         """Normal–normal update of the level with an estimate ``label_mean`` of variance ``label_var``
@@ -256,8 +360,9 @@ class SystemLevel:
         return (prior_mean / prior_var + label_mean / label_var) / precision, 1.0 / precision
 
     def levels(self, tables: Tables, pairs: pd.DataFrame, expected: np.ndarray) -> pd.DataFrame:
-        """Per system of ``pairs``: the level's ``mean`` and ``var``, the ``centre`` its pairs are
-        centred on, and whether it is ``known`` (a training system) or gets the prior."""
+        """Per system of ``pairs``: the level's ``mean``, ``var`` and ``df`` (a Student t), the
+        ``centre`` its pairs are centred on, its summary ``x`` and whether it is ``known`` (a training
+        system) or gets the prior."""
         systems = text_system_ids(tables, pairs)
         system = pairs.text_id.astype(str).map(systems)
         if system.isna().any():
@@ -267,64 +372,106 @@ class SystemLevel:
                 column="system_id",
             )
         names = sorted(system.unique())
-        centre = pd.Series(expected).groupby(system.to_numpy()).mean()
-        x = system_summaries(tables, self.rubric, system.groupby(pairs.text_id.astype(str).to_numpy()).first())
-        mean, var = self.prior(x.reindex(names).to_numpy())
-        out = pd.DataFrame({"mean": mean, "var": var, "centre": centre.reindex(names).to_numpy()}, index=names)
+        centre = pd.Series(expected).groupby(system.to_numpy()).mean().reindex(names)
+        if self.summary_ == "model":
+            x = centre
+        else:
+            x = system_summaries(tables, self.rubric, system.groupby(pairs.text_id.astype(str).to_numpy()).first())
+            x = x.reindex(names)
+        mean, var, df = self.predictive(x.to_numpy(float))
+        out = pd.DataFrame({"mean": mean, "var": var, "df": df, "centre": centre.to_numpy()}, index=names)
         out["known"] = out.index.isin(self.known_.index)
-        out.loc[out.known, ["mean", "var", "centre"]] = self.known_.loc[out.index[out.known]].to_numpy()
-        out["x"] = x.reindex(names)
+        columns = ["mean", "var", "df", "centre"]
+        out.loc[out.known, columns] = self.known_.loc[out.index[out.known], columns].to_numpy()
+        out["x"] = x.to_numpy()
         return out
 
     def apply(self, tables: Tables, pairs: pd.DataFrame, probs: np.ndarray, fixed=None) -> np.ndarray:
         """(pairs, options) main-question distributions with the level: each pair tilted to
-        ``m_t − c_s + μ`` and averaged over the Gauss–Hermite nodes of ``μ``'s posterior. ``fixed``:
+        ``m_t − c_s + μ`` and averaged over equal-weight nodes of ``μ``'s Student t. ``fixed``:
         :meth:`levels` computed over all the texts of the systems (when ``pairs`` are a chunk of them)."""
         k = len(self.values)
         expected = probs[:, :k] @ self.values
         table = self.levels(tables, pairs, expected) if fixed is None else fixed
         system = pairs.text_id.astype(str).map(text_system_ids(tables, pairs)).to_numpy()
         row = table.reindex(system)
-        nodes, weights = np.polynomial.hermite.hermgauss(NODES)
-        sd = np.sqrt(np.nan_to_num(row["var"].to_numpy()))
-        centre = (expected - row.centre.to_numpy() + row["mean"].to_numpy())[:, None]
-        targets = centre + math.sqrt(2.0) * sd[:, None] * nodes[None, :]  # (pairs, nodes)
-        new = ~row.known.to_numpy(bool) & np.isfinite(row["mean"].to_numpy())
+        df = row["df"].to_numpy(float) if "df" in row else np.full(len(row), MAX_DF)
+        level = level_nodes(
+            np.nan_to_num(row["mean"].to_numpy(float)),
+            np.nan_to_num(row["var"].to_numpy(float)),
+            np.nan_to_num(df, nan=MAX_DF),
+        )
+        targets = (expected - row.centre.to_numpy(float))[:, None] + level  # (pairs, nodes)
+        new = ~row.known.to_numpy(bool) & np.isfinite(row["mean"].to_numpy(float))
         if new.any():
             targets[new] = _keep_system_means(targets[new], probs[new, :k] > 0, self.values, system[new])
         tilted = tilt(np.repeat(probs[:, :k], NODES, axis=0), self.values, targets.reshape(-1))
-        out = np.einsum("pnk,n->pk", tilted.reshape(len(pairs), NODES, k), weights / math.sqrt(math.pi))
-        unknown = ~np.isfinite(row["mean"].to_numpy())  # a system no source answered: the text model alone
+        out = tilted.reshape(len(pairs), NODES, k).mean(axis=1)
+        unknown = ~np.isfinite(row["mean"].to_numpy(float))  # a system no summary reaches: the text model alone
         out[unknown] = probs[unknown, :k]
         return out
 
     def record(self) -> dict:
-        """JSON summary: the prior's form and coefficients, τ², the training systems' posterior levels."""
+        """JSON summary: the summary used, the form, the slope's and ``τ``'s posteriors, the systems."""
+        slope = (
+            {
+                "mean": float(self.weight_ @ self.means_[:, 1]),
+                "sd": float(
+                    np.sqrt(
+                        self.weight_ @ (self.covs_[:, 1, 1] + self.means_[:, 1] ** 2)
+                        - (self.weight_ @ self.means_[:, 1]) ** 2
+                    )
+                ),
+            }
+            if self.form_ != "constant"
+            else None
+        )
+        order = np.argsort(self.tau_)
+        cdf = np.cumsum(self.weight_[order])
+        quantile = lambda q: float(self.tau_[order][min(np.searchsorted(cdf, q), len(cdf) - 1)])  # noqa: E731
         return {
+            "summary": self.summary_,
             "form": self.form_,
-            "coefficients": [float(b) for b in self.beta_],
-            "tau2": float(self.tau2_),
+            "intercept": float(self.weight_ @ self.means_[:, 0]),
+            "x_centre": self.x_centre_,
+            "x_range": list(self.x_range_),
+            "slope": slope,
+            "tau": {"mean": float(self.weight_ @ self.tau_), "q10": quantile(0.1), "q90": quantile(0.9)},
             "sigma_within": self.sigma_within_,
             "systems": self.systems_,
+            "systems_without_summary": self.without_summary_,
+            "prior": {k: v for k, v in vars(self.prior_settings).items() if k != "summary"},
         }
 
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         meta = {**self.record(), "known": list(self.known_.index)}
         tensors = {
-            "beta": torch.from_numpy(np.asarray(self.beta_, dtype=np.float64)),
-            "cov": torch.from_numpy(np.asarray(self.cov_, dtype=np.float64)),
-            "known": torch.from_numpy(self.known_[["mean", "var", "centre"]].to_numpy(np.float64).copy()),
+            "tau": torch.from_numpy(np.array(self.tau_, dtype=np.float64)),
+            "weight": torch.from_numpy(np.array(self.weight_, dtype=np.float64)),
+            "means": torch.from_numpy(np.array(self.means_, dtype=np.float64)),
+            "covs": torch.from_numpy(np.array(self.covs_, dtype=np.float64)),
+            "train_x": torch.from_numpy(np.array(self.train_x_, dtype=np.float64)),
+            "known": torch.from_numpy(self.known_[["mean", "var", "df", "centre"]].to_numpy(np.float64).copy()),
         }
         return meta, tensors
 
     @classmethod
     def from_state(cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor]) -> SystemLevel:
-        self = cls(rubric)
-        self.form_, self.tau2_, self.systems_ = meta["form"], float(meta["tau2"]), int(meta["systems"])
-        self.sigma_within_ = float(meta["sigma_within"])
-        self.beta_, self.cov_ = tensors["beta"].numpy(), tensors["cov"].numpy()
+        if "tau" not in tensors:
+            raise ValueError("a system level saved before its Bayesian form (issue 41): retrain the model")
+        self = cls(rubric, LevelPrior(meta["summary"], **meta["prior"]))
+        self.summary_, self.form_, self.systems_ = meta["summary"], meta["form"], int(meta["systems"])
+        self.sigma_within_, self.x_centre_ = float(meta["sigma_within"]), float(meta["x_centre"])
+        self.x_range_ = tuple(float(v) for v in meta["x_range"])
+        self.without_summary_ = list(meta.get("systems_without_summary", []))
+        self.tau_, self.weight_ = tensors["tau"].numpy(), tensors["weight"].numpy()
+        self.means_, self.covs_, self.train_x_ = (
+            tensors["means"].numpy(),
+            tensors["covs"].numpy(),
+            tensors["train_x"].numpy(),
+        )
         self.known_ = pd.DataFrame(
-            tensors["known"].numpy().reshape(-1, 3), index=list(meta["known"]), columns=["mean", "var", "centre"]
+            tensors["known"].numpy().reshape(-1, 4), index=list(meta["known"]), columns=["mean", "var", "df", "centre"]
         )
         return self
 
@@ -333,7 +480,7 @@ LEVEL = "-level"  # the name of a candidate with the system level: ``<candidate>
 SETTINGS = ("auto", "on", "off")
 
 
-def level_plan(rubric: Rubric, tables: Tables, setting: str) -> dict:
+def level_plan(rubric: Rubric, tables: Tables, setting: str, prior: LevelPrior | None = None) -> dict:
     """Whether ``model=auto`` compares its candidates with the system level on ``tables``, and why
     (``model.auto.system_level``: ``auto`` where the data allow it, ``on``: only with it, an error
     where the data do not allow it, ``off``)."""
@@ -355,6 +502,10 @@ def level_plan(rubric: Rubric, tables: Tables, setting: str) -> dict:
         reason = (
             f"{len(labelled)} training system(s) with labels of {rubric.main.id}; a system level needs {MIN_SYSTEMS}"
         )
+    elif (prior or LevelPrior()).summary == "llm" and not (
+        tables.features.question_id.astype(str) == rubric.main.id
+    ).any():
+        reason = f"model.auto.level_summary=llm but the main question {rubric.main.id} has no LLM answers"
     if reason and setting == "on":
         raise InputError(f"model.auto.system_level=on: {reason}", setting="model.auto.system_level")
     extra = {"systems_without_labels": unlabelled} if unlabelled else {}
@@ -363,7 +514,9 @@ def level_plan(rubric: Rubric, tables: Tables, setting: str) -> dict:
     return {**record, "compared": True, "reason": f"{len(labelled)} training systems", **extra}
 
 
-def levelled_fold(rubric: Rubric, models: list, splits: list[tuple], pairs: list[pd.DataFrame], probs: list):
+def levelled_fold(
+    rubric: Rubric, models: list, splits: list[tuple], pairs: list[pd.DataFrame], probs: list, prior: LevelPrior
+):
     """(out-of-fold main-question probabilities with the system level, seconds, error) of one
     candidate: each inner fold's level fitted on its training part from the fold model's in-sample
     predictions, applied to the fold model's held-out ``probs``."""
@@ -376,7 +529,7 @@ def levelled_fold(rubric: Rubric, models: list, splits: list[tuple], pairs: list
         for model, (train, test), held, p in zip(models, splits, pairs, probs):
             inner, _ = question_targets(train, rubric.main)
             expected = model.predict_proba(train, inner)[:, main_index, : len(values)] @ values
-            out.append(SystemLevel(rubric).fit(train, expected).apply(test, held, p))
+            out.append(SystemLevel(rubric, prior).fit(train, expected).apply(test, held, p))
     except (InputError, ValueError, np.linalg.LinAlgError) as e:
         return None, time.perf_counter() - start, " ".join(str(e).split())[:300]
     return np.concatenate(out), time.perf_counter() - start, None

@@ -314,3 +314,15 @@ def test_a_few_imported_queries_train_by_query_groups(tmp_path):
     first = folds[folds.grouping == "0"]
     assert first.fold.nunique() == 3 and first.groupby("system_id").fold.nunique().eq(1).all()  # one query, one fold
     shutil.rmtree(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_an_unknown_table_format_in_the_settings_is_one_error_naming_the_setting(tmp_path, capsys):
+    config = tmp_path / "ir.yaml"
+    config.write_text("imports:\n  format: xlsx\n")
+    argv = ["import", "workbench", str(WORKBENCH), "--config", str(config), "--out-dir", str(tmp_path / "out")]
+    assert cli(argv) == 2
+    assert capsys.readouterr().err == (
+        "error: setting imports.format: format 'xlsx' is not one of ('parquet', 'csv', 'tsv', 'jsonl')\n"
+    )
+    assert not (tmp_path / "out").exists()

@@ -1,5 +1,5 @@
 """JSON lines of a (gzip-compressed or plain) file, numbered, each parse error one :class:`InputError`
-naming the file and line."""
+naming the file and line; checks of their fields (a ValueError, which the caller names by line)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,26 @@ def json_lines(path: str | Path, what: str, progress: bool = False) -> Iterator[
         raise InputError(f"cannot read the {what} file ({e})", file=str(path)) from None
     if not seen:
         raise InputError(f"the {what} file has no lines", file=str(path))
+
+
+def an_id(value, what: str) -> str:
+    """``value`` (a string or integer) as a stripped string id; ValueError naming ``what`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+        raise ValueError(f"{what} {value!r} is not a non-empty string")
+    return str(value).strip()
+
+
+def a_list(value, what: str) -> list:
+    """``value`` as a list (None: empty); ValueError naming ``what`` otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{what} is not a list")
+    return value
+
+
+def an_object(value, what: str) -> dict:
+    """``value`` if it is a JSON object; ValueError naming ``what`` otherwise."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    return value

@@ -24,16 +24,16 @@ import pandas as pd
 
 from llmrubric.extract.testbank import IMPORTANCE, Item
 from llmrubric.io.errors import InputError
-from llmrubric.ir.lines import json_lines
+from llmrubric.ir.lines import a_list, an_id, an_object, json_lines
 from llmrubric.ir.nuggets import LABELS
-from llmrubric.ir.workbench import FEATURES, Imported, _id, _list, _object, text_id
+from llmrubric.ir.workbench import FEATURES, Imported, text_id
 
 FAMILY = "nugget_support"
 FAILED = "failed"
 
 
 def _nugget(record: dict, qid: str, i: int) -> Item:
-    nugget = _object(record, f"nuggets[{i}]")
+    nugget = an_object(record, f"nuggets[{i}]")
     text = nugget.get("text")
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"nuggets[{i}].text {text!r} is not a non-empty string")
@@ -61,12 +61,12 @@ def read_nuggets(path: str | Path) -> list[Item]:
     queries: dict[str, int] = {}
     for n, record in json_lines(path, "nuggets"):
         try:
-            record = _object(record, "a nuggets line")
-            qid = _id(record.get("qid"), "qid")
+            record = an_object(record, "a nuggets line")
+            qid = an_id(record.get("qid"), "qid")
             if qid in queries:
                 raise ValueError(f"query {qid!r} is also on line {queries[qid]}")
             queries[qid] = n
-            items = [_nugget(x, qid, i) for i, x in enumerate(_list(record.get("nuggets"), "nuggets"))]
+            items = [_nugget(x, qid, i) for i, x in enumerate(a_list(record.get("nuggets"), "nuggets"))]
         except ValueError as e:
             raise InputError(str(e), file=str(path), line=n) from None
         for item in items:
@@ -88,13 +88,13 @@ def read_assignments(
     for path in paths:
         for n, record in json_lines(path, "assignments"):
             try:
-                record = _object(record, "an assignments line")
-                qid = _id(record.get("qid"), "qid")
+                record = an_object(record, "an assignments line")
+                qid = an_id(record.get("qid"), "qid")
                 if "docid" in record:
-                    unit, system, kind = _id(record["docid"], "docid"), qid, "candidate_text"
+                    unit, system, kind = an_id(record["docid"], "docid"), qid, "candidate_text"
                     doc = unit
                 elif "run_id" in record:
-                    unit, kind, doc = _id(record["run_id"], "run_id"), "answer_text", None
+                    unit, kind, doc = an_id(record["run_id"], "run_id"), "answer_text", None
                     system = unit
                 else:
                     raise ValueError("neither docid (retrieval assignments) nor run_id (answer assignments)")
@@ -104,9 +104,9 @@ def read_assignments(
                 body = record.get(kind)
                 texts[tid] = (tid, qid, doc, system, body if isinstance(body, str) else None, f"{path}, line {n}")
                 seen: set = set()
-                for i, x in enumerate(_list(record.get("nuggets"), "nuggets")):
+                for i, x in enumerate(a_list(record.get("nuggets"), "nuggets")):
                     item = _nugget(x, qid, i)
-                    label = _object(x, f"nuggets[{i}]").get("assignment")
+                    label = an_object(x, f"nuggets[{i}]").get("assignment")
                     if item.item_id in seen:
                         raise ValueError(f"nugget {item.text!r} is assigned twice")
                     seen.add(item.item_id)

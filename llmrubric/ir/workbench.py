@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from llmrubric.io.errors import InputError
-from llmrubric.ir.lines import json_lines
+from llmrubric.ir.lines import a_list, an_id, an_object, json_lines
 
 SELF_RATING = "self_rating"
 ANSWERED = "answered"
@@ -57,26 +57,6 @@ class Imported:
     counts: dict = field(default_factory=dict)
 
 
-def _id(value, what: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
-        raise ValueError(f"{what} {value!r} is not a non-empty string")
-    return str(value).strip()
-
-
-def _list(value, what: str) -> list:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ValueError(f"{what} is not a list")
-    return value
-
-
-def _object(value, what: str) -> dict:
-    if not isinstance(value, dict):
-        raise ValueError(f"{what} is not a JSON object")
-    return value
-
-
 def _grade(value, what: str) -> str:
     if isinstance(value, bool) or not isinstance(value, int) or str(value) not in GRADES:
         raise ValueError(f"{what} {value!r} is not an integer grade 0..5")
@@ -87,7 +67,9 @@ def _prompt_class(entry: dict, what: str) -> str:
     info = entry.get("prompt_info")
     if info is None:
         return DEFAULT_PROMPT_CLASS
-    return _id(_object(info, f"{what}.prompt_info").get("prompt_class", DEFAULT_PROMPT_CLASS), f"{what} prompt_class")
+    return an_id(
+        an_object(info, f"{what}.prompt_info").get("prompt_class", DEFAULT_PROMPT_CLASS), f"{what} prompt_class"
+    )
 
 
 class _Reader:
@@ -109,18 +91,18 @@ class _Reader:
     def line(self, data, n: int) -> None:
         if not (isinstance(data, list) and len(data) == 2 and isinstance(data[1], list)):
             raise ValueError("a line must be [query_id, [paragraph, ...]]")
-        query = _id(data[0], "query_id")
+        query = an_id(data[0], "query_id")
         for k, paragraph in enumerate(data[1]):
             where = f"paragraph {k}"
             try:
-                paragraph = _object(paragraph, where)
+                paragraph = an_object(paragraph, where)
                 where = f"paragraph {k} ({paragraph.get('paragraph_id')!r})"
                 self.paragraph(query, paragraph, n)
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from None
 
     def paragraph(self, query: str, p: dict, n: int) -> None:
-        passage = _id(p.get("paragraph_id"), "paragraph_id")
+        passage = an_id(p.get("paragraph_id"), "paragraph_id")
         text = text_id(query, passage)
         if text in self.line_of:
             raise ValueError(f"passage {passage!r} of query {query!r} is also on line {self.line_of[text]}")
@@ -130,26 +112,26 @@ class _Reader:
             raise ValueError("text is not a string")
         self.texts.append((text, query, passage, query, body or None))
         seen: set = set()
-        for i, entry in enumerate(_list(p.get("exam_grades"), "exam_grades")):
-            self.exam_grades(text, _object(entry, f"exam_grades[{i}]"), f"exam_grades[{i}]", seen)
-        for i, entry in enumerate(_list(p.get("grades"), "grades")):
-            self.direct(text, _object(entry, f"grades[{i}]"), f"grades[{i}]", seen)
+        for i, entry in enumerate(a_list(p.get("exam_grades"), "exam_grades")):
+            self.exam_grades(text, an_object(entry, f"exam_grades[{i}]"), f"exam_grades[{i}]", seen)
+        for i, entry in enumerate(a_list(p.get("grades"), "grades")):
+            self.direct(text, an_object(entry, f"grades[{i}]"), f"grades[{i}]", seen)
         data = p.get("paragraph_data") or {}
-        for i, j in enumerate(_list(_object(data, "paragraph_data").get("judgments"), "judgments")):
-            self.judgment(_object(j, f"judgments[{i}]"), f"judgments[{i}]", n)
+        for i, j in enumerate(a_list(an_object(data, "paragraph_data").get("judgments"), "judgments")):
+            self.judgment(an_object(j, f"judgments[{i}]"), f"judgments[{i}]", n)
 
     def exam_grades(self, text: str, entry: dict, what: str, seen: set) -> None:
         source = _prompt_class(entry, what)
-        for i, rating in enumerate(_list(entry.get("self_ratings"), f"{what}.self_ratings")):
-            rating = _object(rating, f"{what}.self_ratings[{i}]")
+        for i, rating in enumerate(a_list(entry.get("self_ratings"), f"{what}.self_ratings")):
+            rating = an_object(rating, f"{what}.self_ratings[{i}]")
             item = rating.get("question_id")
-            item = _id(item if item is not None else rating.get("nugget_id"), f"{what}.self_ratings[{i}] item id")
+            item = an_id(item if item is not None else rating.get("nugget_id"), f"{what}.self_ratings[{i}] item id")
             grade = _grade(rating.get("self_rating"), f"{what}.self_ratings[{i}].self_rating")
             self.block(text, source, f"{SELF_RATING}:{item}", GRADES, grade, seen)
         correct = [
-            _id(q, f"{what}.correctAnswered item") for q in _list(entry.get("correctAnswered"), "correctAnswered")
+            an_id(q, f"{what}.correctAnswered item") for q in a_list(entry.get("correctAnswered"), "correctAnswered")
         ]
-        wrong = [_id(q, f"{what}.wrongAnswered item") for q in _list(entry.get("wrongAnswered"), "wrongAnswered")]
+        wrong = [an_id(q, f"{what}.wrongAnswered item") for q in a_list(entry.get("wrongAnswered"), "wrongAnswered")]
         both = set(correct) & set(wrong)
         if both:
             raise ValueError(f"{what}: item {sorted(both)[0]!r} is both correctAnswered and wrongAnswered")
@@ -170,7 +152,7 @@ class _Reader:
         label = j.get("relevance")
         if isinstance(label, bool) or not isinstance(label, int):
             raise ValueError(f"{what}.relevance {label!r} is not an integer")
-        text = text_id(_id(j.get("query"), f"{what}.query"), _id(j.get("paragraphId"), f"{what}.paragraphId"))
+        text = text_id(an_id(j.get("query"), f"{what}.query"), an_id(j.get("paragraphId"), f"{what}.paragraphId"))
         before = self.annotations.setdefault(text, (str(label), n))
         if before[0] != str(label):
             raise ValueError(f"{what}: relevance {label} of {text!r} disagrees with {before[0]} on line {before[1]}")

@@ -9,6 +9,7 @@ llmrubric leaderboard build | correlate
 llmrubric label suggest
 llmrubric judges add
 llmrubric ir qrels | trec-eval | nuggets | grounded-qa
+llmrubric import workbench | nuggetizer
 llmrubric schema show
 llmrubric train | evaluate [key=value ...]   (the Hydra apps behind train.py and evaluate.py)
 """
@@ -31,6 +32,7 @@ COMMAND_MODULES = (
     "llmrubric.apps.score",
     "llmrubric.apps.labels",
     "llmrubric.apps.ir",
+    "llmrubric.apps.imports",
     "llmrubric.apps.rubric",
 )
 HYDRA_APPS = (  # llmrubric <name> [overrides…]: the Hydra apps behind train.py and evaluate.py, imported when run

@@ -19,6 +19,7 @@ GRAMMAR = {
     "label": ["suggest"],
     "judges": ["add"],
     "ir": ["qrels", "trec-eval", "nuggets", "grounded-qa"],
+    "import": ["workbench", "nuggetizer"],
     "rubric": ["plan"],
     "schema": ["show"],
 }

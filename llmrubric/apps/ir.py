@@ -22,6 +22,10 @@ def register(subparsers) -> None:
         help="calibrated autograder (trained on test-bank summaries): qrels of its judge-free expected label",
     )
     q.add_argument("--bank", help="test bank JSONL (nugget importance for the summaries)")
+    q.add_argument(
+        "--annotations", help="human labels (annotations table) of the --texts: their qrels (export, no grading)"
+    )
+    q.add_argument("--judge-id", dest="judge_id", help="judge of --annotations (default: its only judge)")
     q.add_argument("--out", required=True, help="qrels file to write")
     q.add_argument("--labels-out", help="also write the passage labels with their (real-valued) grades as a table")
     q.set_defaults(run=run_qrels)
@@ -120,10 +124,15 @@ def run_qrels(args) -> int:
             "--texts": args.texts,
             "--checkpoint": args.checkpoint,
             "--bank": args.bank,
+            "--annotations": args.annotations,
         },
     )
     if args.labels_out:
         check_table_path(args.labels_out, "--labels-out")
+    if args.annotations:
+        if args.labels_out:
+            raise InputError("--labels-out is for graded qrels, not --annotations")
+        return _export_qrels(args)
     if args.checkpoint:
         from llmrubric.extract.testbank import read_bank
         from llmrubric.ir.calibrated import calibrated_labels
@@ -144,6 +153,23 @@ def run_qrels(args) -> int:
     print(
         f"{len(labels)} passages, {labels.query_id.nunique()} queries, label counts {labels.relevance.value_counts().sort_index().to_dict()} → {args.out}"
     )
+    return 0
+
+
+def _export_qrels(args) -> int:
+    """``ir qrels --annotations``: one judge's labels of ``imports.question_id`` as TREC qrels."""
+    from llmrubric.io.tables import read_table
+    from llmrubric.ir.autograder import write_qrels
+    from llmrubric.ir.judgments import qrels_labels
+
+    if not args.texts:
+        raise InputError("qrels of --annotations need --texts (text_id → query_id, doc_id)")
+    question = section_settings(args, "ir", "imports")["question_id"]
+    labels = qrels_labels(
+        read_table(args.annotations, "annotations"), read_table(args.texts, "texts"), args.judge_id, question
+    )
+    write_qrels(labels, args.out)
+    print(f"{len(labels)} passages, {labels.query_id.nunique()} queries → {args.out}")
     return 0
 
 

@@ -20,7 +20,7 @@ the Python API (:func:`group`) all read settings through it, and a bad override 
 
 from llmrubric.config.data import MISSING, DataConfig
 from llmrubric.config.extract import AdaptiveConfig, ExtractConfig
-from llmrubric.config.ir import AutograderConfig, IRConfig, NuggetsConfig
+from llmrubric.config.ir import AutograderConfig, ImportsConfig, IRConfig, NuggetsConfig
 from llmrubric.config.labels import JudgesConfig, LabelsConfig, SuggestConfig
 from llmrubric.config.loader import (
     GROUP_SCHEMAS,
@@ -58,6 +58,7 @@ __all__ = [
     "AdaptiveConfig",
     "ExtractConfig",
     "IRConfig",
+    "ImportsConfig",
     "JudgesConfig",
     "LabelsConfig",
     "LeaderboardConfig",

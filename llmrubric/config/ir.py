@@ -40,6 +40,23 @@ class NuggetsConfig:
 
 
 @dataclass
+class ImportsConfig:
+    """Reading the IR ecosystem's files (``imports.*``: ``llmrubric import``, ``llmrubric ir qrels --annotations``).
+
+    Attributes:
+        judge_id: the judge of the human labels (qrels, the workbench's ``judgments``).
+        question_id: the rubric question they answer (``conf/rubric/relevance.yaml``'s ``relevance``).
+        nuggetizer_source: the features source of the AutoNuggetizer's assignments.
+        format: the tables' file format (``parquet``, ``csv``, ``tsv`` or ``jsonl``).
+    """
+
+    judge_id: str = "assessor"
+    question_id: str = "relevance"
+    nuggetizer_source: str = "nuggetizer"
+    format: str = "parquet"
+
+
+@dataclass
 class IRConfig:
     """IR evaluations (:mod:`llmrubric.ir`; ``conf/ir/``, ``--config``). ``grounded_qa``: ``family``,
     ``lambda`` (combined = lambda × answer + (1 - lambda) × evidence; a Python keyword, hence a mapping)
@@ -47,6 +64,7 @@ class IRConfig:
 
     autograder: AutograderConfig = field(default_factory=AutograderConfig)
     nuggets: NuggetsConfig = field(default_factory=NuggetsConfig)
+    imports: ImportsConfig = field(default_factory=ImportsConfig)
     grounded_qa: dict[str, Any] = field(
         default_factory=lambda: {"family": "answer_quality", "lambda": 0.5, "recall_at": [1, 5]}
     )

@@ -9,7 +9,7 @@ import sys
 
 
 class InputError(ValueError):
-    """Bad input data or configuration, with where it was found."""
+    """Bad input data or configuration, with where it was found (``line``: of a text file read line by line)."""
 
     def __init__(
         self,
@@ -19,12 +19,14 @@ class InputError(ValueError):
         row: int | None = None,
         column: str | None = None,
         setting: str | None = None,
+        line: int | None = None,
     ):
-        self.file, self.row, self.column, self.setting = file, row, column, setting
+        self.file, self.row, self.column, self.setting, self.line = file, row, column, setting, line
         where = ", ".join(
             part
             for part in (
                 str(file) if file else "",
+                f"line {line}" if line is not None else "",
                 f"row {row}" if row is not None else "",
                 f"column {column!r}" if column else "",
                 f"setting {setting}" if setting else "",

@@ -85,7 +85,7 @@ from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import build_model, candidate  # noqa: E402
 from llmrubric.model.core.encoding import PAIR, question_targets, with_round  # noqa: E402
 from llmrubric.model.core.registry import fit_questions  # noqa: E402
-from llmrubric.model.core.system_level import LEVEL, SystemLevel  # noqa: E402
+from llmrubric.model.core.system_level import LEVEL, SystemLevel, t_interval  # noqa: E402
 from llmrubric.model.core.threads import single_threaded  # noqa: E402
 from llmrubric.model.families.baselines import make_method  # noqa: E402
 
@@ -95,6 +95,11 @@ GENERATED = {  # set → the generator's arguments
     "multisystem_default": [],
     "multisystem_stable_k3": ["--judges", "stable", "--scale", "3", "--systems", "6", "--texts", "60", "--seed", "1"],
     "multisystem_missing": ["--systems", "8", "--texts", "64", "--missing", "0.2", "--seed", "2"],
+    **{  # issue 41: one human-written reference far above 8 systems, three seeds
+        f"multisystem_references_s{seed}": ["--references", "1", "--systems", "8", "--seed", str(seed)]
+        for seed in range(3)
+    },
+    "multisystem_few_references": ["--references", "2", "--systems", "4", "--judges", "stable", "--scale", "3"],
 }
 DESIGN_SETS = ("llm_rubric_synthetic", "simulated_shift", *GENERATED)
 SETS = (*DESIGN_SETS, "llm_rubric_real", "llm_rubric_real_cv")
@@ -216,7 +221,7 @@ def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) ->
         train, test = (tables.subset(folds.text_id[(folds.fold == fold) == held]) for held in (False, True))
     trainer = group("trainer", "default")
     main = [rubric.main.id]
-    out, choice, fitted = {}, {}, {}
+    out, choice, fitted, levels = {}, {}, {}, {}
     for name in methods(selected):
         start = time.process_time()
         if name in AUTO_VARIANTS:
@@ -224,6 +229,9 @@ def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) ->
             model.fit(train)
             choice[name] = model.choice()
             predictions = model.predict(test, questions=main)
+            table = model.system_levels(test, predictions[["text_id", "judge_id", "round"]])
+            if table is not None:
+                levels[name] = table[~table.known].set_index("system_id")[["level", "level_sd", "level_df"]]
         elif name in BASELINES:
             predictions = make_method(name, rubric, 0).fit(train).predict(test)
         elif name.endswith(LEVEL):
@@ -234,13 +242,14 @@ def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) ->
             predictions = with_system_level(fitted[base], out[base][0], rubric, train, test)
             if predictions is None:
                 continue
+            predictions, levels[name] = predictions
             start -= out[base][1]  # its seconds include the text model's
         else:
             model = candidate(name, rubric, model_file("auto"), trainer, 0)
             fitted[name] = fit_questions(model, train, main)  # the main question only where the family fits some
             predictions = fitted[name].predict(test)
         out[name] = (_main(predictions, rubric), time.process_time() - start)
-    return {"job": job, "predictions": out, "choice": choice}
+    return {"job": job, "predictions": out, "choice": choice, "levels": levels}
 
 
 def with_system_level(model, predictions: pd.DataFrame, rubric: Rubric, train, test) -> pd.DataFrame | None:
@@ -257,16 +266,22 @@ def with_system_level(model, predictions: pd.DataFrame, rubric: Rubric, train, t
         return None
     columns = [f"p_{k}" for k in main.keys]
     probs = level.apply(test, predictions, predictions[columns].to_numpy(float))
-    return predictions.assign(
+    table = level.levels(test, predictions, predictions[columns].to_numpy(float) @ values)
+    table = table[~table.known].rename(columns={"mean": "level"})
+    table = table.assign(level_sd=np.sqrt(table["var"]), level_df=table["df"])[["level", "level_sd", "level_df"]]
+    predicted = predictions.assign(
         **dict(zip(columns, probs.T)), mean=probs @ values, var=probs @ values**2 - (probs @ values) ** 2
     )
+    return predicted, table
 
 
 def _main(predictions: pd.DataFrame, rubric: Rubric) -> pd.DataFrame:
     return predictions[predictions.question_id == rubric.main.id]
 
 
-def figures(predictions: pd.DataFrame, seconds: float, rubric: Rubric, test_tables, systems, groups) -> dict:
+def figures(
+    predictions: pd.DataFrame, seconds: float, rubric: Rubric, test_tables, systems, groups, levels=None
+) -> dict:
     """Pair and system figures of one method's out-of-fold predictions."""
     annotations = test_tables.annotations
     m = evaluate_predicted(predictions, annotations, rubric.main)
@@ -277,10 +292,20 @@ def figures(predictions: pd.DataFrame, seconds: float, rubric: Rubric, test_tabl
         "seconds": seconds,
     }
     if groups is not None and predictions.text_id.map(systems).nunique() >= 2:  # fewer: --folds-limit
-        s = system_metrics(
-            predictions, predicted_annotations(predictions, annotations, rubric.main)[0], rubric.main, systems, groups
-        )
+        answered = predicted_annotations(predictions, annotations, rubric.main)[0]
+        s = system_metrics(predictions, answered, rubric.main, systems, groups)
         out.update(system_rms=s["rms_error"], system_kendall=s["kendall"], coverage=s["coverage"])
+        means = system_means(pair_scores(predictions, answered, rubric.main, systems))
+        out["system_errors"] = {str(k): float(v) for k, v in (means.predicted - means.human).items()}
+        if levels is not None and len(levels):
+            low, high = t_interval(levels.level, levels.level_sd**2, levels.level_df, 0.8)
+            human = means.human.reindex(levels.index)
+            covered = (low <= human.to_numpy()) & (human.to_numpy() <= high)
+            out["level_coverage80"] = float(np.mean(covered))
+            out["level_systems"] = int(len(levels))
+            out["level_intervals80"] = {
+                str(k): [float(a), float(b), float(h)] for k, a, b, h in zip(levels.index, low, high, human)
+            }
     else:
         out.update(system_rms=None, system_kendall=None, coverage=None)
     out["system_kendall_groups"] = None
@@ -379,7 +404,12 @@ def summarise(set_name: str, protocol: str, results: list[dict], args) -> dict:
     for name in names:
         parts = [r["predictions"][name] for r in first_runs]
         predictions = pd.concat([p for p, _ in parts], ignore_index=True)
-        out[name] = figures(predictions, float(sum(s for _, s in parts)), rubric, test_tables, systems, groups)
+        level_parts = [r.get("levels", {}).get(name) for r in first_runs]
+        level_parts = [t for t in level_parts if t is not None and len(t)]
+        level_table = pd.concat(level_parts) if level_parts else None
+        out[name] = figures(
+            predictions, float(sum(s for _, s in parts)), rubric, test_tables, systems, groups, level_table
+        )
         if protocol == "system_groups":
             out[name]["system_kendall_groups"] = kendall_groups(results, name, folds, rubric, tables)
         per_pair[name] = pair_log_likelihood(predictions, test_tables.annotations, rubric.main)
@@ -585,13 +615,51 @@ def run(args, sets: list[str]) -> int:
     print(
         f"rule: select had the lower or equal pair NLL on {report['rule']['select_lower_or_equal']} of {report['rule']['of']}"
     )
-    for where, checks in report["targets"].items():
+    report["targets_issue41"] = {
+        f"{name}/systems": level_targets(report[name]["systems"])
+        for name in GENERATED
+        if "references" in name and "systems" in report.get(name, {})
+    }
+    for where, checks in {**report["targets"], **report["targets_issue41"]}.items():
         print(f"targets {where}: " + ", ".join(f"{k} {c['met']}" for k, c in checks.items()), flush=True)
     if args.cost:
         report["cost"] = cost(args)
     write_json(report, args.out)
     print(f"written to {args.out}")
     return 0
+
+
+def level_targets(figures_: dict) -> dict:
+    """Issue 41's targets under leave one system out on a set with references (systems ``ref*``):
+    each reference's |error| at most ``raw_linear_system``'s + 0.05 and, when ``auto`` used a level
+    in its fold, its 80 % interval covering the human mean; system RMS at most ``raw_linear_system``'s
+    (1.1 × with 4 systems or fewer: few systems); pair NLL at most every candidate's − 0.005."""
+    auto, raw = figures_.get("auto"), figures_.get("raw_linear_system")
+    if auto is None or raw is None or "system_errors" not in auto:
+        return {}
+    out = {}
+    for system, error in auto["system_errors"].items():
+        if system.startswith("ref"):
+            bound = abs(raw["system_errors"][system]) + 0.05
+            out[f"{system}_error"] = {"met": abs(error) <= bound, "auto": abs(error), "bound": bound}
+            interval = auto.get("level_intervals80", {}).get(system)
+            out[f"{system}_covered80"] = {
+                "met": None if interval is None else interval[0] <= interval[2] <= interval[1]
+            }
+    factor = 1.1 if len(auto["system_errors"]) <= 6 else 1.0
+    bound = factor * raw["system_rms"]
+    out["system_rms"] = {"met": auto["system_rms"] <= bound, "auto": auto["system_rms"], "bound": bound}
+    candidates = {n: figures_[n]["pair_nll"] for n in model_file("auto")["auto"]["candidates"] if n in figures_}
+    if candidates:
+        against = min(candidates, key=candidates.get)
+        bound = candidates[against] - 0.005
+        out["pair_nll"] = {
+            "met": auto["pair_nll"] <= bound,
+            "auto": auto["pair_nll"],
+            "bound": bound,
+            "against": against,
+        }
+    return out
 
 
 def merged(report: dict, path: Path, sets: list[str]) -> dict:

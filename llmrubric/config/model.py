@@ -36,7 +36,7 @@ class AutoConfig:
         level_slope_sd: the level's slope prior ``N(0, level_slope_sd²)`` (summary and level share the scale).
         level_tau_scale: the between-system spread's prior ``τ ~ HalfNormal(level_tau_scale · range)``.
         level_beyond_sd: beyond the training systems' range of summaries the slope may change by
-            ``N(0, level_beyond_sd²)`` (the slope's own prior): extrapolated levels widen, their mean unchanged.
+            ``N(0, level_beyond_sd²)``: extrapolated levels widen, their mean unchanged.
     """
 
     candidates: list[str] = field(default_factory=lambda: list(AUTO_CANDIDATES))
@@ -45,7 +45,7 @@ class AutoConfig:
     folds: int = 5
     system_level: str = "auto"
     level_summary: str = "auto"
-    level_slope_sd: float = 2.0
+    level_slope_sd: float = 5.0
     level_tau_scale: float = 0.25
     level_beyond_sd: float = 2.0
 

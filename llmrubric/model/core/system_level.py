@@ -143,7 +143,7 @@ class LevelPrior:
     """
 
     summary: str = "auto"
-    slope_sd: float = 2.0
+    slope_sd: float = 5.0
     tau_scale: float = 0.25
     beyond_sd: float = 2.0
     grid: int = 64

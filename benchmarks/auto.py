@@ -13,7 +13,8 @@ Sets and protocols (each outer fold's model sees nothing of its test texts or sy
 - ``multisystem_default``, ``multisystem_stable_k3``, ``multisystem_missing``: data written at run
   time into a temporary folder by ``--generator`` (``../shared/generators/multisystem.py``, not the
   project's simulator) with the arguments of :data:`GENERATED` (its default: 11 systems; 6 systems
-  with 5 stable judges on a 1..3 scale; 8 systems with a fifth of the blocks missing), ``systems``,
+  with 5 stable judges on a 1..3 scale; 8 systems with a fifth of the blocks missing; 8 systems and a
+  human reference far above them), ``systems``,
   system groups (3, 2, 2) and ``cv``; never written to the repository;
 - ``llm_rubric_real``: trained on the synthetic dialogues, tested on the real ones (``holdout``,
   Table 1's protocol);
@@ -84,7 +85,7 @@ from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import build_model, candidate  # noqa: E402
 from llmrubric.model.core.encoding import PAIR, question_targets, with_round  # noqa: E402
-from llmrubric.model.core.registry import fit_questions  # noqa: E402
+from llmrubric.model.core.registry import fit_questions, names  # noqa: E402
 from llmrubric.model.core.system_level import LEVEL, SystemLevel, t_interval  # noqa: E402
 from llmrubric.model.core.threads import single_threaded  # noqa: E402
 from llmrubric.model.families.baselines import make_method  # noqa: E402
@@ -197,13 +198,14 @@ def shipped_model(rubric: Rubric, protocol: str, overrides: tuple[str, ...] = ()
 
 
 def methods(selected: tuple[str, ...] | None = None) -> list[str]:
-    """Every method, or those of ``selected``: with no selection the ``<candidate>-level`` ones are left
-    out (they are diagnostics of the level alone, named with ``--methods``)."""
+    """Every method, or those of ``selected``: with no selection the ``<candidate>-level`` ones and the
+    registered candidates outside the default list are left out (named with ``--methods``)."""
     candidates = model_file("auto")["auto"]["candidates"]
     every = [*AUTO_VARIANTS, *candidates, *BASELINES]
     if not selected:
         return every
-    return [m for m in [*every, *(c + LEVEL for c in candidates)] if m in selected]
+    others = [c for c in names(candidate=True) if c not in candidates]
+    return [m for m in [*every, *others, *(c + LEVEL for c in [*candidates, *others])] if m in selected]
 
 
 def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) -> dict:
@@ -552,8 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     known = methods(tuple(args.methods or ())) if args.methods else methods()
     unknown = sorted(set(args.methods or ()) - set(known))
     if unknown:
-        levels = [c + LEVEL for c in model_file("auto")["auto"]["candidates"]]
-        raise InputError(f"unknown method(s) {unknown}; known: {methods() + levels}")
+        levels = [c + LEVEL for c in names(candidate=True)]
+        others = [c for c in names(candidate=True) if c not in methods()]
+        raise InputError(f"unknown method(s) {unknown}; known: {methods() + others + levels}")
     args.methods = tuple(args.methods) if args.methods else None
     with tempfile.TemporaryDirectory(prefix="llmrubric-auto-") as generated:
         args.generated = generated

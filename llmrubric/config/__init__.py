@@ -34,7 +34,15 @@ from llmrubric.config.loader import (
     settings_error,
 )
 from llmrubric.config.logger import LoggerConfig
-from llmrubric.config.model import AUTO_CANDIDATES, AutoConfig, ModelConfig, model_file, model_overrides, model_settings
+from llmrubric.config.model import (
+    AUTO_CANDIDATES,
+    AutoConfig,
+    LinearConfig,
+    ModelConfig,
+    model_file,
+    model_overrides,
+    model_settings,
+)
 from llmrubric.config.paths import CONF_PACKAGE, CONF_PATH, VERSION_BASE, conf_path
 from llmrubric.config.report import REPORT_SECTIONS, ReportConfig
 from llmrubric.config.scoring import LeaderboardConfig, ScoringConfig
@@ -53,6 +61,7 @@ __all__ = [
     "REPORT_SECTIONS",
     "VERSION_BASE",
     "AutoConfig",
+    "LinearConfig",
     "AutograderConfig",
     "DataConfig",
     "AdaptiveConfig",

@@ -51,6 +51,25 @@ class AutoConfig:
 
 
 @dataclass
+class LinearConfig:
+    """The linear family ``ridge_judge`` (``model.linear.*``; ``ridge_context`` is it with ``contextual``).
+
+    Attributes:
+        contextual: also give each text its system's means of the inputs (features only, so known for a
+            new system): the between-system slope is learned apart from the within-system one
+            (Mundlak's device); texts without a system id get no contextual effect.
+        context_scales: the grid of the contextual columns' scale s: their ridge penalty is the within
+            penalty / s² (0: no contextual effect, the plain ridge), chosen by cross-validation over
+            the training systems (squared error of held-out systems' answers).
+        context_folds: folds of that cross-validation, by system (one per system up to this many).
+    """
+
+    contextual: bool = False
+    context_scales: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.3, 1.0, 3.0, 10.0])
+    context_folds: int = 10
+
+
+@dataclass
 class ModelConfig:
     """The calibration network and its ensemble (``model.*``), defaults chosen by synthetic
     5-fold CV (``benchmarks/table1.py``, NLL of the main question on training texts only).
@@ -67,6 +86,7 @@ class ModelConfig:
             (:mod:`llmrubric.model.families.network.cumulative`); ``monotone`` applies to the latter two.
         family: ``network`` (this network alone) or ``auto`` (the model chosen by inner
             cross-validation among ``auto.candidates``, :class:`AutoConfig`).
+        linear: the linear family's settings (:class:`LinearConfig`).
     """
 
     h1: int = 25
@@ -79,6 +99,7 @@ class ModelConfig:
     monotone: bool = False
     family: str = "network"
     auto: AutoConfig = field(default_factory=AutoConfig)
+    linear: LinearConfig = field(default_factory=LinearConfig)
 
 
 def model_settings(model: dict | ModelConfig | None = None) -> dict:
@@ -87,7 +108,7 @@ def model_settings(model: dict | ModelConfig | None = None) -> dict:
 
     given = asdict(model) if isinstance(model, ModelConfig) else dict(model or {})
     plain = lambda v: OmegaConf.to_container(v, resolve=True) if isinstance(v, Container) else v
-    given = {k: asdict(v) if isinstance(v, AutoConfig) else plain(v) for k, v in given.items()}
+    given = {k: asdict(v) if isinstance(v, (AutoConfig, LinearConfig)) else plain(v) for k, v in given.items()}
     return {**asdict(ModelConfig()), **given}
 
 

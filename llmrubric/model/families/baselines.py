@@ -27,10 +27,11 @@ import pandas as pd
 import torch
 from scipy import special, stats
 from sklearn.linear_model import LogisticRegression, RidgeCV
-from sklearn.model_selection import GridSearchCV
+from sklearn.model_selection import GridSearchCV, GroupKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from llmrubric.config import LinearConfig
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
@@ -38,6 +39,7 @@ from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.core.absent import CompletionBatch, marginal_proba
 from llmrubric.model.core.answers import AnswerModel, answers_from_state, answers_state
 from llmrubric.model.core.columns import text_columns
+from llmrubric.model.core.context import centre_of, contextual_columns, system_means, text_systems
 from llmrubric.model.core.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.core.registry import Setup, entry, make, register
 from llmrubric.model.core.threads import one_thread
@@ -109,6 +111,9 @@ class MainQuestionBaseline:
             count += z > 0
         mean = np.divide(total, count, out=np.full_like(total, np.nan), where=count > 0)
         return mean[pairs.text_id.map({t: i for i, t in enumerate(texts)}).to_numpy()]
+
+
+ALPHAS = np.logspace(-3, 3, 13)  # the ridge penalties RidgeCV chooses from (leave-one-out)
 
 
 def questions_proba(rubric: Rubric, probs: dict[str, np.ndarray], n: int) -> np.ndarray:
@@ -245,6 +250,12 @@ class RidgeJudge(MainQuestionBaseline):
     categorical one the regression is an L2-penalised multinomial logistic regression on the same
     inputs (penalty chosen by 5-fold CV log loss). ``fit(tables, questions)`` fits the given
     questions (default: every question with annotations; Table 1 needs only the main one).
+
+    ``linear.contextual`` (``ridge_context``) adds each text's system means of the columns, less
+    their training centre (:mod:`llmrubric.model.core.context`): their coefficients are the
+    between-system slopes less the within ones, so penalising them shrinks the between slopes to
+    the within ones. Their penalty is the within one / s², s chosen from ``linear.context_scales``
+    by cross-validation over the training systems (0, the plain ridge, with fewer than 3).
     """
 
     name = "ridge_judge"
@@ -252,25 +263,55 @@ class RidgeJudge(MainQuestionBaseline):
     FORMAT = "llmrubric-ridge_judge/1"
     fits_questions = True  # fit(tables, questions): model=auto's inner CV fits the main question only
 
+    def __init__(self, rubric: Rubric, seed: int = 0, source: str | None = None, linear: LinearConfig | None = None):
+        super().__init__(rubric, seed, source)
+        self.linear = linear or LinearConfig()
+        self.contextual = bool(self.linear.contextual)
+        self.name = "ridge_context" if self.contextual else "ridge_judge"
+        self.context_cache_: dict[str, np.ndarray] = {}
+
     def _design(self, tables: Tables, pairs: pd.DataFrame) -> np.ndarray:
         texts = sorted(pairs.text_id.unique())
         absent_ok = getattr(self, "answers_", None) is not None
         text_x = text_columns(self.layout_, self.rubric, tables.features, texts, absent_ok)
         rows = pairs.text_id.map({t: i for i, t in enumerate(texts)}).to_numpy()
-        return self._design_rows(text_x[rows], self.judges_.indices(pairs.judge_id))
+        return self._design_rows(text_x[rows], self.judges_.indices(pairs.judge_id), self._context(tables, pairs))
 
-    def _design_rows(self, columns: np.ndarray, judge: np.ndarray) -> np.ndarray:
-        """The design matrix of rows of text ``columns`` (absent: the training mean) and judge indices."""
+    def _context(self, tables: Tables, pairs: pd.DataFrame) -> np.ndarray | None:
+        """(pairs, columns) the contextual columns of the pairs' texts: their system means over every
+        text of ``tables.features`` (kept for :meth:`proba_completed`); None when not contextual."""
+        if not self.contextual:
+            return None
+        every = sorted(tables.features.text_id.astype(str).unique())
+        absent_ok = getattr(self, "answers_", None) is not None
+        columns = text_columns(self.layout_, self.rubric, tables.features, every, absent_ok)
+        context = contextual_columns(system_means(columns, every, text_systems(tables)), self.centre_)
+        self.context_cache_.update(zip(every, context))
+        return self._cached_context(pairs)
+
+    def _cached_context(self, pairs: pd.DataFrame) -> np.ndarray | None:
+        """The contextual columns of the pairs' texts last seen by :meth:`_context` (0 for others)."""
+        if not self.contextual:
+            return None
+        zero = np.zeros(len(self.centre_))
+        return np.array([self.context_cache_.get(str(t), zero) for t in pairs.text_id]).reshape(len(pairs), -1)
+
+    def _design_rows(self, columns: np.ndarray, judge: np.ndarray, context: np.ndarray | None = None) -> np.ndarray:
+        """The design matrix of rows of text ``columns`` (absent: the training mean), their contextual
+        columns (contextual only) and judge indices."""
         onehot = np.zeros((len(judge), len(self.judges_.judges)))
         onehot[judge >= 0, judge[judge >= 0]] = 1.0
-        return np.hstack([np.where(np.isnan(columns), self.fill_, columns), onehot])
+        parts = [np.where(np.isnan(columns), self.fill_, columns)]
+        return np.hstack(parts + ([] if context is None else [context]) + [onehot])
 
     def _completed(self, batch: CompletionBatch, completions: np.ndarray) -> dict:
         """Each fitted question's (probabilities (D, P, options), point values (D, P) or None) per completion."""
         columns = batch.pair_columns(completions)
         draws, n_pairs = columns.shape[:2]
         judge = np.tile(self.judges_.indices(batch.pairs.judge_id), draws)
-        x = self._design_rows(columns.reshape(draws * n_pairs, -1), judge)
+        context = self._cached_context(batch.pairs)
+        context = None if context is None else np.tile(context, (draws, 1))
+        x = self._design_rows(columns.reshape(draws * n_pairs, -1), judge, context)
         out = {}
         for qid in self.fits_:
             p, mu = self._question_proba(self.rubric[qid], x)
@@ -278,7 +319,8 @@ class RidgeJudge(MainQuestionBaseline):
         return out
 
     def proba_completed(self, batch: CompletionBatch, completions: np.ndarray) -> np.ndarray:
-        """(draws, pairs, questions, max options) for each completion (:mod:`llmrubric.model.core.absent`)."""
+        """(draws, pairs, questions, max options) for each completion (:mod:`llmrubric.model.core.absent`);
+        contextual: the pairs' contextual columns of the last tables predicted (0 for texts not seen)."""
         probs = self._completed(batch, completions)
         draws, n_pairs = completions.shape[1], len(batch.pairs)
         flat = questions_proba(
@@ -292,27 +334,40 @@ class RidgeJudge(MainQuestionBaseline):
         self.answers_ = AnswerModel.fit(tables.features, self.layout_, self.rubric)
         columns = text_columns(self.layout_, self.rubric, tables.features, tables.text_ids)
         self.fill_ = pd.DataFrame(columns).mean().fillna(0.0).to_numpy()
+        systems = text_systems(tables)
+        if self.contextual:
+            every = sorted(tables.features.text_id.astype(str).unique())
+            every_columns = text_columns(self.layout_, self.rubric, tables.features, every)
+            self.centre_ = centre_of(system_means(every_columns, every, systems), every, systems)
         self.fits_ = {}
         for qid in questions or self.rubric.ids:
             question = self.rubric[qid]
             pairs, y = answered_pairs(tables, question)
             if len(pairs):
-                self.fits_[qid] = self._fit_question(question, self._design(tables, pairs), y)
+                groups = pairs.text_id.astype(str).map(systems).to_numpy()
+                self.fits_[qid] = self._fit_question(question, self._design(tables, pairs), y, groups)
         if self.question.id not in self.fits_:
             raise InputError(f"{self.name}: no annotations of the main question {self.question.id} to fit")
         return self
 
-    @staticmethod
-    def _fit_question(question, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        """The fitted arrays of one question: ridge weights and residual spread, or the logistic model's."""
+    def _fit_question(self, question, x: np.ndarray, y: np.ndarray, systems: np.ndarray) -> dict[str, np.ndarray]:
+        """The fitted arrays of one question: ridge weights and residual spread, or the logistic model's;
+        ``systems``: each row's system id (NaN: none), the groups of the contextual scale's CV."""
         if question.ordered:
-            model = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(x, y)
-            sigma = max(float(np.std(y - model.predict(x))), 1e-3)
+            context = self._context_slice(x)
+            scale = self._context_scale(x, y, systems, context) if self.contextual else 1.0
+            scaled = x.copy()
+            scaled[:, context] *= scale
+            model = RidgeCV(alphas=ALPHAS).fit(scaled, y)
+            coef = model.coef_.copy()
+            coef[context] *= scale
+            sigma = max(float(np.std(y - model.predict(scaled))), 1e-3)
             return {
-                "coef": model.coef_,
+                "coef": coef,
                 "intercept": np.atleast_1d(model.intercept_),
                 "sigma": np.array([sigma]),
                 "alpha": np.array([model.alpha_]),
+                **({"context_scale": np.array([scale])} if self.contextual else {}),
             }
         pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
         grid = {"logisticregression__C": np.logspace(-3, 3, 7)}
@@ -330,6 +385,35 @@ class RidgeJudge(MainQuestionBaseline):
             "intercept": logistic.intercept_,
             "classes": logistic.classes_.astype(np.float64),
         }
+
+    def _context_slice(self, x: np.ndarray) -> slice:
+        """The contextual columns of a design matrix (empty when not contextual)."""
+        start = len(self.fill_)
+        return slice(start, start + (len(self.fill_) if self.contextual else 0))
+
+    def _context_scale(self, x: np.ndarray, y: np.ndarray, systems: np.ndarray, context: slice) -> float:
+        """The scale s of the contextual columns (penalty: the within one / s²) with the lowest squared
+        error of held-out systems' answers (folds by system, ``linear.context_folds`` at most); 0 with
+        fewer than 3 training systems. Rows without a system are always trained on."""
+        named = pd.notna(systems)
+        groups = pd.Series(np.where(named, systems, "")).astype(str).to_numpy()
+        n_systems = len(set(groups[named]))
+        if n_systems < 3:
+            return 0.0
+        folds = GroupKFold(n_splits=min(self.linear.context_folds, n_systems))
+        errors = {}
+        with one_thread(blas=True):
+            for scale in sorted(self.linear.context_scales):
+                scaled = x.copy()
+                scaled[:, context] *= scale
+                error = 0.0
+                for train, test in folds.split(scaled[named], y[named], groups[named]):
+                    train = np.concatenate([np.flatnonzero(named)[train], np.flatnonzero(~named)])
+                    test = np.flatnonzero(named)[test]
+                    fit = RidgeCV(alphas=ALPHAS).fit(scaled[train], y[train])
+                    error += float(((fit.predict(scaled[test]) - y[test]) ** 2).sum())
+                errors[scale] = error
+        return min(errors, key=errors.get)  # the first (smallest) scale of the lowest error
 
     def _question_proba(self, question, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         fit = self.fits_[question.id]
@@ -353,6 +437,7 @@ class RidgeJudge(MainQuestionBaseline):
         """The predictions table of every fitted question."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
         questions = [self.rubric[q] for q in self.fits_]
+        self._context(tables, pairs)  # the contextual columns of every text, before any completion
         results = self._marginal_results(tables, pairs)
         if results is None:
             x = self._design(tables, pairs)
@@ -390,6 +475,7 @@ class RidgeJudge(MainQuestionBaseline):
 
     def predict_proba(self, tables: Tables, pairs: pd.DataFrame | None = None) -> np.ndarray:
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        self._context(tables, pairs)  # the contextual columns of every text, before any completion
         results = self._marginal_results(tables, pairs)
         if results is not None:
             return questions_proba(self.rubric, {q: p for q, (p, _) in zip(self.fits_, results)}, len(pairs))
@@ -433,7 +519,10 @@ class RidgeJudge(MainQuestionBaseline):
             "layout": self.layout_.to_dict(),
             "judges": list(self.judges_.judges),
             "questions": list(self.fits_),
+            "contextual": self.contextual,
         }
+        if self.contextual:
+            tensors["centre"] = torch.from_numpy(self.centre_.astype(np.float64))
         answers_state(self.answers_, meta, tensors)
         return meta, tensors
 
@@ -441,12 +530,14 @@ class RidgeJudge(MainQuestionBaseline):
     def from_state(
         cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
     ) -> RidgeJudge:
-        self = cls(rubric)
+        self = cls(rubric, linear=LinearConfig(contextual=bool(meta.get("contextual", False))))
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.judges_ = JudgeMap(tuple(meta["judges"]))
         self.fill_ = tensors["fill"].numpy()
+        if self.contextual:
+            self.centre_ = tensors["centre"].numpy()
         self.fits_ = {
-            q: {k.split(".", 1)[1]: v.numpy() for k, v in tensors.items() if k.split(".", 1)[0] == q}
+            q: {k.split(".", 1)[1]: v.numpy() for k, v in tensors.items() if "." in k and k.split(".", 1)[0] == q}
             for q in meta["questions"]
         }
         self.answers_ = answers_from_state(meta, tensors, rubric, source)
@@ -505,8 +596,20 @@ def _baseline(cls):
     return lambda rubric, setup: cls(rubric, setup.seed, setup.source)
 
 
+def _linear(setup: Setup, **override) -> LinearConfig:
+    """``model.linear`` of ``setup`` with ``override``; an unknown key is an :class:`InputError`."""
+    try:
+        return LinearConfig(**{**dict(setup.model.get("linear") or {}), **override})
+    except TypeError as e:
+        raise InputError(f"unknown model.linear setting: {e}", setting="model.linear") from None
+
+
 def _ridge(rubric: Rubric, setup: Setup) -> RidgeJudge:
-    return RidgeJudge(rubric, setup.seed)
+    return RidgeJudge(rubric, setup.seed, linear=_linear(setup))
+
+
+def _ridge_context(rubric: Rubric, setup: Setup) -> RidgeJudge:
+    return RidgeJudge(rubric, setup.seed, linear=_linear(setup, contextual=True))
 
 
 register("random", _baseline(RandomBaseline), RandomBaseline)
@@ -516,6 +619,7 @@ register("mean_of_sources", _baseline(MeanOfSources), MeanOfSources, same_as="ex
 register("constant", _baseline(ConstantBaseline), ConstantBaseline)
 register("raw_linear_system", _baseline(RawLinearSystem), RawLinearSystem)
 register("ridge_judge", _ridge, RidgeJudge, candidate=True)
+register("ridge_context", _ridge_context, RidgeJudge, candidate=True)
 METHODS = (
     "random",
     "argmax_llm",

@@ -39,7 +39,7 @@ FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REF_LINK = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)")
 INLINE_CLI = re.compile(r"`((?:\.venv/bin/)?llmrubric(?: [^`]*)?)`")
-README_MAX_LINES = 250
+README_MAX_LINES = 130
 
 
 @dataclass(frozen=True)

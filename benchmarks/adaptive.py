@@ -30,7 +30,7 @@ seconds (wall, and in the backend), tokens computed, selection seconds and the c
 scores (``llmrubric score texts``).
 
 Writes ``benchmarks/results/adaptive.json``: ``{set: {rule: {calls: {pair_nll, pair_pearson}}, ...},
-"extraction": {...}}``.
+"extraction": {...}, "meta": {commit, dirty, runs: {part: {commit, dirty}}}}`` (parts of earlier runs kept).
 """
 
 from __future__ import annotations
@@ -49,12 +49,11 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, exit_code, llm_rubric_default  # noqa: E402
+from benchmarks.common import ROOT, code_version, exit_code, llm_rubric_default, write_result  # noqa: E402
 from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.evaluation.adaptive import MainQuestion, greedy_fixed_order, masked_proba, prefix_hidden  # noqa: E402
-from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, load_tables  # noqa: E402
 from llmrubric.model.adaptive import Selector, reveal_orders  # noqa: E402
@@ -316,19 +315,24 @@ def run(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     rubric = Rubric.load(RUBRIC)
     out = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+    version = code_version()
+    runs = out.setdefault("meta", {}).setdefault("runs", {})  # each part's commit: parts merge from several runs
     for name in args.sets:
         out[name] = run_set(name, args, rubric)
         out[name]["settings"] = {
             k: getattr(args, k) for k in ("folds", "limit", "ensemble", "trainer", "draws", "seed")
         }
-        write_json(out, args.out)
+        runs[name] = version
+        write_result(out, args.out, version)
     if args.extraction:
         out["extraction"] = run_extraction(args, rubric)
-        write_json(out, args.out)
+        runs["extraction"] = version
+        write_result(out, args.out, version)
     print(
-        json.dumps({k: {r: v.get(r) for r in ("stop_rule",)} for k, v in out.items() if isinstance(v, dict)}, indent=1)[
-            :4000
-        ]
+        json.dumps(
+            {k: {r: v.get(r) for r in ("stop_rule",)} for k, v in out.items() if isinstance(v, dict) and k != "meta"},
+            indent=1,
+        )[:4000]
     )
     return 0
 

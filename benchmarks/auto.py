@@ -72,6 +72,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import code_version, write_result  # noqa: E402
+
 from llmrubric.apps.evaluate import evaluate_predicted, predicted_annotations  # noqa: E402
 from llmrubric.apps.train import auto_group  # noqa: E402
 from llmrubric.config import compose, group, model_file  # noqa: E402
@@ -80,7 +82,6 @@ from llmrubric.data.simulate import simulate_shift  # noqa: E402
 from llmrubric.data.splits import system_folds, system_groupings, text_folds, text_systems  # noqa: E402
 from llmrubric.evaluation.transfer import grouped_kendall, pair_scores, system_means, system_metrics  # noqa: E402
 from llmrubric.io.errors import InputError, reports_errors  # noqa: E402
-from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import build_model, candidate  # noqa: E402
@@ -585,7 +586,7 @@ def outer_jobs(args, sets: list[str]) -> list[tuple]:
 
 def run(args, sets: list[str]) -> int:
     jobs = outer_jobs(args, sets)
-    started, commit = time.time(), _commit()  # the code this run measures (HEAD may move while it runs)
+    started, version = time.time(), code_version()  # the code this run measures (HEAD may move while it runs)
     print(f"{len(jobs)} outer folds on {args.workers} workers", flush=True)
     n = len(jobs)
     with ProcessPoolExecutor(args.workers) as pool:
@@ -594,7 +595,7 @@ def run(args, sets: list[str]) -> int:
         "meta": {
             "seconds": time.time() - started,
             "draws": args.draws,
-            "commit": commit,
+            **version,
             "auto_path": "shipped",
             "grouping_seeds": args.grouping_seeds,
             "folds_limit": args.folds_limit,
@@ -627,7 +628,7 @@ def run(args, sets: list[str]) -> int:
         print(f"targets {where}: " + ", ".join(f"{k} {c['met']}" for k, c in checks.items()), flush=True)
     if args.cost:
         report["cost"] = cost(args)
-    write_json(report, args.out)
+    write_result(report, args.out, version)
     print(f"written to {args.out}")
     return 0
 
@@ -700,15 +701,6 @@ def print_table(set_name: str, protocol: str, figures_: dict) -> None:
 
 def _rounded(weights: dict) -> dict:
     return {name: round(w, 3) for name, w in weights.items()}
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 if __name__ == "__main__":

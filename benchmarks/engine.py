@@ -33,11 +33,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import code_version, write_result  # noqa: E402
+
 from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.experiments.search import Setting, cross_validate  # noqa: E402
-from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.core.encoding import JudgeMap  # noqa: E402
@@ -64,12 +65,6 @@ class Clock:
 
     def record(self) -> dict:
         return {"seconds": self.wall, "cpu_seconds": self.cpu}
-
-
-def commit() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def default_setting(**model) -> Setting:
@@ -226,7 +221,7 @@ def main() -> None:
     settings = {"default": default_setting(), "default_without_dropout": default_setting(input_dropout=0.0)}
     report: dict = {
         "meta": {
-            "commit": commit(),
+            **code_version(),
             "torch": torch.__version__,
             "cpus": len(os.sched_getaffinity(0)),
             "load": os.getloadavg(),
@@ -271,7 +266,7 @@ def main() -> None:
     summary = {k: v for k, v in report.items() if k != "predictions"}
     summary["nll"] = {n: p["nll"] for n, p in report["predictions"].items()}
     print(json.dumps(summary, indent=1))
-    write_json(report, RESULTS / ("engine_reference.json" if args.record else "engine.json"))
+    write_result(report, RESULTS / ("engine_reference.json" if args.record else "engine.json"), report["meta"])
 
 
 def per_fold_old(rubric, tables, setting: Setting) -> dict:

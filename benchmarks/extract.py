@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import write_result
 
 from llmrubric.extract.adapters import llm_rubric_real_texts
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
@@ -24,7 +25,6 @@ from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import extract
-from llmrubric.io.files import write_json
 from llmrubric.io.rubric import Rubric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +126,7 @@ def main() -> None:
     result["cpu_tiny"] = cpu
     result["gpu"] = None
     result["gpu_reason"] = "no GPU in this environment; the 8B Llama bf16 throughput figure was not measured"
-    write_json(result, args.out)
+    write_result(result, args.out)
     print(result)
 
 

@@ -65,7 +65,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import exit_code, llm_rubric_default  # noqa: E402
+from common import code_version, exit_code, llm_rubric_default, write_result  # noqa: E402
 
 from llmrubric.config import group, load_file  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
@@ -73,7 +73,7 @@ from llmrubric.data.simulate import simulate_shift  # noqa: E402
 from llmrubric.data.splits import holdout_texts, system_folds  # noqa: E402
 from llmrubric.evaluation.metrics import align  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
-from llmrubric.io.files import write_json, write_table  # noqa: E402
+from llmrubric.io.files import write_table  # noqa: E402
 from llmrubric.io.predictions import probabilities  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, read_table  # noqa: E402
@@ -383,7 +383,7 @@ def run(argv: list[str] | None) -> int:
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     report: dict = {"intervals": {}, "labels_to_match_classical_at_40": {}, "judge_add": {}}
-    started = time.perf_counter()
+    started, version = time.perf_counter(), code_version()
     for name in sets:
         rubric, tables = load_set(name, args)
         texts = held_out_texts(name, rubric, tables, cache)
@@ -420,7 +420,7 @@ def run(argv: list[str] | None) -> int:
         "seconds": time.perf_counter() - started,
         "cpus": os.cpu_count(),
     }
-    write_json(report, args.out)
+    write_result(report, args.out, version)
     print(f"written: {args.out} ({report['meta']['seconds']:.0f} s)")
     return 0
 

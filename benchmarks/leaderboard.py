@@ -27,7 +27,6 @@ import logging
 import multiprocessing
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,10 +41,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import code_version, write_result  # noqa: E402
+
 from llmrubric.config import command_settings  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
-from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables  # noqa: E402
 from llmrubric.model.families.baselines import ExpectedLLM  # noqa: E402
@@ -176,7 +176,7 @@ def main() -> None:
         )
         return
     args.out = args.out or str(ROOT / "benchmarks" / "results" / "leaderboard.json")
-    start = time.perf_counter()
+    start, version = time.perf_counter(), code_version()
     rubric, synthetic, real = data(args.data)
     with ProcessPoolExecutor(args.workers) as pool:
         runs = dict(
@@ -219,18 +219,14 @@ def main() -> None:
         report[split] = entry
         lb.write(cal, ROOT / "outputs" / "leaderboard" / split, plot=True)
     report["scoring"] = scoring_speed(rubric, synthetic, real, args.pairs)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     report["meta"] = {
-        "commit": commit,
         "seconds": time.perf_counter() - start,
         "seeds": args.seeds,
         "bootstrap": args.bootstrap,
         "trusted_judges": "all checkpoint judges",
         "question": rubric.main.id,
     }
-    write_json(report, args.out)
+    write_result(report, args.out, version)
     print_report(report)
     print(f"\nwritten to {args.out} in {report['meta']['seconds']:.0f}s (plots in outputs/leaderboard/)")
 
@@ -257,6 +253,7 @@ def read_validate(features: str) -> dict:
 
 def read_validate_speed(root: str, n_pairs: int, repeats: int, out: str) -> None:
     """``--read-only``: time read + validate of the scoring benchmark's features table."""
+    version = code_version()
     rubric, synthetic, real = data(root)
     big = replicated_features(real, synthetic.annotations.judge_id.nunique(), n_pairs)
     with tempfile.TemporaryDirectory() as tmp:
@@ -267,17 +264,13 @@ def read_validate_speed(root: str, n_pairs: int, repeats: int, out: str) -> None
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 runs.append(pool.submit(read_validate, str(path)).result())
     totals = [r["read_seconds"] + r["validate_seconds"] for r in runs]
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     result = {
         "rows": runs[0]["rows"],
         "runs": runs,
         "best_seconds": min(totals),
         "median_seconds": float(np.median(totals)),
-        "commit": commit,
     }
-    write_json(result, out)
+    write_result(result, out, version)
     print(
         f"read + validate {result['rows']} feature rows: best {result['best_seconds']:.2f}s, median {result['median_seconds']:.2f}s "
         f"over {repeats} fresh processes (read {min(r['read_seconds'] for r in runs):.2f}s, validate {min(r['validate_seconds'] for r in runs):.2f}s) → {out}"

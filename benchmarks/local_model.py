@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from common import ROOT, exit_code
+from common import ROOT, exit_code, write_result
 
 from llmrubric.extract import models
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
-from llmrubric.io.files import write_json
 from llmrubric.io.rubric import Rubric
 
 QUESTIONS = ["Q0", "Q1", "Q6", "Q7", "Q8"]  # those that need no references
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         "load": load,
         "scoring": scoring,
     }
-    print(write_json(out, args.out).read_text(), end="")
+    print(write_result(out, args.out).read_text(), end="")
     return 0
 
 

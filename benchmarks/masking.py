@@ -33,11 +33,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import exit_code, llm_rubric_default  # noqa: E402
+from benchmarks.common import code_version, exit_code, llm_rubric_default, write_result  # noqa: E402
 from llmrubric.config import TrainConfig, model_settings  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
-from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, load_tables  # noqa: E402
 from llmrubric.model.auto import candidate  # noqa: E402
@@ -168,6 +167,8 @@ def run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
     result = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    version = code_version()
+    runs = result.setdefault("meta", {}).setdefault("runs", {})  # each set's parts' commit: parts merge
     with one_thread(blas=True):
         for name in args.sets:
             tables = load(name, args.data, rubric)
@@ -177,7 +178,8 @@ def run(argv: list[str] | None = None) -> int:
                 print(name, "calibration", json.dumps(entry["calibration"]), flush=True)
             if "nll" in args.part and name != "real":
                 entry["nll"] = nll(tables, rubric, args.families, args.folds)
-    write_json(result, OUT)
+            runs.update({f"{name}.{part}": version for part in args.part if part in entry})
+    write_result(result, OUT, version)
     print(f"written to {OUT}")
     return 0
 

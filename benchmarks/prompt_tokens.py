@@ -17,14 +17,13 @@ import sys
 from pathlib import Path
 
 import transformers
-from common import ROOT, llm_rubric_default
+from common import ROOT, llm_rubric_default, write_result
 from real_llm_probe import shortest
 
 from llmrubric.extract import models
 from llmrubric.extract.adapters import llm_rubric_real_texts
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
-from llmrubric.io.files import write_json
 from llmrubric.io.rubric import Rubric
 
 
@@ -68,7 +67,7 @@ def main() -> int:
         "gpt2_split": compare(built, llama, tasks),
         "digits_first_split": compare(split, llama, tasks) if models.split_digits_first(split, pre) else None,
     }
-    print(write_json(out, args.out).read_text(), end="")
+    print(write_result(out, args.out).read_text(), end="")
     return 0
 
 

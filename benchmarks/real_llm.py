@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import code_version, write_result
 
 from llmrubric.apps.extract import load_config
 from llmrubric.extract.adapters import llm_rubric_real_texts
@@ -37,7 +38,6 @@ from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.runner import extract
-from llmrubric.io.files import write_json
 from llmrubric.io.rubric import Rubric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,6 +147,12 @@ def compare_dtypes(backend, subset, tasks, rubric, n: int) -> dict:
     return dtypes
 
 
+def write_part(result: dict, part: str, out: str, version: dict) -> None:
+    """``result`` written to ``out`` with ``meta.runs[part]``: the commit of this part's run (parts merge)."""
+    result.setdefault("meta", {}).setdefault("runs", {})[part] = version
+    write_result(result, out, version)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -171,6 +177,7 @@ def main() -> None:
     torch.set_num_threads(len(os.sched_getaffinity(0)))
 
     cfg = load_config(args.config)
+    version = code_version()  # the code that runs: HEAD when the run starts
     if args.part != "a":
         import real_llm_cv
         import real_llm_probe
@@ -185,7 +192,7 @@ def main() -> None:
         figures = run_part[args.part](args, cfg)
         result = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
         result["real_server" if args.part == "server" else args.part] = figures
-        write_json(result, args.out)
+        write_part(result, "real_server" if args.part == "server" else args.part, args.out, version)
         print(json.dumps(figures, indent=1))
         return
     rubric = Rubric.load(ROOT / cfg["rubric"])
@@ -195,7 +202,7 @@ def main() -> None:
         extraction = from_cache(args, cfg, texts)
         result = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
         result["extraction"] = extraction
-        write_json(result, args.out)
+        write_part(result, "extraction", args.out, version)
         print(extraction)
         return
     template = PromptTemplate(cfg.get("template") or "llm_rubric")
@@ -259,7 +266,7 @@ def main() -> None:
             "note": "kept from an earlier run (--dtype-dialogues 0)",
         }
     result["extraction"] = extraction
-    write_json(result, args.out)
+    write_part(result, "extraction", args.out, version)
     print(extraction)
 
 

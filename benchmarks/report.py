@@ -22,7 +22,6 @@ import logging
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import time
 import warnings
@@ -35,7 +34,8 @@ from llmrubric.config import compose
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmrubric.io.files import write_json  # noqa: E402
+from common import code_version, write_result  # noqa: E402
+
 from llmrubric.report.build import experiment_splits, report_from_config  # noqa: E402
 
 FIGURES = {
@@ -72,7 +72,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(1)
-    load = os.getloadavg()
+    load, version = os.getloadavg(), code_version()
     common = [f"report.seeds={args.seeds}", f"report.workers={args.workers}", f"data.root={args.data}"]
     real_dir, real_seconds, real_cpu = run("llm_rubric_real", [*common, f"run_dir={args.outputs}/llm_rubric_real"])
     cv_dir, cv_seconds, cv_cpu = run(
@@ -103,9 +103,6 @@ def main() -> None:
     for name, folder in (("cv", cv_dir), ("real", real_dir)):
         for figure in FIGURES[name]:
             shutil.copyfile(folder / "figures" / figure, figures / f"{name}_{figure}")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     result = {
         "smece": cv["calibration"]["smece"],
         "smece_all_below_0.05": all(v["value"] < 0.05 for v in cv["calibration"]["smece"].values()),
@@ -124,7 +121,6 @@ def main() -> None:
         "table1_cv": cv["table1"]["rows"],
         "oracles_cv": cv["oracles"]["rows"],
         "meta": {
-            "commit": commit,
             "seeds": args.seeds,
             "workers": args.workers,
             "cpus": os.cpu_count(),
@@ -134,7 +130,7 @@ def main() -> None:
             "steps_cv": cv["meta"]["seconds per step"],
         },
     }
-    write_json(result, args.out)
+    write_result(result, args.out, version)
     print(
         "\nsmECE (synthetic CV): "
         + ", ".join(f"{k}: {v['value']:.3f} [{v['low']:.3f}, {v['high']:.3f}]" for k, v in result["smece"].items())

@@ -29,6 +29,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from common import code_version, write_result  # noqa: E402
 from support.fake_openai import FakeOpenAI  # noqa: E402
 from support.postgres_server import PostgresServer, unavailable  # noqa: E402
 from support.tiny_models import make_llama, make_tokenizer, write_texts  # noqa: E402
@@ -39,7 +40,6 @@ from llmrubric.extract.cache import ResultCache  # noqa: E402
 from llmrubric.extract.families import likert_tasks  # noqa: E402
 from llmrubric.extract.prompts import PromptTemplate  # noqa: E402
 from llmrubric.extract.runner import extract  # noqa: E402
-from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 
 WORKER = """
@@ -160,6 +160,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale.json"))
     args = parser.parse_args()
+    version = code_version()
     ex = extraction(args.prompts, args.latency, args.concurrency)
     result = {
         "extraction": ex["per_s"],
@@ -171,7 +172,7 @@ def main() -> None:
         "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
     }
     print(f"extraction speed-up with 3 endpoints: {result['extraction_speedup_3']}x (target >= 2.5)")
-    write_json(result, args.out)
+    write_result(result, args.out, version)
     print(f"→ {args.out}")
 
 

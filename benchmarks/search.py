@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 import warnings
@@ -28,12 +27,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import code_version, write_result  # noqa: E402
+
 from llmrubric.config import compose, group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.evaluation.metrics import METRICS, evaluate, seed_sd  # noqa: E402
 from llmrubric.experiments.search import Setting, cross_validate, run_search  # noqa: E402
-from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.model.families.network.calibrator import NetworkCalibrator  # noqa: E402
 
@@ -57,12 +57,6 @@ def reference_setting(root: Path) -> Setting:
         "delta_l2": 0.0,
     }
     return Setting(model, trainer)
-
-
-def commit() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def data_sha256(root: Path) -> str:
@@ -144,7 +138,7 @@ def main() -> None:
     synthetic, real = llm_rubric.load(root, "synthetic", rubric), llm_rubric.load(root, "real", rubric)
     folds = text_folds(synthetic.text_ids, 5, seed=0)
     reference = reference_setting(root)
-    report: dict = {"meta": {"commit": commit(), "data_sha256": data_sha256(root)}}
+    report: dict = {"meta": {**code_version(), "data_sha256": data_sha256(root)}}
     report["reference_inner_nll"] = cross_validate(rubric, synthetic, reference, folds, seed=0)[0]["nll"]
     print(f"reference configuration, 5-fold CV NLL {report['reference_inner_nll']:.4f}", flush=True)
     if args.trials:
@@ -186,7 +180,7 @@ def main() -> None:
         )
         report["wall_seconds"] = report["nested"]["wall_seconds"]
         print("nested search:", {k: v for k, v in report["nested"].items() if k != "folds"}, flush=True)
-    write_json(report, args.out)
+    write_result(report, args.out, report["meta"])
     print(f"written to {args.out}")
 
 

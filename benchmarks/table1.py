@@ -16,7 +16,6 @@ import argparse
 import hashlib
 import logging
 import os
-import subprocess
 import sys
 import time
 import warnings
@@ -30,11 +29,12 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import code_version, write_result  # noqa: E402
+
 from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import system_folds, text_folds  # noqa: E402
 from llmrubric.evaluation.metrics import METRICS, evaluate, markdown_table, seed_sd  # noqa: E402
-from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.model.families.baselines import DETERMINISTIC, METHODS, make_method  # noqa: E402
 
@@ -123,9 +123,7 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "table1.json"))
     args = parser.parse_args()
-    commit = subprocess.run(  # the code that runs: HEAD when the run starts
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    version = code_version()  # the code that runs: HEAD when the run starts
     start = time.perf_counter()
     jobs = [(name, seed) for name in args.methods for seed in ([0] if name in DETERMINISTIC else range(args.seeds))]
     with ProcessPoolExecutor(args.workers) as pool:
@@ -147,7 +145,6 @@ def main() -> None:
     for path in sorted(Path(args.data).rglob("*.tsv")):
         digest.update(path.read_bytes())
     report["meta"] = {
-        "commit": commit,
         "seconds": time.perf_counter() - start,
         "data_sha256": digest.hexdigest(),
         "fit_seconds_llm_rubric_synthetic": {"mean": float(np.mean(learned)), "max": float(np.max(learned))}
@@ -155,7 +152,7 @@ def main() -> None:
         else None,
         "paper": PAPER,
     }
-    write_json(report, args.out)
+    write_result(report, args.out, version)
     for protocol in PROTOCOLS:
         rows = {}
         for name in args.methods:

@@ -11,13 +11,14 @@ pytest's pass/skip/fail counts to the JSON file.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import code_version, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +53,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "test_times.json")
     args = parser.parse_args()
     targets = ["test-fast", "test"] if args.full else ["test-fast"]
+    version = code_version()
     results = []
     for target in targets:
         results.append(run_target(target))
@@ -59,10 +61,8 @@ def main() -> int:
         print(
             f"make {target}: {r['wall_seconds']} s wall, {r['cpu_seconds']} CPU-s, {r['summary']} (exit {r['exit_code']})"
         )
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    payload = {"meta": {"commit": commit.stdout.strip(), "cpus": os.cpu_count()}, "targets": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    payload = {"meta": {"cpus": os.cpu_count()}, "targets": results}
+    write_result(payload, args.out, version)
     print(f"written to {args.out}")
     return 0 if all(r["exit_code"] == 0 for r in results) else 1
 

@@ -47,7 +47,6 @@ import itertools
 import json
 import logging
 import math
-import subprocess
 import sys
 import time
 import warnings
@@ -61,7 +60,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import exit_code, llm_rubric_default  # noqa: E402
+from common import code_version, exit_code, llm_rubric_default, write_result  # noqa: E402
 
 from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
@@ -414,9 +413,7 @@ def run(argv: list[str] | None) -> int:
                 f"--nested and --two-out need at least 3 systems (training on the others), {name} has {len(systems_of[name])}",
                 column="system_id",
             )
-    commit = subprocess.run(  # the code that runs: HEAD when the run starts
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    version = code_version()  # the code that runs: HEAD when the run starts
     start = time.perf_counter()
     jobs = [(s, m, seed) for s in sets for m in args.methods for seed in (range(args.seeds) if m in LEARNED else [0])]
     extra_jobs = [(*job, "nested", system) for job in jobs if job[1] in nested for system in systems_of[job[0]]]
@@ -447,7 +444,6 @@ def run(argv: list[str] | None) -> int:
     kendall_comparison(report)
     heads = [m for m in HEADS if m in args.methods]
     report["meta"] = {
-        "commit": commit,
         "seconds": time.perf_counter() - start,
         "seeds": args.seeds,
         "draws": args.draws,
@@ -456,7 +452,7 @@ def run(argv: list[str] | None) -> int:
         "two_out": two_out,
         "lowest_nll_head": {k: min(heads, key=lambda m: v[m]["pair_nll"]) for k, v in report.items() if heads},
     }
-    write_json(finite(report), args.out)
+    write_result(finite(report), args.out, version)
     cols = ("pair_pearson", "pair_nll", "system_kendall", "system_spearman", "system_mae", "coverage", "width")
     cols += ("coverage_nested", "width_nested") if nested else ()
     cols += ("system_kendall_two_out",) if two_out else ()

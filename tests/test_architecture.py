@@ -76,12 +76,25 @@ GRAPH = (
 
 def _imports(root: Path) -> set[tuple[str, str]]:
     """(importer, imported) for every import between two modules of the package under ``root``, as grimp (which
-    import-linter uses) finds them: imports inside functions and ``TYPE_CHECKING`` blocks included."""
+    import-linter uses) finds them: imports inside functions and ``TYPE_CHECKING`` blocks included, plus the
+    packages each import runs (:func:`_with_packages`)."""
     done = subprocess.run(
         [sys.executable, "-c", GRAPH], cwd=root, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return {(a, b) for a, b in json.loads(done.stdout)}
+    return _with_packages({(a, b) for a, b in json.loads(done.stdout)})
+
+
+def _ancestors(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _with_packages(imports: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """``imports`` with an edge from each importer to every package above the imported module that is not above
+    the importer: importing ``a.b.c`` runs ``a/b/__init__.py`` first, which grimp does not count as an import."""
+    implied = {(a, p) for a, b in imports for p in _ancestors(b) if p != a and p not in _ancestors(a)}
+    return imports | implied
 
 
 def _cycles(imports: set[tuple[str, str]]) -> list[list[str]]:
@@ -107,6 +120,19 @@ def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path):
     imports = _imports(root)
     assert ("llmrubric.io.errors", "llmrubric.io.files") in imports
     assert any({"llmrubric.io.errors", "llmrubric.io.files"} <= set(c) for c in _cycles(imports))
+
+
+def test_a_cycle_through_the_package_an_import_runs_is_found(tmp_path):
+    """Importing ``scoring.leaderboard.reading`` runs ``scoring/leaderboard/__init__.py``, which imports ``board``,
+    whose ``build`` imports ``scoring.levels`` inside the function: the cycle ``levels`` had until it read its
+    table through ``io.system_values``."""
+    root = _copy(tmp_path)
+    with open(root / "llmrubric" / "scoring" / "levels.py", "a") as f:
+        f.write("\n\ndef planted():\n    from llmrubric.scoring.leaderboard.reading import read_leaderboard  # noqa\n")
+    imports = _imports(root)
+    assert ("llmrubric.scoring.levels", "llmrubric.scoring.leaderboard") in imports
+    cycle = {"llmrubric.scoring.levels", "llmrubric.scoring.leaderboard", "llmrubric.scoring.leaderboard.board"}
+    assert any(cycle <= set(c) for c in _cycles(imports))
 
 
 def _functions(path: Path):

@@ -124,7 +124,8 @@ def test_a_new_family_is_an_auto_candidate_an_evaluate_method_and_round_trips(
     assert expand_baselines(["test_prior"], rubric, train.features) == (["test_prior"], {})
     model_settings = {**SMALL_AUTO, "auto": {**SMALL_AUTO["auto"], "candidates": ["test_prior", "ridge_judge"]}}
     auto = AutoCalibrator(rubric, model_settings, FAST).fit(train)
-    assert {name.removesuffix("-level") for name in auto.table_} == {"test_prior", "ridge_judge"}  # each with a level
+    assert auto.level_record_["compared"], auto.level_record_  # 3+ training systems: each also with a level
+    assert set(auto.table_) == {"test_prior", "test_prior-level", "ridge_judge", "ridge_judge-level"}
     assert auto.table_["test_prior"]["nll"] > 0
     auto.weights_ = {"test_prior": 1.0}  # the member loads through the registry whatever the inner CV chose
     auto.members_ = {"test_prior": Prior(rubric).fit(train)}

@@ -15,8 +15,9 @@ class AdaptiveConfig:
     Attributes:
         budget: most LLM calls (blocks asked) per text; None: every block of the calibrator.
         min_gain: stop when the best expected variance reduction per unit cost is below this
-            (squared score units; 0: stop only at the budget or when no block is left; 0.0005 was
-            chosen on the synthetic and simulated sets, benchmarks/README.md, issue 34).
+            (squared score units; 0: stop only at the budget or when no block is left; 0.001, the
+            largest threshold within 0.005 pair NLL of the best budget on the synthetic and simulated
+            sets at ad57d93, benchmarks/README.md, issue 34).
         cost: ``calls`` (each block costs 1) or ``tokens`` (a block costs its prompt's length in
             characters over the mean prompt length of the text's blocks).
         draws: the answer model's guesses of a block's answer that each expected reduction averages over.
@@ -26,7 +27,7 @@ class AdaptiveConfig:
     """
 
     budget: int | None = None
-    min_gain: float = 0.0005
+    min_gain: float = 0.001
     cost: str = "calls"
     draws: int = 32
     judges: list[str] | None = None

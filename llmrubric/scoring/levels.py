@@ -26,19 +26,17 @@ import pandas as pd
 from scipy import stats
 
 from llmrubric.io.errors import InputError
+from llmrubric.io.system_values import read_system_values
+from llmrubric.io.tables import read_nonempty
 from llmrubric.scoring.labels import uniform_interval
 from llmrubric.scoring.ranks import by_score
 
 
 def read_levels(path: str | Path) -> pd.DataFrame:
     """A levels table of ``score texts`` (``system_id, level, level_sd, known, sigma_within``), indexed by system."""
-    from llmrubric.scoring.leaderboard.reading import read_system_values
-
     table = read_system_values(path, "levels table", lambda columns: ["level", "level_sd", "sigma_within"])
     if (table.level_sd < 0).any() or (table.sigma_within < 0).any():
         raise InputError("level_sd and sigma_within must be >= 0", file=str(path), column="level_sd")
-    from llmrubric.io.tables import read_nonempty
-
     raw = read_nonempty(Path(path), "levels table")
     known = raw["known"] if "known" in raw.columns else pd.Series(False, index=raw.index)
     table["known"] = known.astype(str).str.strip().str.lower().isin(["true", "1"]).to_numpy()

@@ -34,7 +34,16 @@ from llmrubric.config.loader import (
     settings_error,
 )
 from llmrubric.config.logger import LoggerConfig
-from llmrubric.config.model import AUTO_CANDIDATES, AutoConfig, ModelConfig, model_file, model_overrides, model_settings
+from llmrubric.config.model import (
+    AUTO_CANDIDATES,
+    LABEL_RULES,
+    AutoConfig,
+    LabelRuleConfig,
+    ModelConfig,
+    model_file,
+    model_overrides,
+    model_settings,
+)
 from llmrubric.config.paths import CONF_PACKAGE, CONF_PATH, VERSION_BASE, conf_path
 from llmrubric.config.report import REPORT_SECTIONS, ReportConfig
 from llmrubric.config.scoring import LeaderboardConfig, ScoringConfig
@@ -47,6 +56,7 @@ __all__ = [
     "CONF_PACKAGE",
     "CONF_PATH",
     "GROUP_SCHEMAS",
+    "LABEL_RULES",
     "LIMITS",
     "MISSING",
     "OPEN_GROUPS",
@@ -59,6 +69,7 @@ __all__ = [
     "ExtractConfig",
     "IRConfig",
     "JudgesConfig",
+    "LabelRuleConfig",
     "LabelsConfig",
     "LeaderboardConfig",
     "LoggerConfig",

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from llmrubric.config.paths import conf_path
 
 AUTO_CANDIDATES = ("network", "clmm_own", "clmm_all", "clmm_mean", "ridge_judge")
+LABEL_RULES = ("argmax", "rounded_mean", "frequency_thresholds", "kappa_thresholds")
 
 
 @dataclass
@@ -39,6 +40,21 @@ class AutoConfig:
 
 
 @dataclass
+class LabelRuleConfig:
+    """The label rule of an ordered main question (:mod:`llmrubric.model.core.label_rule`), chosen by
+    cross-validation on ``model=auto``'s out-of-fold predictions (the network alone: its in-sample ones).
+
+    Attributes:
+        rules: the candidate rules (``argmax``, ``rounded_mean``, ``frequency_thresholds``, ``kappa_thresholds``).
+        objective: ``kappa`` (Cohen's κ) or ``qwk`` (quadratic weighted κ): what the rules are chosen by and
+            ``kappa_thresholds`` maximises.
+    """
+
+    rules: list[str] = field(default_factory=lambda: list(LABEL_RULES))
+    objective: str = "kappa"
+
+
+@dataclass
 class ModelConfig:
     """The calibration network and its ensemble (``model.*``), defaults chosen by synthetic
     5-fold CV (``benchmarks/table1.py``, NLL of the main question on training texts only).
@@ -55,6 +71,7 @@ class ModelConfig:
             (:mod:`llmrubric.model.families.network.cumulative`); ``monotone`` applies to the latter two.
         family: ``network`` (this network alone) or ``auto`` (the model chosen by inner
             cross-validation among ``auto.candidates``, :class:`AutoConfig`).
+        label_rule: how predicted distributions become labels (:class:`LabelRuleConfig`).
     """
 
     h1: int = 25
@@ -67,6 +84,7 @@ class ModelConfig:
     monotone: bool = False
     family: str = "network"
     auto: AutoConfig = field(default_factory=AutoConfig)
+    label_rule: LabelRuleConfig = field(default_factory=LabelRuleConfig)
 
 
 def model_settings(model: dict | ModelConfig | None = None) -> dict:
@@ -75,7 +93,7 @@ def model_settings(model: dict | ModelConfig | None = None) -> dict:
 
     given = asdict(model) if isinstance(model, ModelConfig) else dict(model or {})
     plain = lambda v: OmegaConf.to_container(v, resolve=True) if isinstance(v, Container) else v
-    given = {k: asdict(v) if isinstance(v, AutoConfig) else plain(v) for k, v in given.items()}
+    given = {k: asdict(v) if isinstance(v, (AutoConfig, LabelRuleConfig)) else plain(v) for k, v in given.items()}
     return {**asdict(ModelConfig()), **given}
 
 

@@ -35,6 +35,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.core.label_rule import LabelRule, main_rule
 from llmrubric.model.core.registry import Setup, entry, family_of, fit_questions, make, names, register
 from llmrubric.model.core.system_level import (
     LEVEL,
@@ -144,7 +145,7 @@ class AutoCalibrator:
         main = self.rubric.main
         held = [question_targets(test, main) for _, test in splits]
         answers = np.concatenate([index for _, index in held])
-        self.table_, likelihood = {}, {}
+        self.table_, likelihood, oof = {}, {}, {}
         for name, probs, seconds, error in self._inner_predictions(splits, [p for p, _ in held], tables):
             if isinstance(error, NotApplicable):
                 self.table_[name] = {"not_applicable": str(error), "seconds": seconds}
@@ -155,7 +156,7 @@ class AutoCalibrator:
                 log.warning("model=auto: candidate %s failed: %s", name, error)
                 continue
             p = np.clip(probs[np.arange(len(answers)), answers], PROB_FLOOR, 1.0)
-            likelihood[name] = p
+            likelihood[name], oof[name] = p, probs
             self.table_[name] = {
                 "nll": float(-np.log(p).mean()),
                 **_point_figures(probs, answers, main),
@@ -179,6 +180,9 @@ class AutoCalibrator:
         self.weights_ = {n: w / total for n, w in self.weights_.items()}
         mixture = sum(w * likelihood[n] for n, w in self.weights_.items())
         self.inner_nll_ = float(-np.log(mixture).mean())
+        fold_ids = np.concatenate([np.full(len(p), f) for f, (p, _) in enumerate(held)])
+        mixed = sum(w * oof[n] for n, w in self.weights_.items())
+        self.label_rule_ = main_rule(main, mixed, answers, fold_ids, self.model, "out-of-fold")
         for name in self.table_:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
         log.info("model=auto (%s, inner folds by %s): weights %s", self.settings.rule, self.group, self.weights_)
@@ -378,6 +382,7 @@ class AutoCalibrator:
             "train_texts": self.train_texts_,
             "added_judges": getattr(self, "added_judges_", []),
             "members": {},
+            "label_rule": self.label_rule_.to_dict() if self.label_rule_ is not None else None,
         }
         tensors = {}
         for name, member in self.members_.items():
@@ -395,6 +400,7 @@ class AutoCalibrator:
             "fallback": self.fallback_,
             "system_level": self.level_record_,
             "inner_cv": self.table_,
+            "label_rule": self.label_rule_.to_dict() if self.label_rule_ is not None else None,
         }
 
     def save(self, path):
@@ -419,6 +425,7 @@ class AutoCalibrator:
         self.train_texts_, self.source_, self.fallback_ = meta.get("train_texts"), source, meta.get("fallback")
         self.added_judges_ = meta.get("added_judges", [])
         self.level_record_ = meta.get("system_level", {})
+        self.label_rule_ = LabelRule.from_dict(meta.get("label_rule"), source) if rubric.main.ordered else None
         self.levels_ = levels_from_state(rubric, self.level_record_, tensors, source)
         self.members_ = {}
         for name, member_meta in meta["members"].items():

@@ -136,6 +136,8 @@ def test_the_label_column_and_the_label_metrics(rubric):
     by_rule, by_argmax = evaluate(labelled, annotations, question), evaluate(frame, annotations, question)
     assert by_rule["kappa"] == pytest.approx(1.0) and by_rule["alpha"] == pytest.approx(1.0)
     assert by_argmax["kappa"] == pytest.approx(0.0) and by_argmax["nll"] == by_rule["nll"]
+    read_back = labelled.assign(label=labelled.label.astype(float))  # a CSV read back: 4.0 for the option "4"
+    assert evaluate(read_back, annotations, question)["kappa"] == pytest.approx(1.0)
 
 
 class Memoriser:

@@ -83,7 +83,7 @@ def predicted_labels(merged: pd.DataFrame, question: Question, probs: np.ndarray
     """Option index of each row's ``label`` (a label rule's), else of its most probable option."""
     if "label" not in merged.columns or merged["label"].isna().any():
         return probs.argmax(axis=1)
-    index = pd.Index(question.keys).get_indexer(merged["label"].astype(str))
+    index = np.array([-1 if (i := question.index_of(label)) is None else i for label in merged["label"]])
     if (index < 0).any():
         raise InputError(f"a label of {question.id} is not one of its options {list(question.keys)}", column="label")
     return index

@@ -74,7 +74,7 @@ def test_kappa_thresholds_reach_the_best_cut_points_by_brute_force():
         kappa(truth, (expected >= cuts[list(c)][:, None]).sum(axis=0), 4)
         for c in itertools.combinations_with_replacement(range(len(cuts)), 3)
     )
-    fitted = fit_rule("kappa_thresholds", probs, truth, VALUES).indices(probs, VALUES)
+    fitted = fit_rule("kappa_thresholds", probs, truth, VALUES, "kappa").indices(probs, VALUES)
     assert kappa(truth, fitted, 4) == pytest.approx(best, abs=0.03)
 
 

@@ -183,6 +183,7 @@ class AutoCalibrator:
         fold_ids = np.concatenate([np.full(len(p), f) for f, (p, _) in enumerate(held)])
         mixed = sum(w * oof[n] for n, w in self.weights_.items())
         self.label_rule_ = main_rule(main, mixed, answers, fold_ids, self.model, "out-of-fold")
+        self.label_oof_ = (mixed, answers, fold_ids)  # what the rule was chosen on (not saved)
         for name in self.table_:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
         log.info("model=auto (%s, inner folds by %s): weights %s", self.settings.rule, self.group, self.weights_)

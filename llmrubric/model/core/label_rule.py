@@ -28,6 +28,7 @@ from llmrubric.model.core.encoding import question_targets
 
 RULES = LABEL_RULES  # a tie goes to the earlier
 OBJECTIVES = ("kappa", "qwk")
+OBJECTIVE = LabelRuleConfig.objective
 MAX_PASSES = 20
 IN_SAMPLE_FOLDS = 5
 
@@ -99,7 +100,7 @@ def _kappa_of(confusion: np.ndarray, weights: np.ndarray) -> float:
     return float(1 - (weights * confusion).sum() / denominator) if denominator > 0 else math.nan
 
 
-def fit_cuts(name: str, expected: np.ndarray, ranks: np.ndarray, k: int, objective: str = "kappa") -> tuple:
+def fit_cuts(name: str, expected: np.ndarray, ranks: np.ndarray, k: int, objective: str = OBJECTIVE) -> tuple:
     """The cut points of threshold rule ``name`` on ``expected`` grades with observed ``ranks`` (0..k-1)."""
     order = np.argsort(expected, kind="stable")
     e, r = np.asarray(expected, float)[order], np.asarray(ranks)[order]
@@ -166,7 +167,7 @@ def _coordinate_search(positions: np.ndarray, r: np.ndarray, k: int, valid: np.n
     return positions
 
 
-def fit_rule(name: str, probs: np.ndarray, answers: np.ndarray, values, objective: str = "kappa") -> LabelRule:
+def fit_rule(name: str, probs: np.ndarray, answers: np.ndarray, values, objective: str = OBJECTIVE) -> LabelRule:
     """Rule ``name`` fitted on ``probs`` (rows, options) and observed option indices ``answers``."""
     if name not in ("frequency_thresholds", "kappa_thresholds"):
         return LabelRule(name)
@@ -181,7 +182,7 @@ def choose_rule(
     folds: np.ndarray,
     values,
     rules=RULES,
-    objective: str = "kappa",
+    objective: str = OBJECTIVE,
     fitted_on: str = "out-of-fold",
 ) -> LabelRule:
     """The rule of ``rules`` with the best mean ``objective`` over ``folds`` (each fold scored by the rule

@@ -745,6 +745,12 @@ CASES = [
     ),
     Case("train-auto-unknown-rule", "train.py", train("model.auto.rule=vote"), ("setting model.auto.rule", "'vote'")),
     Case(
+        "train-unknown-label-objective",
+        "train.py",
+        train("model.label_rule.objective=f1"),
+        ("setting model.label_rule.objective", "'f1'"),
+    ),
+    Case(
         "train-auto-system-folds-of-one-system",
         "train.py",
         train("model.auto.group=system", "protocol=system_groups", "system_groups=2"),  # 2 training systems

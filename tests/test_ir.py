@@ -17,6 +17,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.ir import autograder as ag
 from llmrubric.ir import nuggets as ng
 from llmrubric.ir.calibrated import calibrated_labels, ir_tables
+from llmrubric.model.core.label_rule import LabelRule
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 
 GRADES = pd.DataFrame(
@@ -264,6 +265,11 @@ def test_calibrated_autograder_beats_the_uncalibrated_max_grade():
     r_cal, r_raw = np.corrcoef(cal.grade, cal.human)[0, 1], np.corrcoef(unc.grade, unc.human)[0, 1]
     assert r_cal > 0.6 and r_cal > r_raw + 0.2
     assert set(calibrated.relevance) <= {0, 1, 2, 3}
+    cuts = np.quantile(calibrated.grade, [0.4, 0.7, 0.9])  # the checkpoint's rule, not rounding, labels the passages
+    model.label_rule_ = LabelRule("kappa_thresholds", tuple(cuts))
+    ruled = calibrated_labels(model, feats[feats.text_id.isin(test_texts)], "self_rating", test)
+    np.testing.assert_array_equal(ruled.relevance, (ruled.grade.to_numpy()[:, None] >= cuts).sum(axis=1))
+    assert (ruled.relevance != np.floor(ruled.grade + 0.5)).any()
 
 
 @pytest.mark.slow

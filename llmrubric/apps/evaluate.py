@@ -73,7 +73,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     from llmrubric.model.families.baselines import duplicates  # imported here: not for --help
 
     run_dir = Path(cfg.run_dir)
-    parts, choices, skipped = predict_splits(cfg, rubric, splits)
+    parts, choices, skipped, rules = predict_splits(cfg, rubric, splits)
     same = duplicates(list(cfg.baselines))
     first = [s for s in splits if s.grouping == 0]
     tables = {
@@ -111,6 +111,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
         if m.get("not_predicted")
     )
     notes += "".join(f"\n- model=auto, {split}: weights {_rounded(c['weights'])}" for split, c in choices.items())
+    notes += "".join(f"\n- llm_rubric, {split}: label rule {_rule_note(r)}" for split, r in rules.items())
     write_json(
         {
             "experiment": cfg.name,
@@ -121,6 +122,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
             **({"same_as": same} if same else {}),
             **({"systems": systems} if systems else {}),
             **({"auto": choices} if choices else {}),
+            **({"label_rules": rules} if rules else {}),
         },
         run_dir / "metrics.json",
     )
@@ -129,15 +131,17 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     return metrics
 
 
-def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict]:
-    """Held-out predictions of every split's checkpoint (``llm_rubric``) and of each configured baseline
-    fitted on the split's training texts: ``{method: [table per split]}``, model=auto's choices per
-    split, and the baselines skipped with their reason."""
+def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, dict]:
+    """Held-out predictions of every split's checkpoint (``llm_rubric``, with the ``label`` of its rule on an
+    ordered main question) and of each configured baseline fitted on the split's training texts:
+    ``{method: [table per split]}``, model=auto's choices per split, the baselines skipped with their
+    reason, and each checkpoint's label rule (ordered main question)."""
     from llmrubric.model.core.checkpoints import load_model
+    from llmrubric.model.core.label_rule import rule_of, with_labels
     from llmrubric.model.families.baselines import expand_baselines, make_method  # imported here: not for --help
 
     run_dir = Path(cfg.run_dir)
-    predictions, choices = {"llm_rubric": []}, {}
+    predictions, choices, rules = {"llm_rubric": []}, {}, {}
     features = pd.concat(
         [t.features[t.features.question_id == rubric.main.id] for s in splits for t in (s.train, s.test)],
         ignore_index=True,
@@ -151,7 +155,9 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict]:
             raise InputError("checkpoint not found; run train.py with the same config first", file=str(path))
         model = load_model(path)
         check_fits(model, rubric, split.train.text_ids, str(path))
-        predictions["llm_rubric"].append(model.predict(split.test))
+        predictions["llm_rubric"].append(with_labels(model.predict(split.test), rubric.main, rule_of(model)))
+        if rubric.main.ordered:
+            rules[split.name] = rule_of(model).to_dict()
         if hasattr(model, "choice"):
             choices[split.name] = model.choice()
         for name in [b for b in baselines if b not in skipped]:
@@ -162,7 +168,7 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict]:
                 skipped[name] = f"{split.name}: {e}"
                 predictions.pop(name, None)
                 log.warning("baseline %s skipped: %s", name, skipped[name])
-    return predictions, choices, skipped
+    return predictions, choices, skipped, rules
 
 
 def grouping_figures(parts: dict, splits, question) -> dict:
@@ -213,6 +219,12 @@ def evaluate_predicted(predictions: pd.DataFrame, annotations: pd.DataFrame, que
 
 def _rounded(weights: dict) -> dict:
     return {name: round(w, 3) for name, w in weights.items()}
+
+
+def _rule_note(rule: dict) -> str:
+    """``name`` (fitted on …, cut points) of a label rule's record."""
+    cuts = ", ".join(c if isinstance(c, str) else f"{c:.3f}" for c in rule.get("cuts", []))
+    return f"{rule['name']} ({rule.get('fitted_on', '?')}" + (f"; cut points {cuts})" if cuts else ")")
 
 
 def system_errors(predictions: pd.DataFrame, annotations: pd.DataFrame, question, splits) -> pd.DataFrame:

@@ -19,7 +19,7 @@ def register(subparsers) -> None:
     _grade_inputs(q)
     q.add_argument(
         "--checkpoint",
-        help="calibrated autograder (trained on test-bank summaries): qrels of its judge-free expected label",
+        help="calibrated autograder (trained on test-bank summaries): qrels by its label rule on the judge-free distribution",
     )
     q.add_argument("--bank", help="test bank JSONL (nugget importance for the summaries)")
     q.add_argument(
@@ -142,9 +142,12 @@ def run_qrels(args) -> int:
             raise InputError("calibrated qrels need --features and --texts")
         importance = {i.item_id: i.importance for i in read_bank(args.bank)[0]} if args.bank else None
         features = validate_features(read_table(args.features, "features"))
-        labels = calibrated_labels(
-            load_model(args.checkpoint), features, settings["family"], read_table(args.texts, "texts"), importance
-        )
+        from llmrubric.model.core.label_rule import rule_of
+
+        model = load_model(args.checkpoint)
+        labels = calibrated_labels(model, features, settings["family"], read_table(args.texts, "texts"), importance)
+        rule = rule_of(model).to_dict()
+        print(f"label rule: {rule['name']} ({rule.get('fitted_on', 'no record')})")
     else:
         labels = passage_labels(_grades(args, settings), settings["rule"], int(settings["m"]))
     if args.labels_out:

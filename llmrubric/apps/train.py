@@ -54,6 +54,7 @@ def train_app(cfg: DictConfig) -> float:
 def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
     # imported here, not at the top: Lightning costs seconds that --help need not pay
     from llmrubric.model.auto import build_model
+    from llmrubric.model.core.label_rule import in_sample_rule
 
     rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)
     with Tracker.from_config(cfg).run("train", nested=True, tags={"job": "train"}) as run:
@@ -72,6 +73,9 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
                 if hasattr(model, "choice"):  # model=auto: what its inner cross-validation chose
                     log_choice(run, split.name, model.choice())
         seconds = time.perf_counter() - start
+        for split, model in zip(splits, models):
+            if not hasattr(model, "label_rule_"):  # the network alone: its rule from its in-sample predictions
+                model.label_rule_ = in_sample_rule(model, split.train, cfg.seed)
         scores = []
         for split, model in zip(splits, models):
             model.save(staging / f"{split.name}.safetensors")

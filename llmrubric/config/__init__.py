@@ -36,7 +36,9 @@ from llmrubric.config.loader import (
 from llmrubric.config.logger import LoggerConfig
 from llmrubric.config.model import (
     AUTO_CANDIDATES,
+    LABEL_RULES,
     AutoConfig,
+    LabelRuleConfig,
     LinearConfig,
     ModelConfig,
     model_file,
@@ -55,6 +57,7 @@ __all__ = [
     "CONF_PACKAGE",
     "CONF_PATH",
     "GROUP_SCHEMAS",
+    "LABEL_RULES",
     "LIMITS",
     "MISSING",
     "OPEN_GROUPS",
@@ -69,6 +72,7 @@ __all__ = [
     "IRConfig",
     "ImportsConfig",
     "JudgesConfig",
+    "LabelRuleConfig",
     "LabelsConfig",
     "LeaderboardConfig",
     "LoggerConfig",

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from llmrubric.config.paths import conf_path
 
 AUTO_CANDIDATES = ("network", "clmm_own", "clmm_all", "clmm_mean", "ridge_judge")
+LABEL_RULES = ("argmax", "rounded_mean", "frequency_thresholds", "kappa_thresholds")
 
 
 @dataclass
@@ -70,6 +71,23 @@ class LinearConfig:
 
 
 @dataclass
+class LabelRuleConfig:
+    """The label rule of an ordered main question (:mod:`llmrubric.model.core.label_rule`), chosen by
+    cross-validation on ``model=auto``'s out-of-fold predictions (the network alone: its in-sample ones).
+
+    Attributes:
+        rules: the candidate rules (``argmax``, ``rounded_mean``, ``frequency_thresholds``, ``kappa_thresholds``).
+        objective: ``qwk`` (quadratic weighted κ) or ``kappa`` (Cohen's κ): what the rules are chosen by and
+            ``kappa_thresholds`` maximises. ``qwk``: on the demo split and 4 simulated sets (docs/models.md#labels) its choice had
+            held-out Cohen's κ within 0.002 of, or above, the choice by ``kappa``, and quadratic κ as high or higher
+            (up to +0.21): exact agreement on an inner fold's few pairs of the rare grades is a noisier criterion.
+    """
+
+    rules: list[str] = field(default_factory=lambda: list(LABEL_RULES))
+    objective: str = "qwk"
+
+
+@dataclass
 class ModelConfig:
     """The calibration network and its ensemble (``model.*``), defaults chosen by synthetic
     5-fold CV (``benchmarks/table1.py``, NLL of the main question on training texts only).
@@ -87,6 +105,7 @@ class ModelConfig:
         family: ``network`` (this network alone) or ``auto`` (the model chosen by inner
             cross-validation among ``auto.candidates``, :class:`AutoConfig`).
         linear: the linear family's settings (:class:`LinearConfig`).
+        label_rule: how predicted distributions become labels (:class:`LabelRuleConfig`).
     """
 
     h1: int = 25
@@ -100,6 +119,7 @@ class ModelConfig:
     family: str = "network"
     auto: AutoConfig = field(default_factory=AutoConfig)
     linear: LinearConfig = field(default_factory=LinearConfig)
+    label_rule: LabelRuleConfig = field(default_factory=LabelRuleConfig)
 
 
 def model_settings(model: dict | ModelConfig | None = None) -> dict:
@@ -108,7 +128,7 @@ def model_settings(model: dict | ModelConfig | None = None) -> dict:
 
     given = asdict(model) if isinstance(model, ModelConfig) else dict(model or {})
     plain = lambda v: OmegaConf.to_container(v, resolve=True) if isinstance(v, Container) else v
-    given = {k: asdict(v) if isinstance(v, (AutoConfig, LinearConfig)) else plain(v) for k, v in given.items()}
+    given = {k: asdict(v) if isinstance(v, (AutoConfig, LinearConfig, LabelRuleConfig)) else plain(v) for k, v in given.items()}
     return {**asdict(ModelConfig()), **given}
 
 

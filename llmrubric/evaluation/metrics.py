@@ -1,6 +1,8 @@
 """Metrics on (text, judge) pairs of one question.
 
-Ordered questions (numeric scales): RMSE, correlations and held-out NLL; categorical
+Ordered questions (numeric scales): RMSE, correlations, held-out NLL and the agreement of the predicted
+label with the judge's answer (:data:`LABEL_METRICS`: Cohen's κ, quadratic weighted κ and Krippendorff's
+ordinal α; the label is the predictions' ``label`` column, else the most probable option); categorical
 questions (yes/no, labels): accuracy and macro-F1 of the most probable option, NLL and the
 (multi-class) Brier score.
 """
@@ -9,10 +11,11 @@ from __future__ import annotations
 
 import math
 
+import krippendorff
 import numpy as np
 import pandas as pd
 from scipy import stats
-from sklearn.metrics import f1_score
+from sklearn.metrics import cohen_kappa_score, f1_score
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import probabilities
@@ -20,6 +23,7 @@ from llmrubric.io.rubric import Question
 from llmrubric.model.core.encoding import PAIR, with_round
 
 METRICS = ("rmse", "pearson", "spearman", "kendall", "nll")
+LABEL_METRICS = ("kappa", "qwk", "alpha")
 CATEGORICAL_METRICS = ("accuracy", "macro_f1", "nll", "brier")
 MIN_JUDGE_PAIRS = 5
 
@@ -51,8 +55,38 @@ def seed_sd(values) -> float:
 
 
 def metric_names(question: Question) -> tuple[str, ...]:
-    """The metrics of ``question``: :data:`METRICS` if ordered, else :data:`CATEGORICAL_METRICS`."""
-    return METRICS if question.ordered else CATEGORICAL_METRICS
+    """The metrics of ``question``: :data:`METRICS` and :data:`LABEL_METRICS` if ordered, else :data:`CATEGORICAL_METRICS`."""
+    return METRICS + LABEL_METRICS if question.ordered else CATEGORICAL_METRICS
+
+
+def label_metrics(answers: np.ndarray, labels: np.ndarray, values) -> dict:
+    """Cohen's κ, quadratic weighted κ (sklearn) and Krippendorff's ordinal α (``krippendorff``) of the
+    judges' and the predicted option indices, options ranked by value; NaN where undefined (one category)."""
+    rank = np.argsort(np.argsort(np.asarray(values, dtype=float), kind="stable"), kind="stable")
+    y, yhat = rank[answers], rank[labels]
+    if len(np.union1d(y, yhat)) < 2:
+        return dict.fromkeys(LABEL_METRICS, math.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alpha = krippendorff.alpha(
+            reliability_data=np.vstack([y, yhat]).astype(float),
+            value_domain=np.arange(len(rank)),
+            level_of_measurement="ordinal",
+        )
+    return {
+        "kappa": float(cohen_kappa_score(y, yhat, labels=np.arange(len(rank)))),
+        "qwk": float(cohen_kappa_score(y, yhat, labels=np.arange(len(rank)), weights="quadratic")),
+        "alpha": float(alpha),
+    }
+
+
+def predicted_labels(merged: pd.DataFrame, question: Question, probs: np.ndarray) -> np.ndarray:
+    """Option index of each row's ``label`` (a label rule's), else of its most probable option."""
+    if "label" not in merged.columns or merged["label"].isna().any():
+        return probs.argmax(axis=1)
+    index = np.array([-1 if (i := question.index_of(label)) is None else i for label in merged["label"]])
+    if (index < 0).any():
+        raise InputError(f"a label of {question.id} is not one of its options {list(question.keys)}", column="label")
+    return index
 
 
 def categorical_metrics(probs: np.ndarray, answer_index: np.ndarray) -> dict:
@@ -96,6 +130,8 @@ def evaluate(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Que
     else:
         point = lambda rows: {"accuracy": float(np.mean(probs[rows].argmax(axis=1) == index[rows]))}
     out = point(slice(None)) if question.ordered else categorical_metrics(probs, index)
+    if question.ordered:
+        out.update(label_metrics(index, predicted_labels(merged, question, probs), question.values))
     out["nll"] = nll(probs, index)
     out["n"] = int(len(merged))
     if not per_judge:

@@ -125,12 +125,14 @@ PREDICTION_FORMATS = ("csv", "parquet", "tsv", "jsonl")
 def check_settings(cfg: DictConfig) -> Rubric:
     """Every setting of train.py and evaluate.py, checked before any work; an error names the setting."""
     from llmrubric.model.auto import build_model
+    from llmrubric.model.core.label_rule import settings_of
     from llmrubric.model.families.baselines import make_method
 
     rubric = load_rubric(cfg)
     seed = check_range("seed", cfg.seed, integer=True)
     model, trainer = (OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "trainer"))
     build_model(rubric, model, trainer, seed)
+    settings_of(model)
     if cfg.search.get("enabled"):
         from llmrubric.experiments.search import check_space, searched_setting
 

@@ -69,7 +69,7 @@ SPECS = {
     ),
     "predictions": TableSpec(
         ("text_id", "judge_id", "question_id", "mean", "var"),
-        ("system_id",),
+        ("system_id", "label"),
         ("text_id", "judge_id", "question_id"),
         (
             ("text_id", "string id; NA is an error"),
@@ -83,6 +83,10 @@ SPECS = {
             ("var", "float, the variance of the distribution; NA is an error"),
             ("system_id", "string id; NA: system unknown"),
             ("round", "string; NA: round 1"),
+            (
+                "label",
+                "string, an option of the ordered main question given by the model's label rule (evaluate.py); NA on other questions",
+            ),
         ),
     ),
 }

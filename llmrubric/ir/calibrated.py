@@ -4,8 +4,9 @@ The per-item self-rating or nugget-support distributions of a passage (or answer
 summarised into fixed blocks (``llmrubric.extract.summaries``: mean distribution, max-grade
 distribution, expected coverage at each threshold, vital/all support rates); these are the
 input x of the calibration network and human relevance (or quality) labels per assessor
-are its targets (``conf/rubric/relevance.yaml``). The judge-free expected label of every
-passage then replaces the uncalibrated max-grade label in qrels and leaderboards.
+are its targets (``conf/rubric/relevance.yaml``). The judge-free distribution of every passage (the
+trusted judges' average) then gives its label by the checkpoint's label rule
+(:mod:`llmrubric.model.core.label_rule`), replacing the uncalibrated max-grade label in qrels and leaderboards.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import numpy as np
 import pandas as pd
 
 from llmrubric.extract.summaries import summarise
+from llmrubric.io.predictions import probabilities
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, validate_annotations, validate_features
+from llmrubric.model.core.label_rule import rule_of
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
@@ -51,13 +54,19 @@ def calibrated_labels(
     importance: dict[str, str] | None = None,
     judges: list[str] | None = None,
 ) -> pd.DataFrame:
-    """``query_id, doc_id, grade, relevance``: the judge-free expected label of each passage
-    (``grade``) and its rounding half up (``relevance``), ready for ``write_qrels``."""
+    """``query_id, doc_id, grade, relevance``: the judge-free expected label of each passage (``grade``)
+    and the option value that the checkpoint's label rule gives the judges' average distribution
+    (``relevance``; ``argmax`` for a checkpoint without a rule), ready for ``write_qrels``."""
+    question = calibrator.rubric.main
     feats = summary_features(features, family, importance)
-    scored = score_texts(
-        calibrator, feats, texts[["text_id"]], judges=judges, questions=[calibrator.rubric.main.id]
-    ).scores
-    scored = scored[scored.status != "no_features"]
+    result = score_texts(
+        calibrator, feats, texts[["text_id"]], judges=judges, questions=[question.id], keep_predictions=True
+    )
+    scored = result.scores[result.scores.status != "no_features"]
+    columns = [f"p_{k}" for k in question.keys]
+    predicted = result.predictions if result.predictions is not None else pd.DataFrame(columns=["text_id", *columns])
+    mixed = predicted.groupby("text_id")[columns].mean().reindex(scored.text_id)
+    index = rule_of(calibrator).indices(probabilities(mixed, question), question.values)
     info = texts.drop_duplicates("text_id").set_index("text_id")
     doc = info["doc_id"] if "doc_id" in info.columns else pd.Series(info.index, index=info.index)
     out = pd.DataFrame(
@@ -67,5 +76,5 @@ def calibrated_labels(
             "grade": scored["mean"].to_numpy(),
         }
     )
-    out["relevance"] = np.floor(out.grade.to_numpy() + 0.5).astype(int)
+    out["relevance"] = np.asarray(question.values, dtype=float)[index].round().astype(int)
     return out

@@ -35,6 +35,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.core.label_rule import LabelRule, main_rule
 from llmrubric.model.core.registry import Setup, entry, family_of, fit_questions, make, names, register
 from llmrubric.model.core.system_level import (
     LEVEL,
@@ -146,7 +147,7 @@ class AutoCalibrator:
         main = self.rubric.main
         held = [question_targets(test, main) for _, test in splits]
         answers = np.concatenate([index for _, index in held])
-        self.table_, likelihood = {}, {}
+        self.table_, likelihood, oof = {}, {}, {}
         for name, probs, seconds, error in self._inner_predictions(splits, [p for p, _ in held], tables):
             if isinstance(error, NotApplicable):
                 self.table_[name] = {"not_applicable": str(error), "seconds": seconds}
@@ -157,7 +158,7 @@ class AutoCalibrator:
                 log.warning("model=auto: candidate %s failed: %s", name, error)
                 continue
             p = np.clip(probs[np.arange(len(answers)), answers], PROB_FLOOR, 1.0)
-            likelihood[name] = p
+            likelihood[name], oof[name] = p, probs
             self.table_[name] = {
                 "nll": float(-np.log(p).mean()),
                 **_point_figures(probs, answers, main),
@@ -182,6 +183,9 @@ class AutoCalibrator:
         mixture = sum(w * likelihood[n] for n, w in self.weights_.items())
         self.inner_nll_ = float(-np.log(mixture).mean())
         fold_of = np.concatenate([np.full(len(p), k) for k, (p, _) in enumerate(held)])
+        mixed = sum(w * oof[n] for n, w in self.weights_.items())
+        self.label_rule_ = main_rule(main, mixed, answers, fold_of, self.model, "out-of-fold")
+        self.label_oof_ = (mixed, answers, fold_of)  # what the rule was chosen on (not saved)
         for name in self.table_:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
             if name in likelihood:
@@ -398,6 +402,7 @@ class AutoCalibrator:
             "train_texts": self.train_texts_,
             "added_judges": getattr(self, "added_judges_", []),
             "members": {},
+            "label_rule": self.label_rule_.to_dict() if self.label_rule_ is not None else None,
         }
         tensors = {}
         for name, member in self.members_.items():
@@ -416,6 +421,7 @@ class AutoCalibrator:
             "system_level": self.level_record_,
             "inner_cv": self.table_,
             "decision": self.decision_,
+            "label_rule": self.label_rule_.to_dict() if self.label_rule_ is not None else None,
         }
 
     def save(self, path):
@@ -441,6 +447,7 @@ class AutoCalibrator:
         self.train_texts_, self.source_, self.fallback_ = meta.get("train_texts"), source, meta.get("fallback")
         self.added_judges_ = meta.get("added_judges", [])
         self.level_record_ = meta.get("system_level", {})
+        self.label_rule_ = LabelRule.from_dict(meta.get("label_rule"), source) if rubric.main.ordered else None
         self.levels_ = levels_from_state(rubric, self.level_record_, tensors, source)
         self.members_ = {}
         for name, member_meta in meta["members"].items():

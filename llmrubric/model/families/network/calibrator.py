@@ -27,6 +27,7 @@ from llmrubric.model.core.absent import CompletionBatch, marginal_proba
 from llmrubric.model.core.answers import AnswerModel, answers_from_state, answers_state
 from llmrubric.model.core.checkpoints import load_model, write_checkpoint
 from llmrubric.model.core.encoding import Encoded, FeatureLayout, JudgeMap, encode, pairs_of
+from llmrubric.model.core.label_rule import LabelRule
 from llmrubric.model.core.registry import Setup, register
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.cumulative import HEADS, CumulativeNet, train_cumulative
@@ -39,7 +40,7 @@ from llmrubric.model.families.network.temperature import fit_temperature
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
 MODEL_KEYS = tuple(f.name for f in fields(ModelConfig))
-NOT_NETWORK_KEYS = ("ensemble", "head", "monotone", "family", "auto", "linear")  # settings that are no network argument
+NOT_NETWORK_KEYS = ("ensemble", "head", "monotone", "family", "auto", "linear", "label_rule")  # settings that are no network argument
 
 
 def check_model(model: dict) -> None:
@@ -292,6 +293,8 @@ class NetworkCalibrator:
             "summaries": self.summaries_,
             "train_texts": self.train_texts_,
         }
+        if getattr(self, "label_rule_", None) is not None:
+            meta["label_rule"] = self.label_rule_.to_dict()
         if self.pair_features is not None:
             if not isinstance(self.pair_features, JudgeAnswers):
                 raise InputError("a calibrator with pair features other than the oracles' JudgeAnswers cannot be saved")
@@ -334,6 +337,7 @@ class NetworkCalibrator:
         self.judges_ = JudgeMap(tuple(meta["judges"]))
         self.summaries_ = meta.get("summaries", [])
         self.train_texts_, self.source_ = meta.get("train_texts"), source
+        self.label_rule_ = LabelRule.from_dict(meta.get("label_rule"), source) if rubric.main.ordered else None
         self.answers_ = answers_from_state(meta, tensors, rubric, source)
         self.nets_ = []
         for m in range(len(self.seeds)):
@@ -469,8 +473,8 @@ def _network(overrides=None, main_features: bool = False, oracle: str | None = N
 
 
 def _model_file(name: str):
-    """The settings of ``conf/model/<name>.yaml`` with the ``model.auto`` section kept."""
-    return lambda model: {**model_file(name), "auto": model_settings(model)["auto"]}
+    """The settings of ``conf/model/<name>.yaml`` with the ``model.auto`` and ``model.label_rule`` sections kept."""
+    return lambda model: {**model_file(name), **{k: model_settings(model)[k] for k in ("auto", "label_rule")}}
 
 
 register("network", _network(), NetworkCalibrator, candidate=True)

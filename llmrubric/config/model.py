@@ -128,7 +128,10 @@ def model_settings(model: dict | ModelConfig | None = None) -> dict:
 
     given = asdict(model) if isinstance(model, ModelConfig) else dict(model or {})
     plain = lambda v: OmegaConf.to_container(v, resolve=True) if isinstance(v, Container) else v
-    given = {k: asdict(v) if isinstance(v, (AutoConfig, LinearConfig, LabelRuleConfig)) else plain(v) for k, v in given.items()}
+    given = {
+        k: asdict(v) if isinstance(v, (AutoConfig, LinearConfig, LabelRuleConfig)) else plain(v)
+        for k, v in given.items()
+    }
     return {**asdict(ModelConfig()), **given}
 
 

@@ -40,7 +40,15 @@ from llmrubric.model.families.network.temperature import fit_temperature
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
 MODEL_KEYS = tuple(f.name for f in fields(ModelConfig))
-NOT_NETWORK_KEYS = ("ensemble", "head", "monotone", "family", "auto", "linear", "label_rule")  # settings that are no network argument
+NOT_NETWORK_KEYS = (
+    "ensemble",
+    "head",
+    "monotone",
+    "family",
+    "auto",
+    "linear",
+    "label_rule",
+)  # settings that are no network argument
 
 
 def check_model(model: dict) -> None:

@@ -365,3 +365,35 @@ def test_levels_given_for_one_call_do_not_stick_to_the_model(six, rubric):
     np.testing.assert_allclose(model.predict_proba(first, pairs, levels), model.predict_proba(first, pairs), atol=1e-12)
     later = model.predict_proba(second)  # a later call without levels: its own system's level, never NaN
     assert np.isfinite(later[:, 0, :4]).all()
+
+
+def test_a_labelled_system_without_llm_answers_gets_the_pooled_prior_and_is_recorded(rubric):
+    tables, _, level = leveled_data(np.random.default_rng(9), systems=10)
+    quiet = tables.texts.text_id[tables.texts.system_id == "S03"]
+    features = tables.features[~tables.features.text_id.isin(quiet)]
+    fit = SystemLevel(rubric, LevelPrior(summary="llm")).fit(
+        Tables(tables.annotations, features, tables.texts), expected_answers(tables, rubric)
+    )
+    assert fit.record()["systems_without_summary"] == ["S03"] and fit.systems_ == 9
+    known = fit.known_.loc["S03"]
+    labels = tables.annotations[tables.annotations.text_id.isin(quiet)].answer.astype(float).mean()
+    assert abs(known["mean"] - labels) < 0.1 and np.isfinite(known["var"])  # its own labels, on a prior of every x
+
+
+def test_system_level_on_without_a_summary_is_one_error_naming_the_setting(six, rubric):
+    no_main = Tables(six.annotations, six.features[six.features.question_id != rubric.main.id], six.texts)
+    settings = {**_auto("on"), "auto": {**_auto("on")["auto"], "level_summary": "llm"}}
+    with pytest.raises(InputError, match="level_summary=llm") as error:
+        AutoCalibrator(rubric, settings, FAST, group="system").fit(no_main)
+    assert error.value.setting == "model.auto.system_level"
+
+
+@pytest.mark.slow
+def test_a_main_question_without_blocks_gets_a_level_by_the_model_summary_without_warnings(six, rubric, caplog):
+    no_main = Tables(six.annotations, six.features[six.features.question_id != rubric.main.id], six.texts)
+    with caplog.at_level("INFO"):
+        model = AutoCalibrator(rubric, _auto("auto"), FAST, group="system").fit(no_main)
+        forced = AutoCalibrator(rubric, _auto("on"), FAST, group="system").fit(no_main)
+    assert "error" not in model.table_["ridge_judge-level"] and np.isfinite(model.table_["ridge_judge-level"]["nll"])
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert forced.level_record_["levels"]["ridge_judge"]["summary"] == "model"

@@ -28,7 +28,7 @@ Figures over the pooled held-out pairs of the folds run (``per_fold``: each fold
 labels), ``alpha`` (Krippendorff's ordinal α of labels vs assessor; null without the
 ``krippendorff`` package), ``seconds`` (fit and predict over the folds; ``llm_rubric``: the
 train.py and evaluate.py runs). Writes ``benchmarks/results/ir_real.json``: ``{"meta": …, PROTOCOL:
-{METHOD: figures}}``; ``--merge`` keeps the methods of ``--out`` this run does not measure.
+{METHOD: figures}}``; ``--merge`` keeps the methods of ``--out`` this run does not measure (``meta.runs``: the command of each).
 """
 
 from __future__ import annotations
@@ -402,10 +402,16 @@ def run(argv: list[str] | None = None) -> int:
                     f"{protocol} {name}: pair NLL {got['pair_nll']}, κ {got['kappa']:.3f} ({got['seconds']}s)",
                     flush=True,
                 )
+    command = "benchmarks/ir_real.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    runs = old.get("meta", {}).get("runs", {})
     meta = {
         **old.get("meta", {}),
         "commit": commit(),
-        "command": "benchmarks/ir_real.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command,
+        "runs": {
+            **runs,
+            **{f"{p}/{m}": f"{command} (commit {commit()})" for p in args.protocols for m in args.methods},
+        },
         "data": str(args.data),
         "seed": args.seed,
         "folds": f"query_groups5: system_group_folds(k={QUERY_GROUPS}, seed={args.seed}), system id = query id;"

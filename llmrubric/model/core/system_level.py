@@ -233,7 +233,7 @@ class SystemLevel:
         self.without_summary_ = sorted(map(str, per_system.index[per_system.x.isna()]))
         if len(usable) < self.min_systems:
             raise InputError(
-                f"a system level needs at least {self.min_systems} training systems with labels and LLM answers, "
+                f"a system level needs at least {self.min_systems} training systems with labels and a summary, "
                 f"found {len(usable)}",
                 setting="model.auto.system_level",
             )

@@ -37,6 +37,7 @@ from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.files import write_json, write_table, write_text
 from llmrubric.io.integrity import check_fits
 from llmrubric.model.core.encoding import PAIR, with_round
+from llmrubric.model.core.registry import capabilities
 from llmrubric.scoring.leaderboard import rms
 
 log = logging.getLogger("evaluate")
@@ -158,7 +159,7 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, d
         predictions["llm_rubric"].append(with_labels(model.predict(split.test), rubric.main, rule_of(model)))
         if rubric.main.ordered:
             rules[split.name] = rule_of(model).to_dict()
-        if hasattr(model, "choice"):
+        if capabilities(model).members:
             choices[split.name] = model.choice()
         for name in [b for b in baselines if b not in skipped]:
             try:

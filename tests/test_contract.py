@@ -139,7 +139,9 @@ def test_one_class_has_one_set_of_class_capabilities(scratch_registry):
         "contract_a", lambda r, s: _NoFitMany(), _NoFitMany, capabilities=Capabilities(deterministic=True)
     )
     with pytest.raises(ValueError, match="differ from those under contract_a"):
-        registry.register("contract_b", lambda r, s: _NoFitMany(), _NoFitMany, capabilities=Capabilities(questions=True))
+        registry.register(
+            "contract_b", lambda r, s: _NoFitMany(), _NoFitMany, capabilities=Capabilities(questions=True)
+        )
 
 
 def one_name_per_class(flag: str) -> list[str]:

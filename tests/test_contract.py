@@ -234,3 +234,28 @@ def test_every_twins_family_names_a_registered_twin_or_none(rubric, small, name)
 
 def test_every_flag_is_declared_by_some_name():
     assert [f.name for f in fields(Capabilities) if not with_capability(f.name)] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["network", "auto"])
+def test_checkpoints_name_the_family_fitted(rubric, small, name):
+    """``model.family``'s two values: the checkpoint (and evaluate.py's ``metrics.json``) says which was fitted."""
+    meta, _ = fitted(name, rubric, small[0]).state()
+    assert meta["family"] == name and registry.entry(meta["family"]).family.FORMAT == meta["format"]
+
+
+def test_model_default_is_an_alias_of_model_network_that_warns(monkeypatch, caplog):
+    from omegaconf import OmegaConf
+
+    from llmrubric.config import group
+    from llmrubric.experiments import experiment
+
+    assert group("model", "network") == group("model", "default")
+    monkeypatch.setattr(experiment, "check_settings", lambda config: None)
+    for choice, warned in (("default", True), ("network", False)):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            experiment.CheckSettings().on_run_start(
+                OmegaConf.create({"hydra": {"runtime": {"choices": {"model": choice}}}})
+            )
+        assert ("alias of model=network" in caplog.text) == warned

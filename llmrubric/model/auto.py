@@ -101,6 +101,7 @@ class AutoCalibrator:
     """
 
     name = "llm_rubric"
+    family = "auto"  # the registry name of the family fitted (checkpoints and metrics.json say it)
     FORMAT = FORMAT
 
     def __init__(self, rubric: Rubric, model=None, trainer=None, seed: int = 0, group: str = "text"):
@@ -399,6 +400,7 @@ class AutoCalibrator:
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         meta = {
             "format": FORMAT,
+            "family": self.family,
             "rubric": self.rubric.to_dict(),
             "main_question": self.rubric.main.id,
             "model": self.model,

@@ -65,7 +65,7 @@ def check_model(model: dict) -> None:
 class NetworkCalibrator:
     """The calibration network with the data plumbing around it.
 
-    ``NetworkCalibrator(rubric).fit(tables)`` is ``model=default`` (and the ``network`` candidate of
+    ``NetworkCalibrator(rubric).fit(tables)`` is ``model=network`` (and the ``network`` candidate of
     ``model=auto``, the shipped default, :class:`llmrubric.model.auto.AutoCalibrator`): every setting not
     given takes its default from :class:`llmrubric.config.ModelConfig` and :class:`TrainConfig`,
     as ``conf/`` does; the paper's network is ``NetworkCalibrator(rubric, group("model", "paper"))``
@@ -90,6 +90,7 @@ class NetworkCalibrator:
     """
 
     name = "llm_rubric"
+    family = "network"  # the registry name of the family fitted (checkpoints and metrics.json say it)
     FORMAT = FORMAT
 
     def __init__(
@@ -294,6 +295,7 @@ class NetworkCalibrator:
         the members' weights."""
         meta = {
             "format": FORMAT,
+            "family": self.family,
             "rubric": self.rubric.to_dict(),
             "main_question": self.rubric.main.id,
             "judges": list(self.judges_.judges),

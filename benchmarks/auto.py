@@ -84,7 +84,7 @@ from llmrubric.evaluation.transfer import grouped_kendall, pair_scores, system_m
 from llmrubric.io.errors import InputError, reports_errors  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
-from llmrubric.model.auto import build_model, candidate  # noqa: E402
+from llmrubric.model.auto import build_model, candidate, default_candidates  # noqa: E402
 from llmrubric.model.core.encoding import PAIR, question_targets, with_round  # noqa: E402
 from llmrubric.model.core.registry import fit_questions, names  # noqa: E402
 from llmrubric.model.core.system_level import LEVEL, SystemLevel, t_interval  # noqa: E402
@@ -201,7 +201,7 @@ def shipped_model(rubric: Rubric, protocol: str, overrides: tuple[str, ...] = ()
 def methods(selected: tuple[str, ...] | None = None) -> list[str]:
     """Every method, or those of ``selected``: with no selection the ``<candidate>-level`` ones and the
     registered candidates outside the default list are left out (named with ``--methods``)."""
-    candidates = model_file("auto")["auto"]["candidates"]
+    candidates = default_candidates()
     every = [*AUTO_VARIANTS, *candidates, *BASELINES]
     if not selected:
         return every
@@ -435,7 +435,7 @@ def targets(figures_: dict, protocol: str) -> dict:
     within-group Kendall (``system_groups``) at least ``mean_of_sources``'; ``cv``: pair NLL at most
     the best candidate's + 0.005."""
     auto = figures_.get("auto")
-    candidates = [n for n in model_file("auto")["auto"]["candidates"] if n in figures_]
+    candidates = [n for n in default_candidates() if n in figures_]
     if auto is None or not candidates:
         return {}
 
@@ -653,7 +653,7 @@ def level_targets(figures_: dict) -> dict:
     factor = 1.1 if len(auto["system_errors"]) <= 6 else 1.0
     bound = factor * raw["system_rms"]
     out["system_rms"] = {"met": auto["system_rms"] <= bound, "auto": auto["system_rms"], "bound": bound}
-    candidates = {n: figures_[n]["pair_nll"] for n in model_file("auto")["auto"]["candidates"] if n in figures_}
+    candidates = {n: figures_[n]["pair_nll"] for n in default_candidates() if n in figures_}
     if candidates:
         against = min(candidates, key=candidates.get)
         bound = candidates[against] - 0.005

@@ -4,7 +4,7 @@ the other four: a shift protocol that needs no real labels).
 
     .venv/bin/python benchmarks/table1.py [--seeds 10] [--data ../shared/data/llm-rubric]
 
-Every method of ``llmrubric.model.families.baselines.METHODS`` is run with the same folds (split by
+Every method of ``llmrubric.model.families.baselines.report_methods()`` is run with the same folds (split by
 dialogue, fold seed 0, or by system); learned and random methods over ``--seeds`` seeds.
 Metrics are pooled over (dialogue, judge) pairs of Q0. Prints the table and writes
 ``benchmarks/results/table1.json``.
@@ -36,7 +36,7 @@ from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import system_folds, text_folds  # noqa: E402
 from llmrubric.evaluation.metrics import METRICS, evaluate, markdown_table, seed_sd  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.model.families.baselines import DETERMINISTIC, METHODS, make_method  # noqa: E402
+from llmrubric.model.families.baselines import deterministic_methods, make_method, report_methods  # noqa: E402
 
 PAPER = {
     "synthetic_cv": {
@@ -119,13 +119,17 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
-        "--methods", nargs="+", default=list(METHODS), help="e.g. llm_rubric llm_rubric_single (ensemble of 1)"
+        "--methods", nargs="+", default=report_methods(), help="e.g. llm_rubric llm_rubric_single (ensemble of 1)"
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "table1.json"))
     args = parser.parse_args()
     version = code_version()  # the code that runs: HEAD when the run starts
     start = time.perf_counter()
-    jobs = [(name, seed) for name in args.methods for seed in ([0] if name in DETERMINISTIC else range(args.seeds))]
+    jobs = [
+        (name, seed)
+        for name in args.methods
+        for seed in ([0] if name in deterministic_methods() else range(args.seeds))
+    ]
     with ProcessPoolExecutor(args.workers) as pool:
         futures = {job: pool.submit(run_one, args.data, *job) for job in jobs}
         results = {}

@@ -14,7 +14,7 @@ from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
 from llmrubric.model import auto as auto_module
-from llmrubric.model.auto import AutoCalibrator, _weights
+from llmrubric.model.auto import AutoCalibrator, _weights, default_candidates
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method
 from llmrubric.model.families.mixed import MixedOrdinal
@@ -45,7 +45,7 @@ def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp
     train, test = sources3.subset(sources3.text_ids[:90]), sources3.subset(sources3.text_ids[90:])
     model = AutoCalibrator(rubric, FAST_AUTO, FAST, seed=0).fit(train)
     assert sum(model.weights_.values()) == pytest.approx(1.0) and min(model.weights_.values()) >= 0
-    assert {n.removesuffix("-level") for n in model.table_} == set(FAST_AUTO["auto"]["candidates"])
+    assert {n.removesuffix("-level") for n in model.table_} == set(default_candidates())
     assert all(np.isfinite(row["nll"]) for row in model.table_.values() if "error" not in row)
     assert model.val_nll_ <= min(row["nll"] for row in model.table_.values() if "nll" in row) + 1e-9
     probs = model.predict_proba(test)
@@ -262,7 +262,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
     assert set(metrics["auto"]) == {"fold0", "fold1"}
     for choice in metrics["auto"].values():
         assert sum(choice["weights"].values()) == pytest.approx(1.0) and choice["inner_folds_by"] == "system"
-        assert {n.removesuffix("-level") for n in choice["inner_cv"]} == set(model_file("auto")["auto"]["candidates"])
+        assert {n.removesuffix("-level") for n in choice["inner_cv"]} == set(default_candidates())
         assert "reason" in choice["system_level"]
     assert "model=auto, fold0: weights" in (tmp_path / "run" / "metrics.md").read_text()
 

@@ -10,7 +10,6 @@ from support.paths import ROOT
 
 from llmrubric.cli import main as cli_main
 from llmrubric.config import (
-    AUTO_CANDIDATES,
     GROUP_SCHEMAS,
     OPEN_GROUPS,
     AutoConfig,
@@ -26,7 +25,7 @@ from llmrubric.config import (
     model_settings,
 )
 from llmrubric.io.errors import InputError
-from llmrubric.model.auto import AutoCalibrator
+from llmrubric.model.auto import AutoCalibrator, default_candidates
 from llmrubric.model.families.baselines import make_method
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.model.families.network.net import CalibrationNet
@@ -42,7 +41,8 @@ def test_the_python_api_the_hydra_apps_and_the_cli_default_to_the_same_settings(
         assert settings == api.model == {**asdict(ModelConfig()), "family": "auto"}
     for settings in (group("trainer"), dict(hydra.trainer), cli["trainer"]):
         assert settings == vars(api.trainer) == asdict(TrainConfig())
-    assert api.settings == AutoConfig() and list(api.settings.candidates) == list(AUTO_CANDIDATES)
+    assert AutoConfig().candidates is None and api.settings == AutoConfig(candidates=default_candidates())
+    assert api.settings.candidates == ["network", "clmm_own", "clmm_all", "clmm_mean", "ridge_judge"]
     network = NetworkCalibrator(rubric)  # the network alone: model=default
     assert network.model == group("model", "default") == asdict(ModelConfig())
     assert network.model["inputs"] == "expected" and network.model["ensemble"] == 5 and api.trainer.lr == 0.003

@@ -143,8 +143,6 @@ def test_the_label_column_and_the_label_metrics(rubric):
 class Memoriser:
     """Predicts the observed answer of every pair it was fitted on, and a skewed guess from the features elsewhere."""
 
-    fits_questions = True
-
     def __init__(self, rubric):
         self.rubric = rubric
 

@@ -37,6 +37,7 @@ from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.files import write_json, write_table, write_text
 from llmrubric.io.integrity import check_fits
 from llmrubric.model.core.encoding import PAIR, with_round
+from llmrubric.model.core.registry import capabilities
 from llmrubric.scoring.leaderboard import rms
 
 log = logging.getLogger("evaluate")
@@ -73,7 +74,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     from llmrubric.model.families.baselines import duplicates  # imported here: not for --help
 
     run_dir = Path(cfg.run_dir)
-    parts, choices, skipped, rules = predict_splits(cfg, rubric, splits)
+    parts, choices, skipped, rules, family = predict_splits(cfg, rubric, splits)
     same = duplicates(list(cfg.baselines))
     first = [s for s in splits if s.grouping == 0]
     tables = {
@@ -115,6 +116,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     write_json(
         {
             "experiment": cfg.name,
+            "family": family,
             "question": rubric.main.id,
             "protocol": cfg.protocol,
             "methods": metrics,
@@ -131,17 +133,18 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     return metrics
 
 
-def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, dict]:
+def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, dict, str]:
     """Held-out predictions of every split's checkpoint (``llm_rubric``, with the ``label`` of its rule on an
     ordered main question) and of each configured baseline fitted on the split's training texts:
     ``{method: [table per split]}``, model=auto's choices per split, the baselines skipped with their
-    reason, and each checkpoint's label rule (ordered main question)."""
+    reason, each checkpoint's label rule (ordered main question) and the registry name of the family
+    fitted (``model.family``: the same in every split)."""
     from llmrubric.model.core.checkpoints import load_model
     from llmrubric.model.core.label_rule import rule_of, with_labels
     from llmrubric.model.families.baselines import expand_baselines, make_method  # imported here: not for --help
 
     run_dir = Path(cfg.run_dir)
-    predictions, choices, rules = {"llm_rubric": []}, {}, {}
+    predictions, choices, rules, family = {"llm_rubric": []}, {}, {}, None
     features = pd.concat(
         [t.features[t.features.question_id == rubric.main.id] for s in splits for t in (s.train, s.test)],
         ignore_index=True,
@@ -155,10 +158,11 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, d
             raise InputError("checkpoint not found; run train.py with the same config first", file=str(path))
         model = load_model(path)
         check_fits(model, rubric, split.train.text_ids, str(path))
+        family = model.family
         predictions["llm_rubric"].append(with_labels(model.predict(split.test), rubric.main, rule_of(model)))
         if rubric.main.ordered:
             rules[split.name] = rule_of(model).to_dict()
-        if hasattr(model, "choice"):
+        if capabilities(model).members:
             choices[split.name] = model.choice()
         for name in [b for b in baselines if b not in skipped]:
             try:
@@ -168,7 +172,7 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, d
                 skipped[name] = f"{split.name}: {e}"
                 predictions.pop(name, None)
                 log.warning("baseline %s skipped: %s", name, skipped[name])
-    return predictions, choices, skipped, rules
+    return predictions, choices, skipped, rules, family
 
 
 def grouping_figures(parts: dict, splits, question) -> dict:

@@ -33,6 +33,7 @@ from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
 from llmrubric.experiments.experiment import FOLDS_FILE, SYSTEM_PROTOCOLS, checked_once, prepare
 from llmrubric.experiments.tracking import Tracker
 from llmrubric.io.errors import reports_errors
+from llmrubric.model.core.registry import capabilities
 
 log = logging.getLogger("train")
 
@@ -62,7 +63,7 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
         settings = split_settings(cfg, rubric, splits, run)
         models = [build_model(rubric, model, trainer, cfg.seed, auto_group(cfg)) for model, trainer in settings]
         start = time.perf_counter()
-        if hasattr(models[0], "fit_many"):  # the networks of every split train as one program
+        if capabilities(models[0]).joint_fit:  # the networks of every split train as one program
             with tqdm(desc="training", unit="epoch", disable=len(splits) == 1) as progress:
                 models[0].fit_many(models, [split.train for split in splits], progress=progress)
         else:
@@ -70,11 +71,11 @@ def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
                 list(zip(splits, models)), desc="model=auto", unit="split", disable=len(splits) == 1
             ):
                 model.fit(split.train)
-                if hasattr(model, "choice"):  # model=auto: what its inner cross-validation chose
+                if capabilities(model).members:  # model=auto: what its inner cross-validation chose
                     log_choice(run, split.name, model.choice())
         seconds = time.perf_counter() - start
         for split, model in zip(splits, models):
-            if not hasattr(model, "label_rule_"):  # the network alone: its rule from its in-sample predictions
+            if not capabilities(model).members:  # the network alone: its rule from its in-sample predictions
                 model.label_rule_ = in_sample_rule(model, split.train, cfg.seed)
         scores = []
         for split, model in zip(splits, models):

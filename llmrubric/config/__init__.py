@@ -35,7 +35,6 @@ from llmrubric.config.loader import (
 )
 from llmrubric.config.logger import LoggerConfig
 from llmrubric.config.model import (
-    AUTO_CANDIDATES,
     LABEL_RULES,
     AutoConfig,
     LabelRuleConfig,
@@ -53,7 +52,6 @@ from llmrubric.config.trainer import ACCELERATORS, LIMITS, TrainConfig
 
 __all__ = [
     "ACCELERATORS",
-    "AUTO_CANDIDATES",
     "CONF_PACKAGE",
     "CONF_PATH",
     "GROUP_SCHEMAS",

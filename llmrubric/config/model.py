@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass, field
 
 from llmrubric.config.paths import conf_path
 
-AUTO_CANDIDATES = ("network", "clmm_own", "clmm_all", "clmm_mean", "ridge_judge")
 LABEL_RULES = ("argmax", "rounded_mean", "frequency_thresholds", "kappa_thresholds")
 
 
@@ -17,7 +16,9 @@ class AutoConfig:
 
     Attributes:
         candidates: names registered as candidates in :mod:`llmrubric.model.core.registry`
-            (``registry.names(candidate=True)``; ``network`` is the network of the other ``model.*`` settings).
+            (``registry.names(candidate=True)``; ``network`` is the network of the other ``model.*`` settings);
+            null: the names registered as default candidates (``llmrubric.model.auto.default_candidates``),
+            resolved by :class:`llmrubric.model.auto.AutoCalibrator` (the registry is a higher layer than config).
         rule: ``select`` (the candidate with the lowest inner-CV NLL) or ``stack`` (non-negative
             weights summing to 1 that maximise the inner-CV likelihood of the main question);
             ``select`` had the lower pair NLL on 3 of the 4 protocols of ``benchmarks/auto.py`` that ran
@@ -40,7 +41,7 @@ class AutoConfig:
             ``N(0, level_beyond_sd²)``: extrapolated levels widen, their mean unchanged.
     """
 
-    candidates: list[str] = field(default_factory=lambda: list(AUTO_CANDIDATES))
+    candidates: list[str] | None = None
     rule: str = "select"
     group: str = "auto"
     folds: int = 5

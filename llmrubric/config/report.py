@@ -17,7 +17,7 @@ class ReportConfig:
 
     Attributes:
         dir: where report.md, report.html, report.json, CSVs and figures/ are written.
-        methods: Table 1 rows; None: every method of :data:`llmrubric.model.families.baselines.METHODS`.
+        methods: Table 1 rows; None: every method of :func:`llmrubric.model.families.baselines.report_methods`.
         seeds: seeds per learned variant; a method's prediction is the mean over its seeds.
         workers: training processes (one torch thread each).
         seed: seeds permutations and bootstraps.

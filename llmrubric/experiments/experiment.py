@@ -173,6 +173,8 @@ class CheckSettings(Callback):
     Hydra creates ``run_dir`` or writes anything, once per run."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        if config.hydra.runtime.choices.get("model") == "default":
+            log.warning("model=default is an alias of model=network (the network alone): use model=network")
         try:
             check_settings(config)
         except (*USER_ERRORS, KeyboardInterrupt) as e:

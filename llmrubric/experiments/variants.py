@@ -28,14 +28,13 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.auto import build_model
 from llmrubric.model.core.encoding import PAIR, JudgeMap, with_round
-from llmrubric.model.core.registry import names
+from llmrubric.model.core.registry import capabilities, names
 from llmrubric.model.core.threads import one_thread, single_threaded
-from llmrubric.model.families.baselines import DETERMINISTIC, make_method
+from llmrubric.model.families.baselines import deterministic_methods, make_method
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.model.families.network.oracles import JudgeAnswers, PersonalIsotonic
 
 log = logging.getLogger(__name__)
-SINGLE_RUN = frozenset(DETERMINISTIC) | {"random"}
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class Variant:
 
     Args:
         name: unique name in the report.
-        method: a Table 1 method (:data:`llmrubric.model.families.baselines.METHODS`); the knobs below need ``llm_rubric``.
+        method: a Table 1 method (:func:`llmrubric.model.families.baselines.report_methods`); the knobs below need ``llm_rubric``.
         question: the target (fine-tuned, evaluated) question; None: the rubric's main question.
         model, trainer: ``(key, value)`` overrides of the network / trainer settings.
         drop_questions: feature blocks left out (ablations).
@@ -68,8 +67,9 @@ class Variant:
 
     @property
     def single_run(self) -> bool:
-        """Methods without training randomness run once (seed 0)."""
-        return self.method in SINGLE_RUN and not self.isotonic
+        """Methods without training randomness run once (seed 0): the deterministic ones and ``random``
+        (its seed draws only its point predictions, not its distribution)."""
+        return (self.method in deterministic_methods() or self.method == "random") and not self.isotonic
 
     def check(self, rubric: Rubric) -> None:
         if self.method not in names():
@@ -133,8 +133,8 @@ def _init_worker() -> None:
 
 def _fit(estimators: list, trains: list[Tables]) -> None:
     """Fit estimators on their training tables; calibration networks of one variant train as one stacked program."""
-    cores = [getattr(e, "base", e) for e in estimators]  # an isotonic correction's base model
-    if all(hasattr(c, "fit_many") and type(c) is type(cores[0]) for c in cores):
+    cores = [e.base if capabilities(e).corrects else e for e in estimators]  # an isotonic correction's base model
+    if all(capabilities(c).joint_fit and type(c) is type(cores[0]) for c in cores):
         judge_sets = {tuple(sorted(t.annotations.judge_id.unique())) for t in trains}
         judges = JudgeMap.from_annotations(pd.concat([t.annotations for t in trains])) if len(judge_sets) > 1 else None
         cores[0].fit_many(cores, trains, judges)
@@ -142,7 +142,7 @@ def _fit(estimators: list, trains: list[Tables]) -> None:
         for core, train in zip(cores, trains):
             core.fit(train)
     for estimator, train in zip(estimators, trains):
-        if hasattr(estimator, "calibrate"):  # the isotonic correction of a base fitted above
+        if capabilities(estimator).corrects:  # the isotonic correction of a base fitted above
             estimator.calibrate(train)
 
 

@@ -36,7 +36,18 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.core.label_rule import LabelRule, main_rule
-from llmrubric.model.core.registry import Setup, entry, family_of, fit_questions, make, names, register
+from llmrubric.model.core.registry import (
+    Capabilities,
+    Setup,
+    capabilities,
+    entry,
+    family_of,
+    fit_questions,
+    make,
+    names,
+    register,
+    with_capability,
+)
 from llmrubric.model.core.system_level import (
     LEVEL,
     LevelPrior,
@@ -90,14 +101,16 @@ class AutoCalibrator:
     """
 
     name = "llm_rubric"
+    family = "auto"  # the registry name of the family fitted (checkpoints and metrics.json say it)
     FORMAT = FORMAT
-    supports_add_judge = True  # llmrubric.model.judges.add_judge adds the judge to every member
 
     def __init__(self, rubric: Rubric, model=None, trainer=None, seed: int = 0, group: str = "text"):
         self.rubric, self.seed = rubric, seed
         self.model = {**model_settings(model), "family": "auto"}
+        self.source_, self.added_judges_ = "<model>", []  # the checkpoint it was loaded from, the judges added
         try:
             self.settings = AutoConfig(**self.model["auto"])
+            self.settings.candidates = resolved_candidates(self.settings.candidates)
         except TypeError as e:
             raise InputError(f"unknown model.auto setting: {e}", setting="model.auto") from None
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
@@ -213,7 +226,7 @@ class AutoCalibrator:
                 yield name, None, 0.0, NotApplicable(self.unusable_[name])
                 continue
             models = [self._candidate(name) for _ in range(len(splits) + (name == "network"))]
-            twin, why = (models[0].same_as(splits[0][0]) if hasattr(models[0], "same_as") else None) or (None, None)
+            twin, why = (models[0].same_as(splits[0][0]) if capabilities(models[0]).twins else None) or (None, None)
             if twin is not None and twin != name and twin in self.settings.candidates:
                 yield name, None, 0.0, NotApplicable(f"identical to {twin}: {why}")
                 continue
@@ -222,7 +235,7 @@ class AutoCalibrator:
                 if name == "network":  # the refit on all of ``tables`` joins the folds' stacked program
                     models[0].fit_many(models, trains + [tables], JudgeMap.from_annotations(tables.annotations))
                     self._refitted[name] = models.pop()
-                elif hasattr(models[0], "fit_many"):  # fitted as one program (the network's heads)
+                elif capabilities(models[0]).joint_fit:  # fitted as one program (the network's heads)
                     models[0].fit_many(models, trains)
                 else:
                     models = [
@@ -245,11 +258,11 @@ class AutoCalibrator:
     def _fit_members(self, tables: Tables, weighted: list[str]) -> dict:
         """The weighted candidates fitted on all of ``tables`` (those refitted already are taken as they are)."""
         members = {n: self._refitted.get(n) or self._candidate(n) for n in weighted}
-        together = [n for n in weighted if hasattr(members[n], "fit_many") and n not in self._refitted]
+        together = [n for n in weighted if capabilities(members[n]).joint_fit and n not in self._refitted]
         if together:
             members[together[0]].fit_many([members[n] for n in together], [tables] * len(together))
         for name in weighted:
-            if not hasattr(members[name], "fit_many"):
+            if not capabilities(members[name]).joint_fit:
                 fit_questions(members[name], tables)
         return members
 
@@ -270,7 +283,9 @@ class AutoCalibrator:
         only ordinal families have weight) get ``ridge_judge`` as a member of weight 0: it predicts
         exactly those questions."""
         answered = [q for q in self.rubric.ids if q in set(tables.annotations.question_id)]
-        covered = {q for m in self.members_.values() for q in getattr(m, "questions_", self.rubric.ids)}
+        covered = {
+            q for m in self.members_.values() for q in (m.questions_ if capabilities(m).questions else self.rubric.ids)
+        }
         uncovered = [q for q in answered if q not in covered]
         if uncovered and "ridge_judge" not in self.members_:
             log.info("model=auto: %s predicted by ridge_judge (no weighted candidate predicts them)", uncovered)
@@ -305,11 +320,11 @@ class AutoCalibrator:
     @property
     def answers_(self):
         """The answer model of the members (all fitted on the same features); None for an old checkpoint
-        or when a member cannot predict completions (a family without ``proba_completed``)."""
+        or when a member cannot predict completions (a family without ``absent_blocks``)."""
         members = list(self.members_.values())
-        if not all(hasattr(m, "proba_completed") for m in members):
+        if not all(capabilities(m).absent_blocks for m in members):
             return None
-        return next((m.answers_ for m in members if getattr(m, "answers_", None) is not None), None)
+        return next((m.answers_ for m in members if m.answers_ is not None), None)
 
     def proba_completed(self, batch, completions: np.ndarray) -> np.ndarray:
         """(draws, pairs, questions, max options): the members' mixture for each completion
@@ -331,7 +346,7 @@ class AutoCalibrator:
         weight = sum(share.values())
         with np.errstate(invalid="ignore", divide="ignore"):
             out = total / np.where(weight > 0, weight, np.nan)[None, :, None]
-        check_finite_predictions(out[:, weight > 0], getattr(self, "source_", "<model>"))
+        check_finite_predictions(out[:, weight > 0], self.source_)
         return out
 
     def member_levels(self, tables: Tables, pairs: pd.DataFrame) -> dict:
@@ -385,6 +400,7 @@ class AutoCalibrator:
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         meta = {
             "format": FORMAT,
+            "family": self.family,
             "rubric": self.rubric.to_dict(),
             "main_question": self.rubric.main.id,
             "model": self.model,
@@ -400,7 +416,7 @@ class AutoCalibrator:
             "layout": self.layout_.to_dict(),
             "judges": list(self.judges_.judges),
             "train_texts": self.train_texts_,
-            "added_judges": getattr(self, "added_judges_", []),
+            "added_judges": self.added_judges_,
             "members": {},
             "label_rule": self.label_rule_.to_dict() if self.label_rule_ is not None else None,
         }
@@ -459,6 +475,16 @@ class AutoCalibrator:
             except (KeyError, ValueError, RuntimeError) as e:
                 raise InputError(f"checkpoint member {name} does not fit its own metadata: {e!r}", file=source) from e
         return self
+
+
+def default_candidates() -> list[str]:
+    """``model=auto``'s default candidates: the names registered ``default_candidate``, in registration order."""
+    return with_capability("default_candidate")
+
+
+def resolved_candidates(candidates: list[str] | None) -> list[str] | None:
+    """``model.auto.candidates``, None (the shipped setting) being :func:`default_candidates`."""
+    return default_candidates() if candidates is None else candidates
 
 
 def check_auto(settings: AutoConfig) -> None:
@@ -539,5 +565,6 @@ def _configured(rubric: Rubric, setup: Setup):
     return make(family, rubric, setup.model, setup.trainer, setup.seed, setup.group)
 
 
-register("auto", _auto, AutoCalibrator)
-register("llm_rubric", _configured, AutoCalibrator)
+AUTO = dict(absent_blocks=True, add_judge=True, members=True, system_level=True)  # the class's capabilities
+register("auto", _auto, AutoCalibrator, capabilities=Capabilities(**AUTO))
+register("llm_rubric", _configured, AutoCalibrator, capabilities=Capabilities(**AUTO, report_default=9))

@@ -38,6 +38,7 @@ import torch
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.core.encoding import JudgeMap
+from llmrubric.model.core.registry import capabilities
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.cumulative import CumulativeNet
 from llmrubric.model.families.network.net import CalibrationNet
@@ -151,13 +152,14 @@ def add_judge(
     ``tables`` (with the features of the annotated texts); see the module doc.
 
     A model of ``members_`` (``model=auto``) gets it in each member. Errors (:class:`InputError`): a
-    family without ``supports_add_judge``, a network without judge parameters, a judge the checkpoint
+    family without the capability ``add_judge``, a network without judge parameters, a judge the checkpoint
     already knows, fewer than ``min_annotations`` answers of the main question."""
-    if not getattr(calibrator, "supports_add_judge", False):
+    caps = capabilities(calibrator)
+    if not caps.add_judge:
         raise InputError(f"judges can be added to llmrubric calibrators only, not to a {type(calibrator).__name__}")
-    if hasattr(calibrator, "members_"):
+    if caps.members:
         return _add_to_members(calibrator, tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)
-    if not getattr(calibrator, "nets_", None):
+    if not caps.networks or not calibrator.nets_:
         raise InputError("the calibrator is not trained: fit or load it before adding a judge")
     if calibrator.pair_features is not None:
         raise InputError("judges cannot be added to a calibrator with pair features (an oracle study model)")
@@ -240,7 +242,7 @@ def _add_to_members(model, tables: Tables, judge_id: str, min_annotations: int, 
     new = copy.copy(model)
     new.members_ = {
         name: member.add_judge(tables, judge_id)
-        if hasattr(member, "add_judge")
+        if capabilities(member).member_judge
         else add_judge(member, tables, judge_id, min_annotations, *network_args)
         for name, member in model.members_.items()
     }
@@ -249,13 +251,13 @@ def _add_to_members(model, tables: Tables, judge_id: str, min_annotations: int, 
     network = new.members_.get("network")
     if network is not None:
         record["l2"] = network.summaries_[0]["added_judges"][-1]["l2"]
-    new.added_judges_ = [*getattr(model, "added_judges_", []), record]
+    new.added_judges_ = [*model.added_judges_, record]
     return new
 
 
 def added_record(model) -> dict:
     """The record of the judge added last (answers, penalty, seconds)."""
-    if getattr(model, "added_judges_", None):
+    if capabilities(model).members:
         return model.added_judges_[-1]
     return model.summaries_[0]["added_judges"][-1]
 

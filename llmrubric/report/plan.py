@@ -16,10 +16,9 @@ from llmrubric.experiments.variants import (
 )
 from llmrubric.io.rubric import Rubric
 from llmrubric.model.core.encoding import FeatureLayout
+from llmrubric.model.core.registry import capabilities
 from llmrubric.model.families.network.oracles import JudgeAnswers
 from llmrubric.report.settings import ReportSettings, check_questions
-
-LLM_ANSWER_METHODS = ("argmax_llm", "expected_llm", "calibrated_q0")  # need an LLM's answers to the main question
 
 
 class ReportPlan:
@@ -32,7 +31,9 @@ class ReportPlan:
         check_questions(settings, rubric)
         self.llm_questions = self.feature_questions()
         self.methods = [
-            m for m in settings.methods if self.question.id in self.llm_questions or m not in LLM_ANSWER_METHODS
+            m
+            for m in settings.methods
+            if self.question.id in self.llm_questions or not capabilities(m).needs_llm_answers
         ]
         self.method_notes = [
             f"{m} left out: no LLM source answered {self.question.id} in the features"

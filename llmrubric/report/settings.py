@@ -8,7 +8,7 @@ from llmrubric.config import REPORT_SECTIONS, ReportConfig
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.model.core.registry import names
-from llmrubric.model.families.baselines import METHODS
+from llmrubric.model.families.baselines import report_methods
 
 SECTIONS = REPORT_SECTIONS
 
@@ -33,7 +33,7 @@ class ReportSettings(ReportConfig):
 
     def __post_init__(self) -> None:
         if self.methods is None:
-            self.methods = list(METHODS)
+            self.methods = report_methods()
 
     def check(self) -> None:
         def bad(key, message):

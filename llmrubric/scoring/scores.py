@@ -32,6 +32,7 @@ from llmrubric.io.predictions import predictions_frame, probabilities
 from llmrubric.io.rows import check_unique
 from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.core.absent import DRAWS, SEED, batch_of
+from llmrubric.model.core.registry import capabilities
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 
@@ -153,7 +154,7 @@ def score_texts(
     questions = _scored_questions(calibrator, questions)
     src = source_of(features)
     features = features.astype({c: object for c in ("text_id", "source", "question_id", "option")})
-    calibrator.layout_.check(features, absent_ok=getattr(calibrator, "answers_", None) is not None)
+    calibrator.layout_.check(features, absent_ok=_answers(calibrator) is not None)
     scored, unscored = _split_featured(_text_table(features, texts), features)
     levels, member_levels = _system_levels(calibrator, features, scored, judges)
     chunks = _ChunkPredictor(calibrator, judges, questions, _features_by_text(features, scored, src), member_levels)
@@ -201,11 +202,16 @@ def score_texts(
     return ScoreResult(scores, summary, pd.concat(kept, ignore_index=True) if kept else None, levels)
 
 
+def _answers(calibrator):
+    """The model's answer model (None for a family without ``absent_blocks`` or an old checkpoint)."""
+    return calibrator.answers_ if capabilities(calibrator).absent_blocks else None
+
+
 def _system_levels(calibrator, features: pd.DataFrame, scored: pd.DataFrame, judges: list[str]):
     """A model with a system level (:mod:`llmrubric.model.core.system_level`): (the levels table, its
     members' levels over all the scored texts, passed to the predictions of every chunk); (None, None)
     for other models."""
-    if not getattr(calibrator, "levels_", None):
+    if not (capabilities(calibrator).system_level and calibrator.levels_):
         return None, None
     pairs = pd.DataFrame(
         {
@@ -294,7 +300,7 @@ class _ChunkPredictor:
                 "round": "1",
             }
         )
-        x = self.layout.matrix(chunk_feats, text_ids, absent_ok=getattr(self.calibrator, "answers_", None) is not None)
+        x = self.layout.matrix(chunk_feats, text_ids, absent_ok=_answers(self.calibrator) is not None)
         absent = (
             x[:, self.n_probs : self.n_probs + len(self.block_names)] == 0
         )  # presence flags follow the probabilities
@@ -320,7 +326,7 @@ class _ChunkPredictor:
         model: its old filling)."""
         probs = self.fast(x)
         rows = np.flatnonzero(absent.any(axis=1))
-        if not len(rows) or getattr(self.calibrator, "answers_", None) is None:
+        if not len(rows) or _answers(self.calibrator) is None:
             return probs
         pairs = pd.DataFrame({"text_id": [text_ids[r] for r in rows], "judge_id": self.judges[0]})
         batch = batch_of(self.calibrator, Tables(_empty_annotations(), feats), pairs)
@@ -418,7 +424,7 @@ def _judge_predictor(calibrator: NetworkCalibrator, judges: list[str]):
     For a fixed judge it folds into the shared weights (:meth:`CalibrationNet.for_judge`), so
     each trusted judge gets plain copies of the ensemble's networks that run on the texts alone.
     """
-    if not hasattr(calibrator, "nets_"):
+    if not capabilities(calibrator).networks:
         return None  # model=auto: its members are not all networks
     index = [calibrator.judges_.judges.index(judge) for judge in judges]
     members = [[net.for_judge(a) for a in index] for net in calibrator.nets_]
@@ -430,7 +436,7 @@ def _judge_predictor(calibrator: NetworkCalibrator, judges: list[str]):
         with one_thread():
             per_judge = [torch.stack([m.probabilities(xt, dummy) for m in nets], dim=1) for nets in members]
         probs = torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
-        check_finite_predictions(probs, getattr(calibrator, "source_", "<model>"))
+        check_finite_predictions(probs, calibrator.source_)
         return probs
 
     return predict

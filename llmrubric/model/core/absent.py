@@ -20,6 +20,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.core.answers import AnswerModel
 from llmrubric.model.core.encoding import pairs_of
+from llmrubric.model.core.registry import capabilities
 
 DRAWS = 64  # completions averaged per text with absent blocks
 SEED = 0  # of the completions' quasi-random draws: predictions are deterministic
@@ -117,13 +118,15 @@ def batch_of(model, tables: Tables, pairs: pd.DataFrame | None = None) -> Comple
 
 
 def answer_model(model) -> AnswerModel:
-    answers = getattr(model, "answers_", None)
-    if answers is None:
+    """``model``'s answer model (capability ``absent_blocks``); an :class:`InputError` when it has none."""
+    if not capabilities(model).absent_blocks:
+        raise InputError(f"a {type(model).__name__} does not predict texts lacking feature blocks")
+    if model.answers_ is None:
         raise InputError(
             "this model has no answer model (saved before absent blocks were marginalised); retrain it",
-            file=getattr(model, "source_", None),
+            file=model.source_,
         )
-    return answers
+    return model.answers_
 
 
 def partial_texts(answers: AnswerModel, features: pd.DataFrame, texts: list[str]) -> list[str]:
@@ -148,7 +151,7 @@ def marginal_proba(
     pairs)``: the family's own path), the others the mean over :data:`DRAWS` completions of
     ``completed(batch, completions)`` (default ``model.proba_completed``). A model without an answer
     model (an old checkpoint) gives None: it keeps its old filling."""
-    answers = getattr(model, "answers_", None)
+    answers = model.answers_  # a family of capability absent_blocks calls this
     if answers is None:
         return None
     pairs = pairs.reset_index(drop=True)

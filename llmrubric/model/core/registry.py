@@ -7,6 +7,11 @@ the registry is complete wherever a model is built or loaded. ``model=auto``'s c
 (:func:`make`), ``judges add`` and :func:`llmrubric.model.core.checkpoints.load_model` (:func:`family_of`)
 look names and checkpoint formats up here; none of them names a family class.
 
+What a name can do is declared once, on its entry (:class:`Capabilities`): code above the families
+reads :func:`capabilities` (of a name or a fitted model) instead of probing a model's attributes, and
+the lists of names it needs (the default candidates, the report's methods, the deterministic ones)
+are :func:`names` filtered by a capability.
+
 Every family implements :class:`Family`. ``meta["format"]`` of its :meth:`Family.state` is
 ``llmrubric-<family>/<version>`` (the class's ``FORMAT``); a checkpoint of an unknown family or
 version is an :class:`InputError` naming the file.
@@ -62,6 +67,70 @@ class Setup:
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a registered name can do beyond :class:`Family`; each flag promises the attributes it names.
+
+    Of the class (every name registered with one class declares the same):
+        joint_fit: ``fit_many(models, tables, judges=None, progress=None)``: models of the class trained as one program.
+        questions: ``fit(tables, questions)`` fits the questions given; ``questions_``: those it predicts.
+        twins: ``same_as(tables) -> (name, why) | None``: a candidate identical to another on these data.
+        absent_blocks: predicts texts lacking feature blocks, marginalised over its answer model
+            ``answers_`` (None in an old checkpoint) with ``proba_completed(batch, completions)``.
+        add_judge: ``llmrubric judges add`` takes its checkpoint (:func:`llmrubric.model.judges.add_judge`).
+        member_judge: its own ``add_judge(tables, judge_id)`` (a judge added to a ``model=auto`` member).
+        networks: ``nets_``: an ensemble of calibration networks (a judge's parameters fold into their weights).
+        members: ``members_`` (fitted families by name) and ``choice()``: a combination chosen by inner CV.
+        system_level: ``levels_``: fitted system levels, ``member_levels`` and ``system_levels``.
+        corrects: ``base`` and ``calibrate(tables)``: a correction fitted on a fitted base model.
+
+    Of the name:
+        deterministic: draws nothing at random (one seed suffices).
+        needs_llm_answers: needs an LLM's answers to the main question in the features.
+        default_candidate: its place (1, 2, …) among ``model=auto``'s default candidates; 0: not one.
+        report_default: its place (1, 2, …) among the report's Table 1 methods by default; 0: not one.
+    """
+
+    joint_fit: bool = False
+    questions: bool = False
+    twins: bool = False
+    absent_blocks: bool = False
+    add_judge: bool = False
+    member_judge: bool = False
+    networks: bool = False
+    members: bool = False
+    system_level: bool = False
+    corrects: bool = False
+    deterministic: bool = False
+    needs_llm_answers: bool = False
+    default_candidate: int = 0
+    report_default: int = 0
+
+
+CLASS_CAPABILITIES = (
+    "joint_fit",
+    "questions",
+    "twins",
+    "absent_blocks",
+    "add_judge",
+    "member_judge",
+    "networks",
+    "members",
+    "system_level",
+    "corrects",
+)
+PROMISES = {
+    "joint_fit": ("fit_many",),
+    "twins": ("same_as",),
+    "absent_blocks": ("proba_completed",),
+    "member_judge": ("add_judge",),
+    "members": ("choice",),
+    "system_level": ("member_levels", "system_levels"),
+    "corrects": ("calibrate",),
+}  # the methods a class declaring the capability defines (attributes set by fit are not checked here)
+PLACES = ("default_candidate", "report_default")  # the capabilities that are a place in a list
+
+
+@dataclass(frozen=True)
 class Entry:
     """One registered name.
 
@@ -69,9 +138,10 @@ class Entry:
         name: the config name (``model.auto.candidates``, ``baselines``, the report's methods).
         build: ``build(rubric, setup) -> unfitted family``.
         family: the class its checkpoints restore with (``FORMAT``, ``from_state``).
-        candidate: a candidate of ``model=auto`` (:data:`llmrubric.config.AUTO_CANDIDATES` are the default ones).
+        candidate: a candidate of ``model=auto`` (``Capabilities.default_candidate`` marks the default ones).
         per_source: also ``<name>/<source>``: one LLM source of several.
         same_as: a baseline that predicts what this one does on every data set: listed once, under that name.
+        capabilities: what it can do (:class:`Capabilities`).
     """
 
     name: str
@@ -80,6 +150,7 @@ class Entry:
     candidate: bool = False
     per_source: bool = False
     same_as: str | None = None
+    capabilities: Capabilities = Capabilities()
 
 
 _ENTRIES: dict[str, Entry] = {}
@@ -94,17 +165,69 @@ def register(
     candidate: bool = False,
     per_source: bool = False,
     same_as: str | None = None,
+    capabilities: Capabilities | None = None,
 ) -> Entry:
-    """Register ``name`` (a second registration of a name replaces the first: a module re-imported)."""
+    """Register ``name`` (a second registration of a name replaces the first: a module re-imported).
+
+    ``capabilities`` are checked here: a class's capabilities are the same under each of its names and
+    it defines what they promise (:data:`PROMISES`); a default candidate is a candidate."""
     kind, _, version = family.FORMAT.partition("/")
     if not kind.startswith("llmrubric-") or not version.isdigit():
         raise ValueError(f"{family.__name__}.FORMAT must be 'llmrubric-<family>/<version>', not {family.FORMAT!r}")
     known = _FORMATS.get(kind)
     if known is not None and known.__qualname__ != family.__qualname__:
         raise ValueError(f"format {kind} is {known.__name__}'s, not {family.__name__}'s")
+    caps = capabilities or Capabilities()
+    _check_capabilities(name, family, caps, candidate)
     _FORMATS[kind] = family
-    _ENTRIES[name] = Entry(name, build, family, candidate, per_source, same_as)
+    _ENTRIES[name] = Entry(name, build, family, candidate, per_source, same_as, caps)
     return _ENTRIES[name]
+
+
+def _check_capabilities(name: str, family: type, caps: Capabilities, candidate: bool) -> None:
+    """A :class:`ValueError` where ``caps`` contradict the class or another name of it."""
+    lacking = [a for flag, attrs in PROMISES.items() if getattr(caps, flag) for a in attrs if not hasattr(family, a)]
+    if lacking:
+        raise ValueError(f"{name}: {family.__name__} declares capabilities it lacks: {lacking}")
+    if caps.default_candidate and not candidate:
+        raise ValueError(f"{name}: a default candidate must be registered with candidate=True")
+    for flag in PLACES:
+        place = getattr(caps, flag)
+        taken = [
+            e.name for e in _ENTRIES.values() if e.name != name and place and getattr(e.capabilities, flag) == place
+        ]
+        if taken:
+            raise ValueError(f"{name}: {flag}={place} is {taken[0]}'s")
+    mine = _class_capabilities(caps)
+    for other in _ENTRIES.values():
+        if other.name != name and other.family is family and _class_capabilities(other.capabilities) != mine:
+            raise ValueError(f"{name}: {family.__name__}'s capabilities differ from those under {other.name}")
+
+
+def _class_capabilities(caps: Capabilities) -> dict[str, bool]:
+    return {flag: getattr(caps, flag) for flag in CLASS_CAPABILITIES}
+
+
+def capabilities(model_or_name: object) -> Capabilities:
+    """The capabilities of a registered name (``<name>/<source>`` too), or of a model by its class (the
+    nearest registered class of its type; a class registered under no name has none). For a model, only
+    the class's capabilities are meaningful (:data:`CLASS_CAPABILITIES`)."""
+    if isinstance(model_or_name, str):
+        return entry(model_or_name).capabilities
+    for cls in type(model_or_name).__mro__:
+        found = next((e for e in _ENTRIES.values() if e.family is cls), None)
+        if found is not None:
+            return found.capabilities
+    return Capabilities()
+
+
+def with_capability(flag: str) -> list[str]:
+    """The registered names declaring capability ``flag``: in registration order, or by their place for
+    ``default_candidate`` and ``report_default`` (the lists do not depend on the order modules load in)."""
+    if flag not in Capabilities.__dataclass_fields__:
+        raise ValueError(f"unknown capability {flag!r}")
+    found = [n for n in names() if getattr(_ENTRIES[n].capabilities, flag)]
+    return sorted(found, key=lambda n: getattr(_ENTRIES[n].capabilities, flag)) if flag in PLACES else found
 
 
 def names(candidate: bool | None = None) -> list[str]:
@@ -151,8 +274,8 @@ def family_of(format_: str, source: str = "<checkpoint>") -> type:
 
 def fit_questions(model: Family, tables: Tables, questions: list[str] | None = None) -> Family:
     """``model`` fitted on ``tables``: on ``questions`` only where its family fits some questions
-    (``fits_questions``: ``fit(tables, questions)``), else on every question it predicts."""
-    return model.fit(tables, questions) if getattr(model, "fits_questions", False) else model.fit(tables)
+    (capability ``questions``: ``fit(tables, questions)``), else on every question it predicts."""
+    return model.fit(tables, questions) if capabilities(model).questions else model.fit(tables)
 
 
 def formats() -> dict[str, type]:

@@ -41,7 +41,7 @@ from llmrubric.model.core.answers import AnswerModel, answers_from_state, answer
 from llmrubric.model.core.columns import text_columns
 from llmrubric.model.core.context import centre_of, contextual_columns, system_means, text_systems
 from llmrubric.model.core.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets
-from llmrubric.model.core.registry import Setup, entry, make, register
+from llmrubric.model.core.registry import Capabilities, Setup, entry, make, register, with_capability
 from llmrubric.model.core.threads import one_thread
 
 
@@ -261,7 +261,6 @@ class RidgeJudge(MainQuestionBaseline):
     name = "ridge_judge"
     family = "ridge_judge"
     FORMAT = "llmrubric-ridge_judge/1"
-    fits_questions = True  # fit(tables, questions): model=auto's inner CV fits the main question only
 
     def __init__(self, rubric: Rubric, seed: int = 0, source: str | None = None, linear: LinearConfig | None = None):
         super().__init__(rubric, seed, source)
@@ -269,10 +268,17 @@ class RidgeJudge(MainQuestionBaseline):
         self.contextual = bool(self.linear.contextual)
         self.name = "ridge_context" if self.contextual else "ridge_judge"
         self.context_cache_: dict[str, np.ndarray] = {}
+        self.answers_: AnswerModel | None = None  # fitted by fit (None in an old checkpoint)
+        self.source_: str | None = None  # the checkpoint it was loaded from
+
+    @property
+    def questions_(self) -> list[str]:
+        """The questions it predicts (those fitted)."""
+        return list(self.fits_)
 
     def _design(self, tables: Tables, pairs: pd.DataFrame) -> np.ndarray:
         texts = sorted(pairs.text_id.unique())
-        absent_ok = getattr(self, "answers_", None) is not None
+        absent_ok = self.answers_ is not None
         text_x = text_columns(self.layout_, self.rubric, tables.features, texts, absent_ok)
         rows = pairs.text_id.map({t: i for i, t in enumerate(texts)}).to_numpy()
         return self._design_rows(text_x[rows], self.judges_.indices(pairs.judge_id), self._context(tables, pairs))
@@ -283,7 +289,7 @@ class RidgeJudge(MainQuestionBaseline):
         if not self.contextual:
             return None
         every = sorted(tables.features.text_id.astype(str).unique())
-        absent_ok = getattr(self, "answers_", None) is not None
+        absent_ok = self.answers_ is not None
         columns = text_columns(self.layout_, self.rubric, tables.features, every, absent_ok)
         context = contextual_columns(system_means(columns, every, text_systems(tables)), self.centre_)
         self.context_cache_.update(zip(every, context))
@@ -540,7 +546,7 @@ class RidgeJudge(MainQuestionBaseline):
             q: {k.split(".", 1)[1]: v.numpy() for k, v in tensors.items() if "." in k and k.split(".", 1)[0] == q}
             for q in meta["questions"]
         }
-        self.answers_ = answers_from_state(meta, tensors, rubric, source)
+        self.answers_, self.source_ = answers_from_state(meta, tensors, rubric, source), source
         return self
 
 
@@ -612,23 +618,46 @@ def _ridge_context(rubric: Rubric, setup: Setup) -> RidgeJudge:
     return RidgeJudge(rubric, setup.seed, linear=_linear(setup, contextual=True))
 
 
-register("random", _baseline(RandomBaseline), RandomBaseline)
-register("argmax_llm", _baseline(ArgmaxLLM), ArgmaxLLM, per_source=True)
-register("expected_llm", _baseline(ExpectedLLM), ExpectedLLM, per_source=True)
-register("mean_of_sources", _baseline(MeanOfSources), MeanOfSources, same_as="expected_llm")
-register("constant", _baseline(ConstantBaseline), ConstantBaseline)
-register("raw_linear_system", _baseline(RawLinearSystem), RawLinearSystem)
-register("ridge_judge", _ridge, RidgeJudge, candidate=True)
-register("ridge_context", _ridge_context, RidgeJudge, candidate=True)
-METHODS = (
-    "random",
+LLM = Capabilities(deterministic=True, needs_llm_answers=True)
+RIDGE = dict(questions=True, absent_blocks=True, member_judge=True, deterministic=True)
+register("random", _baseline(RandomBaseline), RandomBaseline, capabilities=Capabilities(report_default=1))
+register(
     "argmax_llm",
-    "expected_llm",
-    "calibrated_q0",
-    "constant",
-    "ridge_judge",
-    "no_personalization",
-    "llm_rubric_paper",
-    "llm_rubric",
+    _baseline(ArgmaxLLM),
+    ArgmaxLLM,
+    per_source=True,
+    capabilities=Capabilities(deterministic=True, needs_llm_answers=True, report_default=2),
 )
-DETERMINISTIC = ("argmax_llm", "expected_llm", "constant", "ridge_judge")
+register(
+    "expected_llm",
+    _baseline(ExpectedLLM),
+    ExpectedLLM,
+    per_source=True,
+    capabilities=Capabilities(deterministic=True, needs_llm_answers=True, report_default=3),
+)
+register("mean_of_sources", _baseline(MeanOfSources), MeanOfSources, same_as="expected_llm", capabilities=LLM)
+register(
+    "constant",
+    _baseline(ConstantBaseline),
+    ConstantBaseline,
+    capabilities=Capabilities(deterministic=True, report_default=5),
+)
+register("raw_linear_system", _baseline(RawLinearSystem), RawLinearSystem, capabilities=LLM)
+register(
+    "ridge_judge",
+    _ridge,
+    RidgeJudge,
+    candidate=True,
+    capabilities=Capabilities(**RIDGE, default_candidate=5, report_default=6),
+)
+register("ridge_context", _ridge_context, RidgeJudge, candidate=True, capabilities=Capabilities(**RIDGE))
+
+
+def report_methods() -> list[str]:
+    """The report's Table 1 methods by default: the names registered ``report_default``, in registration order."""
+    return with_capability("report_default")
+
+
+def deterministic_methods() -> list[str]:
+    """The names that draw nothing at random (``deterministic``): one seed of them suffices."""
+    return with_capability("deterministic")

@@ -39,7 +39,7 @@ from llmrubric.model.core.absent import CompletionBatch, marginal_proba
 from llmrubric.model.core.answers import AnswerModel, answers_from_state, answers_state
 from llmrubric.model.core.columns import column_blocks, text_columns
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
-from llmrubric.model.core.registry import register
+from llmrubric.model.core.registry import Capabilities, register
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.cumulative import interval_log_probs
 
@@ -86,13 +86,14 @@ class MixedOrdinal:
 
     family = "clmm"
     FORMAT = "llmrubric-clmm/1"
-    fits_questions = True  # fit(tables, questions): model=auto's inner CV fits the main question only
 
     def __init__(self, rubric: Rubric, inputs: str = "own", rounds: int = 4, seed: int = 0):
         if inputs not in INPUTS:
             raise InputError(f"{inputs!r} is not one of {list(INPUTS)}", setting="inputs")
         self.rubric, self.inputs, self.rounds, self.seed = rubric, inputs, rounds, seed
         self.name = f"clmm_{inputs}"
+        self.answers_: AnswerModel | None = None  # fitted by fit (None in an old checkpoint)
+        self.source_: str | None = None  # the checkpoint it was loaded from
 
     def same_as(self, tables: Tables) -> tuple[str, str] | None:
         """The family this one equals on ``tables`` and why: ``clmm_own`` for ``inputs=mean`` when every
@@ -161,7 +162,7 @@ class MixedOrdinal:
         if marginal is not None:
             return marginal
         texts = sorted(pairs.text_id.unique())
-        absent_ok = getattr(self, "answers_", None) is not None
+        absent_ok = self.answers_ is not None
         columns = text_columns(self.layout_, self.rubric, tables.features, texts, absent_ok)
         rows = pd.Index(texts).get_indexer(pairs.text_id)
         return self._proba_rows(columns[rows], self.judges_.indices(pairs.judge_id))
@@ -266,7 +267,7 @@ class MixedOrdinal:
             fit = _QuestionFit(len(mean), meta["options"][qid], len(self.judges_.judges))
             fit.load_state_dict({k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"fit.{qid}.")})
             self.fits_[qid] = fit
-        self.answers_ = answers_from_state(meta, tensors, rubric, source)
+        self.answers_, self.source_ = answers_from_state(meta, tensors, rubric, source), source
         return self
 
 
@@ -330,5 +331,12 @@ def _clmm(inputs: str):
     return lambda rubric, setup: MixedOrdinal(rubric, inputs, seed=setup.seed)
 
 
-for _inputs in INPUTS:
-    register(f"clmm_{_inputs}", _clmm(_inputs), MixedOrdinal, candidate=True)
+CLASS = dict(questions=True, twins=True, absent_blocks=True, member_judge=True)  # the class's capabilities
+for _place, _inputs in enumerate(INPUTS, start=2):  # default candidates 2, 3, 4 after the network
+    register(
+        f"clmm_{_inputs}",
+        _clmm(_inputs),
+        MixedOrdinal,
+        candidate=True,
+        capabilities=Capabilities(**CLASS, default_candidate=_place),
+    )

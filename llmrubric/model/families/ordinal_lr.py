@@ -29,7 +29,7 @@ from llmrubric.model.core.answers import AnswerModel, answers_from_state, answer
 from llmrubric.model.core.columns import text_columns
 from llmrubric.model.core.context import text_systems
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
-from llmrubric.model.core.registry import register
+from llmrubric.model.core.registry import Capabilities, register
 
 PENALTIES = tuple(float(v) for v in np.logspace(-1, 4, 11))  # λ on the summed NLL, standardised inputs
 FOLDS = 5
@@ -116,10 +116,16 @@ class OrdinalRegression:
     name = "ordinal_lr"
     family = "ordinal_lr"
     FORMAT = "llmrubric-ordinal_lr/1"
-    fits_questions = True  # fit(tables, questions): model=auto's inner CV fits the main question only
 
     def __init__(self, rubric: Rubric, seed: int = 0):
         self.rubric, self.seed = rubric, seed
+        self.answers_: AnswerModel | None = None  # fitted by fit (None in an old checkpoint)
+        self.source_: str | None = None  # the checkpoint it was loaded from
+
+    @property
+    def questions_(self) -> list[str]:
+        """The questions it predicts (the ordered ones fitted)."""
+        return list(self.fits_)
 
     def _design_rows(self, columns: np.ndarray, judge: np.ndarray) -> np.ndarray:
         """Standardised columns (absent: the training mean) and, with 2+ judges, judge indicators."""
@@ -223,8 +229,14 @@ class OrdinalRegression:
             q: {k[len(f"fit.{q}.") :]: v.numpy() for k, v in tensors.items() if k.startswith(f"fit.{q}.")}
             for q in meta["questions"]
         }
-        self.answers_ = answers_from_state(meta, tensors, rubric, source)
+        self.answers_, self.source_ = answers_from_state(meta, tensors, rubric, source), source
         return self
 
 
-register("ordinal_lr", lambda rubric, setup: OrdinalRegression(rubric, setup.seed), OrdinalRegression, candidate=True)
+register(
+    "ordinal_lr",
+    lambda rubric, setup: OrdinalRegression(rubric, setup.seed),
+    OrdinalRegression,
+    candidate=True,
+    capabilities=Capabilities(questions=True, absent_blocks=True),
+)

@@ -28,7 +28,7 @@ from llmrubric.model.core.answers import AnswerModel, answers_from_state, answer
 from llmrubric.model.core.checkpoints import load_model, write_checkpoint
 from llmrubric.model.core.encoding import Encoded, FeatureLayout, JudgeMap, encode, pairs_of
 from llmrubric.model.core.label_rule import LabelRule
-from llmrubric.model.core.registry import Setup, register
+from llmrubric.model.core.registry import Capabilities, Setup, register
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.model.families.network.engine import structure, train_stacked
@@ -65,7 +65,7 @@ def check_model(model: dict) -> None:
 class NetworkCalibrator:
     """The calibration network with the data plumbing around it.
 
-    ``NetworkCalibrator(rubric).fit(tables)`` is ``model=default`` (and the ``network`` candidate of
+    ``NetworkCalibrator(rubric).fit(tables)`` is ``model=network`` (and the ``network`` candidate of
     ``model=auto``, the shipped default, :class:`llmrubric.model.auto.AutoCalibrator`): every setting not
     given takes its default from :class:`llmrubric.config.ModelConfig` and :class:`TrainConfig`,
     as ``conf/`` does; the paper's network is ``NetworkCalibrator(rubric, group("model", "paper"))``
@@ -90,8 +90,8 @@ class NetworkCalibrator:
     """
 
     name = "llm_rubric"
+    family = "network"  # the registry name of the family fitted (checkpoints and metrics.json say it)
     FORMAT = FORMAT
-    supports_add_judge = True  # llmrubric.model.judges.add_judge fits a new judge's own parameters
 
     def __init__(
         self,
@@ -141,6 +141,10 @@ class NetworkCalibrator:
         if not llm_features and pair_features is None:
             raise InputError("llm_features=False needs pair_features as the input")
         self.pair_features, self.llm_features = pair_features, llm_features
+        self.nets_: list[CalibrationNet] = []  # the trained ensemble (empty until fitted or loaded)
+        self.answers_: AnswerModel | None = None  # fitted by fit (None in an old checkpoint, or with pair features)
+        self.label_rule_: LabelRule | None = None  # set by train.py from its in-sample predictions
+        self.source_ = "<model>"  # the checkpoint it was loaded from
 
     def _net(self) -> CalibrationNet:
         extra = self.pair_features.dim if self.pair_features is not None else 0
@@ -233,7 +237,7 @@ class NetworkCalibrator:
         return nets, trains, vals, data
 
     def encode(self, tables: Tables, pairs: pd.DataFrame | None = None) -> Encoded:
-        absent_ok = getattr(self, "answers_", None) is not None
+        absent_ok = self.answers_ is not None
         data = encode(tables, self.rubric, self.layout_, self.judges_, pairs, absent_ok)
         if self.pair_features is None:
             return data
@@ -253,7 +257,7 @@ class NetworkCalibrator:
             data = self.encode(data, pairs)
         with one_thread():
             probs = torch.stack([net.probabilities(data.x, data.judge) for net in self.nets_]).mean(dim=0).numpy()
-        check_finite_predictions(probs, getattr(self, "source_", "<model>"))
+        check_finite_predictions(probs, self.source_)
         return probs
 
     def predict(
@@ -291,6 +295,7 @@ class NetworkCalibrator:
         the members' weights."""
         meta = {
             "format": FORMAT,
+            "family": self.family,
             "rubric": self.rubric.to_dict(),
             "main_question": self.rubric.main.id,
             "judges": list(self.judges_.judges),
@@ -301,7 +306,7 @@ class NetworkCalibrator:
             "summaries": self.summaries_,
             "train_texts": self.train_texts_,
         }
-        if getattr(self, "label_rule_", None) is not None:
+        if self.label_rule_ is not None:
             meta["label_rule"] = self.label_rule_.to_dict()
         if self.pair_features is not None:
             if not isinstance(self.pair_features, JudgeAnswers):
@@ -485,13 +490,50 @@ def _model_file(name: str):
     return lambda model: {**model_file(name), **{k: model_settings(model)[k] for k in ("auto", "label_rule")}}
 
 
-register("network", _network(), NetworkCalibrator, candidate=True)
-register("ordinal", _network(_model_file("ordinal")), NetworkCalibrator, candidate=True)
-register("combined", _network(_model_file("combined")), NetworkCalibrator, candidate=True)
-register("calibrated_q0", _network(main_features=True), NetworkCalibrator)
-register("no_personalization", _network({"personalize": "none"}), NetworkCalibrator)
-register("llm_rubric_single", _network({"ensemble": 1}), NetworkCalibrator)
-register("llm_rubric_paper", _network(lambda model: {**model, **model_overrides("paper")}), NetworkCalibrator)
-register("oracle", _network(oracle="own"), NetworkCalibrator)
-register("oracle_no_llm", _network(oracle="own", llm_features=False), NetworkCalibrator)
-register("depersonalized_oracle", _network({"personalize": "none"}, oracle="others"), NetworkCalibrator)
+NETWORK = dict(joint_fit=True, absent_blocks=True, add_judge=True, networks=True)  # every name's class capabilities
+register(
+    "network",
+    _network(),
+    NetworkCalibrator,
+    candidate=True,
+    capabilities=Capabilities(**NETWORK, default_candidate=1),
+)
+register(
+    "ordinal", _network(_model_file("ordinal")), NetworkCalibrator, candidate=True, capabilities=Capabilities(**NETWORK)
+)
+register(
+    "combined",
+    _network(_model_file("combined")),
+    NetworkCalibrator,
+    candidate=True,
+    capabilities=Capabilities(**NETWORK),
+)
+register(
+    "calibrated_q0",
+    _network(main_features=True),
+    NetworkCalibrator,
+    capabilities=Capabilities(**NETWORK, needs_llm_answers=True, report_default=4),
+)
+register(
+    "no_personalization",
+    _network({"personalize": "none"}),
+    NetworkCalibrator,
+    capabilities=Capabilities(**NETWORK, report_default=7),
+)
+register("llm_rubric_single", _network({"ensemble": 1}), NetworkCalibrator, capabilities=Capabilities(**NETWORK))
+register(
+    "llm_rubric_paper",
+    _network(lambda model: {**model, **model_overrides("paper")}),
+    NetworkCalibrator,
+    capabilities=Capabilities(**NETWORK, report_default=8),
+)
+register("oracle", _network(oracle="own"), NetworkCalibrator, capabilities=Capabilities(**NETWORK))
+register(
+    "oracle_no_llm", _network(oracle="own", llm_features=False), NetworkCalibrator, capabilities=Capabilities(**NETWORK)
+)
+register(
+    "depersonalized_oracle",
+    _network({"personalize": "none"}, oracle="others"),
+    NetworkCalibrator,
+    capabilities=Capabilities(**NETWORK),
+)

@@ -24,7 +24,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import split_tensors
 from llmrubric.model.core.encoding import PAIR, pairs_of, with_round
-from llmrubric.model.core.registry import Setup, family_of, make, register
+from llmrubric.model.core.registry import Capabilities, Setup, family_of, make, register
 
 log = logging.getLogger(__name__)
 
@@ -199,4 +199,4 @@ def _personal_isotonic(rubric: Rubric, setup: Setup) -> PersonalIsotonic:
     return PersonalIsotonic(make("network", rubric, setup.model, setup.trainer, setup.seed, setup.group), rubric)
 
 
-register("personal_isotonic", _personal_isotonic, PersonalIsotonic)
+register("personal_isotonic", _personal_isotonic, PersonalIsotonic, capabilities=Capabilities(corrects=True))

@@ -1,0 +1,261 @@
+"""The model contract (issue 43): what a family can do is declared once, on its registry entry
+(``Capabilities``), nothing outside the registry probes for it or lists family names, and every
+declared capability is tested here for every family that declares it (the tests iterate the registry)."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import fields
+
+import numpy as np
+import pytest
+from support.paths import ROOT
+from support.settings import FAST
+
+import llmrubric.model  # noqa: F401  (registers every family)
+from llmrubric.io.tables import Tables
+from llmrubric.model.core import registry
+from llmrubric.model.core.registry import CLASS_CAPABILITIES, Capabilities, capabilities, make, names, with_capability
+from llmrubric.model.families.baselines import RidgeJudge
+
+REGISTRY = "llmrubric/model/core/registry.py"
+PROBED = {  # the attributes code probed with hasattr/getattr before the capabilities were declared
+    "fit_many",
+    "fits_questions",
+    "same_as",
+    "proba_completed",
+    "answers_",
+    "source_",
+    "questions_",
+    "supports_add_judge",
+    "add_judge",
+    "members_",
+    "nets_",
+    "levels_",
+    "base",
+    "calibrate",
+    "choice",
+    "added_judges_",
+}
+SETTING_VALUES = {  # tuples whose strings are a setting's values that happen to be registered names too
+    ("llmrubric/model/auto.py", "FAMILIES"),  # model.family: auto | network
+    ("llmrubric/model/families/network/cumulative.py", "HEADS"),  # model.head: softmax | ordinal | combined
+}
+SMALL = {"ensemble": 1, "auto": {"candidates": ["ridge_judge"], "folds": 2}}  # fast models of every name
+
+
+def sources() -> dict[str, ast.Module]:
+    return {
+        p.relative_to(ROOT).as_posix(): ast.parse(p.read_text()) for p in sorted((ROOT / "llmrubric").rglob("*.py"))
+    }
+
+
+def test_no_capability_is_probed_outside_the_registry():
+    probes = [
+        f"{path}:{node.lineno} {node.func.id}(…, {node.args[1].value!r})"
+        for path, tree in sources().items()
+        if path != REGISTRY
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("hasattr", "getattr")
+        and len(node.args) > 1
+        and isinstance(node.args[1], ast.Constant)
+        and node.args[1].value in PROBED
+    ]
+    assert not probes, probes
+
+
+def test_no_list_of_family_names_outside_the_registry():
+    registered = set(names())
+    lists = []
+    for path, tree in sources().items():
+        if path == REGISTRY:
+            continue
+        allowed = {
+            id(node.value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and (path, t.id) in SETTING_VALUES for t in node.targets)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and id(node) not in allowed:
+                found = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in registered]
+                if len(found) >= 2:
+                    lists.append(f"{path}:{node.lineno} {found}")
+    assert not lists, lists
+
+
+def test_the_probe_test_finds_a_probe_and_a_list():
+    tree = ast.parse('ok = hasattr(m, "fit_many")\nnames = ("network", "ridge_judge")')
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args[1].value in PROBED]
+    tuples = [n for n in ast.walk(tree) if isinstance(n, ast.Tuple) and {e.value for e in n.elts} <= set(names())]
+    assert len(calls) == 1 and len(tuples) == 1
+
+
+def test_capabilities_of_a_name_and_of_a_fitted_model_agree(rubric):
+    assert capabilities("expected_llm/some_source") == capabilities("expected_llm")  # a per-source name
+    ridge = RidgeJudge(rubric)
+    assert {f: getattr(capabilities(ridge), f) for f in CLASS_CAPABILITIES} == {
+        f: getattr(capabilities("ridge_context"), f) for f in CLASS_CAPABILITIES
+    }
+    assert capabilities(ridge).questions and not capabilities(ridge).joint_fit
+    assert capabilities(object()) == Capabilities()
+    assert with_capability("default_candidate") == ["network", "clmm_own", "clmm_all", "clmm_mean", "ridge_judge"]
+    assert set(with_capability("default_candidate")) <= set(names(candidate=True))
+    assert with_capability("report_default")[-1] == "llm_rubric" and len(set(with_capability("report_default"))) == 9
+    with pytest.raises(ValueError, match="unknown capability"):
+        with_capability("flies")
+
+
+class _NoFitMany:
+    FORMAT = "llmrubric-contract_test/1"
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """The registry as it is, restored after the test (registrations here do not leak)."""
+    monkeypatch.setattr(registry, "_ENTRIES", dict(registry._ENTRIES))
+    monkeypatch.setattr(registry, "_FORMATS", dict(registry._FORMATS))
+
+
+@pytest.mark.parametrize(
+    "caps, candidate, match",
+    [
+        (Capabilities(joint_fit=True), False, "lacks: \\['fit_many'\\]"),
+        (Capabilities(default_candidate=9), False, "candidate=True"),
+        (Capabilities(default_candidate=1), True, "default_candidate=1 is network's"),
+    ],
+)
+def test_registration_checks_the_capabilities(scratch_registry, caps, candidate, match):
+    with pytest.raises(ValueError, match=match):
+        registry.register(
+            "contract_test", lambda r, s: _NoFitMany(), _NoFitMany, candidate=candidate, capabilities=caps
+        )
+
+
+def test_one_class_has_one_set_of_class_capabilities(scratch_registry):
+    registry.register(
+        "contract_a", lambda r, s: _NoFitMany(), _NoFitMany, capabilities=Capabilities(deterministic=True)
+    )
+    with pytest.raises(ValueError, match="differ from those under contract_a"):
+        registry.register(
+            "contract_b", lambda r, s: _NoFitMany(), _NoFitMany, capabilities=Capabilities(questions=True)
+        )
+
+
+def one_name_per_class(flag: str) -> list[str]:
+    """The first name of each class declaring ``flag`` (class capabilities are the same under every name)."""
+    seen, out = set(), []
+    for name in with_capability(flag):
+        family = registry.entry(name).family
+        if family not in seen:
+            seen.add(family)
+            out.append(name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def small(simulated):
+    ids = simulated.text_ids
+    return simulated.subset(ids[:50]), simulated.subset(ids[50:70])
+
+
+def fitted(name: str, rubric, tables: Tables, seed: int = 0):
+    return make(name, rubric, SMALL, FAST, seed).fit(tables)
+
+
+def without_block(tables: Tables, question: str) -> Tables:
+    """``tables`` with the block of ``question`` removed from half of its texts."""
+    f = tables.features
+    gone = f.text_id.isin(tables.text_ids[::2]) & (f.question_id == question)
+    return Tables(tables.annotations, f[~gone], tables.texts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", one_name_per_class("absent_blocks"))
+def test_every_absent_blocks_family_marginalises_a_removed_block(rubric, small, name):
+    train, test = small
+    model = fitted(name, rubric, train)
+    partial = without_block(test, rubric.main.id)  # the block every family reads for the main question
+    main = rubric.ids.index(rubric.main.id)
+    marginal = model.predict_proba(partial)[:, main]
+    assert model.answers_ is not None and np.isfinite(marginal).all()
+    assert np.allclose(marginal.sum(axis=1), 1.0)
+    members = model.members_.values() if capabilities(model).members else [model]
+    kept = [m.answers_ for m in members]
+    for m in members:
+        m.answers_ = None  # the old path: the absent block filled with the training mean
+    try:
+        filled = model.predict_proba(partial)[:, main]
+    finally:
+        for m, answers in zip(members, kept):
+            m.answers_ = answers
+    assert np.abs(marginal - filled).max() > 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", one_name_per_class("joint_fit"))
+def test_every_joint_fit_family_fits_many_as_one_by_one(rubric, small, name):
+    train, test = small
+    halves = [train.subset(train.text_ids[:30]), train.subset(train.text_ids[20:])]
+    together = [make(name, rubric, SMALL, FAST, seed) for seed in (0, 1)]
+    together[0].fit_many(together, halves)
+    alone = [fitted(name, rubric, t, seed) for t, seed in zip(halves, (0, 1))]
+    for a, b in zip(together, alone):
+        np.testing.assert_allclose(a.predict_proba(test), b.predict_proba(test), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", with_capability("deterministic"))
+def test_every_deterministic_name_predicts_the_same_whatever_the_seed(rubric, small, name):
+    train, test = small
+    first, second = (fitted(name, rubric, train, seed).predict_proba(test) for seed in (0, 7))
+    assert np.isfinite(first[:, rubric.ids.index(rubric.main.id)]).all()
+    np.testing.assert_array_equal(first, second)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", one_name_per_class("questions"))
+def test_every_questions_family_fits_the_questions_it_is_given(rubric, small, name):
+    train, test = small
+    model = make(name, rubric, SMALL, FAST, 0).fit(train, [rubric.main.id])
+    assert model.questions_ == [rubric.main.id]
+    probs = model.predict_proba(test)
+    predicted = [q for i, q in enumerate(rubric.ids) if np.isfinite(probs[:, i]).all()]
+    assert predicted == [rubric.main.id]
+
+
+@pytest.mark.parametrize("name", one_name_per_class("twins"))
+def test_every_twins_family_names_a_registered_twin_or_none(rubric, small, name):
+    twin = make(name, rubric, SMALL, FAST, 0).same_as(small[0])
+    assert twin is None or (twin[0] in names() and twin[1])
+
+
+def test_every_flag_is_declared_by_some_name():
+    assert [f.name for f in fields(Capabilities) if not with_capability(f.name)] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["network", "auto"])
+def test_checkpoints_name_the_family_fitted(rubric, small, name):
+    """``model.family``'s two values: the checkpoint (and evaluate.py's ``metrics.json``) says which was fitted."""
+    meta, _ = fitted(name, rubric, small[0]).state()
+    assert meta["family"] == name and registry.entry(meta["family"]).family.FORMAT == meta["format"]
+
+
+def test_model_default_is_an_alias_of_model_network_that_warns(monkeypatch, caplog):
+    from omegaconf import OmegaConf
+
+    from llmrubric.config import group
+    from llmrubric.experiments import experiment
+
+    assert group("model", "network") == group("model", "default")
+    monkeypatch.setattr(experiment, "check_settings", lambda config: None)
+    for choice, warned in (("default", True), ("network", False)):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            experiment.CheckSettings().on_run_start(
+                OmegaConf.create({"hydra": {"runtime": {"choices": {"model": choice}}}})
+            )
+        assert ("alias of model=network" in caplog.text) == warned

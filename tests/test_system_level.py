@@ -352,13 +352,17 @@ def test_three_training_systems_fit_levels_in_inner_folds_of_two_and_the_decisio
 
 @pytest.mark.slow
 def test_levels_given_for_one_call_do_not_stick_to_the_model(six, rubric):
+    from llmrubric.model.core.system_level import system_summaries
+
     systems = six.texts.set_index("text_id").system_id
-    names = sorted(systems.unique())
-    train = six.subset(systems.index[~systems.isin(names[:2])])
+    names = list(system_summaries(six, rubric, systems).sort_values().index)
+    held = [names[2], names[0]]  # one inside the training systems' range of summaries, one below it
+    train = six.subset(systems.index[~systems.isin(held)])
     model = AutoCalibrator(rubric, _auto("on"), FAST, group="system").fit(train)
-    first, second = (six.subset(systems.index[systems == s]) for s in names[:2])
+    first, second = (six.subset(systems.index[systems == s]) for s in held)
     pairs = first.annotations[["text_id", "judge_id"]].drop_duplicates().assign(round="1")
     levels = model.member_levels(first, pairs)
+    assert not levels["ridge_judge"].beyond.iloc[0]
     chunk = model.predict_proba(first, pairs.iloc[:8], levels)
     alone = model.predict_proba(first, pairs.iloc[:8])
     assert not np.allclose(chunk, alone)  # the chunk's level is its system's, not the chunk's own
@@ -397,3 +401,24 @@ def test_a_main_question_without_blocks_gets_a_level_by_the_model_summary_withou
     assert "error" not in model.table_["ridge_judge-level"] and np.isfinite(model.table_["ridge_judge-level"]["nll"])
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     assert forced.level_record_["levels"]["ridge_judge"]["summary"] == "model"
+
+
+@pytest.mark.slow
+def test_a_member_chosen_without_the_level_gets_it_only_beyond_the_training_range(references):
+    from llmrubric.model.core.system_level import with_levels
+
+    rubric, tables = references
+    systems = tables.texts.set_index("text_id").system_id
+    train = tables.subset(systems.index[~systems.isin(["ref00", "sys03"])])
+    test = tables.subset(systems.index[systems.isin(["ref00", "sys03"])])
+    level, table, held, probs = _level_of(rubric, train, test)
+    assert table.beyond.to_dict() == {"ref00": True, "sys03": False}
+    base = np.full((len(held), len(rubric.ids), probs.shape[1]), np.nan)
+    base[:, 0] = probs
+    out = with_levels({"m": level}, rubric, {"m": base}, ["m", "m-level"], test, held)
+    ref = held.text_id.map(systems).eq("ref00").to_numpy()
+    values = np.asarray(rubric.main.values, float)
+    np.testing.assert_array_equal(out["m"][~ref, 0], probs[~ref])  # within the range: the member alone
+    np.testing.assert_allclose(out["m"][ref, 0], out["m-level"][ref, 0])  # beyond it: with its level
+    assert (out["m"][ref, 0] @ values).mean() == pytest.approx(table.loc["ref00", "mean"], abs=1e-6)
+    assert (out["m"][ref, 0] @ values).mean() > (probs[ref] @ values).mean() + 0.3

@@ -267,12 +267,17 @@ class AutoCalibrator:
         return members
 
     def _fit_levels(self, tables: Tables) -> dict:
-        """The system level of every weighted ``<candidate>-level``, fitted on the member's in-sample predictions."""
+        """The system level of every weighted member, fitted on its in-sample predictions, where levels
+        were compared: applied to all systems for ``<candidate>-level``, to new systems beyond the
+        training range for a member chosen without it (:func:`~llmrubric.model.core.system_level.with_levels`)."""
+        if not self.level_record_.get("compared"):
+            self.level_record_["levels"] = {}
+            return {}
         main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
         pairs, _ = question_targets(tables, self.rubric.main)
         values = np.asarray(self.rubric.main.values, dtype=float)
         levels = {}
-        for name in [n.removesuffix(LEVEL) for n in self.weights_ if n.endswith(LEVEL)]:
+        for name in dict.fromkeys(n.removesuffix(LEVEL) for n in self.weights_):
             expected = self.members_[name].predict_proba(tables, pairs)[:, main_index, :k] @ values
             levels[name] = SystemLevel(self.rubric, self.level_prior).fit(tables, expected)
         self.level_record_["levels"] = {n: level.state()[0] for n, level in levels.items()}
@@ -362,13 +367,14 @@ class AutoCalibrator:
 
     def system_levels(self, tables: Tables, pairs: pd.DataFrame, levels: dict | None = None) -> pd.DataFrame | None:
         """Per system of ``pairs`` the main question's level (``level``, ``level_sd``, ``level_df``,
-        ``known``, ``x``, ``centre``, ``sigma_within``) of the weighted member with a level (None
-        without one); ``levels``: :meth:`member_levels` computed already."""
+        ``known``, ``applied``: whether the predictions use it, ``x``, ``centre``, ``sigma_within``) of
+        the weighted member with a level (None without one); ``levels``: :meth:`member_levels` computed already."""
         if not self.levels_:
             return None
         tables_ = levels if levels is not None else self.member_levels(tables, pairs)
-        name = max(self.levels_, key=lambda n: self.weights_.get(n + LEVEL, 0.0))
+        name = max(self.levels_, key=lambda n: (self.weights_.get(n + LEVEL, 0.0), self.weights_.get(n, 0.0)))
         table = tables_[name]
+        applied = table.beyond.to_numpy(bool) | (self.weights_.get(name + LEVEL, 0.0) > 0)
         return pd.DataFrame(
             {
                 "system_id": table.index,
@@ -376,6 +382,7 @@ class AutoCalibrator:
                 "level_sd": np.sqrt(table["var"].to_numpy()),
                 "level_df": table["df"].to_numpy(),
                 "known": table.known.to_numpy(),
+                "applied": applied,
                 "x": table.x.to_numpy(),
                 "centre": table.centre.to_numpy(),
                 "sigma_within": self.levels_[name].sigma_within_,

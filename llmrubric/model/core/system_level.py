@@ -42,6 +42,7 @@ MIN_SYSTEMS = 3  # labelled training systems for model.auto to compare a level
 MIN_FIT_SYSTEMS = 2  # systems a level is fitted on (an inner fold of 3 training systems has 2)
 NODES = 12  # equal-weight nodes of the level's Student t
 MAX_DF = 1000.0
+END_MARGIN = 0.05  # a level's mean stays this share of the range inside the scale's ends
 SUMMARIES = ("auto", "llm", "model")
 
 
@@ -384,6 +385,8 @@ class SystemLevel:
         columns = ["mean", "var", "df", "centre"]
         out.loc[out.known, columns] = self.known_.loc[out.index[out.known], columns].to_numpy()
         out["x"] = x.to_numpy()
+        lo, hi = self.x_range_
+        out["beyond"] = ~out.known & np.isfinite(out.x) & ((out.x < lo) | (out.x > hi))
         return out
 
     def apply(self, tables: Tables, pairs: pd.DataFrame, probs: np.ndarray, fixed=None) -> np.ndarray:
@@ -396,10 +399,12 @@ class SystemLevel:
         system = pairs.text_id.astype(str).map(text_system_ids(tables, pairs)).to_numpy()
         row = table.reindex(system)
         df = row["df"].to_numpy(float) if "df" in row else np.full(len(row), MAX_DF)
-        level = level_nodes(
-            np.nan_to_num(row["mean"].to_numpy(float)),
-            np.nan_to_num(row["var"].to_numpy(float)),
-            np.nan_to_num(df, nan=MAX_DF),
+        level = self._on_scale(
+            level_nodes(
+                np.nan_to_num(row["mean"].to_numpy(float)),
+                np.nan_to_num(row["var"].to_numpy(float)),
+                np.nan_to_num(df, nan=MAX_DF),
+            )
         )
         targets = (expected - row.centre.to_numpy(float))[:, None] + level  # (pairs, nodes)
         new = ~row.known.to_numpy(bool) & np.isfinite(row["mean"].to_numpy(float))
@@ -410,6 +415,23 @@ class SystemLevel:
         unknown = ~np.isfinite(row["mean"].to_numpy(float))  # a system no summary reaches: the text model alone
         out[unknown] = probs[unknown, :k]
         return out
+
+    def _on_scale(self, nodes: np.ndarray) -> np.ndarray:
+        """(rows, nodes) level nodes moved within the scale (a system's mean answer lies on it) by one
+        shift per row that keeps their mean, the level's: a wide level near an end of the scale keeps its
+        mean and loses spread, instead of its mean being pulled inward by clipping. A mean within
+        :data:`END_MARGIN` of the range of an end (a line extrapolated off the scale) is held there, so
+        the nodes keep some spread."""
+        margin = 1e-4 * self.range
+        low, high = self.values.min() + margin, self.values.max() - margin
+        end = END_MARGIN * self.range
+        goal = np.clip(nodes.mean(axis=1), self.values.min() + end, self.values.max() - end)
+        lo, hi = np.full(len(nodes), -self.range - 1.0), np.full(len(nodes), self.range + 1.0)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            above = np.clip(nodes + mid[:, None], low, high).mean(axis=1) > goal
+            hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
+        return np.clip(nodes + ((lo + hi) / 2)[:, None], low, high)
 
     def record(self) -> dict:
         """JSON summary: the summary used, the form, the slope's and ``τ``'s posteriors, the systems."""
@@ -539,16 +561,27 @@ def with_levels(
     levels: dict, rubric: Rubric, base: dict, names: list[str], tables: Tables, pairs, fixed: dict | None = None
 ) -> dict:
     """name → (pairs, questions, options) probabilities: a member's own, or for ``<member>-level``
-    its main question with the system level (``fixed``: member → :meth:`SystemLevel.levels` of all texts)."""
+    its main question with the system level (``fixed``: member → :meth:`SystemLevel.levels` of all texts).
+    A member chosen without the level that has one (:meth:`AutoCalibrator._fit_levels`) gets it for the
+    new systems beyond its training systems' range of summaries only: there the text model extrapolates
+    the flatter within-system slope, and no inner fold tested it."""
     out = {}
     main_index, k = rubric.ids.index(rubric.main.id), len(rubric.main.options)
     for name in names:
         member = name.removesuffix(LEVEL)
         probs = base[member]
-        if name.endswith(LEVEL) and len(pairs):
-            probs = probs.copy()
+        if member in levels and len(pairs):
+            level, main = levels[member], probs[:, main_index, :k]
             table = (fixed or {}).get(member)
-            probs[:, main_index, :k] = levels[member].apply(tables, pairs, probs[:, main_index, :k], table)
+            if table is None:
+                table = level.levels(tables, pairs, main @ level.values)
+            rows = np.ones(len(pairs), bool)
+            if not name.endswith(LEVEL):
+                system = pairs.text_id.astype(str).map(text_system_ids(tables, pairs)).to_numpy()
+                rows = table["beyond"].reindex(system).fillna(False).to_numpy(bool)
+            if rows.any():
+                probs = probs.copy()
+                probs[rows, main_index, :k] = level.apply(tables, pairs, main, table)[rows]
         out[name] = probs
     return out
 

@@ -53,10 +53,10 @@ from sklearn.metrics import cohen_kappa_score
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import exit_code  # noqa: E402
+from benchmarks.common import code_version, exit_code, write_result  # noqa: E402
 from llmrubric.data.splits import system_folds, system_group_folds  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
-from llmrubric.io.files import write_json, write_table  # noqa: E402
+from llmrubric.io.files import write_table  # noqa: E402
 from llmrubric.io.tables import Tables, read_table  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "ir_real.json"
@@ -374,6 +374,7 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--merge", action="store_true", help="keep the methods of --out this run does not measure")
     args = parser.parse_args(argv)
+    version = code_version()
     for name in ("rubric-grades.jsonl.gz", "qrels.txt"):
         if not (args.data / name).is_file():
             raise InputError(f"{name} not found in {args.data}", setting="--data")
@@ -422,7 +423,7 @@ def run(argv: list[str] | None = None) -> int:
         "queries": int(pd.Series(split.tables.texts.system_id).nunique()),
         "threads": 1,
     }
-    write_json({"meta": meta, **results}, args.out)
+    write_result({"meta": meta, **results}, args.out, version)
     print(table(results))
     print(f"written to {args.out}")
     return 0

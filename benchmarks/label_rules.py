@@ -20,12 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import exit_code  # noqa: E402
+from benchmarks.common import code_version, exit_code, write_result  # noqa: E402
 from llmrubric.config import LABEL_RULES, model_file  # noqa: E402
 from llmrubric.data.simulate import SYSTEMS, simulate  # noqa: E402
 from llmrubric.data.splits import holdout_texts  # noqa: E402
 from llmrubric.evaluation.metrics import label_metrics  # noqa: E402
-from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import AutoCalibrator  # noqa: E402
@@ -76,6 +75,7 @@ def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sets", nargs="+", default=["demo", *SETS], choices=["demo", *SETS])
     args = parser.parse_args(argv)
+    version = code_version()
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
     result = {}
     with one_thread(blas=True):
@@ -83,7 +83,7 @@ def run(argv: list[str] | None = None) -> int:
             result[name] = measure(name, rubric)
             chosen = {k: (v["rule"], round(v["kappa"], 3), round(v["qwk"], 3)) for k, v in result[name]["test"].items()}
             print(name, chosen, flush=True)
-    write_json(result, OUT)
+    write_result(result, OUT, version)
     print(f"written to {OUT}")
     return 0
 

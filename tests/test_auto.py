@@ -16,6 +16,7 @@ from llmrubric.io.tables import Tables
 from llmrubric.model import auto as auto_module
 from llmrubric.model.auto import AutoCalibrator, _weights, default_candidates
 from llmrubric.model.core.checkpoints import load_model
+from llmrubric.model.core.system_level import member_of
 from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method
 from llmrubric.model.families.mixed import MixedOrdinal
 
@@ -45,7 +46,7 @@ def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp
     train, test = sources3.subset(sources3.text_ids[:90]), sources3.subset(sources3.text_ids[90:])
     model = AutoCalibrator(rubric, FAST_AUTO, FAST, seed=0).fit(train)
     assert sum(model.weights_.values()) == pytest.approx(1.0) and min(model.weights_.values()) >= 0
-    assert {n.removesuffix("-level") for n in model.table_} == set(default_candidates())
+    assert {member_of(n) for n in model.table_} == set(default_candidates())
     assert all(np.isfinite(row["nll"]) for row in model.table_.values() if "error" not in row)
     assert model.val_nll_ <= min(row["nll"] for row in model.table_.values() if "nll" in row) + 1e-9
     probs = model.predict_proba(test)
@@ -65,7 +66,7 @@ def test_select_keeps_the_candidate_with_the_lowest_inner_nll(sources3, rubric):
     settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "rule": "select", "candidates": ["clmm_all", "ridge_judge"]}}
     model = AutoCalibrator(rubric, settings, FAST, seed=1).fit(sources3)
     best = min(model.table_, key=lambda n: model.table_[n]["nll"])
-    assert model.weights_ == {best: 1.0} and list(model.members_) == [best.removesuffix("-level")]
+    assert model.weights_ == {best: 1.0} and list(model.members_) == [member_of(best)]
 
 
 def test_inner_folds_by_system_never_split_a_system(sources3, rubric):
@@ -98,7 +99,7 @@ def test_a_failing_candidate_is_recorded_and_all_failing_is_an_error(sources3, r
     settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all", "ridge_judge"]}}
     model = AutoCalibrator(rubric, settings, FAST).fit(sources3)
     assert "broken on purpose" in model.table_["clmm_all"]["error"] and "clmm_all-level" not in model.table_
-    assert [n.removesuffix("-level") for n in model.weights_] == ["ridge_judge"]
+    assert [member_of(n) for n in model.weights_] == ["ridge_judge"]
     only = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all"]}}
     with pytest.raises(InputError, match="every candidate failed") as error:
         AutoCalibrator(rubric, only, FAST).fit(sources3)
@@ -262,7 +263,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
     assert set(metrics["auto"]) == {"fold0", "fold1"}
     for choice in metrics["auto"].values():
         assert sum(choice["weights"].values()) == pytest.approx(1.0) and choice["inner_folds_by"] == "system"
-        assert {n.removesuffix("-level") for n in choice["inner_cv"]} == set(default_candidates())
+        assert {member_of(n) for n in choice["inner_cv"]} == set(default_candidates())
         assert "reason" in choice["system_level"]
     assert "model=auto, fold0: weights" in (tmp_path / "run" / "metrics.md").read_text()
 

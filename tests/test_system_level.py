@@ -151,7 +151,11 @@ def test_auto_compares_with_and_without_the_level_and_saves_it(six, rubric, tmp_
     held = sorted(systems.unique())[0]
     train, test = six.subset(systems.index[systems != held]), six.subset(systems.index[systems == held])
     model = AutoCalibrator(rubric, _auto("auto"), FAST, group="system").fit(train)
-    assert set(model.table_) == {"ridge_judge", "ridge_judge-level"}
+    assert set(model.table_) == {
+        "ridge_judge",
+        "ridge_judge-level",
+        "ridge_judge-beyond",
+    }  # an inner fold holds out a system beyond the rest
     assert np.isfinite(model.table_["ridge_judge-level"]["nll"]) and model.level_record_["compared"]
     forced = AutoCalibrator(rubric, _auto("on"), FAST, group="system").fit(train)
     assert forced.weights_ == {"ridge_judge-level": 1.0} and "ridge_judge" in forced.levels_
@@ -404,7 +408,7 @@ def test_a_main_question_without_blocks_gets_a_level_by_the_model_summary_withou
 
 
 @pytest.mark.slow
-def test_a_member_chosen_without_the_level_gets_it_only_beyond_the_training_range(references):
+def test_the_beyond_variant_applies_the_level_only_beyond_the_training_range(references):
     from llmrubric.model.core.system_level import with_levels
 
     rubric, tables = references
@@ -415,10 +419,11 @@ def test_a_member_chosen_without_the_level_gets_it_only_beyond_the_training_rang
     assert table.beyond.to_dict() == {"ref00": True, "sys03": False}
     base = np.full((len(held), len(rubric.ids), probs.shape[1]), np.nan)
     base[:, 0] = probs
-    out = with_levels({"m": level}, rubric, {"m": base}, ["m", "m-level"], test, held)
+    out = with_levels({"m": level}, rubric, {"m": base}, ["m-beyond", "m-level", "m"], test, held)
+    np.testing.assert_array_equal(out["m"], base)  # the member alone: no level
     ref = held.text_id.map(systems).eq("ref00").to_numpy()
     values = np.asarray(rubric.main.values, float)
-    np.testing.assert_array_equal(out["m"][~ref, 0], probs[~ref])  # within the range: the member alone
-    np.testing.assert_allclose(out["m"][ref, 0], out["m-level"][ref, 0])  # beyond it: with its level
-    assert (out["m"][ref, 0] @ values).mean() == pytest.approx(table.loc["ref00", "mean"], abs=1e-6)
-    assert (out["m"][ref, 0] @ values).mean() > (probs[ref] @ values).mean() + 0.3
+    np.testing.assert_array_equal(out["m-beyond"][~ref, 0], probs[~ref])  # within the range: the member alone
+    np.testing.assert_allclose(out["m-beyond"][ref, 0], out["m-level"][ref, 0])  # beyond it: with its level
+    assert (out["m-beyond"][ref, 0] @ values).mean() == pytest.approx(table.loc["ref00", "mean"], abs=1e-6)
+    assert (out["m-beyond"][ref, 0] @ values).mean() > (probs[ref] @ values).mean() + 0.3

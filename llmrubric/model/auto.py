@@ -49,6 +49,7 @@ from llmrubric.model.core.registry import (
     with_capability,
 )
 from llmrubric.model.core.system_level import (
+    BEYOND,
     LEVEL,
     LevelPrior,
     SystemLevel,
@@ -56,6 +57,7 @@ from llmrubric.model.core.system_level import (
     levelled_fold,
     levels_from_state,
     levels_state,
+    member_of,
     with_levels,
 )
 
@@ -206,7 +208,7 @@ class AutoCalibrator:
                 self.table_[name]["fold_nll"] = [float(nll[fold_of == k].mean()) for k in range(len(held))]
         self.decision_ = _decision(self.table_, self.weights_, self.settings.rule)
         log.info("model=auto (%s, inner folds by %s): weights %s", self.settings.rule, self.group, self.weights_)
-        self.members_ = self._fit_members(tables, list(dict.fromkeys(n.removesuffix(LEVEL) for n in self.weights_)))
+        self.members_ = self._fit_members(tables, list(dict.fromkeys(member_of(n) for n in self.weights_)))
         self.levels_ = self._fit_levels(tables)
         self._refitted = {}
         self._cover(tables)
@@ -250,7 +252,12 @@ class AutoCalibrator:
                 yield name, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
                 continue
             if self.level_record_["compared"]:
-                yield (f"{name}{LEVEL}", *levelled_fold(self.rubric, models, splits, pairs, folds, self.level_prior))
+                levelled, beyond, seconds, error = levelled_fold(
+                    self.rubric, models, splits, pairs, folds, self.level_prior
+                )
+                yield f"{name}{LEVEL}", levelled, seconds, error
+                if error is None and beyond.any():  # the level for systems beyond the training range only
+                    yield f"{name}{BEYOND}", np.where(beyond[:, None], levelled, probs), seconds, None
 
     def _candidate(self, name: str):
         return candidate(name, self.rubric, self.model, self.trainer, self.seed)
@@ -267,9 +274,9 @@ class AutoCalibrator:
         return members
 
     def _fit_levels(self, tables: Tables) -> dict:
-        """The system level of every weighted member, fitted on its in-sample predictions, where levels
-        were compared: applied to all systems for ``<candidate>-level``, to new systems beyond the
-        training range for a member chosen without it (:func:`~llmrubric.model.core.system_level.with_levels`)."""
+        """The system level of every weighted ``<candidate>-level`` (applied to all systems) and
+        ``<candidate>-beyond`` (to new systems beyond the training range only), fitted on the member's
+        in-sample predictions (:func:`~llmrubric.model.core.system_level.with_levels`)."""
         if not self.level_record_.get("compared"):
             self.level_record_["levels"] = {}
             return {}
@@ -277,7 +284,7 @@ class AutoCalibrator:
         pairs, _ = question_targets(tables, self.rubric.main)
         values = np.asarray(self.rubric.main.values, dtype=float)
         levels = {}
-        for name in dict.fromkeys(n.removesuffix(LEVEL) for n in self.weights_):
+        for name in dict.fromkeys(member_of(n) for n in self.weights_ if n != member_of(n)):
             expected = self.members_[name].predict_proba(tables, pairs)[:, main_index, :k] @ values
             levels[name] = SystemLevel(self.rubric, self.level_prior).fit(tables, expected)
         self.level_record_["levels"] = {n: level.state()[0] for n, level in levels.items()}
@@ -317,9 +324,7 @@ class AutoCalibrator:
         predict it (weights renormalised over them); NaN for a question none predicts. ``levels``:
         :meth:`member_levels` of all the texts of the systems, when ``pairs`` are a chunk of them."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
-        base = {
-            n: self.members_[n].predict_proba(tables, pairs) for n in {w.removesuffix(LEVEL) for w in self.weights_}
-        }
+        base = {n: self.members_[n].predict_proba(tables, pairs) for n in {member_of(w) for w in self.weights_}}
         return self._mixture(with_levels(self.levels_, self.rubric, base, list(self.weights_), tables, pairs, levels))
 
     @property
@@ -334,7 +339,7 @@ class AutoCalibrator:
     def proba_completed(self, batch, completions: np.ndarray) -> np.ndarray:
         """(draws, pairs, questions, max options): the members' mixture for each completion
         (:mod:`llmrubric.model.core.absent`; every member has the layout of ``batch``)."""
-        probs = {n: self.members_[n.removesuffix(LEVEL)].proba_completed(batch, completions) for n in self.weights_}
+        probs = {n: self.members_[member_of(n)].proba_completed(batch, completions) for n in self.weights_}
         draws, n_pairs = completions.shape[1], len(batch.pairs)
         flat = self._mixture({n: p.reshape(draws * n_pairs, *p.shape[2:]) for n, p in probs.items()})
         return flat.reshape(draws, n_pairs, *flat.shape[1:])
@@ -372,9 +377,11 @@ class AutoCalibrator:
         if not self.levels_:
             return None
         tables_ = levels if levels is not None else self.member_levels(tables, pairs)
-        name = max(self.levels_, key=lambda n: (self.weights_.get(n + LEVEL, 0.0), self.weights_.get(n, 0.0)))
+        name = max(self.levels_, key=lambda n: (self.weights_.get(n + LEVEL, 0.0), self.weights_.get(n + BEYOND, 0.0)))
         table = tables_[name]
-        applied = table.beyond.to_numpy(bool) | (self.weights_.get(name + LEVEL, 0.0) > 0)
+        applied = (table.beyond.to_numpy(bool) & (self.weights_.get(name + BEYOND, 0.0) > 0)) | (
+            self.weights_.get(name + LEVEL, 0.0) > 0
+        )
         return pd.DataFrame(
             {
                 "system_id": table.index,
@@ -526,7 +533,7 @@ def _decision(table: dict, weights: dict, rule: str) -> dict:
     fitted = {n: r for n, r in table.items() if "nll" in r}
     ranked = sorted(fitted, key=lambda n: fitted[n]["nll"])
     best = {
-        kind: next((n for n in ranked if n.endswith(LEVEL) == with_level), None)
+        kind: next((n for n in ranked if (n != member_of(n)) == with_level), None)
         for kind, with_level in (("with_level", True), ("without_level", False))
     }
     out = {"rule": rule, "ranking": ranked, **{f"best_{k}": v for k, v in best.items()}}

@@ -499,6 +499,14 @@ class SystemLevel:
 
 
 LEVEL = "-level"  # the name of a candidate with the system level: ``<candidate>-level``
+BEYOND = "-beyond"  # with the level for new systems beyond the training range only: ``<candidate>-beyond``
+
+
+def member_of(name: str) -> str:
+    """The candidate of ``<candidate>``, ``<candidate>-level`` or ``<candidate>-beyond``."""
+    return name.removesuffix(LEVEL).removesuffix(BEYOND)
+
+
 SETTINGS = ("auto", "on", "off")
 
 
@@ -539,44 +547,47 @@ def level_plan(rubric: Rubric, tables: Tables, setting: str, prior: LevelPrior |
 def levelled_fold(
     rubric: Rubric, models: list, splits: list[tuple], pairs: list[pd.DataFrame], probs: list, prior: LevelPrior
 ):
-    """(out-of-fold main-question probabilities with the system level, seconds, error) of one
-    candidate: each inner fold's level fitted on its training part from the fold model's in-sample
-    predictions, applied to the fold model's held-out ``probs``."""
+    """(out-of-fold main-question probabilities with the system level, the rows of held-out systems
+    beyond their inner fold's training range, seconds, error) of one candidate: each inner fold's level
+    fitted on its training part from the fold model's in-sample predictions, applied to the fold
+    model's held-out ``probs``."""
     import time
 
     start = time.perf_counter()
     main_index, values = rubric.ids.index(rubric.main.id), np.asarray(rubric.main.values, dtype=float)
-    out = []
+    out, beyond = [], []
     try:
         for model, (train, test), held, p in zip(models, splits, pairs, probs):
             inner, _ = question_targets(train, rubric.main)
             expected = model.predict_proba(train, inner)[:, main_index, : len(values)] @ values
-            out.append(SystemLevel(rubric, prior).fit(train, expected).apply(test, held, p))
+            level = SystemLevel(rubric, prior).fit(train, expected)
+            table = level.levels(test, held, p @ values)
+            out.append(level.apply(test, held, p, table))
+            system = held.text_id.astype(str).map(text_system_ids(test, held)).to_numpy()
+            beyond.append(table["beyond"].reindex(system).fillna(False).to_numpy(bool))
     except (InputError, ValueError, np.linalg.LinAlgError) as e:
-        return None, time.perf_counter() - start, " ".join(str(e).split())[:300]
-    return np.concatenate(out), time.perf_counter() - start, None
+        return None, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
+    return np.concatenate(out), np.concatenate(beyond), time.perf_counter() - start, None
 
 
 def with_levels(
     levels: dict, rubric: Rubric, base: dict, names: list[str], tables: Tables, pairs, fixed: dict | None = None
 ) -> dict:
-    """name → (pairs, questions, options) probabilities: a member's own, or for ``<member>-level``
-    its main question with the system level (``fixed``: member → :meth:`SystemLevel.levels` of all texts).
-    A member chosen without the level that has one (:meth:`AutoCalibrator._fit_levels`) gets it for the
-    new systems beyond its training systems' range of summaries only: there the text model extrapolates
-    the flatter within-system slope, and no inner fold tested it."""
+    """name → (pairs, questions, options) probabilities: a member's own, for ``<member>-level`` its main
+    question with the system level, for ``<member>-beyond`` with the level for the new systems beyond its
+    training systems' range of summaries only (``fixed``: member → :meth:`SystemLevel.levels` of all texts)."""
     out = {}
     main_index, k = rubric.ids.index(rubric.main.id), len(rubric.main.options)
     for name in names:
-        member = name.removesuffix(LEVEL)
+        member = member_of(name)
         probs = base[member]
-        if member in levels and len(pairs):
+        if member in levels and len(pairs) and name != member:
             level, main = levels[member], probs[:, main_index, :k]
             table = (fixed or {}).get(member)
             if table is None:
                 table = level.levels(tables, pairs, main @ level.values)
             rows = np.ones(len(pairs), bool)
-            if not name.endswith(LEVEL):
+            if name.endswith(BEYOND):
                 system = pairs.text_id.astype(str).map(text_system_ids(tables, pairs)).to_numpy()
                 rows = table["beyond"].reindex(system).fillna(False).to_numpy(bool)
             if rows.any():

@@ -8,7 +8,7 @@ import logging
 import pandas as pd
 
 from llmrubric.io.errors import InputError
-from llmrubric.io.rows import row_number
+from llmrubric.io.rows import check_unique, row_number
 from llmrubric.io.tables import source_of
 from llmrubric.ir.workbench import ANNOTATIONS, text_id
 
@@ -74,15 +74,15 @@ def qrels_labels(
     rows = rows[rows.judge_id.astype(str) == judge_id]
     if rows.empty:
         raise InputError(f"no {question_id!r} labels of judge {judge_id!r} (judges: {judges})", file=src)
-    twice = rows.text_id.duplicated()
-    if twice.any():
-        row = rows.index[twice.to_numpy().argmax()]
-        raise InputError(
-            f"text {rows.at[row, 'text_id']!r} is labelled twice by {judge_id!r} (rounds are not qrels)",
-            file=src,
-            row=row_number(row),
-            column="text_id",
-        )
+    check_unique(
+        rows,
+        "text_id",
+        "text {text_id!r} is labelled twice by "
+        + repr(judge_id).replace("{", "{{").replace("}", "}}")
+        + " (rounds are not qrels)",
+        file=src,
+        column="text_id",
+    )
     label = pd.to_numeric(rows.answer, errors="coerce")
     bad = label.isna() | (label != label.round())
     if bad.any():

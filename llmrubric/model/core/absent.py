@@ -74,6 +74,15 @@ class CompletionBatch:
         """(D, P, C) each pair's completed columns from ``completions`` (T, D, C)."""
         return completions[self.pair_text].transpose(1, 0, 2)
 
+    def rows_proba(self, completions: np.ndarray, judges, proba_rows) -> np.ndarray:
+        """(D, P, questions, max options) of a family that predicts rows of columns with judge indices:
+        ``proba_rows(columns (D·P, C), judge (D·P,))`` on every pair's completed columns; ``judges``: its :class:`JudgeMap`."""
+        columns = self.pair_columns(completions)
+        draws, n_pairs = columns.shape[:2]
+        judge = np.tile(judges.indices(self.pairs.judge_id), draws)
+        out = proba_rows(columns.reshape(draws * n_pairs, -1), judge)
+        return out.reshape(draws, n_pairs, *out.shape[1:])
+
     def network_inputs(self, completions: np.ndarray) -> np.ndarray:
         """(D, P, probabilities + flags) float32: ``x`` with every absent block filled by its
         completed column mapped to probabilities (:meth:`AnswerModel.distributions`), flag 1."""

@@ -185,11 +185,7 @@ class MixedOrdinal:
 
     def proba_completed(self, batch: CompletionBatch, completions: np.ndarray) -> np.ndarray:
         """(draws, pairs, questions, max options) for each completion (:mod:`llmrubric.model.core.absent`)."""
-        columns = batch.pair_columns(completions)
-        draws, n_pairs = columns.shape[:2]
-        judge = np.tile(self.judges_.indices(batch.pairs.judge_id), draws)
-        out = self._proba_rows(columns.reshape(draws * n_pairs, -1), judge)
-        return out.reshape(draws, n_pairs, *out.shape[1:])
+        return batch.rows_proba(completions, self.judges_, self._proba_rows)
 
     def predict(self, tables: Tables, pairs: pd.DataFrame | None = None) -> pd.DataFrame:
         pairs = pairs_of(tables.annotations) if pairs is None else pairs

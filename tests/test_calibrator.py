@@ -94,3 +94,34 @@ def test_layout_mismatch_at_prediction_is_an_error(fitted, split):
 def test_restricted_inputs(rubric, split):
     q0_only = NetworkCalibrator(rubric, trainer=FAST, feature_questions=["Q0"]).fit(split[0])
     assert [b.question_id for b in q0_only.layout_.blocks] == ["Q0"] and q0_only.layout_.dim == 5
+
+
+def _held_out_systems(rubric, tables, group, **trainer):
+    """The systems of the early-stopping texts of each member's split (``trainer``: its settings)."""
+    calibrator = NetworkCalibrator(rubric, {"ensemble": 2}, {**FAST, **trainer}, seed=0, group=group)
+    _, trains, vals, _ = calibrator._members(tables)
+    system = tables.texts.set_index("text_id").system_id
+    return [
+        (set(system[val.pairs.text_id]), set(system[train.pairs.text_id])) for train, val in zip(trains, vals)
+    ]
+
+
+def test_early_stopping_holds_out_whole_systems_when_fitted_for_new_systems(rubric, simulated):
+    for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.25):
+        assert len(held) == 1 and not held & kept and len(kept) == 3
+    for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.25, val_group="text"):
+        assert len(held) == 4 and held == kept
+    # four systems cannot hold out a fifth of them: by text
+    for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.2):
+        assert len(held) == 4
+    for held, kept in _held_out_systems(rubric, simulated, "text", val_fraction=0.25):
+        assert len(held) == 4
+
+
+def test_auto_fits_its_networks_for_what_it_is_fitted_for(rubric):
+    from llmrubric.model.auto import AutoCalibrator
+
+    assert AutoCalibrator(rubric, trainer=FAST, group="system")._candidate("network").group == "system"
+    assert AutoCalibrator(rubric, trainer=FAST)._candidate("network").group == "text"
+    with pytest.raises(InputError, match="trainer.val_group"):
+        NetworkCalibrator(rubric, trainer={**FAST, "val_group": "query"})

@@ -8,12 +8,19 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_range
 
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps")
+VAL_GROUPS = ("auto", "text", "system")
 
 
 @dataclass
 class TrainConfig:
     """Optimisation settings (``trainer.*``, the one definition of their defaults); epochs are maxima,
-    each phase stops early on held-out NLL."""
+    each phase stops early on held-out NLL, and temperature scaling is fitted on it.
+
+    ``val_group``: what the held-out ``val_fraction`` is drawn from: ``text`` (training texts),
+    ``system`` (training systems, by text when there are fewer than 1 / ``val_fraction``) or ``auto``
+    (systems where the network is fitted for new systems, else texts): stopping and temperature on
+    texts of the training systems are tuned to those systems and too sharp for new ones.
+    """
 
     batch_size: int = 64
     lr: float = 3e-3
@@ -23,6 +30,7 @@ class TrainConfig:
     finetune_epochs: int = 100
     patience: int = 20
     val_fraction: float = 0.2
+    val_group: str = "auto"
     temperature_scaling: bool = True
     ordinal_blend: bool = True
     accelerator: str = "auto"
@@ -45,6 +53,8 @@ class TrainConfig:
                     open_high=name == "val_fraction",
                 ),
             )
+        if self.val_group not in VAL_GROUPS:
+            raise InputError(f"{self.val_group!r} is not one of {list(VAL_GROUPS)}", setting="trainer.val_group")
         for name in ("temperature_scaling", "ordinal_blend"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"{getattr(self, name)!r} is not true or false", setting=f"trainer.{name}")

@@ -79,11 +79,12 @@ def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None 
     return make(settings["family"], rubric, settings, trainer, seed, group)
 
 
-def candidate(name: str, rubric: Rubric, model: dict, trainer: TrainConfig, seed: int):
-    """An unfitted candidate by name (the registry's :func:`~llmrubric.model.core.registry.names` ``(candidate=True)``)."""
+def candidate(name: str, rubric: Rubric, model: dict, trainer: TrainConfig, seed: int, group: str = "text"):
+    """An unfitted candidate by name (the registry's :func:`~llmrubric.model.core.registry.names` ``(candidate=True)``),
+    fitted for new texts or new systems (``group``)."""
     if name not in names(candidate=True):
         raise InputError(f"unknown candidate {name!r}; known: {names(candidate=True)}", setting="model.auto.candidates")
-    return make(name, rubric, model, trainer, seed)
+    return make(name, rubric, model, trainer, seed, group)
 
 
 class NotApplicable(str):
@@ -260,7 +261,7 @@ class AutoCalibrator:
                     yield f"{name}{BEYOND}", np.where(beyond[:, None], levelled, probs), seconds, None
 
     def _candidate(self, name: str):
-        return candidate(name, self.rubric, self.model, self.trainer, self.seed)
+        return candidate(name, self.rubric, self.model, self.trainer, self.seed, self.group)
 
     def _fit_members(self, tables: Tables, weighted: list[str]) -> dict:
         """The weighted candidates fitted on all of ``tables`` (those refitted already are taken as they are)."""

@@ -26,6 +26,7 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.core.absent import CompletionBatch, marginal_proba
 from llmrubric.model.core.answers import AnswerModel, answers_from_state, answers_state
 from llmrubric.model.core.checkpoints import load_model, write_checkpoint
+from llmrubric.model.core.context import text_systems
 from llmrubric.model.core.encoding import Encoded, FeatureLayout, JudgeMap, encode, pairs_of
 from llmrubric.model.core.label_rule import LabelRule
 from llmrubric.model.core.registry import Capabilities, Setup, register
@@ -81,6 +82,8 @@ class NetworkCalibrator:
             (:mod:`llmrubric.model.families.network.cumulative`: cumulative-link heads on a learned score).
         trainer: :class:`TrainConfig` fields.
         seed: seeds initialisation, the early-stopping split and the batch order.
+        group: what the model is fitted for, ``text`` or ``system`` (new systems: the protocol's, or
+            ``model=auto``'s inner folds by system); ``trainer.val_group=auto`` holds out systems then.
         feature_questions: use only the feature blocks of these questions (e.g. ``[Q0]``).
         drop_questions: leave out the feature blocks of these questions (ablations).
         pair_features: optional per-(text, judge) input columns appended to x, an object with
@@ -103,8 +106,9 @@ class NetworkCalibrator:
         drop_questions: list[str] | None = None,
         pair_features=None,
         llm_features: bool = True,
+        group: str = "text",
     ):
-        self.rubric = rubric
+        self.rubric, self.group = rubric, group
         self.model = model_settings(model)
         unknown = sorted(set(self.model) - set(MODEL_KEYS))
         if unknown:
@@ -196,12 +200,20 @@ class NetworkCalibrator:
         values = [v for v in values if v is not None]
         return float(np.mean(values)) if values else float("nan")
 
-    def _split(self, data: Encoded, seed: int) -> tuple[Encoded, Encoded | None]:
-        """Training rows and the early-stopping rows (``val_fraction`` of the texts, drawn with ``seed``)."""
+    def _split(self, data: Encoded, seed: int, systems: pd.Series) -> tuple[Encoded, Encoded | None]:
+        """Training rows and the early-stopping rows (drawn with ``seed``): ``val_fraction`` of the
+        texts, or the texts of that fraction of the systems (``systems``: text id → system id) under
+        ``trainer.val_group=system`` (``auto``: when :attr:`group` is ``system``) where every text has
+        one and there are at least 1 / ``val_fraction`` systems (fewer: by text)."""
         if self.trainer.val_fraction <= 0:
             return data, None
-        _, val_texts = holdout_texts(data.pairs.text_id, self.trainer.val_fraction, seed)
-        is_val = data.pairs.text_id.isin(val_texts).to_numpy()
+        texts = data.pairs.text_id.astype(str)
+        by_system = self.trainer.val_group == "system" or (self.trainer.val_group == "auto" and self.group == "system")
+        groups = texts.map(systems) if by_system else texts
+        if groups.isna().any() or groups.nunique() * self.trainer.val_fraction < 1 - 1e-9:
+            groups = texts
+        _, held = holdout_texts(groups, self.trainer.val_fraction, seed)
+        is_val = groups.isin(held).to_numpy()
         return data.take(np.flatnonzero(~is_val)), data.take(np.flatnonzero(is_val))
 
     def fit(self, tables: Tables) -> NetworkCalibrator:
@@ -227,9 +239,10 @@ class NetworkCalibrator:
         if self.pair_features is not None:
             self.pair_features.fit(tables)
         data = data if data is not None else self.encode(tables)
+        systems = text_systems(tables)
         trains, vals, nets = [], [], []
         for seed in self.seeds:
-            train, val = self._split(data, seed)
+            train, val = self._split(data, seed, systems)
             torch.manual_seed(seed)
             net = self._net()
             net.standardize_inputs(train.x, train.judge)
@@ -480,6 +493,7 @@ def _network(overrides=None, main_features: bool = False, oracle: str | None = N
             feature_questions=[rubric.main.id] if main_features else None,
             pair_features=JudgeAnswers(rubric, others=oracle == "others") if oracle else None,
             llm_features=llm_features,
+            group=setup.group,
         )
 
     return build

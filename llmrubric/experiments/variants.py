@@ -32,7 +32,7 @@ from llmrubric.model.core.registry import capabilities, names
 from llmrubric.model.core.threads import one_thread, single_threaded
 from llmrubric.model.families.baselines import deterministic_methods, make_method
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
-from llmrubric.model.families.network.oracles import JudgeAnswers, PersonalIsotonic
+from llmrubric.model.families.oracles import JudgeAnswers, PersonalIsotonic
 
 log = logging.getLogger(__name__)
 

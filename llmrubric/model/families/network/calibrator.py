@@ -33,9 +33,9 @@ from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.model.families.network.engine import structure, train_stacked
 from llmrubric.model.families.network.net import INPUTS, PERSONALIZATION, CalibrationNet
-from llmrubric.model.families.network.oracles import JudgeAnswers
 from llmrubric.model.families.network.ordinal import fit_ordinal_weight
 from llmrubric.model.families.network.temperature import fit_temperature
+from llmrubric.model.families.oracles import JudgeAnswers
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
@@ -85,7 +85,7 @@ class NetworkCalibrator:
         drop_questions: leave out the feature blocks of these questions (ablations).
         pair_features: optional per-(text, judge) input columns appended to x, an object with
             ``fit(tables)``, ``dim`` and ``transform(tables, pairs) -> (pairs, dim)`` (the
-            oracle studies' :class:`llmrubric.model.families.network.oracles.JudgeAnswers`, saved as its settings; no other kind is saved).
+            oracle studies' :class:`llmrubric.model.families.oracles.JudgeAnswers`, saved as its settings; no other kind is saved).
         llm_features: False keeps only the ``pair_features`` as input (the oracle without LLM probabilities).
     """
 

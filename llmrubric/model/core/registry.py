@@ -76,7 +76,9 @@ class Capabilities:
         twins: ``same_as(tables) -> (name, why) | None``: a candidate identical to another on these data.
         absent_blocks: predicts texts lacking feature blocks, marginalised over its answer model
             ``answers_`` (None in an old checkpoint) with ``proba_completed(batch, completions)``.
-        add_judge: ``llmrubric judges add`` takes its checkpoint (:func:`llmrubric.model.judges.add_judge`).
+        add_judge: ``llmrubric judges add`` takes its checkpoint (:func:`llmrubric.model.judges.add_judge`): its own
+            ``add_judge(tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)``, or with ``members``
+            each member's.
         member_judge: its own ``add_judge(tables, judge_id)`` (a judge added to a ``model=auto`` member).
         networks: ``nets_``: an ensemble of calibration networks (a judge's parameters fold into their weights).
         members: ``members_`` (fitted families by name) and ``choice()``: a combination chosen by inner CV.

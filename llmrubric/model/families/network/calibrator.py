@@ -32,6 +32,7 @@ from llmrubric.model.core.registry import Capabilities, Setup, register
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.model.families.network.engine import structure, train_stacked
+from llmrubric.model.families.network.judges import with_judge
 from llmrubric.model.families.network.net import INPUTS, PERSONALIZATION, CalibrationNet
 from llmrubric.model.families.network.ordinal import fit_ordinal_weight
 from llmrubric.model.families.network.temperature import fit_temperature
@@ -212,6 +213,20 @@ class NetworkCalibrator:
     def fit_many(calibrators: list, tables: list[Tables], judges: JudgeMap | None = None, progress=None) -> list:
         """Several calibrators fitted on their tables as one training program (:func:`fit_together`)."""
         return fit_together(calibrators, tables, judges, progress=progress)
+
+    def add_judge(
+        self,
+        tables: Tables,
+        judge_id: str,
+        min_annotations: int = 5,
+        l2: float | str | None = "cv",
+        max_iter: int = 200,
+        l2_grid: tuple = (0.001, 0.01, 0.1, 1.0, 10.0),
+        cv_folds: int = 5,
+    ) -> NetworkCalibrator:
+        """A copy that knows judge ``judge_id``, its own parameters fitted to its annotations in ``tables``, the
+        shared ones frozen (:func:`llmrubric.model.families.network.judges.with_judge`)."""
+        return with_judge(self, tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)
 
     def _members(self, tables: Tables, judges: JudgeMap | None = None, data: Encoded | None = None):
         """Set layout and judge map (``judges`` or those of ``tables``); untrained members with their

@@ -228,6 +228,28 @@ class NetworkCalibrator:
         shared ones frozen (:func:`llmrubric.model.families.network.judges.with_judge`)."""
         return with_judge(self, tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)
 
+    def judge_predictor(self, judges: list[str]):
+        """A function x (texts, dim) → probabilities (texts, judges, questions, max options) of ``judges``.
+
+        Personalization is per (text, judge) pair, which dominates the cost of scoring many pairs.
+        For a fixed judge it folds into the shared weights (:meth:`CalibrationNet.for_judge`), so
+        each judge gets plain copies of the ensemble's networks that run on the texts alone.
+        """
+        index = [self.judges_.judges.index(judge) for judge in judges]
+        members = [[net.for_judge(a) for a in index] for net in self.nets_]
+
+        @torch.no_grad()
+        def predict(x: np.ndarray) -> np.ndarray:
+            xt = torch.from_numpy(x)
+            dummy = torch.full((len(x),), -1, dtype=torch.long)
+            with one_thread():
+                per_judge = [torch.stack([m.probabilities(xt, dummy) for m in nets], dim=1) for nets in members]
+            probs = torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
+            check_finite_predictions(probs, self.source_)
+            return probs
+
+        return predict
+
     def _members(self, tables: Tables, judges: JudgeMap | None = None, data: Encoded | None = None):
         """Set layout and judge map (``judges`` or those of ``tables``); untrained members with their
         training and early-stopping data, and the encoded ``tables`` (``data`` when given: ``tables``
@@ -505,7 +527,9 @@ def _model_file(name: str):
     return lambda model: {**model_file(name), **{k: model_settings(model)[k] for k in ("auto", "label_rule")}}
 
 
-NETWORK = dict(joint_fit=True, absent_blocks=True, add_judge=True, networks=True)  # every name's class capabilities
+NETWORK = dict(
+    joint_fit=True, absent_blocks=True, add_judge=True, judge_scoring=True
+)  # every name's class capabilities
 register(
     "network",
     _network(),

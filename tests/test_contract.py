@@ -8,6 +8,7 @@ import ast
 from dataclasses import fields
 
 import numpy as np
+import pandas as pd
 import pytest
 from support.paths import ROOT
 from support.settings import FAST
@@ -204,6 +205,19 @@ def test_every_joint_fit_family_fits_many_as_one_by_one(rubric, small, name):
     alone = [fitted(name, rubric, t, seed) for t, seed in zip(halves, (0, 1))]
     for a, b in zip(together, alone):
         np.testing.assert_allclose(a.predict_proba(test), b.predict_proba(test), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", one_name_per_class("judge_scoring"))
+def test_every_judge_scoring_family_predicts_each_judge_as_predict_proba(rubric, small, name):
+    train, test = small
+    model = fitted(name, rubric, train)
+    judges, texts = list(model.judges_.judges[:3]), test.text_ids[:5]
+    fast = model.judge_predictor(judges)(model.layout_.matrix(test.features, texts))
+    pairs = pd.DataFrame({"text_id": np.repeat(texts, len(judges)), "judge_id": judges * len(texts)})
+    reference = model.predict_proba(test, pairs)
+    assert fast.shape[:3] == (len(texts), len(judges), len(rubric.ids))
+    np.testing.assert_allclose(fast.reshape(len(pairs), *fast.shape[2:]), reference, atol=1e-5)
 
 
 @pytest.mark.slow

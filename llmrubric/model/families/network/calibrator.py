@@ -210,9 +210,17 @@ class NetworkCalibrator:
         return fit_together([self], [tables])[0]
 
     @staticmethod
-    def fit_many(calibrators: list, tables: list[Tables], judges: JudgeMap | None = None, progress=None) -> list:
-        """Several calibrators fitted on their tables as one training program (:func:`fit_together`)."""
-        return fit_together(calibrators, tables, judges, progress=progress)
+    def fit_many(
+        calibrators: list,
+        tables: list[Tables],
+        judges: JudgeMap | None = None,
+        progress=None,
+        on_epoch=None,
+        tolerate_divergence: bool = False,
+    ) -> list:
+        """Several calibrators fitted on their tables as one training program (:func:`fit_together`, which
+        describes ``on_epoch``, pruning, and ``tolerate_divergence``)."""
+        return fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, progress)
 
     def add_judge(
         self,

@@ -198,6 +198,7 @@ def test_code_defaults_equal_the_shipped_settings():
     assert {**defaults(add_judge), "l2_grid": list(defaults(add_judge)["l2_grid"])} == {
         k: judges[k] for k in ("min_annotations", "l2", "max_iter", "l2_grid", "cv_folds")
     }
+    assert defaults(NetworkCalibrator.add_judge) == defaults(add_judge)  # the network's own, as `judges add`'s
     full = group("report", "full")
     assert ReportSettings.from_dict(full) == ReportSettings(dir=full["dir"])
     assert (full["seeds"], full["workers"]) == (2, 2)

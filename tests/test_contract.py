@@ -8,6 +8,7 @@ import ast
 from dataclasses import fields
 
 import numpy as np
+import pandas as pd
 import pytest
 from support.paths import ROOT
 from support.settings import FAST
@@ -42,12 +43,37 @@ SETTING_VALUES = {  # tuples whose strings are a setting's values that happen to
     ("llmrubric/model/families/network/cumulative.py", "HEADS"),  # model.head: softmax | ordinal | combined
 }
 SMALL = {"ensemble": 1, "auto": {"candidates": ["ridge_judge"], "folds": 2}}  # fast models of every name
+NETWORK = "llmrubric.model.families.network"  # a family like the others: reached through the registry only
+FAMILIES = "llmrubric/model/families/"
 
 
 def sources() -> dict[str, ast.Module]:
     return {
         p.relative_to(ROOT).as_posix(): ast.parse(p.read_text()) for p in sorted((ROOT / "llmrubric").rglob("*.py"))
     }
+
+
+def imports(path: str, tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``tree``, at any depth; ``from a import b`` names ``a`` and ``a.b``,
+    a relative import is resolved from ``path``."""
+    package = path.removesuffix(".py").split("/")[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found += [(node.lineno, module)] + [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def network_imports(path: str, tree: ast.Module) -> list[str]:
+    """``path:line module`` of each import statement that reaches the network (the last name it imports)."""
+    hits = {
+        line: module for line, module in imports(path, tree) if module == NETWORK or module.startswith(f"{NETWORK}.")
+    }
+    return [f"{path}:{line} {module}" for line, module in sorted(hits.items())]
 
 
 def test_no_capability_is_probed_outside_the_registry():
@@ -91,6 +117,31 @@ def test_the_probe_test_finds_a_probe_and_a_list():
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args[1].value in PROBED]
     tuples = [n for n in ast.walk(tree) if isinstance(n, ast.Tuple) and {e.value for e in n.elts} <= set(names())]
     assert len(calls) == 1 and len(tuples) == 1
+
+
+def test_nothing_outside_the_families_imports_the_network():
+    """The network is a family like the others: code above the families reaches it through the registry."""
+    scripts = {name: ast.parse((ROOT / name).read_text()) for name in ("train.py", "evaluate.py")}
+    found = [
+        hit
+        for path, tree in {**sources(), **scripts}.items()
+        if not path.startswith(FAMILIES)
+        for hit in network_imports(path, tree)
+    ]
+    assert not found, found
+
+
+def test_the_import_test_finds_every_kind_of_import():
+    tree = ast.parse(
+        "import llmrubric.model.families.network.net\n"
+        "from llmrubric.model.families import network\n"
+        "from .families.network.calibrator import NetworkCalibrator\n"
+        "from ..model.families import mixed, network\n"
+        "from llmrubric.model.families import networks, mixed\n"
+        "def f():\n    from llmrubric.model.families.network import calibrator\n"
+    )
+    found = network_imports("llmrubric/model/judges.py", tree)
+    assert [hit.partition(" ")[0] for hit in found] == [f"llmrubric/model/judges.py:{n}" for n in (1, 2, 3, 4, 7)]
 
 
 def test_capabilities_of_a_name_and_of_a_fitted_model_agree(rubric):
@@ -204,6 +255,19 @@ def test_every_joint_fit_family_fits_many_as_one_by_one(rubric, small, name):
     alone = [fitted(name, rubric, t, seed) for t, seed in zip(halves, (0, 1))]
     for a, b in zip(together, alone):
         np.testing.assert_allclose(a.predict_proba(test), b.predict_proba(test), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", one_name_per_class("judge_scoring"))
+def test_every_judge_scoring_family_predicts_each_judge_as_predict_proba(rubric, small, name):
+    train, test = small
+    model = fitted(name, rubric, train)
+    judges, texts = list(model.judges_.judges[:3]), test.text_ids[:5]
+    fast = model.judge_predictor(judges)(model.layout_.matrix(test.features, texts))
+    pairs = pd.DataFrame({"text_id": np.repeat(texts, len(judges)), "judge_id": judges * len(texts)})
+    reference = model.predict_proba(test, pairs)
+    assert fast.shape[:3] == (len(texts), len(judges), len(rubric.ids))
+    np.testing.assert_allclose(fast.reshape(len(pairs), *fast.shape[2:]), reference, atol=1e-5)
 
 
 @pytest.mark.slow

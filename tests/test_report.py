@@ -22,7 +22,7 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.families.baselines import report_methods
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
-from llmrubric.model.families.network.oracles import JudgeAnswers, PersonalIsotonic
+from llmrubric.model.families.oracles import JudgeAnswers, PersonalIsotonic
 from llmrubric.report.build import check_report_config
 from llmrubric.report.settings import ReportSettings
 

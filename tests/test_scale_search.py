@@ -29,14 +29,14 @@ from llmrubric.experiments.search import run_search
 rubric = Rubric.load({root!r} + "/conf/rubric/llm_rubric.yaml")
 tables = search_tables()
 if {stall}:  # the worker to kill stalls in its second trial, so that it dies mid-trial however fast trials run
-    import llmrubric.experiments.search as search
-    calls, train = [], search.fit_together
+    from llmrubric.model.core.registry import entry
+    calls, train = [], entry("network").family.fit_many
     def stalling(*args, **kwargs):
         calls.append(1)
         if len(calls) > 1:
             time.sleep(120)
         return train(*args, **kwargs)
-    search.fit_together = stalling
+    entry("network").family.fit_many = staticmethod(stalling)
 while not os.path.exists({go!r}):  # imported; wait for the signal to start
     time.sleep(0.05)
 run_search(rubric, tables, BASE, config({storage!r}), "shared", seed=0)

@@ -4,7 +4,7 @@ A configuration's score is the pooled held-out NLL of the main question over ``i
 folds of the training texts (the paper's criterion); RMSE and correlations are recorded as
 trial attributes, not optimised. Trials are asked in batches (TPE with the constant liar) and
 the fold models of a whole batch train as one stacked program
-(:func:`llmrubric.model.families.network.calibrator.fit_together`), so a batch costs about one fit. Trials are pruned
+(the network's ``fit_many``), so a batch costs about one fit. Trials are pruned
 (asynchronous successive halving or the median rule) on the mean
 held-out NLL of the main question of their fold models.
 
@@ -45,7 +45,7 @@ from llmrubric.io.files import write_json, write_table
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.encoding import JudgeMap
-from llmrubric.model.families.network.calibrator import NetworkCalibrator, fit_together
+from llmrubric.model.core.registry import Family, entry
 
 log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -94,6 +94,12 @@ def setting_of(params: dict, base: Setting) -> Setting:
     return Setting(model, trainer)
 
 
+def network(rubric: Rubric, model: dict, trainer: dict, seed: int = 0) -> Family:
+    """An unfitted network of these settings: the family the search tunes, the registry's ``network`` (its
+    ``fit_many`` trains the fold models of many trials as one program, pruning them as they go)."""
+    return entry("network").family(rubric, model, trainer, seed)
+
+
 def cross_validate(
     rubric: Rubric, tables: Tables, setting: Setting, folds: pd.DataFrame, seed: int, on_epoch=None
 ) -> tuple[dict, pd.DataFrame]:
@@ -103,7 +109,7 @@ def cross_validate(
     """
     cv = _FoldData(rubric, tables, folds)
     models = cv.calibrators(setting, seed)
-    fit_together(models, cv.trains, cv.judges, on_epoch=on_epoch)
+    models[0].fit_many(models, cv.trains, cv.judges, on_epoch=on_epoch)
     return cv.score(models)
 
 
@@ -118,10 +124,10 @@ class _FoldData:
         self.tests = [tables.subset(folds.text_id[folds.fold == k]) for k in self.ks]
         self._encoded: list | None = None
 
-    def calibrators(self, setting: Setting, seed: int) -> list[NetworkCalibrator]:
-        return [NetworkCalibrator(self.rubric, setting.model, setting.trainer, seed) for _ in self.ks]
+    def calibrators(self, setting: Setting, seed: int) -> list[Family]:
+        return [network(self.rubric, setting.model, setting.trainer, seed) for _ in self.ks]
 
-    def score(self, models: list[NetworkCalibrator], frames: bool = True) -> tuple[dict, pd.DataFrame | None]:
+    def score(self, models: list[Family], frames: bool = True) -> tuple[dict, pd.DataFrame | None]:
         """Pooled held-out metrics of fitted fold models on the main question (and each fold's NLL),
         computed from the encoded test pairs; with ``frames``, also their predictions table."""
         if self._encoded is None:
@@ -194,7 +200,7 @@ class Objective:
         if accepted:
             self._train(study, *(list(x) for x in zip(*accepted)))
 
-    def _train(self, study: optuna.Study, trials: list[optuna.Trial], models: list[list[NetworkCalibrator]]) -> None:
+    def _train(self, study: optuna.Study, trials: list[optuna.Trial], models: list[list[Family]]) -> None:
         owner = [t for t, fold_models in enumerate(models) for _ in fold_models]
         pruned: dict[int, str] = {}
         steps, last = [0] * len(trials), [math.nan] * len(trials)
@@ -220,7 +226,7 @@ class Objective:
             return stop
 
         flat = [m for fold_models in models for m in fold_models]
-        fit_together(
+        flat[0].fit_many(
             flat, [t for _ in models for t in self.cv.trains], self.cv.judges, on_epoch=report, tolerate_divergence=True
         )
         for t, (trial, fold_models) in enumerate(zip(trials, models)):
@@ -565,7 +571,7 @@ def check_space(space: dict, base: Setting, rubric: Rubric) -> None:
 def _refusal(rubric: Rubric, setting: Setting) -> str | None:
     """Why the model refuses ``setting``, or None."""
     try:
-        NetworkCalibrator(rubric, setting.model, setting.trainer)
+        network(rubric, setting.model, setting.trainer)
     except InputError as e:
         return str(e)
     return None

@@ -28,11 +28,10 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.auto import build_model
 from llmrubric.model.core.encoding import PAIR, JudgeMap, with_round
-from llmrubric.model.core.registry import capabilities, names
+from llmrubric.model.core.registry import capabilities, entry, names
 from llmrubric.model.core.threads import one_thread, single_threaded
 from llmrubric.model.families.baselines import deterministic_methods, make_method
-from llmrubric.model.families.network.calibrator import NetworkCalibrator
-from llmrubric.model.families.network.oracles import JudgeAnswers, PersonalIsotonic
+from llmrubric.model.families.oracles import JudgeAnswers, PersonalIsotonic
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ class Variant:
         if self.method == "llm_rubric" and plain and model.get("family") == "auto":
             estimator = build_model(rubric, model, trainer, seed)
         elif self.method == "llm_rubric":
-            estimator = NetworkCalibrator(
+            estimator = entry("network").family(  # the network with the variant's settings and inputs
                 rubric,
                 {**model, **dict(self.model), "family": "network"},
                 {**trainer, **dict(self.trainer)},
@@ -181,7 +180,7 @@ def run_variants(
     ``requests`` maps each variant to its number of seeds (``0..n-1``; one run if it has no
     training randomness). Every split is trained; predictions are concatenated over the
     splits' test sets. All seeds and splits of one calibration-network variant are fitted
-    together (one stacked program, see :func:`llmrubric.model.families.network.calibrator.fit_together`; with one
+    together (one stacked program, the family's ``fit_many``, capability ``joint_fit``; with one
     judge map, the union of the training sets' judges, when these differ); a variant that
     is another requested variant plus isotonic correction shares its fitted models. One
     job per variant; jobs run in ``workers`` processes.

@@ -19,7 +19,7 @@ from llmrubric.io.predictions import probabilities
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, validate_annotations, validate_features
 from llmrubric.model.core.label_rule import rule_of
-from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.model.core.registry import Family
 from llmrubric.scoring.scores import score_texts
 
 
@@ -47,7 +47,7 @@ def ir_tables(
 
 
 def calibrated_labels(
-    calibrator: NetworkCalibrator,
+    calibrator: Family,
     features: pd.DataFrame,
     family: str,
     texts: pd.DataFrame,

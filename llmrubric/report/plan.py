@@ -17,7 +17,7 @@ from llmrubric.experiments.variants import (
 from llmrubric.io.rubric import Rubric
 from llmrubric.model.core.encoding import FeatureLayout
 from llmrubric.model.core.registry import capabilities
-from llmrubric.model.families.network.oracles import JudgeAnswers
+from llmrubric.model.families.oracles import JudgeAnswers
 from llmrubric.report.settings import ReportSettings, check_questions
 
 

@@ -22,19 +22,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 from tqdm.auto import tqdm
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.files import atomic_path
-from llmrubric.io.integrity import check_finite_predictions
 from llmrubric.io.predictions import predictions_frame, probabilities
 from llmrubric.io.rows import check_unique
 from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.core.absent import DRAWS, SEED, batch_of
-from llmrubric.model.core.registry import capabilities
-from llmrubric.model.core.threads import one_thread
-from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.model.core.registry import Family, capabilities
 
 log = logging.getLogger(__name__)
 SCORE_COLUMNS = ["text_id", "system_id", "question_id", "mean", "max", "quantile", "judges", "status", "missing_blocks"]
@@ -51,7 +47,7 @@ class ScoreResult:
     levels: pd.DataFrame | None = None
 
 
-def trusted_judges(calibrator: NetworkCalibrator, judges: list[str] | None) -> list[str]:
+def trusted_judges(calibrator: Family, judges: list[str] | None) -> list[str]:
     """The trusted set A: ``judges`` (each must be known to the checkpoint), or all its judges."""
     known = list(calibrator.judges_.judges)
     if not judges:
@@ -124,7 +120,7 @@ class _Sink:
 
 
 def score_texts(
-    calibrator: NetworkCalibrator,
+    calibrator: Family,
     features: pd.DataFrame,
     texts: pd.DataFrame | None = None,
     judges: list[str] | None = None,
@@ -143,7 +139,7 @@ def score_texts(
     table (``text_id, judge_id, system_id, round, question_id, p_<option>…, mean, var``),
     written atomically: a failure leaves no file; ``keep_predictions`` also returns it in memory.
     ``questions`` defaults to the rubric's ordered questions: a categorical question has no
-    judge-free score (asking for one is an error; ``NetworkCalibrator.predict`` gives its distributions).
+    judge-free score (asking for one is an error; the calibrator's ``predict`` gives its distributions).
     """
     if not 0 <= quantile <= 1:
         raise InputError(f"quantile {quantile} is not in [0, 1]", column="quantile")
@@ -226,7 +222,7 @@ def _system_levels(calibrator, features: pd.DataFrame, scored: pd.DataFrame, jud
     return calibrator.system_levels(tables, pairs, members), members
 
 
-def _scored_questions(calibrator: NetworkCalibrator, questions: list[str] | None) -> list[str]:
+def _scored_questions(calibrator: Family, questions: list[str] | None) -> list[str]:
     """``questions`` (default: the rubric's ordered ones), each in the rubric and ordered."""
     questions = list(questions or [q.id for q in calibrator.rubric.questions if q.ordered])
     unknown = [q for q in questions if q not in calibrator.rubric]
@@ -265,12 +261,12 @@ def _features_by_text(features: pd.DataFrame, scored: pd.DataFrame, src: str) ->
 
 class _ChunkPredictor:
     """Predictions of every trusted judge on one chunk of texts at a time: the per-judge fast
-    path once its first chunk agrees with ``NetworkCalibrator.predict_proba``, else ``NetworkCalibrator.predict``.
+    path once its first chunk agrees with the calibrator's ``predict_proba``, else the calibrator's ``predict``.
     ``missing`` collects text id → the blocks it lacks (``;``-joined)."""
 
     def __init__(
         self,
-        calibrator: NetworkCalibrator,
+        calibrator: Family,
         judges: list[str],
         questions: list[str],
         by_text: tuple[pd.DataFrame, np.ndarray],
@@ -346,7 +342,7 @@ class _ChunkPredictor:
         return chunk_feats
 
     def _predict_slow(self, chunk_feats: pd.DataFrame, pairs: pd.DataFrame, n: int) -> np.ndarray:
-        """Probabilities by ``NetworkCalibrator.predict``, zero-padded to the widest question."""
+        """Probabilities by the calibrator's ``predict``, zero-padded to the widest question."""
         extra = {"levels": self.levels} if self.levels is not None else {}
         pred = self.calibrator.predict(Tables(_empty_annotations(), chunk_feats), pairs, self.question_ids, **extra)
         width = probs_width(self.questions)
@@ -417,33 +413,14 @@ def probabilities_padded(pred: pd.DataFrame, question, width: int) -> np.ndarray
     return np.pad(p, ((0, 0), (0, width - p.shape[1])))
 
 
-def _judge_predictor(calibrator: NetworkCalibrator, judges: list[str]):
-    """A function x (texts, dim) → probabilities (texts, judges, questions, max options).
-
-    Personalization is per (text, judge) pair, which dominates the cost of scoring many pairs.
-    For a fixed judge it folds into the shared weights (:meth:`CalibrationNet.for_judge`), so
-    each trusted judge gets plain copies of the ensemble's networks that run on the texts alone.
-    """
-    if not capabilities(calibrator).networks:
-        return None  # model=auto: its members are not all networks
-    index = [calibrator.judges_.judges.index(judge) for judge in judges]
-    members = [[net.for_judge(a) for a in index] for net in calibrator.nets_]
-
-    @torch.no_grad()
-    def predict(x: np.ndarray) -> np.ndarray:
-        xt = torch.from_numpy(x)
-        dummy = torch.full((len(x),), -1, dtype=torch.long)
-        with one_thread():
-            per_judge = [torch.stack([m.probabilities(xt, dummy) for m in nets], dim=1) for nets in members]
-        probs = torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
-        check_finite_predictions(probs, calibrator.source_)
-        return probs
-
-    return predict
+def _judge_predictor(calibrator: Family, judges: list[str]):
+    """The family's per-judge fast path, a function x (texts, dim) → probabilities (texts, judges, questions,
+    max options) (capability ``judge_scoring``), or None (``model=auto``: its members are not all networks)."""
+    return calibrator.judge_predictor(judges) if capabilities(calibrator).judge_scoring else None
 
 
 def _checked(
-    calibrator: NetworkCalibrator,
+    calibrator: Family,
     features: pd.DataFrame,
     pairs: pd.DataFrame,
     x: np.ndarray,
@@ -451,18 +428,18 @@ def _checked(
     predict,
 ):
     """``predict``'s probabilities (texts, judges, questions, options) of the first chunk if they
-    match ``NetworkCalibrator.predict_proba`` on up to 64 pairs of ``pairs``, else None."""
+    match the calibrator's ``predict_proba`` on up to 64 pairs of ``pairs``, else None."""
     sample = pairs.iloc[: min(len(pairs), 64)]
     reference = calibrator.predict_proba(Tables(_empty_annotations(), features), sample)
     try:
         probs = predict(x)[:, :, q_index]
     except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as e:
-        log.warning("per-judge fast path failed (%s); scoring with NetworkCalibrator.predict", e)
+        log.warning("per-judge fast path failed (%s); scoring with the calibrator's predict", e)
         return None
     fast = probs.reshape(len(pairs), *probs.shape[2:])[: len(sample)]
     if fast.shape[1:] == reference[:, q_index, : fast.shape[-1]].shape[1:] and np.allclose(
         fast, reference[:, q_index, : fast.shape[-1]], atol=1e-5
     ):
         return probs
-    log.warning("per-judge fast path disagrees with NetworkCalibrator.predict; scoring with NetworkCalibrator.predict")
+    log.warning("per-judge fast path disagrees with the calibrator's predict; scoring with the calibrator's predict")
     return None

@@ -76,9 +76,12 @@ class Capabilities:
         twins: ``same_as(tables) -> (name, why) | None``: a candidate identical to another on these data.
         absent_blocks: predicts texts lacking feature blocks, marginalised over its answer model
             ``answers_`` (None in an old checkpoint) with ``proba_completed(batch, completions)``.
-        add_judge: ``llmrubric judges add`` takes its checkpoint (:func:`llmrubric.model.judges.add_judge`).
+        add_judge: ``llmrubric judges add`` takes its checkpoint (:func:`llmrubric.model.judges.add_judge`): its own
+            ``add_judge(tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)``, or with ``members``
+            each member's.
         member_judge: its own ``add_judge(tables, judge_id)`` (a judge added to a ``model=auto`` member).
-        networks: ``nets_``: an ensemble of calibration networks (a judge's parameters fold into their weights).
+        judge_scoring: ``judge_predictor(judges)``: a function of the texts' inputs x (texts, dim) → each judge's
+            probabilities (texts, judges, questions, options), the judges folded into the weights (fast scoring).
         members: ``members_`` (fitted families by name) and ``choice()``: a combination chosen by inner CV.
         system_level: ``levels_``: fitted system levels, ``member_levels`` and ``system_levels``.
         corrects: ``base`` and ``calibrate(tables)``: a correction fitted on a fitted base model.
@@ -96,7 +99,7 @@ class Capabilities:
     absent_blocks: bool = False
     add_judge: bool = False
     member_judge: bool = False
-    networks: bool = False
+    judge_scoring: bool = False
     members: bool = False
     system_level: bool = False
     corrects: bool = False
@@ -113,7 +116,7 @@ CLASS_CAPABILITIES = (
     "absent_blocks",
     "add_judge",
     "member_judge",
-    "networks",
+    "judge_scoring",
     "members",
     "system_level",
     "corrects",
@@ -123,6 +126,7 @@ PROMISES = {
     "twins": ("same_as",),
     "absent_blocks": ("proba_completed",),
     "member_judge": ("add_judge",),
+    "judge_scoring": ("judge_predictor",),
     "members": ("choice",),
     "system_level": ("member_levels", "system_levels"),
     "corrects": ("calibrate",),

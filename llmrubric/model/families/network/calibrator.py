@@ -33,10 +33,11 @@ from llmrubric.model.core.registry import Capabilities, Setup, register
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.model.families.network.engine import structure, train_stacked
+from llmrubric.model.families.network.judges import with_judge
 from llmrubric.model.families.network.net import INPUTS, PERSONALIZATION, CalibrationNet
-from llmrubric.model.families.network.oracles import JudgeAnswers
 from llmrubric.model.families.network.ordinal import fit_ordinal_weight
 from llmrubric.model.families.network.temperature import fit_temperature
+from llmrubric.model.families.oracles import JudgeAnswers
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
@@ -88,7 +89,7 @@ class NetworkCalibrator:
         drop_questions: leave out the feature blocks of these questions (ablations).
         pair_features: optional per-(text, judge) input columns appended to x, an object with
             ``fit(tables)``, ``dim`` and ``transform(tables, pairs) -> (pairs, dim)`` (the
-            oracle studies' :class:`llmrubric.model.families.network.oracles.JudgeAnswers`, saved as its settings; no other kind is saved).
+            oracle studies' :class:`llmrubric.model.families.oracles.JudgeAnswers`, saved as its settings; no other kind is saved).
         llm_features: False keeps only the ``pair_features`` as input (the oracle without LLM probabilities).
     """
 
@@ -221,9 +222,53 @@ class NetworkCalibrator:
         return fit_together([self], [tables])[0]
 
     @staticmethod
-    def fit_many(calibrators: list, tables: list[Tables], judges: JudgeMap | None = None, progress=None) -> list:
-        """Several calibrators fitted on their tables as one training program (:func:`fit_together`)."""
-        return fit_together(calibrators, tables, judges, progress=progress)
+    def fit_many(
+        calibrators: list,
+        tables: list[Tables],
+        judges: JudgeMap | None = None,
+        progress=None,
+        on_epoch=None,
+        tolerate_divergence: bool = False,
+    ) -> list:
+        """Several calibrators fitted on their tables as one training program (:func:`fit_together`, which
+        describes ``on_epoch``, pruning, and ``tolerate_divergence``)."""
+        return fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, progress)
+
+    def add_judge(
+        self,
+        tables: Tables,
+        judge_id: str,
+        min_annotations: int = 5,
+        l2: float | str | None = "cv",
+        max_iter: int = 200,
+        l2_grid: tuple = (0.001, 0.01, 0.1, 1.0, 10.0),
+        cv_folds: int = 5,
+    ) -> NetworkCalibrator:
+        """A copy that knows judge ``judge_id``, its own parameters fitted to its annotations in ``tables``, the
+        shared ones frozen (:func:`llmrubric.model.families.network.judges.with_judge`)."""
+        return with_judge(self, tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)
+
+    def judge_predictor(self, judges: list[str]):
+        """A function x (texts, dim) → probabilities (texts, judges, questions, max options) of ``judges``.
+
+        Personalization is per (text, judge) pair, which dominates the cost of scoring many pairs.
+        For a fixed judge it folds into the shared weights (:meth:`CalibrationNet.for_judge`), so
+        each judge gets plain copies of the ensemble's networks that run on the texts alone.
+        """
+        index = [self.judges_.judges.index(judge) for judge in judges]
+        members = [[net.for_judge(a) for a in index] for net in self.nets_]
+
+        @torch.no_grad()
+        def predict(x: np.ndarray) -> np.ndarray:
+            xt = torch.from_numpy(x)
+            dummy = torch.full((len(x),), -1, dtype=torch.long)
+            with one_thread():
+                per_judge = [torch.stack([m.probabilities(xt, dummy) for m in nets], dim=1) for nets in members]
+            probs = torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
+            check_finite_predictions(probs, self.source_)
+            return probs
+
+        return predict
 
     def _members(self, tables: Tables, judges: JudgeMap | None = None, data: Encoded | None = None):
         """Set layout and judge map (``judges`` or those of ``tables``); untrained members with their
@@ -504,7 +549,9 @@ def _model_file(name: str):
     return lambda model: {**model_file(name), **{k: model_settings(model)[k] for k in ("auto", "label_rule")}}
 
 
-NETWORK = dict(joint_fit=True, absent_blocks=True, add_judge=True, networks=True)  # every name's class capabilities
+NETWORK = dict(
+    joint_fit=True, absent_blocks=True, add_judge=True, judge_scoring=True
+)  # every name's class capabilities
 register(
     "network",
     _network(),

@@ -14,7 +14,7 @@ from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
 from llmrubric.model import auto as auto_module
-from llmrubric.model.auto import AutoCalibrator, _weights, default_candidates
+from llmrubric.model.auto import AutoCalibrator, _weights, default_candidates, rule_scores
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.core.system_level import member_of
 from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method
@@ -39,6 +39,28 @@ def test_stacking_weights_maximise_the_mixture_likelihood():
     both = _weights(np.stack(mixed, axis=1), "stack")
     stacked = np.log(np.stack(mixed, axis=1) @ both).mean()
     assert all(stacked > np.log(m).mean() for m in mixed) and min(both) > 0.2
+
+
+def test_rule_auto_takes_the_rule_that_wins_on_held_out_inner_folds():
+    rng = np.random.default_rng(1)
+    good, bad = rng.uniform(0.5, 0.9, 400), rng.uniform(0.05, 0.2, 400)
+    folds = np.arange(400) % 5
+    one_best = rule_scores(np.stack([bad, good], axis=1), folds)
+    assert one_best["select"] == pytest.approx(-np.log(good).mean()) and one_best["select"] < one_best["stack"]
+    halves = np.arange(400) % 2 == 0  # each candidate right on half the pairs of every fold: a mixture wins
+    mixed = np.stack([np.where(halves, good, bad), np.where(halves, bad, good)], axis=1)
+    complementary = rule_scores(mixed, folds)
+    assert complementary["stack"] < complementary["select"] - 0.3
+
+
+@pytest.mark.slow
+def test_rule_auto_records_both_rules_and_applies_the_lower(sources3, rubric):
+    settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "rule": "auto", "candidates": ["clmm_all", "ridge_judge"]}}
+    model = AutoCalibrator(rubric, settings, FAST, seed=1).fit(sources3)
+    scores = model.decision_["rule_cv_nll"]
+    assert model.decision_["rule"] == min(scores, key=scores.get)
+    if model.decision_["rule"] == "select":
+        assert list(model.weights_.values()) == [1.0]
 
 
 @pytest.mark.slow

@@ -19,10 +19,12 @@ class AutoConfig:
             (``registry.names(candidate=True)``; ``network`` is the network of the other ``model.*`` settings);
             null: the names registered as default candidates (``llmrubric.model.auto.default_candidates``),
             resolved by :class:`llmrubric.model.auto.AutoCalibrator` (the registry is a higher layer than config).
-        rule: ``select`` (the candidate with the lowest inner-CV NLL) or ``stack`` (non-negative
-            weights summing to 1 that maximise the inner-CV likelihood of the main question);
-            ``select`` had the lower pair NLL on 3 of the 4 protocols of ``benchmarks/auto.py`` that ran
-            both (DS1..DS5 and the 6-system generated set, leave one system out and system groups).
+        rule: ``select`` (the candidate with the lowest inner-CV NLL), ``stack`` (non-negative
+            weights summing to 1 that maximise the inner-CV likelihood of the main question) or
+            ``auto``: the one of the two with the lower NLL when its weights are fitted on all inner
+            folds but one and scored on that one (each user's data decide: ``select`` had the lower
+            pair NLL on 3 of the 4 protocols of ``benchmarks/auto.py`` that ran both, ``stack`` on the
+            relevance split of ``benchmarks/ir_real.py``).
         group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
             score unseen systems (``systems``, ``system_groups``), else by text.
         folds: inner folds (by system: at most one per training system); 3 takes 0.53–0.67 × the
@@ -42,7 +44,7 @@ class AutoConfig:
     """
 
     candidates: list[str] | None = None
-    rule: str = "select"
+    rule: str = "auto"
     group: str = "auto"
     folds: int = 5
     system_level: str = "auto"

@@ -4,10 +4,12 @@ The candidates (the names :mod:`llmrubric.model.core.registry` marks ``candidate
 network, its cumulative-link heads, the cumulative-link mixed model on three kinds of input,
 probabilistic ridge regression, and any family registered as one) are each
 fitted on the inner folds of the training data, grouped by text or by system as the model will be
-used, and scored by the out-of-fold likelihood of the main question's answers. ``rule=select`` (the
-default) keeps the candidate with the lowest inner NLL; ``rule=stack`` fits non-negative weights
-summing to 1 that maximise the out-of-fold log-likelihood of the weighted mixture of the
-candidates' distributions (a super learner; EM on the simplex). The candidates with weight are
+used, and scored by the out-of-fold likelihood of the main question's answers. ``rule=select`` keeps
+the candidate with the lowest inner NLL; ``rule=stack`` fits non-negative weights summing to 1 that
+maximise the out-of-fold log-likelihood of the weighted mixture of the candidates' distributions (a
+super learner; EM on the simplex); ``rule=auto`` (the default) takes the rule with the lower
+cross-validated NLL over the inner folds: each rule's weights fitted on all inner folds' out-of-fold
+predictions but one fold's, scored on that fold (:func:`rule_scores`; a tie keeps ``select``). The candidates with weight are
 then refitted on all the training data; every question's prediction is the weighted mixture of
 the candidates that predict it. A candidate that fails to fit is recorded with its reason and left
 out (a warning); one that does not apply to the data (``clmm_mean`` with one LLM source per
@@ -63,7 +65,7 @@ from llmrubric.model.core.system_level import (
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-auto/1"
-RULES = ("stack", "select")
+RULES = ("auto", "select", "stack")
 GROUPS = ("auto", "text", "system")
 FAMILIES = ("auto", "network")  # the values of model.family
 MIN_WEIGHT = 1e-3  # stacking weights below this are dropped (and the rest renormalised)
@@ -192,13 +194,16 @@ class AutoCalibrator:
                 f"model.auto.system_level=on but no candidate with the level fitted ({self.table_})",
                 setting="model.auto.system_level",
             )
-        weights = _weights(np.stack([likelihood[n] for n in chosen], axis=1), self.settings.rule)
+        fold_of = np.concatenate([np.full(len(p), k) for k, (p, _) in enumerate(held)])
+        matrix = np.stack([likelihood[n] for n in chosen], axis=1)
+        self.rule_cv_ = rule_scores(matrix, fold_of) if self.settings.rule == "auto" else None
+        self.rule_ = min(self.rule_cv_, key=self.rule_cv_.get) if self.rule_cv_ else self.settings.rule
+        weights = _weights(matrix, self.rule_)
         self.weights_ = {n: float(w) for n, w in zip(chosen, weights) if w >= MIN_WEIGHT}
         total = sum(self.weights_.values())
         self.weights_ = {n: w / total for n, w in self.weights_.items()}
         mixture = sum(w * likelihood[n] for n, w in self.weights_.items())
         self.inner_nll_ = float(-np.log(mixture).mean())
-        fold_of = np.concatenate([np.full(len(p), k) for k, (p, _) in enumerate(held)])
         mixed = sum(w * oof[n] for n, w in self.weights_.items())
         self.label_rule_ = main_rule(main, mixed, answers, fold_of, self.model, "out-of-fold")
         self.label_oof_ = (mixed, answers, fold_of)  # what the rule was chosen on (not saved)
@@ -207,8 +212,8 @@ class AutoCalibrator:
             if name in likelihood:
                 nll = -np.log(likelihood[name])
                 self.table_[name]["fold_nll"] = [float(nll[fold_of == k].mean()) for k in range(len(held))]
-        self.decision_ = _decision(self.table_, self.weights_, self.settings.rule)
-        log.info("model=auto (%s, inner folds by %s): weights %s", self.settings.rule, self.group, self.weights_)
+        self.decision_ = _decision(self.table_, self.weights_, self.rule_, self.rule_cv_)
+        log.info("model=auto (%s, inner folds by %s): weights %s", self.rule_, self.group, self.weights_)
         self.members_ = self._fit_members(tables, list(dict.fromkeys(member_of(n) for n in self.weights_)))
         self.levels_ = self._fit_levels(tables)
         self._refitted = {}
@@ -528,9 +533,23 @@ def _point_figures(probs: np.ndarray, answers: np.ndarray, question) -> dict:
     return {"pearson": float(np.corrcoef(expected, observed)[0, 1])}
 
 
-def _decision(table: dict, weights: dict, rule: str) -> dict:
-    """Why the weights are what they are: the winner (``select``) or the weighted members (``stack``),
-    the best candidate with and without the system level, and by how much the folds agree."""
+def rule_scores(likelihood: np.ndarray, fold_of: np.ndarray) -> dict[str, float]:
+    """Each rule's cross-validated NLL on the inner folds' out-of-fold likelihoods (pairs, candidates):
+    its weights fitted on every fold but one and scored on that one (no candidate is refitted)."""
+    out = {}
+    for rule in ("select", "stack"):  # a tie keeps select
+        total = 0.0
+        for k in np.unique(fold_of):
+            weights = _weights(likelihood[fold_of != k], rule)
+            total -= np.log(np.maximum(likelihood[fold_of == k] @ weights, PROB_FLOOR)).sum()
+        out[rule] = float(total / len(likelihood))
+    return out
+
+
+def _decision(table: dict, weights: dict, rule: str, rule_cv: dict | None = None) -> dict:
+    """Why the weights are what they are: the rule (with ``rule=auto`` each rule's cross-validated
+    NLL), the winner (``select``) or the weighted members (``stack``), the best candidate with and
+    without the system level, and by how much the folds agree."""
     fitted = {n: r for n, r in table.items() if "nll" in r}
     ranked = sorted(fitted, key=lambda n: fitted[n]["nll"])
     best = {
@@ -538,6 +557,8 @@ def _decision(table: dict, weights: dict, rule: str) -> dict:
         for kind, with_level in (("with_level", True), ("without_level", False))
     }
     out = {"rule": rule, "ranking": ranked, **{f"best_{k}": v for k, v in best.items()}}
+    if rule_cv:
+        out["rule_cv_nll"] = rule_cv
     if best["with_level"] and best["without_level"]:
         a, b = (np.asarray(fitted[best[k]]["fold_nll"]) for k in ("with_level", "without_level"))
         out["level_gain"] = float(fitted[best["without_level"]]["nll"] - fitted[best["with_level"]]["nll"])

@@ -80,10 +80,11 @@ class LabelRuleConfig:
 
     Attributes:
         rules: the candidate rules (``argmax``, ``rounded_mean``, ``frequency_thresholds``, ``kappa_thresholds``).
-        objective: ``qwk`` (quadratic weighted κ) or ``kappa`` (Cohen's κ): what the rules are chosen by and
-            ``kappa_thresholds`` maximises. ``qwk``: on the demo split and 4 simulated sets (docs/models.md#labels) its choice had
-            held-out Cohen's κ within 0.002 of, or above, the choice by ``kappa``, and quadratic κ as high or higher
-            (up to +0.21): exact agreement on an inner fold's few pairs of the rare grades is a noisier criterion.
+        objective: ``qwk`` (quadratic weighted κ) or ``kappa`` (Cohen's κ): the agreement the labels are for,
+            what the rules are chosen by and ``kappa_thresholds`` maximises. ``qwk`` by default because the
+            question is ordered (a label one grade off is nearer than three off) and a distance is a steadier
+            criterion than exact matches on an inner fold's few pairs of the rare grades; users who report
+            plain κ set ``kappa`` (docs/models.md#labels compares both on simulated sets).
     """
 
     rules: list[str] = field(default_factory=lambda: list(LABEL_RULES))

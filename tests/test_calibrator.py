@@ -101,9 +101,7 @@ def _held_out_systems(rubric, tables, group, **trainer):
     calibrator = NetworkCalibrator(rubric, {"ensemble": 2}, {**FAST, **trainer}, seed=0, group=group)
     _, trains, vals, _ = calibrator._members(tables)
     system = tables.texts.set_index("text_id").system_id
-    return [
-        (set(system[val.pairs.text_id]), set(system[train.pairs.text_id])) for train, val in zip(trains, vals)
-    ]
+    return [(set(system[val.pairs.text_id]), set(system[train.pairs.text_id])) for train, val in zip(trains, vals)]
 
 
 def test_early_stopping_holds_out_whole_systems_when_fitted_for_new_systems(rubric, simulated):
@@ -112,9 +110,9 @@ def test_early_stopping_holds_out_whole_systems_when_fitted_for_new_systems(rubr
     for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.25, val_group="text"):
         assert len(held) == 4 and held == kept
     # four systems cannot hold out a fifth of them: by text
-    for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.2):
+    for held, _kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.2):
         assert len(held) == 4
-    for held, kept in _held_out_systems(rubric, simulated, "text", val_fraction=0.25):
+    for held, _kept in _held_out_systems(rubric, simulated, "text", val_fraction=0.25):
         assert len(held) == 4
 
 

@@ -45,7 +45,7 @@ from llmrubric.io.files import write_json, write_table
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.encoding import JudgeMap
-from llmrubric.model.core.registry import Family, entry
+from llmrubric.model.core.registry import Family, make
 
 log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -97,7 +97,7 @@ def setting_of(params: dict, base: Setting) -> Setting:
 def network(rubric: Rubric, model: dict, trainer: dict, seed: int = 0) -> Family:
     """An unfitted network of these settings: the family the search tunes, the registry's ``network`` (its
     ``fit_many`` trains the fold models of many trials as one program, pruning them as they go)."""
-    return entry("network").family(rubric, model, trainer, seed)
+    return make("network", rubric, model, trainer, seed)
 
 
 def cross_validate(

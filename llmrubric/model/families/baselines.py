@@ -615,8 +615,8 @@ def duplicates(names: list[str]) -> dict[str, str]:
 
 
 def make_method(name: str, rubric: Rubric, seed: int = 0, model: dict | None = None, trainer: dict | None = None):
-    """A method of Table 1 (any name of :mod:`llmrubric.model.core.registry`) by name, unfitted;
-    ``argmax_llm/<source>``, ``expected_llm/<source>``: one LLM source."""
+    """A method of Table 1 by name, unfitted: :func:`llmrubric.model.core.registry.make` with the seed
+    third; ``argmax_llm/<source>``, ``expected_llm/<source>``: one LLM source."""
     return make(name, rubric, model, trainer, seed)
 
 

@@ -101,9 +101,7 @@ def _held_out_systems(rubric, tables, group, **trainer):
     calibrator = NetworkCalibrator(rubric, {"ensemble": 2}, {**FAST, **trainer}, seed=0, group=group)
     _, trains, vals, _ = calibrator._members(tables)
     system = tables.texts.set_index("text_id").system_id
-    return [
-        (set(system[val.pairs.text_id]), set(system[train.pairs.text_id])) for train, val in zip(trains, vals)
-    ]
+    return [(set(system[val.pairs.text_id]), set(system[train.pairs.text_id])) for train, val in zip(trains, vals)]
 
 
 def test_early_stopping_holds_out_whole_systems_when_fitted_for_new_systems(rubric, simulated):

@@ -14,6 +14,7 @@ from support.paths import ROOT
 from support.settings import FAST
 
 import llmrubric.model  # noqa: F401  (registers every family)
+from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables
 from llmrubric.model.core import registry
 from llmrubric.model.core.registry import CLASS_CAPABILITIES, Capabilities, capabilities, make, names, with_capability
@@ -294,6 +295,50 @@ def test_every_questions_family_fits_the_questions_it_is_given(rubric, small, na
 def test_every_twins_family_names_a_registered_twin_or_none(rubric, small, name):
     twin = make(name, rubric, SMALL, FAST, 0).same_as(small[0])
     assert twin is None or (twin[0] in names() and twin[1])
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_name_round_trips_its_params(rubric, name):
+    """``get_params`` gives the parameters its entry's settings declare (some of them for a name that builds
+    another class: ``llm_rubric``), and ``make(name, params=...)`` of them builds a model of the same class and
+    parameters; setting every parameter to its value changes nothing."""
+    model = make(name, rubric, SMALL, FAST)
+    params = model.get_params()
+    declared = registry.param_names(name)
+    assert (
+        sorted(params) == sorted(declared)
+        if type(model) is registry.entry(name).family
+        else set(params) <= set(declared)
+    )
+    again = make(name, rubric, params=params)
+    assert type(again) is type(model) and again.get_params() == params
+    assert model.set_params(**params) is model and model.get_params() == params
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_name_refuses_an_unknown_param_naming_it(rubric, name):
+    model = make(name, rubric, SMALL, FAST)
+    with pytest.raises(InputError, match="no_such_setting") as error:
+        model.set_params(no_such_setting=1)
+    assert error.value.setting == "no_such_setting" and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", [n for n in names() if registry.search_space(n)])
+def test_every_declared_search_space_names_parameters(name):
+    assert set(registry.search_space(name)) <= set(registry.param_names(name))
+
+
+def test_set_params_changes_and_checks_a_setting(rubric):
+    mixed = make("clmm_own", rubric).set_params(rounds=2, inputs="all")
+    assert mixed.get_params() == {"inputs": "all", "rounds": 2} and mixed.name == "clmm_all"
+    with pytest.raises(InputError, match="rounds"):
+        mixed.set_params(rounds=0)
+    network = make("network", rubric).set_params(**{"model.h1": 7, "trainer.lr": 0.01, "drop_questions": ["Q1"]})
+    assert (network.model["h1"], network.trainer.lr, network.drop_questions) == (7, 0.01, ["Q1"])
+    with pytest.raises(InputError, match="model.head"):
+        network.set_params(**{"model.head": "ordinal"})  # refused with personalize=input, as by the constructor
+    assert network.model["head"] == "softmax"  # and nothing changed
+    assert make("network", rubric, params={"oracle": "others"}).pair_features.others
 
 
 def test_every_flag_is_declared_by_some_name():

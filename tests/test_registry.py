@@ -77,6 +77,12 @@ class Prior:
     def __init__(self, rubric, seed: int = 0):
         self.rubric = rubric
 
+    def get_params(self):
+        return {}
+
+    def set_params(self, **params):
+        return self
+
     def fit(self, tables):
         answers = tables.annotations
         self.marginals_ = {}

@@ -13,6 +13,7 @@ from llmrubric.data.splits import text_folds
 from llmrubric.experiments.search import (
     Objective,
     Setting,
+    _FoldData,
     check_space,
     create_study,
     finished_trials,
@@ -31,7 +32,7 @@ def test_space_keys_map_onto_model_and_trainer_settings():
     }
     setting = suggest(trial, space, BASE)
     assert setting.model["h1"] == 50 and setting.trainer["lr"] == 0.002 and BASE.model["h1"] == 6
-    with pytest.raises(InputError, match="must start with"):
+    with pytest.raises(InputError, match="must be a parameter of network"):
         suggest(trial, {"lr": {"type": "float", "low": 0, "high": 1}}, BASE)
 
 
@@ -275,3 +276,25 @@ def test_a_worker_that_loses_the_race_to_create_a_new_studys_schema_opens_it_aga
     with pytest.raises(InputError, match="cannot be opened: .*unable to open"):
         create_study(search_config(f"sqlite:///{tmp_path / 'other.db'}", 1), "s")
     assert len(calls) == 1
+
+
+def test_the_search_tunes_the_mixed_model_and_its_fold_models_have_the_trials_params(rubric, search_data, monkeypatch):
+    """``search.family=clmm_all``: its declared space (rounds, inputs), fold models fitted one by one."""
+    built = []
+    calibrators = _FoldData.calibrators
+
+    def recording(self, setting, seed):
+        models = calibrators(self, setting, seed)
+        built.append(models)
+        return models
+
+    monkeypatch.setattr(_FoldData, "calibrators", recording)
+    config = {**search_config(None, 3), "family": "clmm_all", "space": {}, "inner_folds": 2}
+    base = Setting(BASE.model, BASE.trainer, "clmm_all")
+    setting, study = run_search(rubric, search_data.subset(search_data.text_ids[:60]), base, config, "mixed", seed=0)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 3 and set(complete[0].params) == {"rounds", "inputs"}
+    for trial in complete:
+        [models] = [m for m in built if {k: m[0].get_params()[k] for k in trial.params} == trial.params]
+        assert all(m.fits_ for m in models)  # fitted with the trial's parameters
+    assert setting.build(rubric).get_params() == study.best_trial.params

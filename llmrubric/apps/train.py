@@ -33,7 +33,7 @@ from llmrubric.config import CONF_PATH, VERSION_BASE, run_app
 from llmrubric.experiments.experiment import FOLDS_FILE, SYSTEM_PROTOCOLS, checked_once, prepare
 from llmrubric.experiments.tracking import Tracker
 from llmrubric.io.errors import reports_errors
-from llmrubric.model.core.registry import capabilities
+from llmrubric.model.core.registry import capabilities, make
 
 log = logging.getLogger("train")
 
@@ -54,14 +54,12 @@ def train_app(cfg: DictConfig) -> float:
 
 def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
     # imported here, not at the top: Lightning costs seconds that --help need not pay
-    from llmrubric.model.auto import build_model
     from llmrubric.model.core.label_rule import in_sample_rule
 
     rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)
     with Tracker.from_config(cfg).run("train", nested=True, tags={"job": "train"}) as run:
         run.log_config(cfg)
-        settings = split_settings(cfg, rubric, splits, run)
-        models = [build_model(rubric, model, trainer, cfg.seed, auto_group(cfg)) for model, trainer in settings]
+        models = split_models(cfg, rubric, splits, run)
         start = time.perf_counter()
         if capabilities(models[0]).joint_fit:  # the networks of every split train as one program
             with tqdm(desc="training", unit="epoch", disable=len(splits) == 1) as progress:
@@ -110,15 +108,17 @@ def log_choice(run, split: str, choice: dict) -> None:
     run.log_metrics({f"auto/weight/{name}/{split}": w for name, w in choice["weights"].items()})
 
 
-def split_settings(cfg: DictConfig, rubric, splits, run) -> list[tuple[dict, dict]]:
-    """The ``(model, trainer)`` settings of each split's model: as configured, or selected by the
-    search on the split's training texts when ``search`` is enabled."""
+def split_models(cfg: DictConfig, rubric, splits, run) -> list:
+    """Each split's unfitted model: that of ``model.*`` and ``trainer.*``, or when ``search`` is enabled
+    ``search.family`` with the configuration the search selected on the split's training texts."""
+    from llmrubric.model.auto import build_model
+
     if not cfg.search.enabled:
-        return [(dict(cfg.model), dict(cfg.trainer)) for _ in splits]
+        return [build_model(rubric, dict(cfg.model), dict(cfg.trainer), cfg.seed, auto_group(cfg)) for _ in splits]
     from llmrubric.experiments.search import select_for_split
 
     selected = [select_for_split(cfg, rubric, split, run) for split in splits]
-    return [(s.model, s.trainer) for s in selected]
+    return [make(s.family, rubric, s.model, s.trainer, cfg.seed, auto_group(cfg), params=s.params) for s in selected]
 
 
 def auto_group(cfg: DictConfig) -> str:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from llmrubric.config.paths import conf_path
 
 LABEL_RULES = ("argmax", "rounded_mean", "frequency_thresholds", "kappa_thresholds")
+NETWORK_INPUTS = ("probabilities", "expected", "both")  # the order the search space lists them in
 
 
 @dataclass
@@ -124,6 +125,21 @@ class ModelConfig:
     auto: AutoConfig = field(default_factory=AutoConfig)
     linear: LinearConfig = field(default_factory=LinearConfig)
     label_rule: LabelRuleConfig = field(default_factory=LabelRuleConfig)
+
+    @classmethod
+    def search_space(cls, base: dict) -> dict:
+        """The network's part of the search (``search=optuna``, :mod:`llmrubric.experiments.search`): the
+        paper's hidden sizes, inputs, personalization and input dropout; with a cumulative ``head``
+        (``ordinal``, ``combined``), which scores expected answers and personalizes by judge cut points,
+        inputs without the raw distributions and no personalization."""
+        cumulative = base.get("head", "softmax") != "softmax"
+        return {
+            "h1": {"type": "categorical", "choices": [10, 25, 50, 100]},
+            "h2": {"type": "categorical", "choices": [10, 25, 50, 100]},
+            "inputs": {"type": "categorical", "choices": ["expected", "both"] if cumulative else list(NETWORK_INPUTS)},
+            "personalize": {"type": "categorical", "choices": ["none"] if cumulative else ["deltas", "input", "none"]},
+            "input_dropout": {"type": "float", "low": 0.0, "high": 0.5},
+        }
 
 
 def model_settings(model: dict | ModelConfig | None = None) -> dict:

@@ -15,8 +15,9 @@ class SearchConfig:
     Attributes:
         n_trials: finished trials per study (a resumed study continues to this count).
         batch: trials asked at once (TPE, constant liar) and trained as one stacked program.
-        ensemble: networks per fold model while searching (the refit uses ``model.ensemble``).
-        patience: early-stopping patience while searching (the refit uses ``trainer.patience``).
+        ensemble: networks per fold model while searching (the refit uses ``model.ensemble``; a family
+            without the parameter ignores it).
+        patience: early-stopping patience while searching (the refit uses ``trainer.patience``; as ``ensemble``).
         inner_folds: selection by k-fold CV of the training texts, split by ``text_id``.
         seed: the TPE sampler's seed: the search is reproducible from its config.
         startup_trials: random trials before TPE (and the median pruner's warm-up in trials).
@@ -25,10 +26,14 @@ class SearchConfig:
         reduction_factor: successive halving keeps the best 1/3 at epochs 10, 30, 90, 270.
         storage: the study's database; ``postgresql://user@host/db`` for several machines.
         heartbeat_seconds: running trials beat; a resumed search re-queues the trials of a killed one.
-        space: ``model.*`` / ``trainer.*`` settings searched; types categorical, int, float.
+        family: the registered name tuned (``network``: the network of ``model.*``; any name whose settings
+            declare a search space, e.g. ``clmm_all``), fitted on each inner fold and scored as the network.
+        space: the parameters searched (the family's: ``model.*`` / ``trainer.*`` for the network), types
+            categorical, int, float; empty: the space the family's settings declare.
     """
 
     enabled: bool = False
+    family: str = "network"
     n_trials: int = 100
     batch: int = 10
     ensemble: int = 1

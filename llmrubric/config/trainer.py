@@ -60,6 +60,18 @@ class TrainConfig:
                 raise InputError(f"{getattr(self, name)!r} is not true or false", setting=f"trainer.{name}")
 
     @classmethod
+    def search_space(cls, base: dict) -> dict:
+        """The optimisation part of the network's search (``search=optuna``)."""
+        return {
+            "batch_size": {"type": "int", "low": 32, "high": 256, "log": True},
+            "lr": {"type": "float", "low": 1.0e-5, "high": 1.0e-2, "log": True},
+            "weight_decay": {"type": "float", "low": 1.0e-6, "high": 1.0e-1, "log": True},
+            "delta_l2": {"type": "float", "low": 1.0e-4, "high": 1.0, "log": True},
+            "pretrain_epochs": {"type": "int", "low": 0, "high": 200, "step": 10},
+            "finetune_epochs": {"type": "int", "low": 10, "high": 200, "step": 10},
+        }
+
+    @classmethod
     def from_dict(cls, data: dict | None) -> TrainConfig:
         data = dict(data or {})
         known = {f.name for f in fields(cls)}

@@ -126,6 +126,7 @@ def check_settings(cfg: DictConfig) -> Rubric:
     """Every setting of train.py and evaluate.py, checked before any work; an error names the setting."""
     from llmrubric.model.auto import build_model
     from llmrubric.model.core.label_rule import settings_of
+    from llmrubric.model.core.registry import capabilities
     from llmrubric.model.families.baselines import make_method
 
     rubric = load_rubric(cfg)
@@ -134,9 +135,17 @@ def check_settings(cfg: DictConfig) -> Rubric:
     build_model(rubric, model, trainer, seed)
     settings_of(model)
     if cfg.search.get("enabled"):
-        from llmrubric.experiments.search import check_space, searched_setting
+        from llmrubric.experiments.search import check_space, searched_setting, space_for
 
-        check_space(OmegaConf.to_container(cfg.search.space, resolve=True), searched_setting(cfg), rubric)
+        base = searched_setting(cfg)
+        check_space(space_for(cfg.search, base), base, rubric)
+        refit = capabilities(base.family)
+        if not (refit.joint_fit or refit.members):
+            raise InputError(
+                f"train.py refits the network or model=auto, not {base.family}: tune it with "
+                "llmrubric.experiments.search.run_search",
+                setting="search.family",
+            )
     if cfg.protocol not in PROTOCOLS:
         raise InputError(f"{cfg.protocol!r} is not a protocol ({', '.join(PROTOCOLS)})", setting="protocol")
     if cfg.protocol == "cv":

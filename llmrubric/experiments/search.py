@@ -22,7 +22,7 @@ import threading
 import time
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -40,12 +40,21 @@ from llmrubric.config import SearchConfig, settings_error
 from llmrubric.data.splits import text_folds
 from llmrubric.evaluation.metrics import nll, point_metrics
 from llmrubric.experiments.tracking import Tracker
-from llmrubric.io.errors import InputError
+from llmrubric.io.errors import USER_ERRORS, InputError
 from llmrubric.io.files import write_json, write_table
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.core.encoding import JudgeMap
-from llmrubric.model.core.registry import Family, entry
+from llmrubric.model.core.encoding import JudgeMap, question_targets
+from llmrubric.model.core.params import prefixed, under
+from llmrubric.model.core.registry import (
+    Family,
+    capabilities,
+    entry,
+    fit_questions,
+    make,
+    param_names,
+    search_space,
+)
 
 log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -53,20 +62,32 @@ FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, op
 
 @dataclass
 class Setting:
-    """A configuration: network and trainer settings."""
+    """A configuration: the ``model.*`` and ``trainer.*`` settings, the registered name tuned (``family``)
+    and its parameters set on top (:meth:`Family.set_params`; the ``model.x`` / ``trainer.x`` ones are also
+    in ``model`` / ``trainer``)."""
 
     model: dict
     trainer: dict
+    family: str = "network"
+    params: dict = field(default_factory=dict)
+
+    def build(self, rubric: Rubric, seed: int = 0) -> Family:
+        """The unfitted model of this configuration (:func:`llmrubric.model.core.registry.make`)."""
+        return make(self.family, rubric, self.model, self.trainer, seed, params=self.params)
+
+    def base_params(self) -> dict:
+        """The parameters a search from this configuration starts at (what :func:`search_space` adapts to)."""
+        return {**prefixed("model", self.model), **prefixed("trainer", self.trainer), **self.params}
 
 
 def suggest(trial: optuna.Trial, space: dict, base: Setting) -> Setting:
-    """Sample every parameter of ``space`` (keys ``model.x`` / ``trainer.x``) on top of ``base``."""
-    model, trainer = dict(base.model), dict(base.trainer)
+    """Sample every parameter of ``space`` (parameters of ``base.family``: ``model.x`` / ``trainer.x`` for the
+    network) on top of ``base``."""
+    known = param_names(base.family)
+    params = {}
     for key, spec in space.items():
-        group, _, name = key.partition(".")
-        target = {"model": model, "trainer": trainer}.get(group)
-        if target is None or not name:
-            raise InputError(f"search space key {key!r} must start with 'model.' or 'trainer.'")
+        if key not in known:
+            raise InputError(f"search space key {key!r} must be a parameter of {base.family}: {known}")
         kind = spec.get("type")
         try:
             if kind == "categorical":
@@ -81,23 +102,33 @@ def suggest(trial: optuna.Trial, space: dict, base: Setting) -> Setting:
                 raise InputError(f"unknown type {kind!r} (categorical, int, float)")
         except (ValueError, KeyError, TypeError) as e:
             raise InputError(f"search space {key!r}: {e}") from e
-        target[name] = value
-    return Setting(model, trainer)
+        params[key] = value
+    return setting_of(params, base)
 
 
 def setting_of(params: dict, base: Setting) -> Setting:
     """The configuration of a finished trial's ``params``."""
     model, trainer = dict(base.model), dict(base.trainer)
-    for key, value in params.items():
-        group, _, name = key.partition(".")
-        {"model": model, "trainer": trainer}[group][name] = value
-    return Setting(model, trainer)
+    model.update(under("model", params))
+    trainer.update(under("trainer", params))
+    return Setting(model, trainer, base.family, {**base.params, **params})
 
 
 def network(rubric: Rubric, model: dict, trainer: dict, seed: int = 0) -> Family:
-    """An unfitted network of these settings: the family the search tunes, the registry's ``network`` (its
-    ``fit_many`` trains the fold models of many trials as one program, pruning them as they go)."""
-    return entry("network").family(rubric, model, trainer, seed)
+    """An unfitted network of these settings (the registry's ``network``: its ``fit_many`` trains the fold
+    models of many trials as one program, pruning them as they go)."""
+    return Setting(model, trainer).build(rubric, seed)
+
+
+def space_for(search: DictConfig, base: Setting) -> dict:
+    """``search.space``, or where empty the space ``base.family``'s settings declare for ``base``
+    (:func:`llmrubric.model.core.registry.search_space`); neither is an error naming ``search.space``."""
+    entry(base.family, "search.family")
+    space = OmegaConf.to_container(search.space, resolve=True) if isinstance(search.space, DictConfig) else search.space
+    space = dict(space or {}) or search_space(base.family, base.base_params())
+    if not space:
+        raise InputError(f"search.family={base.family} declares no search space: give one", setting="search.space")
+    return space
 
 
 def cross_validate(
@@ -109,7 +140,11 @@ def cross_validate(
     """
     cv = _FoldData(rubric, tables, folds)
     models = cv.calibrators(setting, seed)
-    models[0].fit_many(models, cv.trains, cv.judges, on_epoch=on_epoch)
+    if capabilities(models[0]).joint_fit:
+        models[0].fit_many(models, cv.trains, cv.judges, on_epoch=on_epoch)
+    else:
+        for model, train in zip(models, cv.trains):
+            fit_questions(model, train, [rubric.main.id])
     return cv.score(models)
 
 
@@ -125,28 +160,48 @@ class _FoldData:
         self._encoded: list | None = None
 
     def calibrators(self, setting: Setting, seed: int) -> list[Family]:
-        return [network(self.rubric, setting.model, setting.trainer, seed) for _ in self.ks]
+        return [setting.build(self.rubric, seed) for _ in self.ks]
 
     def score(self, models: list[Family], frames: bool = True) -> tuple[dict, pd.DataFrame | None]:
         """Pooled held-out metrics of fitted fold models on the main question (and each fold's NLL),
-        computed from the encoded test pairs; with ``frames``, also their predictions table."""
-        if self._encoded is None:
-            self._encoded = [m.encode(t) for m, t in zip(models, self.tests)]
+        computed from the test pairs (encoded once for the network); with ``frames``, also their predictions table."""
         main = self.rubric.main
-        q = self.rubric.ids.index(main.id)
         values = np.asarray(main.values, float)
-        probs, answers = [], []
-        for model, data in zip(models, self._encoded):
-            observed = (data.y[:, q] >= 0).numpy()
-            probs.append(model.predict_proba(data)[observed, q, : len(values)])
-            answers.append(data.y[observed, q].numpy())
+        joint = capabilities(models[0]).joint_fit
+        probs, answers = self._held_out(models) if joint else self._held_out_tables(models)
         fold_nll = [nll(p, a) for p, a in zip(probs, answers)]
         p, a = np.concatenate(probs), np.concatenate(answers)
         metrics = {**point_metrics(values[a], p @ values), "nll": nll(p, a), "n": len(a), "fold_nll": fold_nll}
         if not frames:
             return metrics, None
-        parts = [m.predict(t, questions=[main.id], data=d) for m, t, d in zip(models, self.tests, self._encoded)]
+        if joint:
+            parts = [m.predict(t, questions=[main.id], data=d) for m, t, d in zip(models, self.tests, self._encoded)]
+        else:
+            parts = [p[p.question_id == main.id] for p in (m.predict(t) for m, t in zip(models, self.tests))]
         return metrics, pd.concat(parts, ignore_index=True)
+
+    def _held_out(self, models: list[Family]) -> tuple[list, list]:
+        """Each fold's main-question probabilities and answers of its held-out pairs, encoded once (the network)."""
+        if self._encoded is None:
+            self._encoded = [m.encode(t) for m, t in zip(models, self.tests)]
+        q, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
+        probs, answers = [], []
+        for model, data in zip(models, self._encoded):
+            observed = (data.y[:, q] >= 0).numpy()
+            probs.append(model.predict_proba(data)[observed, q, :k])
+            answers.append(data.y[observed, q].numpy())
+        return probs, answers
+
+    def _held_out_tables(self, models: list[Family]) -> tuple[list, list]:
+        """As :meth:`_held_out`, from the test tables (any family)."""
+        q, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
+        probs, answers = [], []
+        for model, test in zip(models, self.tests):
+            pairs, index = question_targets(test, self.rubric.main)
+            keep = index >= 0
+            probs.append(model.predict_proba(test, pairs[keep].reset_index(drop=True))[:, q, :k])
+            answers.append(index[keep])
+        return probs, answers
 
 
 class Objective:
@@ -180,10 +235,16 @@ class Objective:
 
     def settings(self, trials: list[optuna.Trial]) -> list[Setting]:
         settings = [suggest(t, self.space, self.base) for t in trials]
+        budget = {"model.ensemble": self.ensemble, "trainer.patience": self.patience}
+        known = param_names(self.base.family)
         for setting in settings:
-            setting.model["ensemble"] = self.ensemble
-            if self.patience is not None:
-                setting.trainer["patience"] = self.patience
+            for key, value in budget.items():
+                if value is None or key not in known:
+                    continue
+                group, _, name = key.partition(".")
+                getattr(setting, group)[name] = value
+                if key in setting.params:
+                    setting.params[key] = value
         return settings
 
     def run(self, study: optuna.Study, trials: list[optuna.Trial]) -> None:
@@ -201,6 +262,9 @@ class Objective:
             self._train(study, *(list(x) for x in zip(*accepted)))
 
     def _train(self, study: optuna.Study, trials: list[optuna.Trial], models: list[list[Family]]) -> None:
+        if not capabilities(models[0][0]).joint_fit:
+            self._train_each(study, trials, models)
+            return
         owner = [t for t, fold_models in enumerate(models) for _ in fold_models]
         pruned: dict[int, str] = {}
         steps, last = [0] * len(trials), [math.nan] * len(trials)
@@ -238,12 +302,30 @@ class Objective:
                 trial.set_user_attr("fail_reason", diverged[0])
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
             else:
+                self._tell(study, trial, self.cv.score(fold_models, frames=False)[0])
+
+    def _train_each(self, study: optuna.Study, trials: list[optuna.Trial], models: list[list[Family]]) -> None:
+        """Fit each trial's fold models on the main question one by one (a family without ``fit_many``: no
+        pruning) and tell its score; a fit that fails fails the trial with the reason."""
+        main = [self.cv.rubric.main.id]
+        for trial, fold_models in zip(trials, models):
+            try:
+                for model, train in zip(fold_models, self.cv.trains):
+                    fit_questions(model, train, main)
                 metrics, _ = self.cv.score(fold_models, frames=False)
-                for key in ("rmse", "pearson", "spearman", "kendall"):
-                    trial.set_user_attr(key, float(metrics[key]))
-                trial.set_user_attr("fold_nll", [float(v) for v in metrics["fold_nll"]])
-                study.tell(trial, float(metrics["nll"]))
-                self._track(trial, metrics)
+            except (*USER_ERRORS, ValueError, RuntimeError) as e:
+                trial.set_user_attr("fail_reason", " ".join(str(e).split())[:300])
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            self._tell(study, trial, metrics)
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, metrics: dict) -> None:
+        """Tell ``trial``'s pooled NLL, its other figures as attributes."""
+        for key in ("rmse", "pearson", "spearman", "kendall"):
+            trial.set_user_attr(key, float(metrics[key]))
+        trial.set_user_attr("fold_nll", [float(v) for v in metrics["fold_nll"]])
+        study.tell(trial, float(metrics["nll"]))
+        self._track(trial, metrics)
 
     def _track(self, trial: optuna.Trial, metrics: dict) -> None:
         if self.tracker is None:
@@ -477,7 +559,7 @@ def run_search(
     count, so several workers on one storage run ``n_trials`` in all. With a
     :class:`llmrubric.experiments.tracking.Tracker`, each trial is an MLflow run nested under ``parent``."""
     search = search_settings(search)
-    space = OmegaConf.to_container(search.space, resolve=True)
+    space = space_for(search, base)
     check_space(space, base, rubric)
     study, heartbeats = open_study(search, study_name)
     heartbeats.fail_stale()
@@ -571,7 +653,7 @@ def check_space(space: dict, base: Setting, rubric: Rubric) -> None:
 def _refusal(rubric: Rubric, setting: Setting) -> str | None:
     """Why the model refuses ``setting``, or None."""
     try:
-        network(rubric, setting.model, setting.trainer)
+        setting.build(rubric)
     except InputError as e:
         return str(e)
     return None
@@ -583,12 +665,14 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
 
 
 def searched_setting(cfg: DictConfig) -> Setting:
-    """The configuration a search starts from: the network of ``model.*`` (under ``model=auto`` the
-    network candidate: the search tunes the network, not the choice among families)."""
+    """The configuration a search starts from: ``search.family`` of ``model.*`` and ``trainer.*`` (the
+    network by default; under ``model=auto`` its network candidate: the search tunes one family, not the
+    choice among families)."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
+    family = cfg.search.get("family", "network")
     if model.get("family") == "auto":
-        log.info("search=optuna tunes the network: model.family=auto becomes network for the search and its refit")
-    return Setting({**model, "family": "network"}, OmegaConf.to_container(cfg.trainer, resolve=True))
+        log.info("search=optuna tunes %s: model.family=auto is not used by the search and its refit", family)
+    return Setting({**model, "family": "network"}, OmegaConf.to_container(cfg.trainer, resolve=True), family)
 
 
 def select_for_split(cfg: DictConfig, rubric: Rubric, split, run=None) -> Setting:
@@ -603,6 +687,8 @@ def select_for_split(cfg: DictConfig, rubric: Rubric, split, run=None) -> Settin
     best = study.best_trial
     write_json(
         {
+            "family": setting.family,
+            "params": setting.params,
             "model": setting.model,
             "trainer": setting.trainer,
             "trial": best.number,

@@ -26,12 +26,12 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import option_columns
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.auto import build_model
 from llmrubric.model.core.encoding import PAIR, JudgeMap, with_round
-from llmrubric.model.core.registry import capabilities, entry, names
+from llmrubric.model.core.params import prefixed
+from llmrubric.model.core.registry import capabilities, make, names
 from llmrubric.model.core.threads import one_thread, single_threaded
-from llmrubric.model.families.baselines import deterministic_methods, make_method
-from llmrubric.model.families.oracles import JudgeAnswers, PersonalIsotonic
+from llmrubric.model.families.baselines import deterministic_methods
+from llmrubric.model.families.oracles import PersonalIsotonic
 
 log = logging.getLogger(__name__)
 
@@ -84,24 +84,20 @@ class Variant:
             raise InputError(f"variant {self.name!r}: fraction must be in (0, 1], got {self.fraction}")
 
     def build(self, rubric: Rubric, seed: int, model: dict, trainer: dict):
-        """The unfitted estimator (``fit(tables)``, ``predict(tables)``)."""
+        """The unfitted estimator (``fit(tables)``, ``predict(tables)``): the registry's ``method`` of the
+        ``model``/``trainer`` sections, or with the knobs the network of them with the knobs as its parameters."""
         rubric = rubric.with_main(self.question) if self.question else rubric
-        plain = not (self.model or self.trainer or self.drop_questions or self.oracle or not self.llm_features)
-        if self.method == "llm_rubric" and plain and model.get("family") == "auto":
-            estimator = build_model(rubric, model, trainer, seed)
-        elif self.method == "llm_rubric":
-            estimator = entry("network").family(  # the network with the variant's settings and inputs
-                rubric,
-                {**model, **dict(self.model), "family": "network"},
-                {**trainer, **dict(self.trainer)},
-                seed,
-                drop_questions=list(self.drop_questions) or None,
-                pair_features=JudgeAnswers(rubric, others=self.oracle == "others") if self.oracle else None,
-                llm_features=self.llm_features,
-            )
-        else:
-            estimator = make_method(self.method, rubric, seed, model, trainer)
+        params = self.params()
+        name = "network" if params else self.method
+        estimator = make(name, rubric, model, trainer, seed, params=params)
         return PersonalIsotonic(estimator, rubric) if self.isotonic else estimator
+
+    def params(self) -> dict:
+        """The knobs as the network's parameters (:meth:`Family.get_params`'s keys)."""
+        inputs = {"drop_questions": list(self.drop_questions)} if self.drop_questions else {}
+        if self.oracle or not self.llm_features:
+            inputs.update(oracle=self.oracle, llm_features=self.llm_features)
+        return {**prefixed("model", dict(self.model)), **prefixed("trainer", dict(self.trainer)), **inputs}
 
 
 def subsample_texts(text_ids: list[str], fraction: float, seed: int) -> list[str]:

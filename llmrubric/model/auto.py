@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from llmrubric.config import AutoConfig, TrainConfig, model_settings
+from llmrubric.config import AutoConfig, ModelConfig, TrainConfig, model_settings
 from llmrubric.data.splits import text_folds, text_systems
 from llmrubric.io.errors import USER_ERRORS, InputError, TrainingDiverged
 from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
@@ -38,6 +38,7 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.core.label_rule import LabelRule, main_rule
+from llmrubric.model.core.params import check_params, param_names, prefixed, reconfigured, under
 from llmrubric.model.core.registry import (
     Capabilities,
     Setup,
@@ -68,6 +69,7 @@ FORMAT = "llmrubric-auto/1"
 RULES = ("auto", "select", "stack")
 GROUPS = ("auto", "text", "system")
 FAMILIES = ("auto", "network")  # the values of model.family
+SETTINGS = {"model": ModelConfig, "trainer": TrainConfig}  # model=auto's parameters
 MIN_WEIGHT = 1e-3  # stacking weights below this are dropped (and the rest renormalised)
 PROB_FLOOR = 1e-12
 
@@ -110,9 +112,13 @@ class AutoCalibrator:
     FORMAT = FORMAT
 
     def __init__(self, rubric: Rubric, model=None, trainer=None, seed: int = 0, group: str = "text"):
-        self.rubric, self.seed = rubric, seed
-        self.model = {**model_settings(model), "family": "auto"}
+        self.rubric, self.seed, self.group_for = rubric, seed, group
         self.source_, self.added_judges_ = "<model>", []  # the checkpoint it was loaded from, the judges added
+        self._configure(model, trainer)
+
+    def _configure(self, model, trainer) -> None:
+        """Set and check the settings, each error naming the setting; note the candidates that do not apply."""
+        self.model = {**model_settings(model), "family": "auto"}
         try:
             self.settings = AutoConfig(**self.model["auto"])
             self.settings.candidates = resolved_candidates(self.settings.candidates)
@@ -121,19 +127,30 @@ class AutoCalibrator:
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
         check_auto(self.settings)
         self.level_prior = LevelPrior.from_settings(self.settings)
-        self.group = group if self.settings.group == "auto" else self.settings.group
+        self.group = self.group_for if self.settings.group == "auto" else self.settings.group
         if self.group not in ("text", "system"):
             raise InputError(f"{self.group!r} is not text or system", setting="model.auto.group")
         self.unusable_ = {}
         for name in self.settings.candidates:
             try:
-                candidate(name, rubric, self.model, self.trainer, seed)
+                candidate(name, self.rubric, self.model, self.trainer, self.seed)
             except InputError as e:
                 if name == "network":
                     raise
                 self.unusable_[name] = str(e)
         if len(self.unusable_) == len(self.settings.candidates):
             raise InputError(f"no candidate applies: {self.unusable_}", setting="model.auto.candidates")
+
+    def get_params(self) -> dict:
+        """``model.<key>`` (:class:`llmrubric.config.ModelConfig`, ``model.auto`` its :class:`AutoConfig`; the
+        rest the network candidate's) and ``trainer.<key>`` (:class:`TrainConfig`)."""
+        return {**prefixed("model", self.model), **prefixed("trainer", vars(self.trainer))}
+
+    def set_params(self, **params) -> AutoCalibrator:
+        """Change parameters of :meth:`get_params` (checked as by the constructor); the rest are kept."""
+        check_params(params, param_names(SETTINGS), self.family)
+        model, trainer = {**self.model, **under("model", params)}, {**vars(self.trainer), **under("trainer", params)}
+        return reconfigured(self, self._configure, model, trainer)
 
     def _inner_folds(self, tables: Tables) -> pd.DataFrame:
         """Inner fold of every training text, by text or by system."""
@@ -596,11 +613,14 @@ def _auto(rubric: Rubric, setup: Setup) -> AutoCalibrator:
 
 
 def _configured(rubric: Rubric, setup: Setup):
-    """``llm_rubric``, Table 1's model: that of ``model.family`` (the network when not given)."""
-    family = "auto" if setup.model.get("family") == "auto" else "network"
+    """``llm_rubric``, Table 1's model: that of ``model.family`` (the network when not given; the
+    parameter ``model.family`` wins)."""
+    family = "auto" if setup.params.get("model.family", setup.model.get("family")) == "auto" else "network"
     return make(family, rubric, setup.model, setup.trainer, setup.seed, setup.group)
 
 
 AUTO = dict(absent_blocks=True, add_judge=True, members=True, system_level=True)  # the class's capabilities
-register("auto", _auto, AutoCalibrator, capabilities=Capabilities(**AUTO))
-register("llm_rubric", _configured, AutoCalibrator, capabilities=Capabilities(**AUTO, report_default=9))
+register("auto", _auto, AutoCalibrator, capabilities=Capabilities(**AUTO), settings=SETTINGS)
+register(
+    "llm_rubric", _configured, AutoCalibrator, capabilities=Capabilities(**AUTO, report_default=9), settings="network"
+)

@@ -12,7 +12,10 @@ reads :func:`capabilities` (of a name or a fitted model) instead of probing a mo
 the lists of names it needs (the default candidates, the report's methods, the deterministic ones)
 are :func:`names` filtered by a capability.
 
-Every family implements :class:`Family`. ``meta["format"]`` of its :meth:`Family.state` is
+Every family implements :class:`Family`; its parameters are the fields of the settings dataclasses its
+entry declares (:attr:`Entry.settings`, :mod:`llmrubric.model.core.params`): ``get_params()`` returns them,
+``set_params(**params)`` changes them on an unfitted model, and :func:`make` builds any name from them.
+``meta["format"]`` of its :meth:`Family.state` is
 ``llmrubric-<family>/<version>`` (the class's ``FORMAT``); a checkpoint of an unknown family or
 version is an :class:`InputError` naming the file.
 """
@@ -30,6 +33,8 @@ import torch
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
+from llmrubric.model.core import params as params_module
+from llmrubric.model.core.params import NoSettings
 
 
 @runtime_checkable
@@ -47,6 +52,10 @@ class Family(Protocol):
 
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]: ...
 
+    def get_params(self) -> dict: ...
+
+    def set_params(self, **params) -> Family: ...
+
     @classmethod
     def from_state(
         cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
@@ -56,14 +65,16 @@ class Family(Protocol):
 @dataclass(frozen=True)
 class Setup:
     """What :func:`make` passes a family's ``build``: the ``model.*`` settings (a dict), the trainer's,
-    the seed, ``model.auto.group=auto``'s resolution (``text`` or ``system``), and the LLM source
-    of a per-source baseline (``expected_llm/<source>``)."""
+    the seed, ``model.auto.group=auto``'s resolution (``text`` or ``system``), the LLM source
+    of a per-source baseline (``expected_llm/<source>``), and the parameters :func:`make` sets on what
+    ``build`` returns (a build may read them to choose a class)."""
 
     model: dict = field(default_factory=dict)
     trainer: Any = None
     seed: int = 0
     group: str = "text"
     source: str | None = None
+    params: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,8 @@ class Entry:
         per_source: also ``<name>/<source>``: one LLM source of several.
         same_as: a baseline that predicts what this one does on every data set: listed once, under that name.
         capabilities: what it can do (:class:`Capabilities`).
+        settings: prefix → settings dataclass: the parameters of ``get_params`` (:func:`param_names`) and
+            the search space (:func:`search_space`); or the name whose settings these are (an alias).
     """
 
     name: str
@@ -155,6 +168,7 @@ class Entry:
     per_source: bool = False
     same_as: str | None = None
     capabilities: Capabilities = Capabilities()
+    settings: dict | str = field(default_factory=lambda: {"": NoSettings})
 
 
 _ENTRIES: dict[str, Entry] = {}
@@ -170,8 +184,11 @@ def register(
     per_source: bool = False,
     same_as: str | None = None,
     capabilities: Capabilities | None = None,
+    settings: type | dict[str, type] | None = None,
 ) -> Entry:
     """Register ``name`` (a second registration of a name replaces the first: a module re-imported).
+    ``settings``: the dataclass of its parameters, prefix → dataclass (none: no parameters), or the
+    name of another entry whose settings they are.
 
     ``capabilities`` are checked here: a class's capabilities are the same under each of its names and
     it defines what they promise (:data:`PROMISES`); a default candidate is a candidate."""
@@ -184,7 +201,8 @@ def register(
     caps = capabilities or Capabilities()
     _check_capabilities(name, family, caps, candidate)
     _FORMATS[kind] = family
-    _ENTRIES[name] = Entry(name, build, family, candidate, per_source, same_as, caps)
+    settings = settings if isinstance(settings, (dict, str)) else {"": settings or NoSettings}
+    _ENTRIES[name] = Entry(name, build, family, candidate, per_source, same_as, caps, settings)
     return _ENTRIES[name]
 
 
@@ -258,11 +276,36 @@ def make(
     seed: int = 0,
     group: str = "text",
     setting: str | None = None,
+    *,
+    params: dict | None = None,
 ) -> Family:
-    """The unfitted family of ``name`` (or ``<name>/<source>``)."""
+    """The unfitted family of ``name`` (or ``<name>/<source>``): built from the composed config's
+    ``model.*`` and ``trainer.*`` sections (``model``, ``trainer``: the defaults where not given), then
+    ``params`` (:func:`param_names`) set on it (:meth:`Family.set_params`): they win over both.
+    ``make(name, rubric, params=m.get_params())`` builds a model equal to ``m``."""
     found = entry(name, setting)
     source = name.partition("/")[2] or None
-    return found.build(rubric, Setup(dict(model or {}), trainer, seed, group, source))
+    params = dict(params or {})
+    built = found.build(rubric, Setup(dict(model or {}), trainer, seed, group, source, params))
+    return built.set_params(**params) if params else built
+
+
+def settings_of(name: str) -> dict[str, type]:
+    """Prefix → settings dataclass of ``name`` (an alias's: those of the name it gives)."""
+    settings = entry(name).settings
+    return settings_of(settings) if isinstance(settings, str) else settings
+
+
+def param_names(name: str) -> list[str]:
+    """The parameters of ``name`` (its models' ``get_params`` has these, or some of them for a name
+    that builds one of several classes, such as ``llm_rubric``)."""
+    return params_module.param_names(settings_of(name))
+
+
+def search_space(name: str, base: dict | None = None) -> dict:
+    """The search space ``name``'s settings declare (empty: none), for a search starting from the
+    parameters ``base`` (:func:`llmrubric.model.core.params.space_of`)."""
+    return params_module.space_of(settings_of(name), base)
 
 
 def family_of(format_: str, source: str = "<checkpoint>") -> type:

@@ -21,6 +21,7 @@ both lists it once (:func:`duplicates`).
 from __future__ import annotations
 
 import copy
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
@@ -41,6 +42,7 @@ from llmrubric.model.core.answers import AnswerModel, answers_from_state, answer
 from llmrubric.model.core.columns import text_columns
 from llmrubric.model.core.context import centre_of, contextual_columns, system_means, text_systems
 from llmrubric.model.core.encoding import Block, FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.core.params import check_params, replaced
 from llmrubric.model.core.registry import Capabilities, Setup, entry, make, register, with_capability
 from llmrubric.model.core.threads import one_thread
 
@@ -59,6 +61,14 @@ class MainQuestionBaseline:
         self.question = rubric.main
 
     def fit(self, tables: Tables):
+        return self
+
+    def get_params(self) -> dict:
+        """None: what it does is its name's (and its source's)."""
+        return {}
+
+    def set_params(self, **params) -> MainQuestionBaseline:
+        check_params(params, [], self.name)
         return self
 
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -264,12 +274,23 @@ class RidgeJudge(MainQuestionBaseline):
 
     def __init__(self, rubric: Rubric, seed: int = 0, source: str | None = None, linear: LinearConfig | None = None):
         super().__init__(rubric, seed, source)
-        self.linear = linear or LinearConfig()
-        self.contextual = bool(self.linear.contextual)
-        self.name = "ridge_context" if self.contextual else "ridge_judge"
+        self._configure(linear or LinearConfig())
         self.context_cache_: dict[str, np.ndarray] = {}
         self.answers_: AnswerModel | None = None  # fitted by fit (None in an old checkpoint)
         self.source_: str | None = None  # the checkpoint it was loaded from
+
+    def _configure(self, linear: LinearConfig) -> None:
+        self.linear = linear
+        self.contextual = bool(self.linear.contextual)
+        self.name = "ridge_context" if self.contextual else "ridge_judge"
+
+    def get_params(self) -> dict:
+        """The ``model.linear`` settings (:class:`LinearConfig`)."""
+        return asdict(self.linear)
+
+    def set_params(self, **params) -> RidgeJudge:
+        self._configure(replaced(self.linear, params, self.name))
+        return self
 
     @property
     def questions_(self) -> list[str]:
@@ -526,6 +547,7 @@ class RidgeJudge(MainQuestionBaseline):
             "judges": list(self.judges_.judges),
             "questions": list(self.fits_),
             "contextual": self.contextual,
+            "linear": asdict(self.linear),
         }
         if self.contextual:
             tensors["centre"] = torch.from_numpy(self.centre_.astype(np.float64))
@@ -536,7 +558,8 @@ class RidgeJudge(MainQuestionBaseline):
     def from_state(
         cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
     ) -> RidgeJudge:
-        self = cls(rubric, linear=LinearConfig(contextual=bool(meta.get("contextual", False))))
+        linear = meta.get("linear") or {"contextual": bool(meta.get("contextual", False))}
+        self = cls(rubric, linear=LinearConfig(**linear))
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.judges_ = JudgeMap(tuple(meta["judges"]))
         self.fill_ = tensors["fill"].numpy()
@@ -592,8 +615,8 @@ def duplicates(names: list[str]) -> dict[str, str]:
 
 
 def make_method(name: str, rubric: Rubric, seed: int = 0, model: dict | None = None, trainer: dict | None = None):
-    """A method of Table 1 (any name of :mod:`llmrubric.model.core.registry`) by name, unfitted;
-    ``argmax_llm/<source>``, ``expected_llm/<source>``: one LLM source."""
+    """A method of Table 1 by name, unfitted: :func:`llmrubric.model.core.registry.make` with the seed
+    third; ``argmax_llm/<source>``, ``expected_llm/<source>``: one LLM source."""
     return make(name, rubric, model, trainer, seed)
 
 
@@ -649,8 +672,16 @@ register(
     RidgeJudge,
     candidate=True,
     capabilities=Capabilities(**RIDGE, default_candidate=5, report_default=6),
+    settings=LinearConfig,
 )
-register("ridge_context", _ridge_context, RidgeJudge, candidate=True, capabilities=Capabilities(**RIDGE))
+register(
+    "ridge_context",
+    _ridge_context,
+    RidgeJudge,
+    candidate=True,
+    capabilities=Capabilities(**RIDGE),
+    settings=LinearConfig,
+)
 
 
 def report_methods() -> list[str]:

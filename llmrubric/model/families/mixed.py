@@ -25,6 +25,7 @@ the inputs. A question without a block of its own is predicted from all blocks. 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from llmrubric.io.errors import InputError
+from llmrubric.io.guards import check_range
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Question, Rubric
 from llmrubric.io.tables import Tables
@@ -39,12 +41,41 @@ from llmrubric.model.core.absent import CompletionBatch, marginal_proba
 from llmrubric.model.core.answers import AnswerModel, answers_from_state, answers_state
 from llmrubric.model.core.columns import column_blocks, text_columns
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.core.params import replaced
 from llmrubric.model.core.registry import Capabilities, register
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.cumulative import interval_log_probs
 
 INPUTS = ("own", "all", "mean")
 VARIANCE_FLOOR, VARIANCE_CEILING = 1e-4, 100.0
+
+
+@dataclass
+class MixedSettings:
+    """The mixed model's parameters (:class:`MixedOrdinal`); ``clmm_<inputs>`` names their default.
+
+    Attributes:
+        inputs: ``own``, ``all`` or ``mean`` (module doc).
+        rounds: Laplace-EM rounds of the variance estimates (at least 1).
+    """
+
+    inputs: str = "own"
+    rounds: int = 4
+
+    @classmethod
+    def search_space(cls, base: dict) -> dict:
+        """What a search tunes: the rounds and the inputs."""
+        return {
+            "rounds": {"type": "int", "low": 1, "high": 8},
+            "inputs": {"type": "categorical", "choices": list(INPUTS)},
+        }
+
+    def check(self) -> MixedSettings:
+        """These settings in range, each error naming the setting."""
+        if self.inputs not in INPUTS:
+            raise InputError(f"{self.inputs!r} is not one of {list(INPUTS)}", setting="inputs")
+        self.rounds = check_range("rounds", self.rounds, 1, integer=True)
+        return self
 
 
 class _QuestionFit(nn.Module):
@@ -88,12 +119,23 @@ class MixedOrdinal:
     FORMAT = "llmrubric-clmm/1"
 
     def __init__(self, rubric: Rubric, inputs: str = "own", rounds: int = 4, seed: int = 0):
-        if inputs not in INPUTS:
-            raise InputError(f"{inputs!r} is not one of {list(INPUTS)}", setting="inputs")
-        self.rubric, self.inputs, self.rounds, self.seed = rubric, inputs, rounds, seed
-        self.name = f"clmm_{inputs}"
+        self.rubric, self.seed = rubric, seed
+        self._configure(MixedSettings(inputs, rounds))
         self.answers_: AnswerModel | None = None  # fitted by fit (None in an old checkpoint)
         self.source_: str | None = None  # the checkpoint it was loaded from
+
+    def _configure(self, settings: MixedSettings) -> None:
+        settings.check()
+        self.inputs, self.rounds = settings.inputs, settings.rounds
+        self.name = f"clmm_{self.inputs}"
+
+    def get_params(self) -> dict:
+        """:class:`MixedSettings`."""
+        return {"inputs": self.inputs, "rounds": self.rounds}
+
+    def set_params(self, **params) -> MixedOrdinal:
+        self._configure(replaced(MixedSettings(**self.get_params()), params, self.name))
+        return self
 
     def same_as(self, tables: Tables) -> tuple[str, str] | None:
         """The family this one equals on ``tables`` and why: ``clmm_own`` for ``inputs=mean`` when every
@@ -335,4 +377,5 @@ for _place, _inputs in enumerate(INPUTS, start=2):  # default candidates 2, 3, 4
         MixedOrdinal,
         candidate=True,
         capabilities=Capabilities(**CLASS, default_candidate=_place),
+        settings=MixedSettings,
     )

@@ -6,8 +6,8 @@ average one-hot vector of the *other* judges of the same text (the Depersonalize
 A :class:`~llmrubric.model.families.network.calibrator.NetworkCalibrator` appends them to its LLM features via
 ``pair_features=``. :class:`PersonalIsotonic` refits each judge's point predictions of a
 judge-independent model with an isotonic regression (scikit-learn); registered as
-``personal_isotonic`` (on the network; :mod:`llmrubric.model.core.registry`), it saves and loads like
-every family, its base model's state inside its own.
+``personal_isotonic`` (on the network, by :mod:`llmrubric.model.families.network.calibrator`), it saves
+and loads like every family, its base model's state inside its own.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import split_tensors
 from llmrubric.model.core.encoding import PAIR, pairs_of, with_round
-from llmrubric.model.core.registry import Capabilities, Setup, family_of, make, register
+from llmrubric.model.core.registry import family_of
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,14 @@ class PersonalIsotonic:
         self.base, self.rubric, self.min_pairs = base, rubric, min_pairs
         self.question = rubric.main
 
+    def get_params(self) -> dict:
+        """The base method's parameters."""
+        return self.base.get_params()
+
+    def set_params(self, **params) -> PersonalIsotonic:
+        self.base.set_params(**params)
+        return self
+
     def _main(self, predictions: pd.DataFrame) -> pd.DataFrame:
         return with_round(predictions[predictions.question_id == self.question.id]).reset_index(drop=True)
 
@@ -192,11 +200,3 @@ class PersonalIsotonic:
             steps = split_tensors(tensors, "isotonic")
             self.models_[judge] = model.fit(steps[f"{i}.x"].numpy(), steps[f"{i}.y"].numpy())
         return self
-
-
-def _personal_isotonic(rubric: Rubric, setup: Setup) -> PersonalIsotonic:
-    """The network (``model.*`` settings) with its point predictions corrected per judge."""
-    return PersonalIsotonic(make("network", rubric, setup.model, setup.trainer, setup.seed, setup.group), rubric)
-
-
-register("personal_isotonic", _personal_isotonic, PersonalIsotonic, capabilities=Capabilities(corrects=True))

@@ -6,14 +6,16 @@ For an ordered question with options 1..K, text t and judge j::
 
 ``f_t`` are every feature block's standardised values (:mod:`llmrubric.model.core.columns`), ``δ_j``
 judge offsets (only with more than one training judge; an unseen judge gets 0) and ``c`` increasing
-cut points. β and δ carry an L2 penalty λ/2·‖·‖² chosen from :data:`PENALTIES` by the held-out NLL of
-folds grouped by system (by text with fewer than 3 training systems), then refitted on all the
-training data. L-BFGS (scipy) in float64: deterministic, seconds. A missing block is the training
-mean in training; a text with absent blocks is predicted by marginalising them
-(:mod:`llmrubric.model.core.absent`). Categorical questions are left to the other families (NaN).
+cut points. β and δ carry an L2 penalty λ/2·‖·‖² chosen from ``penalties`` (:class:`OrdinalSettings`,
+default :data:`PENALTIES`) by the held-out NLL of ``folds`` folds grouped by system (by text with fewer
+than 3 training systems), then refitted on all the training data. L-BFGS (scipy) in float64:
+deterministic, seconds. A missing block is the training mean in training; a text with absent blocks
+is predicted by marginalising them (:mod:`llmrubric.model.core.absent`). Categorical questions are left to the other families (NaN).
 """
 
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -21,6 +23,7 @@ import torch
 from scipy import optimize, special
 
 from llmrubric.io.errors import InputError
+from llmrubric.io.guards import check_range
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
@@ -29,10 +32,32 @@ from llmrubric.model.core.answers import AnswerModel, answers_from_state, answer
 from llmrubric.model.core.columns import text_columns
 from llmrubric.model.core.context import text_systems
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.core.params import replaced
 from llmrubric.model.core.registry import Capabilities, register
 
 PENALTIES = tuple(float(v) for v in np.logspace(-1, 4, 11))  # λ on the summed NLL, standardised inputs
 FOLDS = 5
+
+
+@dataclass
+class OrdinalSettings:
+    """The parameters of ``ordinal_lr`` (:class:`OrdinalRegression`).
+
+    Attributes:
+        penalties: the L2 penalties λ chosen from by the held-out NLL (positive).
+        folds: the folds of that choice (at least 2; fewer where there are fewer groups).
+    """
+
+    penalties: list[float] = field(default_factory=lambda: list(PENALTIES))
+    folds: int = FOLDS
+
+    def check(self) -> OrdinalSettings:
+        """These settings in range, each error naming the setting."""
+        if isinstance(self.penalties, (str, int, float)) or not len(self.penalties):
+            raise InputError(f"{self.penalties!r} is not a list of penalties", setting="penalties")
+        self.penalties = [check_range("penalties", p, 0, open_low=True) for p in self.penalties]
+        self.folds = check_range("folds", self.folds, 2, integer=True)
+        return self
 
 
 def _cuts(raw: np.ndarray) -> np.ndarray:
@@ -93,21 +118,28 @@ def ordinal_proba(x: np.ndarray, fit: dict[str, np.ndarray]) -> np.ndarray:
     return np.stack([_interval(edges[k + 1] - score, edges[k] - score) for k in range(len(cuts) + 1)], axis=1)
 
 
-def choose_penalty(x: np.ndarray, y: np.ndarray, groups: np.ndarray, options: int) -> tuple[float, np.ndarray]:
-    """The penalty of :data:`PENALTIES` with the lowest held-out NLL over folds of ``groups`` (each
+def choose_penalty(
+    x: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    options: int,
+    penalties: tuple[float, ...] = PENALTIES,
+    folds: int = FOLDS,
+) -> tuple[float, np.ndarray]:
+    """The penalty of ``penalties`` with the lowest held-out NLL over ``folds`` folds of ``groups`` (each
     group in one fold), and every penalty's NLL; strongest first, each fit warm-started from the last."""
     names = np.array(sorted(set(groups)))
-    fold_of = dict(zip(names, np.arange(len(names)) % min(FOLDS, len(names))))
+    fold_of = dict(zip(names, np.arange(len(names)) % min(folds, len(names))))
     fold = np.array([fold_of[g] for g in groups])
-    nll = np.zeros(len(PENALTIES))
+    nll = np.zeros(len(penalties))
     for k in np.unique(fold):
         train, test = fold != k, fold == k
         start = None
-        for i, penalty in sorted(enumerate(PENALTIES), key=lambda item: -item[1]):
+        for i, penalty in sorted(enumerate(penalties), key=lambda item: -item[1]):
             start = fit_ordinal(x[train], y[train], options, penalty, start)
             p = ordinal_proba(x[test], start)[np.arange(test.sum()), y[test]]
             nll[i] -= np.log(np.clip(p, 1e-12, 1.0)).sum()
-    return PENALTIES[int(np.argmin(nll))], nll / len(y)
+    return penalties[int(np.argmin(nll))], nll / len(y)
 
 
 class OrdinalRegression:
@@ -117,10 +149,19 @@ class OrdinalRegression:
     family = "ordinal_lr"
     FORMAT = "llmrubric-ordinal_lr/1"
 
-    def __init__(self, rubric: Rubric, seed: int = 0):
+    def __init__(self, rubric: Rubric, seed: int = 0, settings: OrdinalSettings | None = None):
         self.rubric, self.seed = rubric, seed
+        self.settings = (settings or OrdinalSettings()).check()
         self.answers_: AnswerModel | None = None  # fitted by fit (None in an old checkpoint)
         self.source_: str | None = None  # the checkpoint it was loaded from
+
+    def get_params(self) -> dict:
+        """:class:`OrdinalSettings`."""
+        return asdict(self.settings)
+
+    def set_params(self, **params) -> OrdinalRegression:
+        self.settings = replaced(self.settings, params, self.name).check()
+        return self
 
     @property
     def questions_(self) -> list[str]:
@@ -162,7 +203,9 @@ class OrdinalRegression:
             x = self._design_rows(self._columns(tables, pairs, False), self.judges_.indices(pairs.judge_id))
             groups = pairs.text_id.astype(str).map(systems)
             groups = groups.to_numpy() if groups.notna().all() and groups.nunique() >= 3 else pairs.text_id.to_numpy()
-            penalty, _ = choose_penalty(x, y, groups.astype(str), len(question.options))
+            penalty, _ = choose_penalty(
+                x, y, groups.astype(str), len(question.options), tuple(self.settings.penalties), self.settings.folds
+            )
             self.fits_[qid] = {**fit_ordinal(x, y, len(question.options), penalty), "penalty": np.array([penalty])}
         if not self.fits_:
             raise InputError(f"{self.name} fits ordered questions: no annotations of an ordered question to fit")
@@ -209,6 +252,7 @@ class OrdinalRegression:
             "layout": self.layout_.to_dict(),
             "judges": list(self.judges_.judges),
             "questions": list(self.fits_),
+            "settings": asdict(self.settings),
         }
         answers_state(self.answers_, meta, tensors)
         return meta, tensors
@@ -217,7 +261,7 @@ class OrdinalRegression:
     def from_state(
         cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
     ) -> OrdinalRegression:
-        self = cls(rubric)
+        self = cls(rubric, settings=OrdinalSettings(**meta.get("settings", {})))
         self.layout_ = FeatureLayout.from_dict(meta["layout"])
         self.judges_ = JudgeMap(tuple(meta["judges"]))
         self.mean_, self.scale_ = tensors["mean"].numpy(), tensors["scale"].numpy()
@@ -235,4 +279,5 @@ register(
     OrdinalRegression,
     candidate=True,
     capabilities=Capabilities(questions=True, absent_blocks=True),
+    settings=OrdinalSettings,
 )

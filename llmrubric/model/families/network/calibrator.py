@@ -6,9 +6,10 @@ the rubric, judge map, feature layout and hyperparameters (no pickles).
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
-from dataclasses import fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from llmrubric.model.core.checkpoints import load_model, write_checkpoint
 from llmrubric.model.core.context import text_systems
 from llmrubric.model.core.encoding import Encoded, FeatureLayout, JudgeMap, encode, pairs_of
 from llmrubric.model.core.label_rule import LabelRule
+from llmrubric.model.core.params import check_params, param_names, prefixed, reconfigured, under
 from llmrubric.model.core.registry import Capabilities, Setup, register
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.cumulative import HEADS, CumulativeNet, train_cumulative
@@ -37,7 +39,7 @@ from llmrubric.model.families.network.judges import with_judge
 from llmrubric.model.families.network.net import INPUTS, PERSONALIZATION, CalibrationNet
 from llmrubric.model.families.network.ordinal import fit_ordinal_weight
 from llmrubric.model.families.network.temperature import fit_temperature
-from llmrubric.model.families.oracles import JudgeAnswers
+from llmrubric.model.families.oracles import JudgeAnswers, PersonalIsotonic
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-calibrator/5"
@@ -51,6 +53,30 @@ NOT_NETWORK_KEYS = (
     "linear",
     "label_rule",
 )  # settings that are no network argument
+
+
+ORACLES = (None, "own", "others")
+
+
+@dataclass
+class NetworkInputs:
+    """What the network reads besides the feature blocks' answers (the ablations and oracle studies).
+
+    Attributes:
+        feature_questions: only the feature blocks of these questions (e.g. ``[Q0]``); None: all.
+        drop_questions: the feature blocks of these questions left out.
+        oracle: ``own`` (the judge's own answers to the other questions as extra inputs), ``others``
+            (the other judges' mean answers) or None (:class:`llmrubric.model.families.oracles.JudgeAnswers`).
+        llm_features: False keeps only the oracle's inputs.
+    """
+
+    feature_questions: list[str] | None = None
+    drop_questions: list[str] | None = None
+    oracle: str | None = None
+    llm_features: bool = True
+
+
+SETTINGS = {"model": ModelConfig, "trainer": TrainConfig, "": NetworkInputs}  # the network's parameters
 
 
 def check_model(model: dict) -> None:
@@ -109,7 +135,15 @@ class NetworkCalibrator:
         llm_features: bool = True,
         group: str = "text",
     ):
-        self.rubric, self.group = rubric, group
+        self.rubric, self.group, self.seed = rubric, group, seed
+        self._configure(model, trainer, feature_questions, drop_questions, pair_features, llm_features)
+        self.nets_: list[CalibrationNet] = []  # the trained ensemble (empty until fitted or loaded)
+        self.answers_: AnswerModel | None = None  # fitted by fit (None in an old checkpoint, or with pair features)
+        self.label_rule_: LabelRule | None = None  # set by train.py from its in-sample predictions
+        self.source_ = "<model>"  # the checkpoint it was loaded from
+
+    def _configure(self, model, trainer, feature_questions, drop_questions, pair_features, llm_features) -> None:
+        """Set and check the settings (those of :meth:`__init__`), each error naming the setting."""
         self.model = model_settings(model)
         unknown = sorted(set(self.model) - set(MODEL_KEYS))
         if unknown:
@@ -133,23 +167,50 @@ class NetworkCalibrator:
                 f"and model.inputs=expected or both (got {self.model['personalize']!r}, {self.model['inputs']!r})",
                 setting="model.head",
             )
-        unordered = [q.id for q in rubric.questions if not q.ordered]
+        unordered = [q.id for q in self.rubric.questions if not q.ordered]
         if head != "softmax" and unordered:
             raise InputError(
                 f"model.head={head} needs ordered answer scales; question(s) {unordered} are categorical",
-                file=rubric.source,
+                file=self.rubric.source,
                 setting="model.head",
             )
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
-        self.seed = seed
         self.feature_questions, self.drop_questions = feature_questions, drop_questions
         if not llm_features and pair_features is None:
-            raise InputError("llm_features=False needs pair_features as the input")
+            raise InputError("llm_features=False needs pair_features as the input", setting="llm_features")
         self.pair_features, self.llm_features = pair_features, llm_features
-        self.nets_: list[CalibrationNet] = []  # the trained ensemble (empty until fitted or loaded)
-        self.answers_: AnswerModel | None = None  # fitted by fit (None in an old checkpoint, or with pair features)
-        self.label_rule_: LabelRule | None = None  # set by train.py from its in-sample predictions
-        self.source_ = "<model>"  # the checkpoint it was loaded from
+
+    def get_params(self) -> dict:
+        """``model.<key>`` (:class:`ModelConfig`), ``trainer.<key>`` (:class:`TrainConfig`) and the inputs
+        (:class:`NetworkInputs`; ``oracle``: None for pair features other than the oracles' own)."""
+        oracle = None
+        if isinstance(self.pair_features, JudgeAnswers):
+            oracle = "others" if self.pair_features.others else "own"
+        inputs = NetworkInputs(
+            copy.deepcopy(self.feature_questions), copy.deepcopy(self.drop_questions), oracle, self.llm_features
+        )
+        return {**prefixed("model", self.model), **prefixed("trainer", vars(self.trainer)), **asdict(inputs)}
+
+    def set_params(self, **params) -> NetworkCalibrator:
+        """Change parameters of :meth:`get_params` (checked as by the constructor); the rest are kept."""
+        check_params(params, param_names(SETTINGS), self.family)
+        inputs = {k: v for k, v in params.items() if "." not in k}
+        pair_features = self.pair_features
+        if "oracle" in inputs:
+            oracle = inputs["oracle"]
+            if oracle not in ORACLES:
+                raise InputError(f"{oracle!r} is not one of {list(ORACLES)}", setting="oracle")
+            pair_features = JudgeAnswers(self.rubric, others=oracle == "others") if oracle else None
+        return reconfigured(
+            self,
+            self._configure,
+            {**self.model, **under("model", params)},
+            {**vars(self.trainer), **under("trainer", params)},
+            inputs.get("feature_questions", self.feature_questions),
+            inputs.get("drop_questions", self.drop_questions),
+            pair_features,
+            inputs.get("llm_features", self.llm_features),
+        )
 
     def _net(self) -> CalibrationNet:
         extra = self.pair_features.dim if self.pair_features is not None else 0
@@ -523,23 +584,16 @@ def _fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, pr
     return calibrators
 
 
-def _network(overrides=None, main_features: bool = False, oracle: str | None = None, llm_features: bool = True):
+def _network(overrides=None, main_features: bool = False, **inputs):
     """The build of a network registered in :mod:`llmrubric.model.core.registry`: the ``model.*`` settings with
-    ``overrides`` (a dict, or a callable of them), the main question's feature blocks only, or an oracle's inputs."""
+    ``overrides`` (a dict, or a callable of them), and its inputs (:class:`NetworkInputs`: the main question's
+    feature blocks only with ``main_features``)."""
 
     def build(rubric: Rubric, setup: Setup) -> NetworkCalibrator:
         model = {**setup.model, "family": "network"}
         model = overrides(model) if callable(overrides) else {**model, **(overrides or {})}
-        return NetworkCalibrator(
-            rubric,
-            model,
-            setup.trainer,
-            setup.seed,
-            feature_questions=[rubric.main.id] if main_features else None,
-            pair_features=JudgeAnswers(rubric, others=oracle == "others") if oracle else None,
-            llm_features=llm_features,
-            group=setup.group,
-        )
+        mine = {**inputs, **({"feature_questions": [rubric.main.id]} if main_features else {})}
+        return NetworkCalibrator(rubric, model, setup.trainer, setup.seed, group=setup.group).set_params(**mine)
 
     return build
 
@@ -558,9 +612,15 @@ register(
     NetworkCalibrator,
     candidate=True,
     capabilities=Capabilities(**NETWORK, default_candidate=1),
+    settings=SETTINGS,
 )
 register(
-    "ordinal", _network(_model_file("ordinal")), NetworkCalibrator, candidate=True, capabilities=Capabilities(**NETWORK)
+    "ordinal",
+    _network(_model_file("ordinal")),
+    NetworkCalibrator,
+    candidate=True,
+    capabilities=Capabilities(**NETWORK),
+    settings=SETTINGS,
 )
 register(
     "combined",
@@ -568,33 +628,62 @@ register(
     NetworkCalibrator,
     candidate=True,
     capabilities=Capabilities(**NETWORK),
+    settings=SETTINGS,
 )
 register(
     "calibrated_q0",
     _network(main_features=True),
     NetworkCalibrator,
     capabilities=Capabilities(**NETWORK, needs_llm_answers=True, report_default=4),
+    settings=SETTINGS,
 )
 register(
     "no_personalization",
     _network({"personalize": "none"}),
     NetworkCalibrator,
     capabilities=Capabilities(**NETWORK, report_default=7),
+    settings=SETTINGS,
 )
-register("llm_rubric_single", _network({"ensemble": 1}), NetworkCalibrator, capabilities=Capabilities(**NETWORK))
+register(
+    "llm_rubric_single",
+    _network({"ensemble": 1}),
+    NetworkCalibrator,
+    capabilities=Capabilities(**NETWORK),
+    settings=SETTINGS,
+)
 register(
     "llm_rubric_paper",
     _network(lambda model: {**model, **model_overrides("paper")}),
     NetworkCalibrator,
     capabilities=Capabilities(**NETWORK, report_default=8),
+    settings=SETTINGS,
 )
-register("oracle", _network(oracle="own"), NetworkCalibrator, capabilities=Capabilities(**NETWORK))
+register("oracle", _network(oracle="own"), NetworkCalibrator, capabilities=Capabilities(**NETWORK), settings=SETTINGS)
 register(
-    "oracle_no_llm", _network(oracle="own", llm_features=False), NetworkCalibrator, capabilities=Capabilities(**NETWORK)
+    "oracle_no_llm",
+    _network(oracle="own", llm_features=False),
+    NetworkCalibrator,
+    capabilities=Capabilities(**NETWORK),
+    settings=SETTINGS,
 )
 register(
     "depersonalized_oracle",
     _network({"personalize": "none"}, oracle="others"),
     NetworkCalibrator,
     capabilities=Capabilities(**NETWORK),
+    settings=SETTINGS,
+)
+
+
+def _personal_isotonic(rubric: Rubric, setup: Setup) -> PersonalIsotonic:
+    """The network (``model.*`` settings) with its point predictions corrected per judge."""
+    return PersonalIsotonic(_network()(rubric, setup), rubric)
+
+
+register(
+    "personal_isotonic",
+    _personal_isotonic,
+    PersonalIsotonic,
+    capabilities=Capabilities(corrects=True),
+    settings=SETTINGS,
 )

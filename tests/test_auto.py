@@ -41,24 +41,28 @@ def test_stacking_weights_maximise_the_mixture_likelihood():
     assert all(stacked > np.log(m).mean() for m in mixed) and min(both) > 0.2
 
 
-def test_rule_auto_takes_the_rule_that_wins_on_held_out_inner_folds():
+def test_rule_auto_stacks_only_where_the_inner_folds_agree():
     rng = np.random.default_rng(1)
     good, bad = rng.uniform(0.5, 0.9, 400), rng.uniform(0.05, 0.2, 400)
     folds = np.arange(400) % 5
     one_best = rule_scores(np.stack([bad, good], axis=1), folds)
-    assert one_best["select"] == pytest.approx(-np.log(good).mean()) and one_best["select"] < one_best["stack"]
+    assert one_best["select"] == pytest.approx(-np.log(good).mean()) and one_best["chosen"] == "select"
     halves = np.arange(400) % 2 == 0  # each candidate right on half the pairs of every fold: a mixture wins
     mixed = np.stack([np.where(halves, good, bad), np.where(halves, bad, good)], axis=1)
     complementary = rule_scores(mixed, folds)
-    assert complementary["stack"] < complementary["select"] - 0.3
+    assert complementary["stack"] < complementary["select"] - 0.3 and complementary["chosen"] == "stack"
+    assert complementary["gain"] > complementary["gain_se"] > 0
+    # folds that disagree: the gain of one fold alone is not evidence (one standard error), select stays
+    noisy = rule_scores(mixed[folds < 2], folds[folds < 2] * 0 + np.arange((folds < 2).sum()) % 2)
+    assert noisy["chosen"] == ("stack" if noisy["gain"] > noisy["gain_se"] else "select")
 
 
 @pytest.mark.slow
 def test_rule_auto_records_both_rules_and_applies_the_lower(sources3, rubric):
     settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "rule": "auto", "candidates": ["clmm_all", "ridge_judge"]}}
     model = AutoCalibrator(rubric, settings, FAST, seed=1).fit(sources3)
-    scores = model.decision_["rule_cv_nll"]
-    assert model.decision_["rule"] == min(scores, key=scores.get)
+    scores = model.decision_["rule_cv"]
+    assert model.decision_["rule"] == scores["chosen"] == ("stack" if scores["gain"] > scores["gain_se"] else "select")
     if model.decision_["rule"] == "select":
         assert list(model.weights_.values()) == [1.0]
 

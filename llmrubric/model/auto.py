@@ -7,9 +7,10 @@ fitted on the inner folds of the training data, grouped by text or by system as 
 used, and scored by the out-of-fold likelihood of the main question's answers. ``rule=select`` keeps
 the candidate with the lowest inner NLL; ``rule=stack`` fits non-negative weights summing to 1 that
 maximise the out-of-fold log-likelihood of the weighted mixture of the candidates' distributions (a
-super learner; EM on the simplex); ``rule=auto`` (the default) takes the rule with the lower
-cross-validated NLL over the inner folds: each rule's weights fitted on all inner folds' out-of-fold
-predictions but one fold's, scored on that fold (:func:`rule_scores`; a tie keeps ``select``). The candidates with weight are
+super learner; EM on the simplex); ``rule=auto`` (the default) cross-validates the two rules over
+the inner folds, each rule's weights fitted on all inner folds' out-of-fold predictions but one
+fold's and scored on that fold, and stacks only where the folds' mean gain exceeds one standard
+error (:func:`rule_scores`). The candidates with weight are
 then refitted on all the training data; every question's prediction is the weighted mixture of
 the candidates that predict it. A candidate that fails to fit is recorded with its reason and left
 out (a warning); one that does not apply to the data (``clmm_mean`` with one LLM source per
@@ -214,7 +215,7 @@ class AutoCalibrator:
         fold_of = np.concatenate([np.full(len(p), k) for k, (p, _) in enumerate(held)])
         matrix = np.stack([likelihood[n] for n in chosen], axis=1)
         self.rule_cv_ = rule_scores(matrix, fold_of) if self.settings.rule == "auto" else None
-        self.rule_ = min(self.rule_cv_, key=self.rule_cv_.get) if self.rule_cv_ else self.settings.rule
+        self.rule_ = self.rule_cv_["chosen"] if self.rule_cv_ else self.settings.rule
         weights = _weights(matrix, self.rule_)
         self.weights_ = {n: float(w) for n, w in zip(chosen, weights) if w >= MIN_WEIGHT}
         total = sum(self.weights_.values())
@@ -550,16 +551,24 @@ def _point_figures(probs: np.ndarray, answers: np.ndarray, question) -> dict:
     return {"pearson": float(np.corrcoef(expected, observed)[0, 1])}
 
 
-def rule_scores(likelihood: np.ndarray, fold_of: np.ndarray) -> dict[str, float]:
+def rule_scores(likelihood: np.ndarray, fold_of: np.ndarray) -> dict:
     """Each rule's cross-validated NLL on the inner folds' out-of-fold likelihoods (pairs, candidates):
-    its weights fitted on every fold but one and scored on that one (no candidate is refitted)."""
-    out = {}
-    for rule in ("select", "stack"):  # a tie keeps select
-        total = 0.0
-        for k in np.unique(fold_of):
+    its weights fitted on every fold but one and scored on that one (no candidate is refitted), each
+    fold's NLL, and the rule ``auto`` takes: ``stack`` only where its mean gain per fold exceeds one
+    standard error of the folds' gains (the one-standard-error rule: the simpler ``select`` unless the
+    folds agree that stacking is better)."""
+    folds = np.unique(fold_of)
+    per_fold = {rule: [] for rule in ("select", "stack")}
+    for rule, values in per_fold.items():
+        for k in folds:
             weights = _weights(likelihood[fold_of != k], rule)
-            total -= np.log(np.maximum(likelihood[fold_of == k] @ weights, PROB_FLOOR)).sum()
-        out[rule] = float(total / len(likelihood))
+            values.append(float(-np.log(np.maximum(likelihood[fold_of == k] @ weights, PROB_FLOOR)).mean()))
+    sizes = np.array([(fold_of == k).sum() for k in folds])
+    out = {rule: float(np.average(values, weights=sizes)) for rule, values in per_fold.items()}
+    gains = np.subtract(per_fold["select"], per_fold["stack"])
+    se = float(gains.std(ddof=1) / np.sqrt(len(gains))) if len(gains) > 1 else float("inf")
+    out |= {"fold_nll": per_fold, "gain": float(gains.mean()), "gain_se": se}
+    out["chosen"] = "stack" if gains.mean() > se else "select"
     return out
 
 
@@ -575,7 +584,7 @@ def _decision(table: dict, weights: dict, rule: str, rule_cv: dict | None = None
     }
     out = {"rule": rule, "ranking": ranked, **{f"best_{k}": v for k, v in best.items()}}
     if rule_cv:
-        out["rule_cv_nll"] = rule_cv
+        out["rule_cv"] = rule_cv
     if best["with_level"] and best["without_level"]:
         a, b = (np.asarray(fitted[best[k]]["fold_nll"]) for k in ("with_level", "without_level"))
         out["level_gain"] = float(fitted[best["without_level"]]["nll"] - fitted[best["with_level"]]["nll"])

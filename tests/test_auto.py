@@ -140,12 +140,47 @@ def test_a_failing_candidate_is_recorded_and_all_failing_is_an_error(sources3, r
         ({"rule": "vote"}, "model.auto.rule"),
         ({"group": "judge"}, "model.auto.group"),
         ({"folds": 1}, "model.auto.folds"),
+        ({"tune_trials": -1}, "model.auto.tune_trials"),
     ],
 )
 def test_bad_auto_settings_name_the_setting(rubric, auto, setting):
     with pytest.raises(InputError) as error:
         AutoCalibrator(rubric, {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], **auto}})
     assert error.value.setting == setting
+
+
+@pytest.mark.slow
+def test_tune_trials_tune_each_candidate_with_a_search_space_on_the_inner_folds(sources3, rubric, tmp_path):
+    auto = {**FAST_AUTO["auto"], "candidates": ["clmm_own", "ridge_judge"], "rule": "select", "system_level": "off"}
+    tuned = {**FAST_AUTO, "auto": {**auto, "tune_trials": 2}}
+    model = AutoCalibrator(rubric, tuned, FAST, seed=1).fit(sources3)
+    record = model.table_["clmm_own"]["tuned"]
+    nlls = [trial["nll"] for trial in record["trials"]]
+    assert len(nlls) == 2 and np.isfinite(nlls).all() and "tuned" not in model.table_["ridge_judge"]
+    assert record["trials"][0]["params"] == {"rounds": 4, "inputs": "own"}  # the first trial: its own settings
+    assert record["params"] == record["trials"][int(np.argmin(nlls))]["params"]
+    assert model.table_["clmm_own"]["nll"] == pytest.approx(min(nlls)) and list(model.weights_) == ["clmm_own"]
+    assert model.members_["clmm_own"].get_params() == record["params"]
+    model.save(tmp_path / "tuned.safetensors")
+    loaded = load_model(tmp_path / "tuned.safetensors")
+    assert loaded.choice()["inner_cv"]["clmm_own"]["tuned"] == record
+    assert loaded.members_["clmm_own"].get_params() == record["params"]
+    assert AutoCalibrator(rubric, tuned, FAST, seed=1).fit(sources3).table_["clmm_own"]["tuned"] == record
+    untuned = AutoCalibrator(rubric, {**FAST_AUTO, "auto": auto}, FAST, seed=1).fit(sources3)
+    assert not any("tuned" in row for row in untuned.table_.values())
+    assert untuned.table_["clmm_own"]["nll"] == pytest.approx(nlls[0])
+
+
+@pytest.mark.slow
+def test_tune_trials_tune_a_network_candidate_and_refit_it_with_the_best_trial(sources3, rubric):
+    small = sources3.subset(sources3.text_ids[:60])
+    auto = {**FAST_AUTO["auto"], "candidates": ["ordinal"], "folds": 2, "system_level": "off", "tune_trials": 2}
+    model = AutoCalibrator(rubric, {**FAST_AUTO, "auto": auto}, FAST, seed=1).fit(small)
+    record = model.table_["ordinal"]["tuned"]
+    assert len(record["trials"]) == 2 and all(np.isfinite(t["nll"]) for t in record["trials"])
+    assert {t["params"]["model.personalize"] for t in record["trials"]} == {"none"}  # the cumulative head's space
+    params = model.members_["ordinal"].get_params()
+    assert {key: params[key] for key in record["params"]} == record["params"]
 
 
 @pytest.mark.slow

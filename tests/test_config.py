@@ -77,12 +77,17 @@ def test_named_configs_override_the_defaults_they_name(rubric):
         ("model.h1=2.5", ("setting model.h1", "Integer")),
         ("model.colour=red", ("setting model.colour", "not in 'ModelConfig'")),
         ("model=nope", ("model/nope",)),
+        ("model.auto.tune_trials=two", ("setting model.auto.tune_trials", "Integer")),
     ],
 )
 def test_a_bad_override_names_the_setting(override, needles):
     with pytest.raises(InputError) as info:
         compose("config", [override])
     assert all(n in str(info.value) for n in needles), str(info.value)
+
+
+def test_model_auto_tune_trials_is_a_setting_of_the_apps():
+    assert compose("config", ["model.auto.tune_trials=2"]).model.auto.tune_trials == 2
 
 
 def test_a_users_settings_file_is_composed_like_the_shipped_ones(tmp_path):

@@ -42,6 +42,10 @@ class AutoConfig:
         level_tau_scale: the between-system spread's prior ``τ ~ HalfNormal(level_tau_scale · range)``.
         level_beyond_sd: beyond the training systems' range of summaries the slope may change by
             ``N(0, level_beyond_sd²)``: extrapolated levels widen, their mean unchanged.
+        tune_trials: with N > 0, each candidate whose settings declare a search space (the network, the
+            mixed model) is first tuned by N Optuna trials (TPE seeded by the seed) on the same inner
+            folds, and compared and refitted with its best trial's parameters; 0: their own settings.
+            Each trial costs one inner CV of the candidate (the network's: N times its inner CV).
     """
 
     candidates: list[str] | None = None
@@ -53,6 +57,7 @@ class AutoConfig:
     level_slope_sd: float = 5.0
     level_tau_scale: float = 0.25
     level_beyond_sd: float = 2.0
+    tune_trials: int = 0
 
 
 @dataclass

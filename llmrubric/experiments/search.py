@@ -45,7 +45,7 @@ from llmrubric.io.files import write_json, write_table
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.encoding import JudgeMap, question_targets
-from llmrubric.model.core.params import prefixed, under
+from llmrubric.model.core.params import prefixed, sample_space, under
 from llmrubric.model.core.registry import (
     Family,
     capabilities,
@@ -84,26 +84,10 @@ def suggest(trial: optuna.Trial, space: dict, base: Setting) -> Setting:
     """Sample every parameter of ``space`` (parameters of ``base.family``: ``model.x`` / ``trainer.x`` for the
     network) on top of ``base``."""
     known = param_names(base.family)
-    params = {}
-    for key, spec in space.items():
-        if key not in known:
-            raise InputError(f"search space key {key!r} must be a parameter of {base.family}: {known}")
-        kind = spec.get("type")
-        try:
-            if kind == "categorical":
-                value = trial.suggest_categorical(key, list(spec["choices"]))
-            elif kind == "int":
-                value = trial.suggest_int(
-                    key, spec["low"], spec["high"], step=spec.get("step", 1), log=spec.get("log", False)
-                )
-            elif kind == "float":
-                value = trial.suggest_float(key, spec["low"], spec["high"], log=spec.get("log", False))
-            else:
-                raise InputError(f"unknown type {kind!r} (categorical, int, float)")
-        except (ValueError, KeyError, TypeError) as e:
-            raise InputError(f"search space {key!r}: {e}") from e
-        params[key] = value
-    return setting_of(params, base)
+    unknown = [key for key in space if key not in known]
+    if unknown:
+        raise InputError(f"search space key {unknown[0]!r} must be a parameter of {base.family}: {known}")
+    return setting_of(sample_space(trial, space), base)
 
 
 def setting_of(params: dict, base: Setting) -> Setting:

@@ -17,7 +17,10 @@ out (a warning); one that does not apply to the data (``clmm_mean`` with one LLM
 question is ``clmm_own``) is recorded as not applicable (info); all failing is an error. Inner folds never see the texts (or systems) they score, and the
 outer test data are never seen at all. With 3+ training systems each candidate ``X`` is also scored
 as ``X-level``, with the system level of :mod:`llmrubric.model.core.system_level` fitted in each inner
-fold on its training systems (``model.auto.system_level``).
+fold on its training systems (``model.auto.system_level``). With ``model.auto.tune_trials`` N > 0, each
+candidate whose settings declare a search space is first tuned by N Optuna trials (TPE seeded by the
+seed) on the same inner folds, and compared and refitted with its best trial's parameters
+(``inner_cv[name]["tuned"]``: the parameters and every trial's NLL).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import logging
 import time
 
 import numpy as np
+import optuna
 import pandas as pd
 import torch
 
@@ -39,7 +43,7 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.core.label_rule import LabelRule, main_rule
-from llmrubric.model.core.params import check_params, param_names, prefixed, reconfigured, under
+from llmrubric.model.core.params import check_params, param_names, prefixed, reconfigured, sample_space, under
 from llmrubric.model.core.registry import (
     Capabilities,
     Setup,
@@ -50,6 +54,7 @@ from llmrubric.model.core.registry import (
     make,
     names,
     register,
+    search_space,
     with_capability,
 )
 from llmrubric.model.core.system_level import (
@@ -84,12 +89,20 @@ def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None 
     return make(settings["family"], rubric, settings, trainer, seed, group)
 
 
-def candidate(name: str, rubric: Rubric, model: dict, trainer: TrainConfig, seed: int, group: str = "text"):
+def candidate(
+    name: str,
+    rubric: Rubric,
+    model: dict,
+    trainer: TrainConfig,
+    seed: int,
+    group: str = "text",
+    params: dict | None = None,
+):
     """An unfitted candidate by name (the registry's :func:`~llmrubric.model.core.registry.names` ``(candidate=True)``),
-    fitted for new texts or new systems (``group``)."""
+    fitted for new texts or new systems (``group``), with ``params`` set on it."""
     if name not in names(candidate=True):
         raise InputError(f"unknown candidate {name!r}; known: {names(candidate=True)}", setting="model.auto.candidates")
-    return make(name, rubric, model, trainer, seed, group)
+    return make(name, rubric, model, trainer, seed, group, params=params)
 
 
 class NotApplicable(str):
@@ -115,6 +128,7 @@ class AutoCalibrator:
     def __init__(self, rubric: Rubric, model=None, trainer=None, seed: int = 0, group: str = "text"):
         self.rubric, self.seed, self.group_for = rubric, seed, group
         self.source_, self.added_judges_ = "<model>", []  # the checkpoint it was loaded from, the judges added
+        self.tuned_ = {}  # candidate → its tuning (fit)
         self._configure(model, trainer)
 
     def _configure(self, model, trainer) -> None:
@@ -173,7 +187,7 @@ class AutoCalibrator:
 
     def fit(self, tables: Tables) -> AutoCalibrator:
         """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``."""
-        self.fallback_, self._refitted = None, {}
+        self.fallback_, self._refitted, self.tuned_ = None, {}, {}
         self.level_record_ = level_plan(self.rubric, tables, self.settings.system_level, self.level_prior)
         folds = self._inner_folds(tables)
         splits = [
@@ -183,6 +197,8 @@ class AutoCalibrator:
         main = self.rubric.main
         held = [question_targets(test, main) for _, test in splits]
         answers = np.concatenate([index for _, index in held])
+        if self.settings.tune_trials:
+            self.tuned_ = self._tune(splits, [p for p, _ in held], answers)
         self.table_, likelihood, oof = {}, {}, {}
         for name, probs, seconds, error in self._inner_predictions(splits, [p for p, _ in held], tables):
             if isinstance(error, NotApplicable):
@@ -200,6 +216,8 @@ class AutoCalibrator:
                 **_point_figures(probs, answers, main),
                 "seconds": seconds,
             }
+        for name, record in self.tuned_.items():
+            self.table_[name]["tuned"] = record
         if not likelihood:
             reasons = "; ".join(f"{n}: {r.get('error') or r['not_applicable']}" for n, r in self.table_.items())
             raise InputError(
@@ -244,36 +262,28 @@ class AutoCalibrator:
     def _inner_predictions(self, splits: list[tuple], pairs: list[pd.DataFrame], tables: Tables):
         """(name, out-of-fold main-question probabilities (pairs, options), seconds, error) of every
         candidate; the network's refit on all of ``tables`` is trained with its folds (:attr:`_refitted`)."""
-        main_index = self.rubric.ids.index(self.rubric.main.id)
-        k = len(self.rubric.main.options)
         for name in self.settings.candidates:
             start = time.perf_counter()
             if name in self.unusable_:
                 yield name, None, 0.0, NotApplicable(self.unusable_[name])
                 continue
             models = [self._candidate(name) for _ in range(len(splits) + (name == "network"))]
-            twin, why = (models[0].same_as(splits[0][0]) if capabilities(models[0]).twins else None) or (None, None)
-            if twin is not None and twin != name and twin in self.settings.candidates:
-                yield name, None, 0.0, NotApplicable(f"identical to {twin}: {why}")
+            twin = self._twin(name, models[0], splits[0][0])
+            if twin:
+                yield name, None, 0.0, NotApplicable(twin)
                 continue
             try:
                 trains = [train for train, _ in splits]
                 if name == "network":  # the refit on all of ``tables`` joins the folds' stacked program
                     models[0].fit_many(models, trains + [tables], JudgeMap.from_annotations(tables.annotations))
                     self._refitted[name] = models.pop()
-                elif capabilities(models[0]).joint_fit:  # fitted as one program (the network's heads)
-                    models[0].fit_many(models, trains)
                 else:
-                    models = [
-                        fit_questions(model, train, [self.rubric.main.id]) for model, train in zip(models, trains)
-                    ]
-                folds = [m.predict_proba(test, p)[:, main_index, :k] for m, (_, test), p in zip(models, splits, pairs)]
+                    models = self._fit_folds(models, trains)
+                folds = self._held_out(models, splits, pairs)
                 probs = np.concatenate(folds)
-                if not np.isfinite(probs).all():
-                    raise InputError("non-finite inner-CV predictions")
                 yield name, probs, time.perf_counter() - start, None
             except (*USER_ERRORS, TrainingDiverged, ValueError, RuntimeError) as e:
-                yield name, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
+                yield name, None, time.perf_counter() - start, _reason(e)
                 continue
             if self.level_record_["compared"]:
                 levelled, beyond, seconds, error = levelled_fold(
@@ -283,8 +293,74 @@ class AutoCalibrator:
                 if error is None and beyond.any():  # the level for systems beyond the training range only
                     yield f"{name}{BEYOND}", np.where(beyond[:, None], levelled, probs), seconds, None
 
-    def _candidate(self, name: str):
-        return candidate(name, self.rubric, self.model, self.trainer, self.seed, self.group)
+    def _candidate(self, name: str, params: dict | None = None):
+        """Unfitted candidate ``name`` with ``params`` (by default its tuned ones, if any)."""
+        params = self.tuned_.get(name, {}).get("params") if params is None else params
+        return candidate(name, self.rubric, self.model, self.trainer, self.seed, self.group, params)
+
+    def _twin(self, name: str, model, train: Tables) -> str | None:
+        """Why candidate ``name`` (``model``) does not apply: it is identical to another candidate on ``train``."""
+        twin, why = (model.same_as(train) if capabilities(model).twins else None) or (None, None)
+        if twin is not None and twin != name and twin in self.settings.candidates:
+            return f"identical to {twin}: {why}"
+        return None
+
+    def _fit_folds(self, models: list, trains: list[Tables]) -> list:
+        """Fold models fitted on their training folds: as one program where the family has ``joint_fit``
+        (the network's heads), else one by one on the main question."""
+        if capabilities(models[0]).joint_fit:
+            models[0].fit_many(models, trains)
+            return models
+        return [fit_questions(model, train, [self.rubric.main.id]) for model, train in zip(models, trains)]
+
+    def _held_out(self, models: list, splits: list[tuple], pairs: list[pd.DataFrame]) -> list[np.ndarray]:
+        """Each fold model's main-question probabilities of its held-out ``pairs`` (an error where not finite)."""
+        main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
+        folds = [m.predict_proba(test, p)[:, main_index, :k] for m, (_, test), p in zip(models, splits, pairs)]
+        if not all(np.isfinite(f).all() for f in folds):
+            raise InputError("non-finite inner-CV predictions")
+        return folds
+
+    def _tune(self, splits: list[tuple], pairs: list[pd.DataFrame], answers: np.ndarray) -> dict:
+        """Candidate → ``{"params": its best trial's, "trials": [{"params", "nll" or "error"}]}`` of every
+        applicable candidate whose settings declare a search space, tuned by ``tune_trials`` Optuna trials
+        (TPE seeded by the seed) on the inner folds, the first at its own settings (those within the space),
+        so tuning never makes it worse on them; a failed trial is recorded with its reason, and a candidate
+        with no trial that fits keeps its own settings (``params`` empty)."""
+        out = {}
+        for name in self.settings.candidates:
+            if name in self.unusable_:
+                continue
+            model = self._candidate(name)
+            space = search_space(name, model.get_params())
+            if not space or self._twin(name, model, splits[0][0]):
+                continue
+            verbosity = optuna.logging.get_verbosity()
+            optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line
+            try:
+                study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=self.seed))
+            finally:
+                optuna.logging.set_verbosity(verbosity)
+            own = model.get_params()
+            study.enqueue_trial({k: own[k] for k, spec in space.items() if k in own and _in_space(own[k], spec)})
+            trials = []
+            for _ in range(self.settings.tune_trials):
+                trial = study.ask()
+                params = sample_space(trial, space)
+                try:
+                    models = self._fit_folds([self._candidate(name, params) for _ in splits], [t for t, _ in splits])
+                    probs = np.concatenate(self._held_out(models, splits, pairs))
+                except (*USER_ERRORS, TrainingDiverged, ValueError, RuntimeError) as e:
+                    trials.append({"params": params, "error": _reason(e)})
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    continue
+                nll = float(-np.log(np.clip(probs[np.arange(len(answers)), answers], PROB_FLOOR, 1.0)).mean())
+                trials.append({"params": params, "nll": nll})
+                study.tell(trial, nll)
+            fitted = [t for t in trials if "nll" in t]
+            out[name] = {"params": min(fitted, key=lambda t: t["nll"])["params"] if fitted else {}, "trials": trials}
+            log.info("model=auto: %s tuned by %d trials: %s", name, len(trials), out[name]["params"])
+        return out
 
     def _fit_members(self, tables: Tables, weighted: list[str]) -> dict:
         """The weighted candidates fitted on all of ``tables`` (those refitted already are taken as they are)."""
@@ -533,11 +609,28 @@ def check_auto(settings: AutoConfig) -> None:
         raise InputError(f"{settings.group!r} is not one of {list(GROUPS)}", setting="model.auto.group")
     if not isinstance(settings.folds, int) or isinstance(settings.folds, bool) or settings.folds < 2:
         raise InputError(f"{settings.folds!r} is not a whole number >= 2", setting="model.auto.folds")
+    trials = settings.tune_trials
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
+        raise InputError(f"{trials!r} is not a whole number >= 0", setting="model.auto.tune_trials")
     chosen, known = list(settings.candidates), names(candidate=True)
     unknown = [n for n in chosen if n not in known]
     if unknown or not chosen or len(set(chosen)) != len(chosen):
         what = f"unknown candidate(s) {unknown}" if unknown else "candidates must be distinct and not empty"
         raise InputError(f"{what}; known: {known}", setting="model.auto.candidates")
+
+
+def _in_space(value, spec: dict) -> bool:
+    """Whether ``value`` is one a search space's ``spec`` can draw."""
+    if spec.get("type") == "categorical":
+        return value in list(spec["choices"])
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not spec["low"] <= value <= spec["high"]:
+        return False
+    return spec.get("type") != "int" or (value - spec["low"]) % spec.get("step", 1) == 0
+
+
+def _reason(error: Exception) -> str:
+    """An error's message on one line, at most 300 characters."""
+    return " ".join(str(error).split())[:300]
 
 
 def _point_figures(probs: np.ndarray, answers: np.ndarray, question) -> dict:

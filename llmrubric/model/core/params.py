@@ -5,7 +5,8 @@ returns it; ``get_params`` round-trips through ``registry.make(name, rubric, par
 A name's settings (:attr:`llmrubric.model.core.registry.Entry.settings`) map a prefix to a dataclass:
 ``{"": MixedSettings}`` gives the parameters ``inputs`` and ``rounds``; the network's
 ``{"model": ModelConfig, "trainer": TrainConfig, "": NetworkInputs}`` gives ``model.h1``, ``trainer.lr``,
-``drop_questions`` and so on. A settings dataclass may declare a search space (:func:`space_of`).
+``drop_questions`` and so on. A settings dataclass may declare a search space (:func:`space_of`), sampled
+by an Optuna trial with :func:`sample_space`.
 """
 
 from __future__ import annotations
@@ -75,3 +76,26 @@ def space_of(settings: dict[str, type], base: dict | None = None) -> dict:
         mine = under(prefix, base or {}) if prefix else {k: v for k, v in (base or {}).items() if "." not in k}
         out.update({f"{prefix}.{k}" if prefix else k: v for k, v in declared(mine).items()})
     return out
+
+
+def sample_space(trial, space: dict) -> dict:
+    """The parameters an Optuna ``trial`` draws from ``space`` (:func:`space_of`); a bad type or bound
+    is an :class:`InputError` naming the key."""
+    params = {}
+    for key, spec in space.items():
+        kind = spec.get("type")
+        try:
+            if kind == "categorical":
+                value = trial.suggest_categorical(key, list(spec["choices"]))
+            elif kind == "int":
+                value = trial.suggest_int(
+                    key, spec["low"], spec["high"], step=spec.get("step", 1), log=spec.get("log", False)
+                )
+            elif kind == "float":
+                value = trial.suggest_float(key, spec["low"], spec["high"], log=spec.get("log", False))
+            else:
+                raise InputError(f"unknown type {kind!r} (categorical, int, float)")
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputError(f"search space {key!r}: {e}") from e
+        params[key] = value
+    return params

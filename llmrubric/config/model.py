@@ -22,10 +22,9 @@ class AutoConfig:
             resolved by :class:`llmrubric.model.auto.AutoCalibrator` (the registry is a higher layer than config).
         rule: ``select`` (the candidate with the lowest inner-CV NLL), ``stack`` (non-negative
             weights summing to 1 that maximise the inner-CV likelihood of the main question) or
-            ``auto``: each rule's weights fitted on all inner folds but one and scored on that one;
-            ``stack`` where its mean gain per fold exceeds one standard error, else ``select`` (each
-            user's data decide: ``select`` had the lower pair NLL on 3 of the 4 protocols of
-            ``benchmarks/auto.py`` that ran both, ``stack`` on the relevance split of ``benchmarks/ir_real.py``).
+            ``auto`` (each rule's weights fitted on all inner folds but one and scored on that one;
+            ``stack`` where its mean gain per fold exceeds one standard error). ``select``: ``auto``
+            lost up to 0.014 pair NLL on sets of 4-5 training systems (benchmarks/README.md, issue 42).
         group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
             score unseen systems (``systems``, ``system_groups``), else by text.
         folds: inner folds (by system: at most one per training system); 3 takes 0.53–0.67 × the
@@ -49,7 +48,7 @@ class AutoConfig:
     """
 
     candidates: list[str] | None = None
-    rule: str = "auto"
+    rule: str = "select"
     group: str = "auto"
     folds: int = 5
     system_level: str = "auto"

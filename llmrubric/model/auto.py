@@ -4,10 +4,10 @@ The candidates (the names :mod:`llmrubric.model.core.registry` marks ``candidate
 network, its cumulative-link heads, the cumulative-link mixed model on three kinds of input,
 probabilistic ridge regression, and any family registered as one) are each
 fitted on the inner folds of the training data, grouped by text or by system as the model will be
-used, and scored by the out-of-fold likelihood of the main question's answers. ``rule=select`` keeps
+used, and scored by the out-of-fold likelihood of the main question's answers. ``rule=select`` (the default) keeps
 the candidate with the lowest inner NLL; ``rule=stack`` fits non-negative weights summing to 1 that
 maximise the out-of-fold log-likelihood of the weighted mixture of the candidates' distributions (a
-super learner; EM on the simplex); ``rule=auto`` (the default) cross-validates the two rules over
+super learner; EM on the simplex); ``rule=auto`` cross-validates the two rules over
 the inner folds, each rule's weights fitted on all inner folds' out-of-fold predictions but one
 fold's and scored on that fold, and stacks only where the folds' mean gain exceeds one standard
 error (:func:`rule_scores`). The candidates with weight are

@@ -29,6 +29,7 @@ labels), ``alpha`` (Krippendorff's ordinal α of labels vs assessor; null withou
 ``krippendorff`` package), ``seconds`` (fit and predict over the folds; ``llm_rubric``: the
 train.py and evaluate.py runs). Writes ``benchmarks/results/ir_real.json``: ``{"meta": …, PROTOCOL:
 {METHOD: figures}}``; ``--merge`` keeps the methods of ``--out`` this run does not measure (``meta.runs``: the command of each).
+``llm_rubric`` with ``--override`` settings is stored as ``llm_rubric[K=V …]``, beside the default.
 """
 
 from __future__ import annotations
@@ -348,6 +349,12 @@ def run_llm_rubric(
     }
 
 
+def result_key(method: str, overrides: list[str]) -> str:
+    """The results' name of ``method``: ``llm_rubric`` run with ``--override`` settings is a variant,
+    ``llm_rubric[K=V …]``, kept beside the shipped default."""
+    return f"{method}[{' '.join(overrides)}]" if method == "llm_rubric" and overrides else method
+
+
 def table(results: dict) -> str:
     keys = ("pair_nll", "spearman", "kappa", "qwk", "alpha", "seconds")
     lines = [f"{'protocol':22} {'method':18} " + " ".join(f"{k:>9}" for k in keys) + "  folds"]
@@ -398,9 +405,10 @@ def run(argv: list[str] | None = None) -> int:
                     )
                 else:
                     got = run_cheap(name, split, folds, run_folds, args.seed)
-                results[protocol][name] = got
+                key = result_key(name, args.override)
+                results[protocol][key] = got
                 print(
-                    f"{protocol} {name}: pair NLL {got['pair_nll']}, κ {got['kappa']:.3f} ({got['seconds']}s)",
+                    f"{protocol} {key}: pair NLL {got['pair_nll']}, κ {got['kappa']:.3f} ({got['seconds']}s)",
                     flush=True,
                 )
     command = "benchmarks/ir_real.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -411,7 +419,11 @@ def run(argv: list[str] | None = None) -> int:
         "command": command,
         "runs": {
             **runs,
-            **{f"{p}/{m}": f"{command} (commit {commit()})" for p in args.protocols for m in args.methods},
+            **{
+                f"{p}/{result_key(m, args.override)}": f"{command} (commit {commit()})"
+                for p in args.protocols
+                for m in args.methods
+            },
         },
         "data": str(args.data),
         "seed": args.seed,

@@ -118,3 +118,9 @@ def test_predictions_give_probabilities_and_the_label_column_when_written():
     assert probs.shape == (2, 4) and labels is None and source == "argmax"
     probs, labels, source = bench.held_out(predictions.assign(label=[2, 3]), ["a", "b"])
     assert labels.tolist() == [3, 2] and source == "label column"
+
+
+def test_a_run_with_overrides_is_kept_beside_the_default():
+    assert bench.result_key("llm_rubric", []) == "llm_rubric"
+    assert bench.result_key("llm_rubric", ["model.auto.rule=stack"]) == "llm_rubric[model.auto.rule=stack]"
+    assert bench.result_key("mean_rating_lr", ["model.auto.rule=stack"]) == "mean_rating_lr"

@@ -105,14 +105,20 @@ def _held_out_systems(rubric, tables, group, **trainer):
 
 
 def test_early_stopping_holds_out_whole_systems_when_fitted_for_new_systems(rubric, simulated):
-    for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.25):
+    for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.25, val_min_systems=1):
         assert len(held) == 1 and not held & kept and len(kept) == 3
-    for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.25, val_group="text"):
+    for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.5):
+        assert len(held) == 2 and not held & kept and len(kept) == 2
+    for held, _kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.25, val_group="system"):
+        assert len(held) == 1
+    # one system of four is a single draw of the shift: val_group=auto holds out texts (2 by default)
+    for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.25):
         assert len(held) == 4 and held == kept
-    # four systems cannot hold out a fifth of them: by text
-    for held, _kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.2):
-        assert len(held) == 4
-    for held, _kept in _held_out_systems(rubric, simulated, "text", val_fraction=0.25):
+    for held, kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.5, val_group="text"):
+        assert len(held) == 4 and held == kept
+    for held, _kept in _held_out_systems(rubric, simulated, "system", val_fraction=0.1, val_group="system"):
+        assert len(held) == 4  # under one system: by text
+    for held, _kept in _held_out_systems(rubric, simulated, "text", val_fraction=0.5):
         assert len(held) == 4
 
 

@@ -17,9 +17,11 @@ class TrainConfig:
     each phase stops early on held-out NLL, and temperature scaling is fitted on it.
 
     ``val_group``: what the held-out ``val_fraction`` is drawn from: ``text`` (training texts),
-    ``system`` (training systems, by text when there are fewer than 1 / ``val_fraction``) or ``auto``
-    (systems where the network is fitted for new systems, else texts): stopping and temperature on
-    texts of the training systems are tuned to those systems and too sharp for new ones.
+    ``system`` (training systems; by text where that fraction is under one system) or ``auto``
+    (systems where the network is fitted for new systems and the fraction is at least
+    ``val_min_systems`` of them, else texts): stopping and temperature on texts of the training
+    systems are tuned to those systems and too sharp for new ones, and on one held-out system they
+    follow that one system's shift.
     """
 
     batch_size: int = 64
@@ -31,6 +33,7 @@ class TrainConfig:
     patience: int = 20
     val_fraction: float = 0.2
     val_group: str = "auto"
+    val_min_systems: int = 2
     temperature_scaling: bool = True
     ordinal_blend: bool = True
     accelerator: str = "auto"
@@ -92,4 +95,5 @@ LIMITS = {  # field: (lower bound, integer, lower bound excluded, upper bound)
     "finetune_epochs": (0, True, False, None),
     "patience": (1, True, False, None),
     "val_fraction": (0, False, False, 1),
+    "val_min_systems": (1, True, False, None),
 }

@@ -264,15 +264,18 @@ class NetworkCalibrator:
 
     def _split(self, data: Encoded, seed: int, systems: pd.Series) -> tuple[Encoded, Encoded | None]:
         """Training rows and the early-stopping rows (drawn with ``seed``): ``val_fraction`` of the
-        texts, or the texts of that fraction of the systems (``systems``: text id → system id) under
-        ``trainer.val_group=system`` (``auto``: when :attr:`group` is ``system``) where every text has
-        one and there are at least 1 / ``val_fraction`` systems (fewer: by text)."""
+        texts, or the texts of that fraction of the systems (``systems``: text id → system id) where
+        every text has one: under ``trainer.val_group=system`` when that is at least one system,
+        under ``auto`` when :attr:`group` is ``system`` and it is at least ``trainer.val_min_systems``
+        (one held-out system is one draw of the shift between systems); else by text."""
         if self.trainer.val_fraction <= 0:
             return data, None
         texts = data.pairs.text_id.astype(str)
-        by_system = self.trainer.val_group == "system" or (self.trainer.val_group == "auto" and self.group == "system")
-        groups = texts.map(systems) if by_system else texts
-        if groups.isna().any() or groups.nunique() * self.trainer.val_fraction < 1 - 1e-9:
+        groups = texts.map(systems)
+        held_systems = round(groups.nunique() * self.trainer.val_fraction) if groups.notna().all() else 0
+        needed = {"system": 1, "auto": self.trainer.val_min_systems if self.group == "system" else None}
+        need = needed.get(self.trainer.val_group)
+        if need is None or held_systems < need:
             groups = texts
         _, held = holdout_texts(groups, self.trainer.val_fraction, seed)
         is_val = groups.isin(held).to_numpy()

@@ -45,7 +45,7 @@ from llmrubric.io.files import write_json, write_table
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.encoding import JudgeMap, question_targets
-from llmrubric.model.core.params import prefixed, sample_space, under
+from llmrubric.model.core.params import prefixed, quiet_study, sample_space, under
 from llmrubric.model.core.registry import (
     Family,
     capabilities,
@@ -613,12 +613,7 @@ def check_space(space: dict, base: Setting, rubric: Rubric) -> None:
     categorical choice the model refuses in every combination with the space's other categorical
     choices (the rest at ``base``): e.g. ``model.personalize: [deltas, input]`` with
     ``model.head=ordinal``. The error names ``search.space.<key>``."""
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line for this probe
-    try:
-        suggest(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask(), space, base)
-    finally:
-        optuna.logging.set_verbosity(verbosity)
+    suggest(quiet_study(optuna.samplers.RandomSampler(seed=0)).ask(), space, base)
     categorical = {k: list(v["choices"]) for k, v in space.items() if v.get("type") == "categorical"}
     for key, choices in categorical.items():
         others = {k: c for k, c in categorical.items() if k != key}

@@ -43,7 +43,15 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.core.label_rule import LabelRule, main_rule
-from llmrubric.model.core.params import check_params, param_names, prefixed, reconfigured, sample_space, under
+from llmrubric.model.core.params import (
+    check_params,
+    param_names,
+    prefixed,
+    quiet_study,
+    reconfigured,
+    sample_space,
+    under,
+)
 from llmrubric.model.core.registry import (
     Capabilities,
     Setup,
@@ -335,12 +343,7 @@ class AutoCalibrator:
             space = search_space(name, model.get_params())
             if not space or self._twin(name, model, splits[0][0]):
                 continue
-            verbosity = optuna.logging.get_verbosity()
-            optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line
-            try:
-                study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=self.seed))
-            finally:
-                optuna.logging.set_verbosity(verbosity)
+            study = quiet_study(optuna.samplers.TPESampler(seed=self.seed))
             own = model.get_params()
             study.enqueue_trial({k: own[k] for k, spec in space.items() if k in own and _in_space(own[k], spec)})
             trials = []

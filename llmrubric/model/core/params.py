@@ -15,6 +15,8 @@ import copy
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 
+import optuna
+
 from llmrubric.io.errors import InputError
 
 
@@ -99,3 +101,13 @@ def sample_space(trial, space: dict) -> dict:
             raise InputError(f"search space {key!r}: {e}") from e
         params[key] = value
     return params
+
+
+def quiet_study(sampler) -> optuna.Study:
+    """An in-memory study to minimise with ``sampler``, created without Optuna's "new study created" line."""
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.create_study(direction="minimize", sampler=sampler)
+    finally:
+        optuna.logging.set_verbosity(verbosity)

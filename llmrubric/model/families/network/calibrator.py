@@ -270,13 +270,13 @@ class NetworkCalibrator:
         (one held-out system is one draw of the shift between systems); else by text."""
         if self.trainer.val_fraction <= 0:
             return data, None
-        texts = data.pairs.text_id.astype(str)
-        groups = texts.map(systems)
-        held_systems = round(groups.nunique() * self.trainer.val_fraction) if groups.notna().all() else 0
-        needed = {"system": 1, "auto": self.trainer.val_min_systems if self.group == "system" else None}
-        need = needed.get(self.trainer.val_group)
-        if need is None or held_systems < need:
-            groups = texts
+        texts = groups = data.pairs.text_id.astype(str)
+        minimum = {"system": 1, "auto": self.trainer.val_min_systems if self.group == "system" else None}
+        need = minimum.get(self.trainer.val_group)
+        if need is not None:
+            by_system = texts.map(systems)
+            if by_system.notna().all() and round(by_system.nunique() * self.trainer.val_fraction) >= need:
+                groups = by_system
         _, held = holdout_texts(groups, self.trainer.val_fraction, seed)
         is_val = groups.isin(held).to_numpy()
         return data.take(np.flatnonzero(~is_val)), data.take(np.flatnonzero(is_val))

@@ -2,6 +2,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 
 SERVER_LOG := $(VENV)/llama-cpp-python-build.log
+# llama.cpp for the CPU it is built on, whatever its features: no -march=native (its AVX-512/AMX kernels crashed the
+# server on such a CPU), AVX2/FMA/F16C kernels only where the CPU has them. --no-cache-dir: pip would reuse a wheel
+# built with other flags. docs/setup.md
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+	$(if $(filter avx2,$(CPU_FLAGS)),,-DGGML_AVX2=OFF -DGGML_BMI2=OFF) $(if $(filter fma,$(CPU_FLAGS)),,-DGGML_FMA=OFF) \
+	$(if $(filter f16c,$(CPU_FLAGS)),,-DGGML_F16C=OFF) $(if $(filter avx,$(CPU_FLAGS)),,-DGGML_AVX=OFF)
 
 .PHONY: setup demo demo-llm test test-fast bench clean
 
@@ -9,10 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
-	@if $(PY) -m pip cache list llama_cpp_python 2>/dev/null | grep -q llama_cpp_python; then \
-		echo "installing the optional group [server] (llama-cpp-python) from the wheel pip cached: seconds"; \
-	else echo "building the optional group [server] (llama-cpp-python from source): about 5 minutes on 2 cores, once (pip caches the wheel)"; fi
-	@if CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -e ".[test,server]" > $(SERVER_LOG) 2>&1; then rm -f $(SERVER_LOG); \
+	@echo "building the optional group [server] (llama-cpp-python from source, portable: $(LLAMA_CMAKE_ARGS)): about 5 minutes on 2 cores"
+	@if CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --no-cache-dir -e ".[test,server]" > $(SERVER_LOG) 2>&1; then rm -f $(SERVER_LOG); \
 	else echo "setup: the optional group [server] (llama-cpp-python) did not install, see $(SERVER_LOG); its tests will skip"; fi
 	touch $@
 

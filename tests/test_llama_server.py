@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pandas as pd
 import pytest
@@ -40,9 +41,35 @@ MIN_PEARSON = 0.9  # of expected answers, over all compared blocks
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def running(tmp_path_factory):
     with LlamaServer(tmp_path_factory.mktemp("llama") / "server.log") as s:
         yield s
+
+
+@pytest.fixture
+def server(running):
+    """The module's server, alive before the test, and still alive after it (else the test fails naming its
+    exit status and log, not the clients' "Connection refused")."""
+    assert not running.death(), running.death()
+    yield running
+    assert not running.death(), running.death()
+
+
+def test_the_portable_build_serves_both_endpoints_and_stays_alive(server):
+    """The build uses no AVX-512 or AMX kernels (`make setup` builds with GGML_NATIVE=OFF: a native build on such
+    a CPU died with SIGSEGV on its first completion), and one request on each endpoint leaves the process running."""
+    cpu = server.cpu_features()
+    assert cpu, f"no 'CPU :' line in {server.log}"
+    assert not {k: v for k, v in cpu.items() if v and k.startswith(("AVX512", "AMX"))}, cpu
+    alias = server.settings["alias"]
+    done = server.post("completions", {"model": alias, "prompt": "1, 2, 3,", "max_tokens": 2, "logprobs": 2})
+    assert done["choices"][0]["logprobs"]["top_logprobs"], done
+    chat = server.post(
+        "chat/completions", {"model": alias, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    )
+    assert chat["choices"][0]["message"]["role"] == "assistant", chat
+    time.sleep(0.5)  # a crash in the request's aftermath shows here
+    assert server.process.poll() is None, server.death()
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +83,9 @@ def setup(rubric):
     return tasks, subset
 
 
-def features(tasks, backend, rubric):
+def features(tasks, backend, rubric, server=None):
     ex = extract(tasks, backend, ResultCache(None), "s", (), rubric, progress=False)
-    assert ex.summary["done"] == len(tasks), ex.failures.reason.tolist()
+    assert ex.summary["done"] == len(tasks), (server and server.death()) or ex.failures.reason.tolist()
     return ex.features
 
 
@@ -77,7 +104,7 @@ def test_the_real_server_matches_transformers_on_the_same_prompts(server, setup,
     client = OpenAIBackend(
         server.settings["alias"], server.url, endpoint=endpoint, api_key_env=None, concurrency=1, top_logprobs=top
     )
-    remote = features(tasks, client, rubric)
+    remote = features(tasks, client, rubric, server)
     model, tokenizer = smollm2
     if endpoint == "chat":
         backend = TransformersBackend(model, tokenizer, model_id="s", chat_template=True)

@@ -21,9 +21,19 @@ FAST = [
 ]
 
 
-def test_every_package_of_the_source_tree_is_listed_for_the_wheel():
+def data_packages() -> set[str]:
+    """The folders of data files, as the namespace packages the wheel ships them in."""
+    folders = [
+        (d, "llmrubric.conf." + ".".join(d.relative_to(ROOT / "conf").parts)) for d in (ROOT / "conf").rglob("*")
+    ]
+    folders.append((ROOT / "llmrubric" / "report" / "templates", "llmrubric.report.templates"))
+    return {name for d, name in folders if d.is_dir() and any(f.suffix != ".pyc" for f in d.iterdir() if f.is_file())}
+
+
+def test_every_package_and_data_folder_of_the_source_tree_is_listed_for_the_wheel():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    assert set(find_packages(str(ROOT), include=["llmrubric*"])) | {"llmrubric.conf"} == listed
+    code = set(find_packages(str(ROOT), include=["llmrubric*"])) | {"llmrubric.conf"}
+    assert code | data_packages() == listed
 
 
 def sh(*args, cwd: Path, env: dict) -> subprocess.CompletedProcess:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -89,8 +90,7 @@ class LlamaServer:
         deadline = time.monotonic() + float(self.settings["startup_timeout"])
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
-                raise RuntimeError(f"llama.cpp server exited with {self.process.returncode}: {' | '.join(tail)}")
+                raise RuntimeError(self.death())
             try:
                 with urllib.request.urlopen(f"{self.url}/models", timeout=2) as r:
                     if json.loads(r.read()).get("data"):
@@ -102,6 +102,23 @@ class LlamaServer:
         raise RuntimeError(
             f"llama.cpp server did not answer within {self.settings['startup_timeout']} s (log {self.log})"
         )
+
+    def death(self, lines: int = 8) -> str:
+        """Why the server is gone, '' while it runs: its exit status (a signal by name) and the last lines of its log."""
+        code = self.process.poll() if self.process else None
+        if code is None:
+            return ""
+        status = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-lines:]
+        return f"llama.cpp server died ({status}); last lines of {self.log}: " + " | ".join(tail)
+
+    def cpu_features(self) -> dict[str, int]:
+        """The ``CPU :`` features that the server's build uses, as its start-up log lists them (``AVX2 = 1 | ...``)."""
+        for line in self.log.read_text(errors="replace").splitlines():
+            if "CPU :" in line:
+                pairs = (p.split("=") for p in line.split("CPU :", 1)[1].split("|") if p.count("=") == 1)
+                return {k.strip(): int(v) for k, v in pairs if v.strip().isdigit()}
+        return {}
 
     def __exit__(self, *exc) -> None:
         if self.process and self.process.poll() is None:
@@ -122,6 +139,8 @@ class LlamaServer:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
             return {"http_status": e.code, "error": json.loads(e.read() or b"null")}
+        except OSError as e:
+            raise RuntimeError(self.death() or f"{self.url}/{path}: {e}") from e
 
 
 def expected_answers(features: pd.DataFrame) -> pd.Series:

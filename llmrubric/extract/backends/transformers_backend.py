@@ -146,7 +146,11 @@ class TransformersBackend(Backend):
         self.label_prefix = label_prefix
         self.answer_prefix = self._answer_prefix()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.head_only = not self.seq2seq and "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        forward = inspect.signature(self.model.forward).parameters
+        self.head_only = not self.seq2seq and "logits_to_keep" in forward
+        # the key/value cache's name in and out of forward: ``cache`` since transformers 5.x deprecated
+        # ``past_key_values`` (removed in 5.40); older releases know only the latter
+        self.cache_name = "cache" if "cache" in forward else "past_key_values"
         name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self._model_id = (
             f"{name}|{dtype}|max{self.max_length}|{overflow}|lp={self.answer_prefix!r}|chat={self.chat_template}"
@@ -341,7 +345,7 @@ class TransformersBackend(Backend):
 
     def _prefix_cache(self, ids: torch.Tensor, mask: torch.Tensor | None = None):
         kwargs = {"logits_to_keep": 1} if self.head_only else {}
-        return self.model(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs).past_key_values
+        return getattr(self.model(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs), self.cache_name)
 
     def _prefix_caches(self, prefixes: list[list[int]]):
         """One cache over all ``prefixes`` (right-padded to the longest) and its (B, L) mask, run
@@ -401,7 +405,7 @@ class TransformersBackend(Backend):
             ids, mask = self._pad([r.tokens for r in batch])
             kwargs = {}
             if cache is not None:
-                kwargs["past_key_values"] = self._select(
+                kwargs[self.cache_name] = self._select(
                     cache, torch.zeros(len(batch), dtype=torch.long, device=self.device)
                 )
                 mask = torch.cat(
@@ -441,8 +445,8 @@ class TransformersBackend(Backend):
                 input_ids=ids,
                 attention_mask=torch.cat([prefix_mask[owner], mask], dim=1),
                 position_ids=positions,
-                past_key_values=self._select(cache, owner),
                 use_cache=True,
+                **{self.cache_name: self._select(cache, owner)},
             )
             self.stats["prefill_tokens"] += sum(len(r.tokens) for _, r in batch)
             self.stats["forward_passes"] += 1

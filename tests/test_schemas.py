@@ -47,7 +47,7 @@ def test_formats_round_trip(tmp_path, rubric):
         (ANN + "t1,a,Q0,2\n", FEAT, "different answers in rows \\[1, 4\\]", 4, "answer"),
         (ANN, FEAT.replace("t1,llm,Q0,2,0.25", "t1,llm,Q0,2,-0.1"), "not a finite number >= 0", 2, "prob"),
         (ANN, FEAT.replace("t1,llm,Q0,2,0.25", "t1,llm,Q0,2,nan"), "not a finite number >= 0", 2, "prob"),
-        (ANN, FEAT.replace("t1,llm,Q0,2,0.25", "t1,llm,Q0,2,0.2501"), "sum to 1.000100 > 1", 1, "prob"),
+        (ANN, FEAT.replace("t1,llm,Q0,2,0.25", "t1,llm,Q0,2,0.2511"), "sum to 1.001100 > 1", 1, "prob"),
         (ANN, FEAT.replace("t2,llm,Q1,4,0.25\n", ""), "has 3 options", 13, "option"),
         (ANN + "t3,c,Q0,2\n", FEAT, "1 annotations on 1 texts have no features", 4, "text_id"),
         ("", FEAT, "empty", None, None),

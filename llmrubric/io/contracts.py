@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PROB_TOLERANCE = 1e-6  # per option: probabilities written with 6 decimals may sum to 1 + options × 1e-6
+# a block summing to more than that but at most 1 + API_SUM_TOLERANCE is an API's rounded log-probabilities
+# (GPT-4o-mini's reach 1.00004): renormalised to 1 and counted; above it, an error
+API_SUM_TOLERANCE = 1e-3
 NA_ANSWERS = ("", "NA")  # an answer cell that is empty or NA: the row is absent (dropped and counted)
 
 
@@ -51,7 +54,8 @@ SPECS = {
             (
                 "prob",
                 f"float >= 0; a block (text, source, question) sums to at most 1 + options × {PROB_TOLERANCE:g} "
-                "(unnormalised); an absent block, or a block of 2+ options that are all 0, is missing (marginalised when predicting, counted in a warning); "
+                f"(unnormalised) or, an API's rounded log-probabilities, at most 1 + {API_SUM_TOLERANCE:g} (renormalised to 1, "
+                "counted in a warning); an absent block, or a block of 2+ options that are all 0, is missing (marginalised when predicting, counted in a warning); "
                 "a one-option block is a value, 0 included; NA is an error",
             ),
         ),

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmrubric.io.contracts import NA_ANSWERS, PROB_TOLERANCE, SPECS
+from llmrubric.io.contracts import API_SUM_TOLERANCE, NA_ANSWERS, PROB_TOLERANCE, SPECS
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric, option_key
 
@@ -215,7 +215,9 @@ def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.Data
 
     A block is one (text, source, question). Probabilities must be finite and >= 0; a
     block sums to at most 1 + options × 1e-6 (6-decimal rounding; they are kept
-    unnormalised). A distribution block (2+ options) whose probabilities are all 0 is missing:
+    unnormalised). A block above that but at most 1 + :data:`API_SUM_TOLERANCE` holds an API's
+    rounded log-probabilities: it is renormalised to 1 and counted in ``df.attrs["renormalised_blocks"]``
+    and a warning; a larger sum is an error. A distribution block (2+ options) whose probabilities are all 0 is missing:
     it is dropped (masked like an absent block) and counted in ``df.attrs["zero_blocks"]`` and
     a warning; a one-option block is a value (e.g. a summary's coverage fraction), 0 included. Blocks
     of a rubric question must offer exactly that question's ``llm_options``; blocks of other
@@ -228,6 +230,7 @@ def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.Data
     blocks = _FeatureBlocks.of(df)
     blocks.check_options_once(df, src)
     blocks.check_sums(df, src)
+    df["prob"], renormalised = blocks.renormalise_api_rounding(df, src)
     blocks.check_option_sets(df, rubric, src)
     zero = (blocks.sums <= 0) & (
         blocks.counts >= 2
@@ -247,6 +250,7 @@ def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.Data
         df = df[~zero[blocks.code]].copy()
     df.attrs["source"] = src
     df.attrs["zero_blocks"] = int(zero.sum())
+    df.attrs["renormalised_blocks"] = renormalised
     return df
 
 
@@ -310,19 +314,51 @@ class _FeatureBlocks:
                 column="option",
             )
 
+    def _rounded(self) -> np.ndarray:
+        """Blocks whose sum is within 6-decimal rounding of 1 or below."""
+        return self.sums <= 1 + self.counts * PROB_TOLERANCE + 1e-12
+
+    def _block(self, df: pd.DataFrame, b: int) -> tuple[int, str]:
+        """Block ``b``'s first row and its name for messages."""
+        row = df.index[(self.code == b).argmax()]
+        name = (
+            f"(text {df.at[row, 'text_id']!r}, source {df.at[row, 'source']!r}, question {df.at[row, 'question_id']!r})"
+        )
+        return int(row), name
+
     def check_sums(self, df: pd.DataFrame, src: str) -> None:
-        """No block sums to more than 1 + options × :data:`PROB_TOLERANCE`."""
-        over = self.sums > 1 + self.counts * PROB_TOLERANCE + 1e-12
+        """No block sums to more than 1 + :data:`API_SUM_TOLERANCE` (or options × :data:`PROB_TOLERANCE`)."""
+        over = ~self._rounded() & (self.sums > 1 + API_SUM_TOLERANCE)
         if over.any():
             b = int(over.argmax())
-            row = df.index[(self.code == b).argmax()]
+            row, name = self._block(df, b)
             raise InputError(
-                f"probabilities of block (text {df.at[row, 'text_id']!r}, source {df.at[row, 'source']!r}, question {df.at[row, 'question_id']!r}) "
-                f"sum to {self.sums[b]:.6f} > 1 + {self.counts[b]} options × {PROB_TOLERANCE:g}",
+                f"probabilities of block {name} sum to {self.sums[b]:.6f} > 1 + {API_SUM_TOLERANCE:g} "
+                f"(an API's rounding; 6-decimal rounding allows {self.counts[b]} options × {PROB_TOLERANCE:g})",
                 file=src,
-                row=int(row),
+                row=row,
                 column="prob",
             )
+
+    def renormalise_api_rounding(self, df: pd.DataFrame, src: str) -> tuple[np.ndarray, int]:
+        """The probabilities with each block above 6-decimal rounding (an API's rounded log-probabilities,
+        at most 1 + :data:`API_SUM_TOLERANCE` after :meth:`check_sums`) divided by its sum; how many such blocks."""
+        rounded = ~self._rounded()
+        prob = df["prob"].to_numpy(dtype=float)
+        if not rounded.any():
+            return prob, 0
+        b = int(rounded.argmax())
+        row, name = self._block(df, b)
+        log.warning(
+            "%s: %d blocks sum to more than 1 by API rounding (at most %.6f, <= 1 + %g) and are renormalised to 1, e.g. block %s (row %d)",
+            src,
+            int(rounded.sum()),
+            float(self.sums[rounded].max()),
+            API_SUM_TOLERANCE,
+            name,
+            row,
+        )
+        return np.where(rounded[self.code], prob / self.sums[self.code], prob), int(rounded.sum())
 
     def check_option_sets(self, df: pd.DataFrame, rubric: Rubric | None, src: str) -> None:
         """Each (source, question)'s blocks offer the rubric question's ``llm_options``, or (another

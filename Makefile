@@ -14,8 +14,8 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGG
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -qq --upgrade pip
+	$(PY) -m pip install -qq -e ".[test]"
 	@echo "building the optional group [server] (llama-cpp-python from source, portable: $(LLAMA_CMAKE_ARGS)): about 5 minutes on 2 cores"
 	@if CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --no-cache-dir -e ".[test,server]" > $(SERVER_LOG) 2>&1; then rm -f $(SERVER_LOG); \
 	else echo "setup: the optional group [server] (llama-cpp-python) did not install, see $(SERVER_LOG); its tests will skip"; fi

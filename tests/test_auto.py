@@ -11,7 +11,7 @@ from support.settings import FAST, FAST_OVERRIDES
 from llmrubric.apps.evaluate import evaluate_predicted
 from llmrubric.config import model_file
 from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
-from llmrubric.io.errors import InputError
+from llmrubric.io.errors import InputError, NotApplicableError
 from llmrubric.io.tables import Tables
 from llmrubric.model import auto as auto_module
 from llmrubric.model.auto import AutoCalibrator, _weights, default_candidates, rule_scores
@@ -73,7 +73,9 @@ def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp
     model = AutoCalibrator(rubric, FAST_AUTO, FAST, seed=0).fit(train)
     assert sum(model.weights_.values()) == pytest.approx(1.0) and min(model.weights_.values()) >= 0
     assert {member_of(n) for n in model.table_} == set(default_candidates())
-    assert all(np.isfinite(row["nll"]) for row in model.table_.values() if "error" not in row)
+    scored = {n: row for n, row in model.table_.items() if "not_applicable" not in row}
+    assert scored and all(np.isfinite(row["nll"]) for row in scored.values())
+    assert all(n.endswith("-beyond") for n in set(model.table_) - set(scored))  # the level changed no fold's range
     assert model.val_nll_ <= min(row["nll"] for row in model.table_.values() if "nll" in row) + 1e-9
     probs = model.predict_proba(test)
     assert probs.shape[1] == len(rubric.questions)
@@ -91,7 +93,7 @@ def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp
 def test_select_keeps_the_candidate_with_the_lowest_inner_nll(sources3, rubric):
     settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "rule": "select", "candidates": ["clmm_all", "ridge_judge"]}}
     model = AutoCalibrator(rubric, settings, FAST, seed=1).fit(sources3)
-    best = min(model.table_, key=lambda n: model.table_[n]["nll"])
+    best = min((n for n in model.table_ if "nll" in model.table_[n]), key=lambda n: model.table_[n]["nll"])
     assert model.weights_ == {best: 1.0} and list(model.members_) == [member_of(best)]
 
 
@@ -117,19 +119,26 @@ def test_too_few_systems_is_an_error_or_a_recorded_fallback(sources3, rubric):
 
 
 @pytest.mark.slow
-def test_a_failing_candidate_is_recorded_and_all_failing_is_an_error(sources3, rubric, monkeypatch):
+def test_a_candidate_that_does_not_apply_is_recorded_and_a_bug_stops_the_run(sources3, rubric, monkeypatch):
+    def not_for_these_data(self, tables, questions=None):
+        raise NotApplicableError("needs what these data lack")
+
     def broken(self, tables, questions=None):
         raise ValueError("broken on purpose")
 
-    monkeypatch.setattr(MixedOrdinal, "fit", broken)
     settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all", "ridge_judge"]}}
+    monkeypatch.setattr(MixedOrdinal, "fit", not_for_these_data)
     model = AutoCalibrator(rubric, settings, FAST).fit(sources3)
-    assert "broken on purpose" in model.table_["clmm_all"]["error"] and "clmm_all-level" not in model.table_
+    assert "needs what these data lack" in model.table_["clmm_all"]["not_applicable"]
+    assert "clmm_all-level" not in model.table_
     assert [member_of(n) for n in model.weights_] == ["ridge_judge"]
     only = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all"]}}
-    with pytest.raises(InputError, match="every candidate failed") as error:
+    with pytest.raises(InputError, match="no candidate applies") as error:
         AutoCalibrator(rubric, only, FAST).fit(sources3)
     assert error.value.setting == "model.auto.candidates"
+    monkeypatch.setattr(MixedOrdinal, "fit", broken)
+    with pytest.raises(ValueError, match="broken on purpose"):
+        AutoCalibrator(rubric, settings, FAST).fit(sources3)
 
 
 @pytest.mark.parametrize(

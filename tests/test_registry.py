@@ -131,7 +131,7 @@ def test_a_new_family_is_an_auto_candidate_an_evaluate_method_and_round_trips(
     model_settings = {**SMALL_AUTO, "auto": {**SMALL_AUTO["auto"], "candidates": ["test_prior", "ridge_judge"]}}
     auto = AutoCalibrator(rubric, model_settings, FAST).fit(train)
     assert auto.level_record_["compared"], auto.level_record_  # 3+ training systems: each also with a level
-    assert set(auto.table_) == {"test_prior", "test_prior-level", "ridge_judge", "ridge_judge-level"}
+    assert set(auto.table_) == {f"{n}{s}" for n in ("test_prior", "ridge_judge") for s in ("", "-level", "-beyond")}
     assert auto.table_["test_prior"]["nll"] > 0
     auto.weights_ = {"test_prior": 1.0}  # the member loads through the registry whatever the inner CV chose
     auto.members_ = {"test_prior": Prior(rubric).fit(train)}

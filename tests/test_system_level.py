@@ -11,9 +11,10 @@ from support.settings import FAST
 
 from llmrubric.config import model_file
 from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
-from llmrubric.io.errors import InputError
+from llmrubric.io.errors import InputError, NotApplicableError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, load_tables
+from llmrubric.model import auto as auto_module
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.core.system_level import LevelPrior, SystemLevel, tilt
@@ -167,6 +168,32 @@ def test_auto_compares_with_and_without_the_level_and_saves_it(six, rubric, tmp_
     assert loaded.level_record_["levels"]["ridge_judge"]["systems"] == 5
     off = AutoCalibrator(rubric, _auto("off"), FAST, group="system").fit(train)
     assert set(off.table_) == {"ridge_judge"} and off.level_record_["reason"] == "model.auto.system_level=off"
+
+
+@pytest.mark.slow
+def test_why_a_level_variant_is_left_out_is_in_the_decision_record(six, rubric, monkeypatch):
+    systems = six.texts.set_index("text_id").system_id
+    train = six.subset(systems.index[systems != sorted(systems.unique())[0]])
+    real = auto_module.levelled_fold
+
+    def never_beyond(*args):
+        levelled, beyond, seconds, error = real(*args)
+        return levelled, np.zeros_like(beyond), seconds, error
+
+    monkeypatch.setattr(auto_module, "levelled_fold", never_beyond)
+    model = AutoCalibrator(rubric, _auto("auto"), FAST, group="system").fit(train)
+    assert "beyond its training systems' range" in model.table_["ridge_judge-beyond"]["not_applicable"]
+    assert "beyond its training systems' range" in model.decision_["not_applicable"]["ridge_judge-beyond"]
+    assert np.isfinite(model.table_["ridge_judge-level"]["nll"])
+
+    def too_few(*args):
+        raise NotApplicableError("a system level needs at least 3 training systems with labels and a summary, found 2")
+
+    monkeypatch.setattr(SystemLevel, "fit", lambda self, *a: too_few())
+    model = AutoCalibrator(rubric, _auto("auto"), FAST, group="system").fit(train)
+    for name in ("ridge_judge-level", "ridge_judge-beyond"):
+        assert "needs at least 3 training systems" in model.table_[name]["not_applicable"]
+    assert list(model.weights_) == ["ridge_judge"]
 
 
 @pytest.mark.slow

@@ -36,6 +36,11 @@ class InputError(ValueError):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+class NotApplicableError(InputError):
+    """A model (or its system level) that these data cannot fit, declared where the model checks its data:
+    ``model=auto`` records the reason and goes on without it; any other error in a candidate stops the run."""
+
+
 class TrainingDiverged(RuntimeError):
     """A network's training loss became non-finite (e.g. a learning rate that is too high)."""
 

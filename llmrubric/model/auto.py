@@ -35,7 +35,7 @@ import torch
 
 from llmrubric.config import AutoConfig, ModelConfig, TrainConfig, model_settings
 from llmrubric.data.splits import text_folds, text_systems
-from llmrubric.io.errors import USER_ERRORS, InputError, TrainingDiverged
+from llmrubric.io.errors import InputError, NotApplicableError, TrainingDiverged
 from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
@@ -209,13 +209,9 @@ class AutoCalibrator:
             self.tuned_ = self._tune(splits, [p for p, _ in held], answers)
         self.table_, likelihood, oof = {}, {}, {}
         for name, probs, seconds, error in self._inner_predictions(splits, [p for p, _ in held], tables):
-            if isinstance(error, NotApplicable):
+            if error is not None:
                 self.table_[name] = {"not_applicable": str(error), "seconds": seconds}
                 log.info("model=auto: candidate %s not applicable: %s", name, error)
-                continue
-            if error is not None:
-                self.table_[name] = {"error": error, "seconds": seconds}
-                log.warning("model=auto: candidate %s failed: %s", name, error)
                 continue
             p = np.clip(probs[np.arange(len(answers)), answers], PROB_FLOOR, 1.0)
             likelihood[name], oof[name] = p, probs
@@ -227,9 +223,9 @@ class AutoCalibrator:
         for name, record in self.tuned_.items():
             self.table_[name]["tuned"] = record
         if not likelihood:
-            reasons = "; ".join(f"{n}: {r.get('error') or r['not_applicable']}" for n, r in self.table_.items())
+            reasons = "; ".join(f"{n}: {r['not_applicable']}" for n, r in self.table_.items())
             raise InputError(
-                f"model=auto: every candidate failed ({reasons})",
+                f"model=auto: no candidate applies ({reasons})",
                 setting="model.auto.candidates",
             )
         chosen = [n for n in likelihood if n.endswith(LEVEL) or self.level_record_["setting"] != "on"]
@@ -290,16 +286,23 @@ class AutoCalibrator:
                 folds = self._held_out(models, splits, pairs)
                 probs = np.concatenate(folds)
                 yield name, probs, time.perf_counter() - start, None
-            except (*USER_ERRORS, TrainingDiverged, ValueError, RuntimeError) as e:
-                yield name, None, time.perf_counter() - start, _reason(e)
+            except NotApplicableError as e:  # declared by the family; any other error stops the run
+                yield name, None, time.perf_counter() - start, NotApplicable(_reason(e))
                 continue
             if self.level_record_["compared"]:
                 levelled, beyond, seconds, error = levelled_fold(
                     self.rubric, models, splits, pairs, folds, self.level_prior
                 )
-                yield f"{name}{LEVEL}", levelled, seconds, error
-                if error is None and beyond.any():  # the level for systems beyond the training range only
+                if error is not None:
+                    yield f"{name}{LEVEL}", None, seconds, NotApplicable(error)
+                    yield f"{name}{BEYOND}", None, 0.0, NotApplicable(f"as {name}{LEVEL}: {error}")
+                    continue
+                yield f"{name}{LEVEL}", levelled, seconds, None
+                if beyond.any():  # the level for systems beyond the training range only
                     yield f"{name}{BEYOND}", np.where(beyond[:, None], levelled, probs), seconds, None
+                else:
+                    reason = "no held-out system of an inner fold lies beyond its training systems' range: it equals the candidate"
+                    yield f"{name}{BEYOND}", None, 0.0, NotApplicable(reason)
 
     def _candidate(self, name: str, params: dict | None = None):
         """Unfitted candidate ``name`` with ``params`` (by default its tuned ones, if any)."""
@@ -353,7 +356,7 @@ class AutoCalibrator:
                 try:
                     models = self._fit_folds([self._candidate(name, params) for _ in splits], [t for t, _ in splits])
                     probs = np.concatenate(self._held_out(models, splits, pairs))
-                except (*USER_ERRORS, TrainingDiverged, ValueError, RuntimeError) as e:
+                except (NotApplicableError, TrainingDiverged) as e:  # a draw that these data cannot fit, or diverged
                     trials.append({"params": params, "error": _reason(e)})
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     continue
@@ -671,7 +674,7 @@ def rule_scores(likelihood: np.ndarray, fold_of: np.ndarray) -> dict:
 def _decision(table: dict, weights: dict, rule: str, rule_cv: dict | None = None) -> dict:
     """Why the weights are what they are: the rule (with ``rule=auto`` each rule's cross-validated
     NLL), the winner (``select``) or the weighted members (``stack``), the best candidate with and
-    without the system level, and by how much the folds agree."""
+    without the system level, by how much the folds agree, and why any candidate was left out."""
     fitted = {n: r for n, r in table.items() if "nll" in r}
     ranked = sorted(fitted, key=lambda n: fitted[n]["nll"])
     best = {
@@ -679,6 +682,9 @@ def _decision(table: dict, weights: dict, rule: str, rule_cv: dict | None = None
         for kind, with_level in (("with_level", True), ("without_level", False))
     }
     out = {"rule": rule, "ranking": ranked, **{f"best_{k}": v for k, v in best.items()}}
+    left_out = {n: r["not_applicable"] for n, r in table.items() if "not_applicable" in r}
+    if left_out:
+        out["not_applicable"] = left_out
     if rule_cv:
         out["rule_cv"] = rule_cv
     if best["with_level"] and best["without_level"]:

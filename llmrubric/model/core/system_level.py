@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 from scipy import special, stats
 
-from llmrubric.io.errors import InputError
+from llmrubric.io.errors import InputError, NotApplicableError
 from llmrubric.io.rubric import Question, Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.columns import text_columns
@@ -233,7 +233,7 @@ class SystemLevel:
         usable = per_system.dropna(subset=["x"])
         self.without_summary_ = sorted(map(str, per_system.index[per_system.x.isna()]))
         if len(usable) < self.min_systems:
-            raise InputError(
+            raise NotApplicableError(
                 f"a system level needs at least {self.min_systems} training systems with labels and a summary, "
                 f"found {len(usable)}",
                 setting="model.auto.system_level",
@@ -565,7 +565,7 @@ def levelled_fold(
             out.append(level.apply(test, held, p, table))
             system = held.text_id.astype(str).map(text_system_ids(test, held)).to_numpy()
             beyond.append(table["beyond"].reindex(system).fillna(False).to_numpy(bool))
-    except (InputError, ValueError, np.linalg.LinAlgError) as e:
+    except NotApplicableError as e:  # too few training systems in an inner fold; anything else is a bug
         return None, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
     return np.concatenate(out), np.concatenate(beyond), time.perf_counter() - start, None
 

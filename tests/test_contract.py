@@ -77,11 +77,10 @@ def network_imports(path: str, tree: ast.Module) -> list[str]:
     return [f"{path}:{line} {module}" for line, module in sorted(hits.items())]
 
 
-def test_no_capability_is_probed_outside_the_registry():
-    probes = [
+def probes(path: str, tree: ast.Module) -> list[str]:
+    """``path:line hasattr(…, 'name')`` of each ``hasattr``/``getattr`` of a :data:`PROBED` attribute."""
+    return [
         f"{path}:{node.lineno} {node.func.id}(…, {node.args[1].value!r})"
-        for path, tree in sources().items()
-        if path != REGISTRY
         for node in ast.walk(tree)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
@@ -90,34 +89,49 @@ def test_no_capability_is_probed_outside_the_registry():
         and isinstance(node.args[1], ast.Constant)
         and node.args[1].value in PROBED
     ]
-    assert not probes, probes
+
+
+def name_lists(path: str, tree: ast.Module) -> list[str]:
+    """``path:line [names]`` of each tuple, list or set literal holding two or more registered family names
+    (but a :data:`SETTING_VALUES` assignment's)."""
+    registered = set(names())
+    allowed = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and (path, t.id) in SETTING_VALUES for t in node.targets)
+    }
+    lists = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and id(node) not in allowed:
+            found = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in registered]
+            if len(found) >= 2:
+                lists.append(f"{path}:{node.lineno} {found}")
+    return lists
+
+
+def test_no_capability_is_probed_outside_the_registry():
+    found = [hit for path, tree in sources().items() if path != REGISTRY for hit in probes(path, tree)]
+    assert not found, found
 
 
 def test_no_list_of_family_names_outside_the_registry():
-    registered = set(names())
-    lists = []
-    for path, tree in sources().items():
-        if path == REGISTRY:
-            continue
-        allowed = {
-            id(node.value)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and (path, t.id) in SETTING_VALUES for t in node.targets)
-        }
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and id(node) not in allowed:
-                found = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in registered]
-                if len(found) >= 2:
-                    lists.append(f"{path}:{node.lineno} {found}")
-    assert not lists, lists
+    found = [hit for path, tree in sources().items() if path != REGISTRY for hit in name_lists(path, tree)]
+    assert not found, found
 
 
-def test_the_probe_test_finds_a_probe_and_a_list():
-    tree = ast.parse('ok = hasattr(m, "fit_many")\nnames = ("network", "ridge_judge")')
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args[1].value in PROBED]
-    tuples = [n for n in ast.walk(tree) if isinstance(n, ast.Tuple) and {e.value for e in n.elts} <= set(names())]
-    assert len(calls) == 1 and len(tuples) == 1
+def test_the_probe_and_list_checks_find_a_probe_and_a_list_and_pass_what_is_allowed():
+    tree = ast.parse(
+        'ok = hasattr(m, "fit_many")\n'
+        'x = getattr(m, "fit_many", None)\n'
+        'fine = hasattr(m, "predict") or getattr(m, name)\n'
+        'names = ("network", "ridge_judge")\n'
+        'one = ["network", "not_a_family"]\n'
+        'FAMILIES = ("auto", "network")\n'
+    )
+    assert probes("p.py", tree) == ["p.py:1 hasattr(…, 'fit_many')", "p.py:2 getattr(…, 'fit_many')"]
+    assert name_lists("p.py", tree) == ["p.py:4 ['network', 'ridge_judge']", "p.py:6 ['auto', 'network']"]
+    assert name_lists("llmrubric/model/auto.py", tree) == ["llmrubric/model/auto.py:4 ['network', 'ridge_judge']"]
 
 
 def test_nothing_outside_the_families_imports_the_network():
@@ -291,10 +305,29 @@ def test_every_questions_family_fits_the_questions_it_is_given(rubric, small, na
     assert predicted == [rubric.main.id]
 
 
-@pytest.mark.parametrize("name", one_name_per_class("twins"))
-def test_every_twins_family_names_a_registered_twin_or_none(rubric, small, name):
-    twin = make(name, rubric, SMALL, FAST, 0).same_as(small[0])
-    assert twin is None or (twin[0] in names() and twin[1])
+def twins(rubric, tables: Tables) -> dict[str, tuple[str, str]]:
+    """``same_as`` of every name declaring ``twins`` on ``tables``, where it names one."""
+    found = {name: make(name, rubric, SMALL, FAST, 0).same_as(tables) for name in with_capability("twins")}
+    return {name: twin for name, twin in found.items() if twin is not None}
+
+
+def test_clmm_mean_is_the_twin_of_clmm_own_only_where_each_question_has_one_source(rubric, small):
+    one = small[0]  # the simulated data: one LLM source
+    two = Tables(one.annotations, pd.concat([one.features, one.features.assign(source="other")]), one.texts)
+    assert twins(rubric, one) == {"clmm_mean": ("clmm_own", "every question has at most one LLM source")}
+    assert twins(rubric, two) == {}
+
+
+@pytest.mark.slow
+def test_every_declared_twin_is_another_registered_name_that_predicts_the_same(rubric, small):
+    train, test = small
+    found = twins(rubric, train)
+    assert found  # clmm_mean's, on one LLM source
+    for name, (twin, why) in found.items():
+        assert twin in names() and twin != name and why
+        np.testing.assert_allclose(
+            fitted(name, rubric, train).predict_proba(test), fitted(twin, rubric, train).predict_proba(test), atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("name", names())

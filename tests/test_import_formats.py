@@ -142,7 +142,19 @@ def test_the_import_command_writes_tables_that_load_and_summaries_as_extract_sum
     )
     ours, theirs = pd.read_csv(out / "summaries.csv"), pd.read_csv(tmp_path / "s.csv")
     pd.testing.assert_frame_equal(ours, theirs)
-    assert set(ours.source) == {SELF_RATED, "NuggetSelfRatedPrompt"}
+    # by hand: the fixture's self-ratings, their mean, max and share ≥ g (a rating is a point mass)
+    ratings = {("101/d1", SELF_RATED): [5, 2], ("101/d1", "NuggetSelfRatedPrompt"): [4]}
+    ratings |= {("101/d2", SELF_RATED): [0, 1], ("102/d1", SELF_RATED): [3]}
+    expected = {}
+    for (text, source), r in ratings.items():
+        for g in range(6):
+            expected[text, source, "self_rating.mean", str(g)] = r.count(g) / len(r)
+            expected[text, source, "self_rating.max", str(g)] = float(max(r) == g)
+        for g in range(1, 6):
+            expected[text, source, f"self_rating.cov_ge{g}", "covered"] = sum(v >= g for v in r) / len(r)
+    got = ours.set_index(["text_id", "source", "question_id", "option"]).prob
+    assert got.index.is_unique
+    assert got.to_dict() == pytest.approx(expected, abs=1e-12)
 
 
 def _paragraph(**change) -> dict:
@@ -305,7 +317,18 @@ def test_a_few_imported_queries_train_by_query_groups(tmp_path):
     tables = load_tables(
         out / "annotations.parquet", out / "summaries.parquet", Rubric.load(ROOT / "conf/rubric/relevance.yaml")
     )
-    assert tables.annotations.text_id.nunique() == pd.read_parquet(out / "texts.parquet").shape[0]
+    # by hand from the JSON and the qrels file: each passage of the 3 queries, labelled with its qrels grade
+    lines = [json.loads(line) for line in head]
+    passages = {(q, p["paragraph_id"]) for q, paragraphs in lines for p in paragraphs}
+    qrels = {
+        (q, doc): grade for q, _, doc, grade in (r.split() for r in (LLMJUDGE / "qrels.txt").read_text().splitlines())
+    }
+    expected = {f"{q}/{doc}": qrels[q, doc] for q, doc in passages}
+    assert len(expected) == sum(len(paragraphs) for _, paragraphs in lines)
+    assert dict(zip(tables.annotations.text_id, tables.annotations.answer)) == expected
+    assert len(tables.annotations) == len(expected)
+    texts = pd.read_parquet(out / "texts.parquet")
+    assert sorted(texts.text_id) == sorted(expected) and set(texts.system_id) == {q for q, _ in lines}
     args = ["rubric=relevance", *data, "trainer=fast", "model=default", "protocol=system_groups", "system_groups=3"]
     done = run("train.py", *args, f"run_dir={tmp_path / 'run'}", "logger=none", "model.ensemble=1")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -313,6 +336,7 @@ def test_a_few_imported_queries_train_by_query_groups(tmp_path):
     folds = pd.read_csv(tmp_path / "run" / "folds.csv", dtype=str)
     first = folds[folds.grouping == "0"]
     assert first.fold.nunique() == 3 and first.groupby("system_id").fold.nunique().eq(1).all()  # one query, one fold
+    assert set(first.system_id) == {q for q, _ in lines}
     shutil.rmtree(tmp_path / "run")
 
 

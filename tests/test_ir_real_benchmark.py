@@ -1,5 +1,6 @@
 """benchmarks/ir_real.py: its folds, methods and figures on 3 queries of the shared LLMJudge test split."""
 
+import dataclasses
 import gzip
 import sys
 
@@ -65,16 +66,36 @@ def test_label_frequencies_in_sample_nll_is_the_labels_entropy(split):
 
 
 @pytest.mark.slow
-def test_every_cheap_method_sees_only_its_training_queries(split):
+def test_every_cheap_method_sees_only_its_training_queries(split, monkeypatch):
+    """Each fit ``run_cheap`` makes gets one held-out query and the training rows of the others only, and
+    its predictions are the same when every held-out label is changed (it never reads them)."""
     folds = bench.outer_folds(split, "leave_one_query_out", 0)
-    for name in bench.CHEAP:
+    queries = split.tables.texts.set_index("text_id").system_id.reindex(split.text_ids).to_numpy()
+    everything = np.arange(len(split.y))
+    for name, fit in list(bench.CHEAP.items()):
+        calls = []
+
+        def spy(data, train, test, seed, fit=fit, calls=calls):
+            calls.append((train, test))
+            flipped = dataclasses.replace(data, y=data.y.copy())
+            flipped.y[test] = 3 - data.y[test]  # every held-out label changed
+            got = fit(data, train, test, seed)
+            for ours, blind in zip(got, fit(flipped, train, test, seed)):
+                assert (ours is None and blind is None) or np.array_equal(ours, blind), name
+            return got
+
+        monkeypatch.setitem(bench.CHEAP, name, spy)
         got = bench.run_cheap(name, split, folds, [0, 1, 2], 0)
+        assert len(calls) == 3 and {queries[test][0] for _, test in calls} == set(queries)
+        for train, test in calls:
+            assert len(set(queries[test])) == 1 and set(queries[train]).isdisjoint(queries[test])
+            assert np.array_equal(np.sort(np.concatenate([train, test])), everything)
         assert got["folds_run"] == [0, 1, 2] and got["n"] == len(split.y)
         assert -1 <= got["kappa"] <= 1 and sum(f["n"] for f in got["per_fold"].values()) == len(split.y)
         if name != "heuristic_rule":
             assert 0 < got["pair_nll"] < 5
-    tr = bench.run_cheap("multinomial_lr", split, folds, [0, 1, 2], 0)
-    assert tr["spearman"] > 0  # the summaries rank passages better than chance on these queries
+        if name == "multinomial_lr":
+            assert got["spearman"] > 0  # the summaries rank passages better than chance on these queries
 
 
 def test_the_heuristic_rule_is_its_definition():

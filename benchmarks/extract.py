@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import write_result
+from common import code_version, write_result
 
 from llmrubric.extract.adapters import llm_rubric_real_texts
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
@@ -75,6 +75,7 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "extract.json"))
     args = parser.parse_args()
+    version = code_version()  # the code this run measures, compared at the end
     torch.set_num_threads(1)
 
     texts = llm_rubric_real_texts(args.data)
@@ -126,7 +127,7 @@ def main() -> None:
     result["cpu_tiny"] = cpu
     result["gpu"] = None
     result["gpu_reason"] = "no GPU in this environment; the 8B Llama bf16 throughput figure was not measured"
-    write_result(result, args.out)
+    write_result(result, args.out, version)
     print(result)
 
 

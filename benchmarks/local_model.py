@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from common import ROOT, exit_code, write_result
+from common import ROOT, code_version, exit_code, write_result
 
 from llmrubric.extract import models
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "local_model.json")
     args = parser.parse_args(argv)
+    version = code_version()  # the code this run measures, compared at the end
     torch.set_num_threads(args.threads)
     files = models.resolve(args.model)
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "load": load,
         "scoring": scoring,
     }
-    print(write_result(out, args.out).read_text(), end="")
+    print(write_result(out, args.out, version).read_text(), end="")
     return 0
 
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import transformers
-from common import ROOT, llm_rubric_default, write_result
+from common import ROOT, code_version, llm_rubric_default, write_result
 from real_llm_probe import shortest
 
 from llmrubric.extract import models
@@ -49,6 +49,7 @@ def main() -> int:
     parser.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "prompt_tokens.json")
     args = parser.parse_args()
+    version = code_version()  # the code this run measures, compared at the end
     from llama_cpp import Llama
 
     files = models.resolve(args.model)
@@ -67,7 +68,7 @@ def main() -> int:
         "gpt2_split": compare(built, llama, tasks),
         "digits_first_split": compare(split, llama, tasks) if models.split_digits_first(split, pre) else None,
     }
-    print(write_result(out, args.out).read_text(), end="")
+    print(write_result(out, args.out, version).read_text(), end="")
     return 0
 
 

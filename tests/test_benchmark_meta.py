@@ -21,21 +21,50 @@ def _common(path: Path):
     return module
 
 
-@pytest.mark.skipif(GIT is None or not (ROOT / ".git").exists(), reason="not a git checkout")
-def test_a_result_records_head_and_whether_tracked_files_differ(tmp_path):
-    common = _common(ROOT / "benchmarks" / "common.py")
-    head = subprocess.run([GIT, "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    status = subprocess.run(
-        [GIT, "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
-    )
-    path = common.write_result({"meta": {"seconds": 3.5}, "figure": 1}, tmp_path / "r.json")
-    written = json.loads(path.read_text())
+def _repo(tmp_path: Path) -> Path:
+    """A git checkout with benchmarks/common.py and one tracked file, committed."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "common.py", repo / "benchmarks" / "common.py")
+    (repo / "code.py").write_text("x = 1\n")
+    (repo / "benchmarks" / "results" / "r.json").write_text("{}\n")
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
+        subprocess.run([GIT, *args], cwd=repo, check=True, capture_output=True)
+    return repo
+
+
+@pytest.mark.skipif(GIT is None, reason="no git")
+def test_a_result_records_the_commit_and_the_tree_at_its_start_and_end(tmp_path):
+    repo = _repo(tmp_path)
+    common = _common(repo / "benchmarks" / "common.py")
+    head = subprocess.run([GIT, "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout
+    start = common.code_version()
+    out = repo / "benchmarks" / "results" / "r.json"
+    written = json.loads(common.write_result({"meta": {"seconds": 3.5}, "figure": 1}, out, start).read_text())
     assert written == {
-        "meta": {"seconds": 3.5, "commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())},
+        "meta": {"seconds": 3.5, "commit": head.strip(), "dirty": False, "diff": "", "dirty_at_end": False},
         "figure": 1,
     }
-    taken = {"commit": "abc1234", "dirty": False}  # taken when the run started
-    assert json.loads(common.write_result({}, tmp_path / "s.json", taken).read_text()) == {"meta": taken}
+    again = common.write_result({"figure": 2}, out, start)  # a second result of the same run: results are not code
+    assert json.loads(again.read_text())["meta"]["dirty_at_end"] is False
+
+
+@pytest.mark.skipif(GIT is None, reason="no git")
+def test_a_result_whose_code_changed_during_the_run_is_refused_and_says_what_changed(tmp_path):
+    repo = _repo(tmp_path)
+    common = _common(repo / "benchmarks" / "common.py")
+    start = common.code_version()
+    (repo / "code.py").write_text("x = 2\n")  # an edit while the run measures
+    out = repo / "benchmarks" / "results" / "s.json"
+    with pytest.raises(common.InputError, match=r"s\.json: not written: the code changed while the run measured it"):
+        common.write_result({"figure": 1}, out, start)
+    assert not out.exists()
+    dirty = common.code_version()  # a run that starts and ends on the same uncommitted tree is written, and says so
+    meta = json.loads(common.write_result({}, out, dirty).read_text())["meta"]
+    assert meta["dirty"] is True and meta["dirty_at_end"] is True and len(meta["diff"]) == 12
+    subprocess.run([GIT, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "d"], cwd=repo, check=True)
+    with pytest.raises(common.InputError, match="re-run it at one commit"):  # committed meanwhile: another commit
+        common.write_result({}, out, dirty)
 
 
 def test_outside_a_checkout_the_commit_is_unknown(tmp_path):
@@ -43,7 +72,7 @@ def test_outside_a_checkout_the_commit_is_unknown(tmp_path):
     shutil.copy(ROOT / "benchmarks" / "common.py", tmp_path / "benchmarks" / "common.py")
     common = _common(tmp_path / "benchmarks" / "common.py")
     assert common.ROOT == tmp_path
-    assert common.code_version() == {"commit": "unknown", "dirty": None}
+    assert common.code_version() == {"commit": "unknown", "dirty": None, "diff": None}
 
 
 def test_every_benchmark_that_writes_a_result_writes_it_through_write_result():

@@ -38,6 +38,7 @@ from llmrubric.io.files import write_json, write_table, write_text
 from llmrubric.io.integrity import check_fits
 from llmrubric.model.core.encoding import PAIR, with_round
 from llmrubric.model.core.registry import capabilities
+from llmrubric.scoring.intervals import DEFAULT_COVERAGE, coverage_figures, with_intervals
 from llmrubric.scoring.leaderboard import rms
 
 log = logging.getLogger("evaluate")
@@ -83,6 +84,9 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     }
     annotations = pd.concat([s.test.annotations for s in first], ignore_index=True)
     metrics = {name: evaluate_predicted(table, annotations, rubric.main) for name, table in tables.items()}
+    intervals = coverage_figures(tables["llm_rubric"], annotations, rubric.main)
+    if intervals:
+        metrics["llm_rubric"]["intervals"] = {"nominal": cfg.get("coverage", DEFAULT_COVERAGE), **intervals}
     table = markdown_table(metrics, metric_names(rubric.main))
     header = (
         f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
@@ -159,7 +163,8 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, d
         model = load_model(path)
         check_fits(model, rubric, split.train.text_ids, str(path))
         family = model.family
-        predictions["llm_rubric"].append(with_labels(model.predict(split.test), rubric.main, rule_of(model)))
+        predicted = with_labels(model.predict(split.test), rubric.main, rule_of(model))
+        predictions["llm_rubric"].append(with_intervals(predicted, model, cfg.get("coverage", DEFAULT_COVERAGE)))
         if rubric.main.ordered:
             rules[split.name] = rule_of(model).to_dict()
         if capabilities(model).members:

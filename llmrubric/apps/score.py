@@ -36,6 +36,9 @@ def register(subparsers) -> None:
     s.add_argument("--trusted-judges", dest="trusted_judges", nargs="+")
     s.add_argument("--questions", nargs="+")
     s.add_argument("--quantile", type=float)
+    s.add_argument(
+        "--coverage", type=float, help="coverage of the conformal intervals lo/hi (default 0.9; docs/scoring.md)"
+    )
     s.add_argument("--chunk-texts", dest="chunk_texts", type=int)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(run=run_score)
@@ -90,9 +93,10 @@ def run_score(args) -> int:
     from llmrubric.scoring.scores import score_texts
 
     settings = command_settings(
-        "scoring", args.config, flags(args, "trusted_judges", "questions", "quantile", "chunk_texts")
+        "scoring", args.config, flags(args, "trusted_judges", "questions", "quantile", "coverage", "chunk_texts")
     )
     quantile = check_range("--quantile", settings["quantile"], 0, 1)
+    coverage = check_range("--coverage", settings["coverage"], 0, 1, open_low=True, open_high=True)
     chunk_texts = check_range("--chunk-texts", settings["chunk_texts"], 1, integer=True)
     out = Path(args.out)
     summary = out.with_name(out.stem + ".summary.json")
@@ -121,6 +125,7 @@ def run_score(args) -> int:
         chunk_texts=chunk_texts,
         predictions_out=args.predictions,
         progress=not args.no_progress,
+        coverage=coverage,
     )
     write_table(result.scores, out)
     if result.levels is not None:  # a model with a system level: `leaderboard build --levels`

@@ -39,11 +39,13 @@ class ScoringConfig:
         trusted_judges: the trusted set A; None: every judge known to the checkpoint.
         questions: questions to score; None: every ordered rubric question (categorical ones have no score).
         quantile: judge-free quantile over A, reported beside mean and max.
+        coverage: the coverage of the conformal intervals ``lo``/``hi`` of the main question's score and predictions.
         chunk_texts: texts per chunk; memory is bounded by chunk_texts × |A| pairs.
     """
 
     trusted_judges: list[str] | None = None
     questions: list[str] | None = None
     quantile: float = 0.9
+    coverage: float = 0.9
     chunk_texts: int = 4096
     leaderboard: LeaderboardConfig = field(default_factory=LeaderboardConfig)

@@ -36,6 +36,7 @@ from llmrubric.io.errors import USER_ERRORS, InputError, report
 from llmrubric.io.guards import check_range, check_writable_dir
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
+from llmrubric.scoring.intervals import DEFAULT_COVERAGE, check_coverage
 
 log = logging.getLogger(__name__)
 FOLDS_FILE = "folds.csv"
@@ -155,6 +156,7 @@ def check_settings(cfg: DictConfig) -> Rubric:
         check_range("grouping_seeds", cfg.grouping_seeds, 1, integer=True)
     if cfg.protocol == "holdout" and not cfg.data.get("test"):
         check_range("test_fraction", cfg.test_fraction, 0, 1, open_low=True, open_high=True)
+    check_coverage(cfg.get("coverage", DEFAULT_COVERAGE))
     if cfg.predictions_format not in PREDICTION_FORMATS:
         raise InputError(
             f"{cfg.predictions_format!r} is not an output format ({', '.join(PREDICTION_FORMATS)})",

@@ -73,7 +73,7 @@ SPECS = {
     ),
     "predictions": TableSpec(
         ("text_id", "judge_id", "question_id", "mean", "var"),
-        ("system_id", "label"),
+        ("system_id", "label", "lo", "hi"),
         ("text_id", "judge_id", "question_id"),
         (
             ("text_id", "string id; NA is an error"),
@@ -91,6 +91,12 @@ SPECS = {
                 "label",
                 "string, an option of the ordered main question given by the model's label rule (evaluate.py); NA on other questions",
             ),
+            (
+                "lo",
+                "float, the lower end of the answer's conformal interval at the coverage asked (`coverage`, default "
+                "0.9) on the question the model is calibrated on (the main question, model=auto); NA on other questions",
+            ),
+            ("hi", "float, the upper end of that interval; NA where `lo` is"),
         ),
     ),
 }

@@ -41,6 +41,7 @@ from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
+from llmrubric.model.core.conformal import Conformal
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.core.label_rule import LabelRule, main_rule
 from llmrubric.model.core.params import (
@@ -86,6 +87,7 @@ FAMILIES = ("auto", "network")  # the values of model.family
 SETTINGS = {"model": ModelConfig, "trainer": TrainConfig}  # model=auto's parameters
 MIN_WEIGHT = 1e-3  # stacking weights below this are dropped (and the rest renormalised)
 PROB_FLOOR = 1e-12
+CONFORMAL = "conformal"  # the checkpoint's tensors of the interval calibration
 
 
 def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None = None, seed: int = 0, group="text"):
@@ -137,6 +139,7 @@ class AutoCalibrator:
         self.rubric, self.seed, self.group_for = rubric, seed, group
         self.source_, self.added_judges_ = "<model>", []  # the checkpoint it was loaded from, the judges added
         self.tuned_ = {}  # candidate → its tuning (fit)
+        self.conformal_: Conformal | None = None  # the main question's interval calibration (fit)
         self._configure(model, trainer)
 
     def _configure(self, model, trainer) -> None:
@@ -247,6 +250,8 @@ class AutoCalibrator:
         mixed = sum(w * oof[n] for n, w in self.weights_.items())
         self.label_rule_ = main_rule(main, mixed, answers, fold_of, self.model, "out-of-fold")
         self.label_oof_ = (mixed, answers, fold_of)  # what the rule was chosen on (not saved)
+        texts = np.concatenate([p.text_id.astype(str).to_numpy() for p, _ in held])
+        self.conformal_ = Conformal.fit(main, mixed, answers, texts) if main.ordered else None
         for name in self.table_:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
             if name in likelihood:
@@ -541,6 +546,9 @@ class AutoCalibrator:
             "label_rule": self.label_rule_.to_dict() if self.label_rule_ is not None else None,
         }
         tensors = {}
+        if self.conformal_ is not None:
+            meta["conformal"], arrays = self.conformal_.state()
+            tensors.update({f"{CONFORMAL}/{k}": torch.from_numpy(v) for k, v in arrays.items()})
         for name, member in self.members_.items():
             member_meta, member_tensors = member.state()
             meta["members"][name] = member_meta
@@ -585,6 +593,8 @@ class AutoCalibrator:
         self.level_record_ = meta.get("system_level", {})
         self.label_rule_ = LabelRule.from_dict(meta.get("label_rule"), source) if rubric.main.ordered else None
         self.levels_ = levels_from_state(rubric, self.level_record_, tensors, source)
+        conformal = {k: v.numpy() for k, v in split_tensors(tensors, CONFORMAL).items()}
+        self.conformal_ = Conformal.from_state(meta["conformal"], conformal) if "conformal" in meta else None
         self.members_ = {}
         for name, member_meta in meta["members"].items():
             part = split_tensors(tensors, name)

@@ -31,9 +31,22 @@ from llmrubric.io.rows import check_unique
 from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.core.absent import DRAWS, SEED, batch_of
 from llmrubric.model.core.registry import Family, capabilities
+from llmrubric.scoring.intervals import DEFAULT_COVERAGE, calibration, check_coverage, score_intervals, with_intervals
 
 log = logging.getLogger(__name__)
-SCORE_COLUMNS = ["text_id", "system_id", "question_id", "mean", "max", "quantile", "judges", "status", "missing_blocks"]
+SCORE_COLUMNS = [
+    "text_id",
+    "system_id",
+    "question_id",
+    "mean",
+    "lo",
+    "hi",
+    "max",
+    "quantile",
+    "judges",
+    "status",
+    "missing_blocks",
+]
 EMPTY_ANNOTATIONS = ["text_id", "judge_id", "question_id", "answer", "round"]
 
 
@@ -130,6 +143,7 @@ def score_texts(
     predictions_out: str | Path | None = None,
     keep_predictions: bool = False,
     progress: bool = False,
+    coverage: float = DEFAULT_COVERAGE,
 ) -> ScoreResult:
     """Predict every trusted judge on every text, chunk by chunk; aggregate over judges.
 
@@ -140,11 +154,14 @@ def score_texts(
     written atomically: a failure leaves no file; ``keep_predictions`` also returns it in memory.
     ``questions`` defaults to the rubric's ordered questions: a categorical question has no
     judge-free score (asking for one is an error; the calibrator's ``predict`` gives its distributions).
+    ``lo``/``hi`` of the calibrated question's ``mean`` score and predictions: conformal intervals at ``coverage``
+    (:mod:`llmrubric.scoring.intervals`; NA for other questions and models without a calibration).
     """
     if not 0 <= quantile <= 1:
         raise InputError(f"quantile {quantile} is not in [0, 1]", column="quantile")
     if chunk_texts < 1:
         raise InputError(f"chunk_texts must be >= 1, got {chunk_texts}", column="chunk_texts")
+    coverage = check_coverage(coverage)
     start = time.perf_counter()
     judges = trusted_judges(calibrator, judges)
     questions = _scored_questions(calibrator, questions)
@@ -165,12 +182,12 @@ def score_texts(
                 pairs, probs = chunks.predict(lo, chunk)
                 if sink is not None or keep_predictions:
                     flat = probs.reshape(len(chunk) * len(judges), len(questions), -1)
-                    frame = predictions_frame(pairs, chunks.questions, flat)
+                    frame = with_intervals(predictions_frame(pairs, chunks.questions, flat), calibrator, coverage)
                     if sink is not None:
                         sink.write(frame)
                     if keep_predictions:
                         kept.append(frame)
-                parts += _chunk_scores(chunk, chunks.questions, probs, quantile)
+                parts += _chunk_scores(chunk, chunks.questions, probs, quantile, calibrator, coverage)
                 n_pairs += len(pairs)
                 bar.update(len(chunk))
         finally:
@@ -191,6 +208,8 @@ def score_texts(
         "judges": judges,
         "questions": questions,
         "quantile": quantile,
+        "coverage": coverage,
+        "intervals": calibration(calibrator).question_id if calibration(calibrator) is not None else None,
         "pairs": int(n_pairs),
         "fast_path": chunks.fast is not None,
         "seconds": time.perf_counter() - start,
@@ -352,13 +371,16 @@ class _ChunkPredictor:
         return probs.reshape(n, len(self.judges), len(self.questions), -1)
 
 
-def _chunk_scores(chunk: pd.DataFrame, questions: list, probs: np.ndarray, quantile: float) -> list[pd.DataFrame]:
-    """One judge-free score frame per question for the texts of ``chunk``."""
+def _chunk_scores(
+    chunk: pd.DataFrame, questions: list, probs: np.ndarray, quantile: float, calibrator: Family, coverage: float
+) -> list[pd.DataFrame]:
+    """One judge-free score frame per question for the texts of ``chunk``, the mean's interval where calibrated."""
     parts = []
     for qi, question in enumerate(questions):
         k = len(question.options)
         means = probs[:, :, qi, :k] @ np.asarray(question.values)  # (texts, judges)
         agg = judge_free(means, quantile)
+        agg["lo"], agg["hi"] = score_intervals(calibrator, question, probs[:, :, qi, :k], coverage)
         parts.append(
             pd.DataFrame(
                 {
@@ -376,7 +398,7 @@ def _score_table(
     parts: list[pd.DataFrame], missing: dict[str, str], n_judges: int, unscored: pd.DataFrame, questions: list[str]
 ) -> pd.DataFrame:
     """The scores (``SCORE_COLUMNS``) with status and missing blocks; texts without features as ``no_features``."""
-    scores = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=SCORE_COLUMNS[:6])
+    scores = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=SCORE_COLUMNS[:8])
     scores["judges"] = n_judges
     scores["missing_blocks"] = [missing.get(t, "") for t in scores.text_id]
     scores["status"] = np.where(scores.missing_blocks == "", "ok", "masked")

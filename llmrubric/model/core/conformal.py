@@ -1,0 +1,131 @@
+"""Prediction intervals with a coverage guarantee, conformalised on out-of-fold predictions.
+
+A model predicts a distribution over an ordered question's values for each (text, judge) pair, and for a
+text's judge-free score (the mean over judges) the distribution of that mean (the judges' distributions
+convolved). Each is turned into an interval by distributional conformal prediction (Chernozhukov, Wüthrich
+and Zhu, PNAS 2021): the conformity score of an observed value ``y`` under the predictive CDF ``F`` is its
+tail mass from the nearer side, ``min(F(y), 1 - F(y-))``; the interval at coverage ``1 - a`` holds every value
+whose score reaches ``q``, the ``floor(a (n + 1))``-th smallest of ``n`` calibration scores (the values between
+the two central quantiles of tail mass ``q``: an interval, narrower where the model is sure). The calibration
+scores are those of out-of-fold predictions of the training data (``model=auto``'s inner folds: CV+-style, no
+labels spent twice), kept sorted in the checkpoint, so any coverage can be asked for when scoring. The guarantee
+is marginal, over texts exchangeable with the training texts: P(y in interval) >= 1 - a on average over texts,
+not for each text, nor for a system that the model misjudges as a whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from llmrubric.io.errors import InputError
+
+GRID = 1e-9  # values closer than this are one support point of a convolved mean
+
+
+def tail_scores(cdf_below: np.ndarray, cdf_at: np.ndarray) -> np.ndarray:
+    """``min(F(y), 1 - F(y-))``: the tail mass at and beyond ``y`` from the nearer side."""
+    return np.minimum(cdf_at, 1.0 - cdf_below)
+
+
+def threshold(scores: np.ndarray, coverage: float) -> float:
+    """The conformal threshold: the ``floor((1 - coverage)(n + 1))``-th smallest score (0 where that is 0:
+    too few scores for the coverage asked, every value is in the interval)."""
+    if not 0 < coverage < 1:
+        raise InputError(f"coverage {coverage} is not in (0, 1)", setting="coverage")
+    k = int(np.floor((1 - coverage) * (len(scores) + 1)))
+    return float(np.sort(scores)[k - 1]) if k >= 1 else 0.0
+
+
+def interval(values: np.ndarray, probs: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of each row's values whose tail score reaches ``q`` (rows, support) distributions over
+    ascending ``values``; where none does (q above every score), the interval is the row's median point."""
+    cdf = np.cumsum(probs, axis=-1)
+    below = cdf - probs
+    inside = tail_scores(below, cdf) >= q - 1e-12
+    median = np.argmax(cdf >= 0.5 - 1e-12, axis=-1)
+    inside[np.arange(len(inside)), median] |= ~inside.any(axis=-1)
+    lo = values[np.argmax(inside, axis=-1)]
+    hi = values[inside.shape[-1] - 1 - np.argmax(inside[:, ::-1], axis=-1)]
+    return lo, hi
+
+
+def mean_distribution(values: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution of the mean of independent answers: ``probs`` (judges, options) over ``values`` →
+    (support, probabilities) of their mean."""
+    support, mass = np.zeros(1), np.ones(1)
+    for p in probs:
+        sums = (support[:, None] + values[None, :]).ravel()
+        weights = (mass[:, None] * p[None, :]).ravel()
+        keys = np.round(sums / GRID).astype(np.int64)
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        support, mass = uniq * GRID, np.bincount(inverse, weights=weights)
+    return support / len(probs), mass
+
+
+def mean_intervals(values: np.ndarray, probs: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of the mean over judges for each text: ``probs`` (texts, judges, options)."""
+    out = [interval(*_one(values, p), q) for p in probs]
+    return np.array([lo[0] for lo, _ in out]), np.array([hi[0] for _, hi in out])
+
+
+def _one(values: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    support, mass = mean_distribution(values, probs)
+    return support, mass[None, :]
+
+
+def mean_score(values: np.ndarray, probs: np.ndarray, observed: float) -> float:
+    """The tail score of an observed mean over the judges whose distributions are ``probs`` (judges, options)."""
+    support, mass = mean_distribution(values, probs)
+    cdf = np.cumsum(mass)
+    at = int(np.argmin(np.abs(support - observed)))
+    return float(tail_scores(cdf[at] - mass[at], cdf[at]))
+
+
+@dataclass
+class Conformal:
+    """The calibration scores of one ordered question (sorted): ``pairs`` of (text, judge) answers and
+    ``texts`` of the mean over each text's judges. :meth:`fit` takes out-of-fold predictions."""
+
+    question_id: str
+    pairs: np.ndarray
+    texts: np.ndarray
+
+    @classmethod
+    def fit(cls, question, probs: np.ndarray, answers: np.ndarray, text_ids) -> Conformal:
+        """``probs`` (pairs, options) out-of-fold distributions of ``question``, ``answers`` the observed option
+        index of each pair, ``text_ids`` each pair's text."""
+        values = np.asarray(question.values, dtype=float)
+        probs = probs[:, : len(values)]
+        rows = np.arange(len(answers))
+        cdf = np.cumsum(probs, axis=1)
+        pairs = tail_scores(cdf[rows, answers] - probs[rows, answers], cdf[rows, answers])
+        frame = pd.DataFrame({"text": np.asarray(text_ids, dtype=object), "row": rows})
+        texts = [
+            mean_score(values, probs[group.row.to_numpy()], float(values[answers[group.row.to_numpy()]].mean()))
+            for _, group in frame.groupby("text", sort=False)
+        ]
+        return cls(question.id, np.sort(pairs), np.sort(np.asarray(texts, dtype=float)))
+
+    def pair_intervals(self, question, probs: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of each (text, judge) answer: ``probs`` (pairs, options)."""
+        values = np.asarray(question.values, dtype=float)
+        return interval(values, probs[:, : len(values)], threshold(self.pairs, coverage))
+
+    def score_intervals(self, question, probs: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of each text's mean over judges: ``probs`` (texts, judges, options)."""
+        values = np.asarray(question.values, dtype=float)
+        return mean_intervals(values, probs[:, :, : len(values)], threshold(self.texts, coverage))
+
+    def state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """Metadata and arrays for a checkpoint."""
+        return {"question_id": self.question_id, "pairs": len(self.pairs), "texts": len(self.texts)}, {
+            "pairs": self.pairs,
+            "texts": self.texts,
+        }
+
+    @classmethod
+    def from_state(cls, meta: dict, arrays: dict[str, np.ndarray]) -> Conformal:
+        return cls(meta["question_id"], np.asarray(arrays["pairs"], float), np.asarray(arrays["texts"], float))

@@ -1,0 +1,137 @@
+"""Conformal intervals (llmrubric.model.core.conformal, llmrubric.scoring.intervals): an overconfident model is
+corrected to nominal coverage on data with a known truth, the mean's distribution is the judges' convolution,
+and model=auto's calibration reaches predictions, scores and its checkpoint."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import norm
+from support.settings import FAST
+
+from llmrubric.config import model_file
+from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
+from llmrubric.io.errors import InputError
+from llmrubric.io.rubric import Rubric
+from llmrubric.model.auto import AutoCalibrator
+from llmrubric.model.core.checkpoints import load_model
+from llmrubric.model.core.conformal import Conformal, interval, mean_distribution, threshold
+from llmrubric.scoring.intervals import coverage_figures, with_intervals
+from llmrubric.scoring.scores import score_texts
+
+VALUES = np.arange(1.0, 6.0)
+
+
+def ordinal(n: int, rng: np.random.Generator, spread: float = 1.0) -> np.ndarray:
+    """(n, 5) true distributions: a discretised normal around a random centre."""
+    centre = rng.uniform(0.5, 5.5, n)[:, None]
+    edges = np.array([-np.inf, 1.5, 2.5, 3.5, 4.5, np.inf])
+    cdf = norm.cdf((edges[None, :] - centre) / spread)
+    return np.diff(cdf, axis=1)
+
+
+def draw(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return (p.cumsum(axis=1) < rng.uniform(size=(len(p), 1))).sum(axis=1)
+
+
+def sharpened(p: np.ndarray, power: float) -> np.ndarray:
+    q = p**power
+    return q / q.sum(axis=1, keepdims=True)
+
+
+def covered(lo, hi, y) -> float:
+    return float(((lo <= VALUES[y]) & (VALUES[y] <= hi)).mean())
+
+
+def test_an_overconfident_model_is_corrected_to_nominal_coverage():
+    rng = np.random.default_rng(0)
+    truth_cal, truth_test = ordinal(3000, rng), ordinal(20000, rng)
+    y_cal, y_test = draw(truth_cal, rng), draw(truth_test, rng)
+    model_cal, model_test = sharpened(truth_cal, 4), sharpened(truth_test, 4)  # far too sure of itself
+    naive = covered(*interval(VALUES, model_test, 0.05), y_test)  # its own central 90 %
+    assert naive < 0.82
+    question = Rubric.from_dict({"questions": [{"id": "q", "text": "q", "options": [1, 2, 3, 4, 5]}]})["q"]
+    cal = Conformal.fit(question, model_cal, y_cal, np.arange(len(y_cal)).astype(str))
+    for nominal in (0.8, 0.9, 0.95):
+        lo, hi = cal.pair_intervals(question, model_test, nominal)
+        assert nominal - 0.015 <= covered(lo, hi, y_test) <= nominal + 0.04, nominal
+    right = Conformal.fit(question, truth_cal, y_cal, np.arange(len(y_cal)).astype(str))
+    lo, hi = right.pair_intervals(question, truth_test, 0.9)  # the true distributions, calibrated on their own
+    assert 0.885 <= covered(lo, hi, y_test) <= 0.94
+    corrected = cal.pair_intervals(question, model_test, 0.9)
+    assert (hi - lo).mean() <= (corrected[1] - corrected[0]).mean() + 0.05
+
+
+def test_the_threshold_is_the_finite_sample_quantile_and_too_few_scores_cover_everything():
+    scores = np.arange(1, 20) / 20  # 19 scores
+    assert threshold(scores, 0.9) == pytest.approx(0.05)  # floor(0.1 * 20) = 2nd smallest
+    assert threshold(scores[:5], 0.9) == 0.0  # floor(0.1 * 6) = 0: every value is in
+    with pytest.raises(InputError, match="coverage"):
+        threshold(scores, 1.0)
+
+
+def test_the_mean_of_judges_is_their_convolution():
+    rng = np.random.default_rng(1)
+    probs = rng.dirichlet(np.ones(5), size=3)
+    support, mass = mean_distribution(VALUES, probs)
+    brute: dict[float, float] = {}
+    for combo in itertools.product(range(5), repeat=3):
+        key = round(float(VALUES[list(combo)].mean()), 9)
+        brute[key] = brute.get(key, 0.0) + float(np.prod([probs[j, k] for j, k in enumerate(combo)]))
+    assert len(support) == len(brute) == 13
+    np.testing.assert_allclose(mass, [brute[round(float(s), 9)] for s in support], atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def fitted(rubric):
+    data = simulate(0, 120, 4, 2, rubric, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
+    train, test = data.subset(data.text_ids[:90]), data.subset(data.text_ids[90:])
+    settings = {**model_file("auto"), "ensemble": 1, "auto": {"candidates": ["ridge_judge", "clmm_all"]}}
+    return AutoCalibrator(rubric, settings, FAST, seed=0).fit(train), test
+
+
+@pytest.mark.slow
+def test_auto_calibrates_its_main_question_and_keeps_it_in_the_checkpoint(fitted, tmp_path):
+    model, test = fitted
+    cal = model.conformal_
+    assert cal.question_id == model.rubric.main.id
+    assert len(cal.pairs) == sum(model.label_oof_[1] >= 0) and len(cal.texts) == 90
+    assert np.all(np.diff(cal.pairs) >= 0) and 0 <= cal.pairs[0] and cal.pairs[-1] <= 1
+    loaded = load_model(model.save(tmp_path / "auto.safetensors"))
+    np.testing.assert_array_equal(loaded.conformal_.pairs, cal.pairs)
+    np.testing.assert_array_equal(loaded.conformal_.texts, cal.texts)
+
+
+@pytest.mark.slow
+def test_predictions_and_scores_carry_intervals_that_widen_with_the_coverage(fitted):
+    model, test = fitted
+    main = model.rubric.main
+    predictions = model.predict(test)
+    narrow, wide = with_intervals(predictions, model, 0.5), with_intervals(predictions, model, 0.95)
+    rows = (narrow.question_id == main.id).to_numpy()
+    assert narrow.loc[rows, "lo"].notna().all() and narrow.loc[~rows, "lo"].isna().all()
+    assert (wide.hi - wide.lo)[rows].mean() > (narrow.hi - narrow.lo)[rows].mean()
+    assert (wide.lo[rows] <= narrow.lo[rows]).all() and (wide.hi[rows] >= narrow.hi[rows]).all()
+    figures = coverage_figures(wide, test.annotations, main)
+    assert figures["pairs"] == int((test.annotations.question_id == main.id).sum()) and figures["coverage"] > 0.7
+    result = score_texts(model, test.features, test.texts, questions=[main.id], coverage=0.9)
+    scores = result.scores
+    assert {"lo", "hi"} <= set(scores.columns) and result.summary["intervals"] == main.id
+    assert (scores.lo <= scores.hi).all() and scores.lo.min() >= min(main.values)
+    assert scores.hi.max() <= max(main.values)
+    loose = score_texts(model, test.features, test.texts, questions=[main.id], coverage=0.99).scores
+    assert ((loose.hi - loose.lo) >= (scores.hi - scores.lo) - 1e-12).all()
+    with pytest.raises(InputError, match="coverage"):
+        score_texts(model, test.features, test.texts, questions=[main.id], coverage=1.5)
+
+
+def test_a_model_without_a_calibration_gets_no_interval(simulated, rubric):
+    class Plain:
+        rubric = None
+
+    frame = pd.DataFrame({"text_id": ["t"], "judge_id": ["j"], "question_id": ["Q0"], "mean": [3.0], "var": [1.0]})
+    out = with_intervals(frame, Plain(), 0.9)
+    assert out.lo.isna().all() and out.hi.isna().all()

@@ -336,6 +336,14 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
         assert {member_of(n) for n in choice["inner_cv"]} == set(default_candidates())
         assert "reason" in choice["system_level"]
     assert "model=auto, fold0: weights" in (tmp_path / "run" / "metrics.md").read_text()
+    intervals, curve = methods["llm_rubric"]["intervals"], methods["llm_rubric"]["coverage_curve"]
+    assert intervals["nominal"] == 0.9 and intervals["pairs"] == methods["llm_rubric"]["n"]
+    assert [c["nominal"] for c in curve] == [0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+    assert curve[4]["coverage"] == intervals["coverage"] and np.all(np.diff([c["width"] for c in curve]) >= 0)
+    assert (tmp_path / "run" / "coverage.png").read_bytes()[:4] == b"\x89PNG"
+    predictions = pd.read_csv(tmp_path / "run" / "predictions.csv")
+    main_rows = predictions.question_id == "Q0"
+    assert predictions[main_rows].lo.notna().all() and predictions[~main_rows].lo.isna().all()
 
 
 @pytest.mark.parametrize("rule", ["select", "stack"])

@@ -38,11 +38,18 @@ from llmrubric.io.files import write_json, write_table, write_text
 from llmrubric.io.integrity import check_fits
 from llmrubric.model.core.encoding import PAIR, with_round
 from llmrubric.model.core.registry import capabilities
-from llmrubric.scoring.intervals import DEFAULT_COVERAGE, coverage_figures, with_intervals
+from llmrubric.scoring.intervals import (
+    DEFAULT_COVERAGE,
+    coverage_curve,
+    coverage_figures,
+    coverage_plot,
+    with_intervals,
+)
 from llmrubric.scoring.leaderboard import rms
 
 log = logging.getLogger("evaluate")
 SYSTEM_ERRORS_FILE = "system_errors.csv"
+COVERAGE_PLOT = "coverage.png"  # observed against nominal coverage of the conformal intervals (model=auto)
 
 
 @hydra.main(config_path=CONF_PATH, config_name="config", version_base=VERSION_BASE)
@@ -75,7 +82,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     from llmrubric.model.families.baselines import duplicates  # imported here: not for --help
 
     run_dir = Path(cfg.run_dir)
-    parts, choices, skipped, rules, family = predict_splits(cfg, rubric, splits)
+    parts, choices, skipped, rules, family, curve = predict_splits(cfg, rubric, splits)
     same = duplicates(list(cfg.baselines))
     first = [s for s in splits if s.grouping == 0]
     tables = {
@@ -87,6 +94,9 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     intervals = coverage_figures(tables["llm_rubric"], annotations, rubric.main)
     if intervals:
         metrics["llm_rubric"]["intervals"] = {"nominal": cfg.get("coverage", DEFAULT_COVERAGE), **intervals}
+    if curve:
+        metrics["llm_rubric"]["coverage_curve"] = curve
+        coverage_plot(curve, run_dir / COVERAGE_PLOT, f"{rubric.main.id}: conformal intervals")
     table = markdown_table(metrics, metric_names(rubric.main))
     header = (
         f"{cfg.name}: {rubric.main.id} on {metrics['llm_rubric']['n']} held-out (text, judge) pairs ({cfg.protocol})"
@@ -137,18 +147,19 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     return metrics
 
 
-def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, dict, str]:
+def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, dict, str, list]:
     """Held-out predictions of every split's checkpoint (``llm_rubric``, with the ``label`` of its rule on an
-    ordered main question) and of each configured baseline fitted on the split's training texts:
-    ``{method: [table per split]}``, model=auto's choices per split, the baselines skipped with their
-    reason, each checkpoint's label rule (ordered main question) and the registry name of the family
-    fitted (``model.family``: the same in every split)."""
+    ordered main question and the ``lo``/``hi`` of its conformal intervals) and of each configured baseline fitted
+    on the split's training texts: ``{method: [table per split]}``, model=auto's choices per split, the baselines
+    skipped with their reason, each checkpoint's label rule (ordered main question), the registry name of the family
+    fitted (``model.family``: the same in every split) and the intervals' coverage curve over the splits
+    (:func:`~llmrubric.scoring.intervals.coverage_curve`; [] without a calibration)."""
     from llmrubric.model.core.checkpoints import load_model
     from llmrubric.model.core.label_rule import rule_of, with_labels
     from llmrubric.model.families.baselines import expand_baselines, make_method  # imported here: not for --help
 
     run_dir = Path(cfg.run_dir)
-    predictions, choices, rules, family = {"llm_rubric": []}, {}, {}, None
+    predictions, choices, rules, family, held_out = {"llm_rubric": []}, {}, {}, None, []
     features = pd.concat(
         [t.features[t.features.question_id == rubric.main.id] for s in splits for t in (s.train, s.test)],
         ignore_index=True,
@@ -165,6 +176,8 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, d
         family = model.family
         predicted = with_labels(model.predict(split.test), rubric.main, rule_of(model))
         predictions["llm_rubric"].append(with_intervals(predicted, model, cfg.get("coverage", DEFAULT_COVERAGE)))
+        if split.grouping == 0:
+            held_out.append((model, predicted, split.test.annotations))
         if rubric.main.ordered:
             rules[split.name] = rule_of(model).to_dict()
         if capabilities(model).members:
@@ -177,7 +190,7 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, d
                 skipped[name] = f"{split.name}: {e}"
                 predictions.pop(name, None)
                 log.warning("baseline %s skipped: %s", name, skipped[name])
-    return predictions, choices, skipped, rules, family
+    return predictions, choices, skipped, rules, family, coverage_curve(held_out, rubric.main)
 
 
 def grouping_figures(parts: dict, splits, question) -> dict:
@@ -281,7 +294,9 @@ def track(cfg: DictConfig, metrics: dict | None, started: float) -> None:
                     metric_keys(values, "test", None if name == "llm_rubric" else re.sub(r"[^\w\-. /]", "_", name))
                 )
             files = [f"predictions.{cfg.predictions_format}", "metrics.json", "metrics.md"]
-            for file in files + ([SYSTEM_ERRORS_FILE] if cfg.protocol in SYSTEM_PROTOCOLS else []):
+            files += [SYSTEM_ERRORS_FILE] if cfg.protocol in SYSTEM_PROTOCOLS else []
+            files += [COVERAGE_PLOT] if (run_dir / COVERAGE_PLOT).is_file() else []
+            for file in files:
                 run.log_artifact(run_dir / file)
         report = cfg.get("report")
         if report is not None and report.get("enabled") and Path(report.dir).is_dir():

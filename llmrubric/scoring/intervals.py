@@ -10,6 +10,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import probabilities
 
 DEFAULT_COVERAGE = 0.9
+CURVE_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)  # the nominal coverages of the coverage curve
 
 
 def check_coverage(coverage: float, setting: str = "coverage") -> float:
@@ -53,14 +54,59 @@ def score_intervals(model, question, probs: np.ndarray, coverage: float) -> tupl
     return conformal.score_intervals(question, probs, coverage)
 
 
-def coverage_figures(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> dict:
-    """Observed coverage and mean width of the ``lo``/``hi`` intervals of ``question`` on annotated pairs."""
+def _inside(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> tuple[pd.Series, pd.Series]:
+    """Whether each annotated pair's answer lies in its ``lo``/``hi`` interval, and the interval's width."""
     rows = predictions[(predictions.question_id == question.id) & predictions.lo.notna()]
-    if not len(rows):
-        return {}
     answers = annotations[annotations.question_id == question.id][["text_id", "judge_id", "answer"]]
     value = dict(zip(question.keys, question.values))
     merged = rows.merge(answers.astype({"text_id": str, "judge_id": str}), on=["text_id", "judge_id"])
     y = merged.answer.astype(str).map(value).astype(float)
-    inside = (merged.lo <= y) & (y <= merged.hi)
-    return {"pairs": int(len(merged)), "coverage": float(inside.mean()), "width": float((merged.hi - merged.lo).mean())}
+    return (merged.lo <= y) & (y <= merged.hi), merged.hi - merged.lo
+
+
+def coverage_figures(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> dict:
+    """Observed coverage and mean width of the ``lo``/``hi`` intervals of ``question`` on annotated pairs."""
+    inside, width = _inside(predictions, annotations, question)
+    if not len(inside):
+        return {}
+    return {"pairs": int(len(inside)), "coverage": float(inside.mean()), "width": float(width.mean())}
+
+
+def coverage_curve(held_out: list[tuple], question, levels=CURVE_LEVELS) -> list[dict]:
+    """Observed against nominal coverage on held-out pairs: ``held_out`` holds (model, predictions, annotations) of
+    each split; [] where no model has a calibration of ``question``."""
+    curve = []
+    for level in levels:
+        parts = [
+            _inside(with_intervals(predictions, model, level), annotations, question)
+            for model, predictions, annotations in held_out
+            if calibration(model) is not None and calibration(model).question_id == question.id
+        ]
+        if not parts:
+            return []
+        inside, width = pd.concat([i for i, _ in parts]), pd.concat([w for _, w in parts])
+        curve.append({"nominal": level, "coverage": float(inside.mean()), "width": float(width.mean())})
+    return curve
+
+
+def coverage_plot(curve: list[dict], path, title: str) -> None:
+    """Observed against nominal coverage (the diagonal is exact), each point labelled with its mean width."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from llmrubric.io.files import atomic_path
+
+    fig, ax = plt.subplots(figsize=(4.2, 4.2))
+    nominal, observed = [c["nominal"] for c in curve], [c["coverage"] for c in curve]
+    ax.plot([0.4, 1], [0.4, 1], color="grey", lw=1, ls="--", label="nominal")
+    ax.plot(nominal, observed, marker="o", label="held-out pairs")
+    for c in curve:
+        ax.annotate(f"{c['width']:.2f}", (c["nominal"], c["coverage"]), textcoords="offset points", xytext=(4, -10))
+    ax.set(xlabel="nominal coverage", ylabel="observed coverage", title=title, xlim=(0.4, 1), ylim=(0.4, 1))
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)

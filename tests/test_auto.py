@@ -14,8 +14,10 @@ from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.io.errors import InputError, NotApplicableError
 from llmrubric.io.tables import Tables
 from llmrubric.model import auto as auto_module
-from llmrubric.model.auto import AutoCalibrator, _weights, default_candidates, rule_scores
+from llmrubric.model.auto import AutoCalibrator, default_candidates
 from llmrubric.model.core.checkpoints import load_model
+from llmrubric.model.core.combine import rule_scores
+from llmrubric.model.core.combine import weights as _weights
 from llmrubric.model.core.system_level import member_of
 from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method
 from llmrubric.model.families.mixed import MixedOrdinal
@@ -150,6 +152,7 @@ def test_a_candidate_that_does_not_apply_is_recorded_and_a_bug_stops_the_run(sou
         ({"group": "judge"}, "model.auto.group"),
         ({"folds": 1}, "model.auto.folds"),
         ({"tune_trials": -1}, "model.auto.tune_trials"),
+        ({"bb_draws": 0}, "model.auto.bb_draws"),
     ],
 )
 def test_bad_auto_settings_name_the_setting(rubric, auto, setting):

@@ -21,10 +21,11 @@ class AutoConfig:
             null: the names registered as default candidates (``llmrubric.model.auto.default_candidates``),
             resolved by :class:`llmrubric.model.auto.AutoCalibrator` (the registry is a higher layer than config).
         rule: ``select`` (the candidate with the lowest inner-CV NLL), ``stack`` (non-negative
-            weights summing to 1 that maximise the inner-CV likelihood of the main question) or
-            ``auto`` (each rule's weights fitted on all inner folds but one and scored on that one;
-            ``stack`` where its mean gain per fold exceeds one standard error). ``select``: ``auto``
-            lost up to 0.014 pair NLL on sets of 4-5 training systems (benchmarks/README.md, issue 42).
+            weights summing to 1 that maximise the inner-CV likelihood of the main question), ``bb_stack``
+            (the stack's weights averaged over Bayesian-bootstrap draws of the inner folds,
+            :mod:`llmrubric.model.core.combine`) or ``auto`` (select or stack, each rule's weights fitted on all
+            inner folds but one and scored on that one; ``stack`` where its mean gain per fold exceeds one
+            standard error).
         group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
             score unseen systems (``systems``, ``system_groups``), else by text.
         folds: inner folds (by system: at most one per training system); 3 takes 0.53–0.67 × the
@@ -45,6 +46,7 @@ class AutoConfig:
             mixed model) is first tuned by N Optuna trials (TPE seeded by the seed) on the same inner
             folds, and compared and refitted with its best trial's parameters; 0: their own settings.
             Each trial costs one inner CV of the candidate (the network's: N times its inner CV).
+        bb_draws: Bayesian-bootstrap draws of ``rule=bb_stack`` and of the weights' stability record.
     """
 
     candidates: list[str] | None = None
@@ -57,6 +59,7 @@ class AutoConfig:
     level_tau_scale: float = 0.25
     level_beyond_sd: float = 2.0
     tune_trials: int = 0
+    bb_draws: int = 100
 
 
 @dataclass

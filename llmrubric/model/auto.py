@@ -4,17 +4,20 @@ The candidates (the names :mod:`llmrubric.model.core.registry` marks ``candidate
 network, its cumulative-link heads, the cumulative-link mixed model on three kinds of input,
 probabilistic ridge regression, and any family registered as one) are each
 fitted on the inner folds of the training data, grouped by text or by system as the model will be
-used, and scored by the out-of-fold likelihood of the main question's answers. ``rule=select`` (the default) keeps
+used, and scored by the out-of-fold likelihood of the main question's answers. How they are combined
+(:mod:`llmrubric.model.core.combine`): ``rule=select`` (the default) keeps
 the candidate with the lowest inner NLL; ``rule=stack`` fits non-negative weights summing to 1 that
 maximise the out-of-fold log-likelihood of the weighted mixture of the candidates' distributions (a
-super learner; EM on the simplex); ``rule=auto`` cross-validates the two rules over
+super learner; EM on the simplex); ``rule=bb_stack`` averages the stack over Bayesian-bootstrap draws of
+the inner folds; ``rule=auto`` cross-validates select and stack over
 the inner folds, each rule's weights fitted on all inner folds' out-of-fold predictions but one
 fold's and scored on that fold, and stacks only where the folds' mean gain exceeds one standard
 error (:func:`rule_scores`). The candidates with weight are
 then refitted on all the training data; every question's prediction is the weighted mixture of
-the candidates that predict it. A candidate that fails to fit is recorded with its reason and left
-out (a warning); one that does not apply to the data (``clmm_mean`` with one LLM source per
-question is ``clmm_own``) is recorded as not applicable (info); all failing is an error. Inner folds never see the texts (or systems) they score, and the
+the candidates that predict it. A candidate that does not apply to the data (a declared
+:class:`~llmrubric.io.errors.NotApplicableError`, or ``clmm_mean`` with one LLM source per question, which is
+``clmm_own``) is recorded as not applicable (info) with its reason; any other error stops the run; none
+applying is an error. Inner folds never see the texts (or systems) they score, and the
 outer test data are never seen at all. With 3+ training systems each candidate ``X`` is also scored
 as ``X-level``, with the system level of :mod:`llmrubric.model.core.system_level` fitted in each inner
 fold on its training systems (``model.auto.system_level``). With ``model.auto.tune_trials`` N > 0, each
@@ -41,6 +44,7 @@ from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
+from llmrubric.model.core.combine import PROB_FLOOR, RULES, rule_scores, stability, weights
 from llmrubric.model.core.conformal import Conformal
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.core.label_rule import LabelRule, main_rule
@@ -81,12 +85,10 @@ from llmrubric.model.core.system_level import (
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-auto/1"
-RULES = ("auto", "select", "stack")
 GROUPS = ("auto", "text", "system")
 FAMILIES = ("auto", "network")  # the values of model.family
 SETTINGS = {"model": ModelConfig, "trainer": TrainConfig}  # model=auto's parameters
 MIN_WEIGHT = 1e-3  # stacking weights below this are dropped (and the rest renormalised)
-PROB_FLOOR = 1e-12
 CONFORMAL = "conformal"  # the checkpoint's tensors of the interval calibration
 
 
@@ -241,8 +243,9 @@ class AutoCalibrator:
         matrix = np.stack([likelihood[n] for n in chosen], axis=1)
         self.rule_cv_ = rule_scores(matrix, fold_of) if self.settings.rule == "auto" else None
         self.rule_ = self.rule_cv_["chosen"] if self.rule_cv_ else self.settings.rule
-        weights = _weights(matrix, self.rule_)
-        self.weights_ = {n: float(w) for n, w in zip(chosen, weights) if w >= MIN_WEIGHT}
+        draws, seed = self.settings.bb_draws, self.seed
+        fitted = weights(matrix, self.rule_, fold_of, draws, seed)
+        self.weights_ = {n: float(w) for n, w in zip(chosen, fitted) if w >= MIN_WEIGHT}
         total = sum(self.weights_.values())
         self.weights_ = {n: w / total for n, w in self.weights_.items()}
         mixture = sum(w * likelihood[n] for n, w in self.weights_.items())
@@ -258,6 +261,8 @@ class AutoCalibrator:
                 nll = -np.log(likelihood[name])
                 self.table_[name]["fold_nll"] = [float(nll[fold_of == k].mean()) for k in range(len(held))]
         self.decision_ = _decision(self.table_, self.weights_, self.rule_, self.rule_cv_)
+        if len(held) > 1 and len(chosen) > 1:
+            self.decision_["stability"] = stability(matrix, fold_of, chosen, draws, seed)
         log.info("model=auto (%s, inner folds by %s): weights %s", self.rule_, self.group, self.weights_)
         self.members_ = self._fit_members(tables, list(dict.fromkeys(member_of(n) for n in self.weights_)))
         self.levels_ = self._fit_levels(tables)
@@ -628,6 +633,9 @@ def check_auto(settings: AutoConfig) -> None:
     trials = settings.tune_trials
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
         raise InputError(f"{trials!r} is not a whole number >= 0", setting="model.auto.tune_trials")
+    draws = settings.bb_draws
+    if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
+        raise InputError(f"{draws!r} is not a whole number >= 1", setting="model.auto.bb_draws")
     chosen, known = list(settings.candidates), names(candidate=True)
     unknown = [n for n in chosen if n not in known]
     if unknown or not chosen or len(set(chosen)) != len(chosen):
@@ -660,27 +668,6 @@ def _point_figures(probs: np.ndarray, answers: np.ndarray, question) -> dict:
     return {"pearson": float(np.corrcoef(expected, observed)[0, 1])}
 
 
-def rule_scores(likelihood: np.ndarray, fold_of: np.ndarray) -> dict:
-    """Each rule's cross-validated NLL on the inner folds' out-of-fold likelihoods (pairs, candidates):
-    its weights fitted on every fold but one and scored on that one (no candidate is refitted), each
-    fold's NLL, and the rule ``auto`` takes: ``stack`` only where its mean gain per fold exceeds one
-    standard error of the folds' gains (the one-standard-error rule: the simpler ``select`` unless the
-    folds agree that stacking is better)."""
-    folds = np.unique(fold_of)
-    per_fold = {rule: [] for rule in ("select", "stack")}
-    for rule, values in per_fold.items():
-        for k in folds:
-            weights = _weights(likelihood[fold_of != k], rule)
-            values.append(float(-np.log(np.maximum(likelihood[fold_of == k] @ weights, PROB_FLOOR)).mean()))
-    sizes = np.array([(fold_of == k).sum() for k in folds])
-    out = {rule: float(np.average(values, weights=sizes)) for rule, values in per_fold.items()}
-    gains = np.subtract(per_fold["select"], per_fold["stack"])
-    se = float(gains.std(ddof=1) / np.sqrt(len(gains))) if len(gains) > 1 else float("inf")
-    out |= {"fold_nll": per_fold, "gain": float(gains.mean()), "gain_se": se}
-    out["chosen"] = "stack" if gains.mean() > se else "select"
-    return out
-
-
 def _decision(table: dict, weights: dict, rule: str, rule_cv: dict | None = None) -> dict:
     """Why the weights are what they are: the rule (with ``rule=auto`` each rule's cross-validated
     NLL), the winner (``select``) or the weighted members (``stack``), the best candidate with and
@@ -710,23 +697,6 @@ def _decision(table: dict, weights: dict, rule: str, rule_cv: dict | None = None
         else f"stacked weights {weights}"
     )
     return out
-
-
-def _weights(likelihood: np.ndarray, rule: str) -> np.ndarray:
-    """Candidate weights from out-of-fold likelihoods (pairs, candidates) of the observed answers."""
-    if rule == "select":
-        weights = np.zeros(likelihood.shape[1])
-        weights[np.argmin(-np.log(likelihood).mean(axis=0))] = 1.0
-        return weights
-    weights = np.full(likelihood.shape[1], 1.0 / likelihood.shape[1])
-    for _ in range(2000):  # EM for mixture weights: the log-likelihood rises every step
-        share = likelihood * weights
-        share /= share.sum(axis=1, keepdims=True)
-        new = share.mean(axis=0)
-        if np.abs(new - weights).max() < 1e-7:
-            return new
-        weights = new
-    return weights
 
 
 def _auto(rubric: Rubric, setup: Setup) -> AutoCalibrator:

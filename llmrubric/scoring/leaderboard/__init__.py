@@ -5,7 +5,8 @@ trusted judges A of the expected answer ŷ^a(T). Its 95 % interval comes from a 
 that, in every replicate, resamples the judges A (shared by all systems, so that
 differences are paired by judge), resamples each system's texts, and replaces each
 ŷ^a(T) by an answer drawn from the predicted distribution p̂_a(y | T). The same replicates
-give intervals on differences between systems and the density bands of the plot.
+give intervals on differences between systems, the ranks each system can hold (joint over all systems)
+and the density bands of the plot.
 
 Also: paired tests between systems (by ``query_id`` where texts share queries, else
 unpaired), classical, PPI and PPI++ intervals of system means and of their differences when
@@ -16,8 +17,8 @@ widen each score by the errors a leave-one-system-out run measured on held-out s
 (:func:`shift_half_width`, :mod:`llmrubric.evaluation.transfer`).
 
 One module per job: ``systems`` (predictions → per-system arrays, checked), ``resampling`` (the
-bootstrap and percentile intervals), ``ranking`` (the order of the systems and their intervals,
-:func:`leaderboard`), ``comparisons`` (tests between systems), ``human`` (human answers as labels and
+bootstrap, percentile and simultaneous max-t intervals), ``ranking`` (the order of the systems, their intervals
+and rank intervals, :func:`leaderboard`), ``comparisons`` (tests between systems), ``human`` (human answers as labels and
 scores), ``labelled`` (label-based intervals), ``shift`` (shift intervals), ``correlation`` (rank
 correlation of two leaderboards), ``reading`` and ``writing`` (the files), ``plots`` (the density
 plot) and ``board`` (:func:`build`, all of it for one question). Every name is importable from
@@ -42,10 +43,10 @@ from llmrubric.scoring.leaderboard.reading import (
     read_shift_errors,
     read_system_values,
 )
-from llmrubric.scoring.leaderboard.resampling import MEMORY_CELLS, bootstrap, interval
+from llmrubric.scoring.leaderboard.resampling import MEMORY_CELLS, bootstrap, interval, simultaneous_intervals
 from llmrubric.scoring.leaderboard.shift import rms, shift_half_width, with_shift_interval
 from llmrubric.scoring.leaderboard.systems import SUM_TOLERANCE, SystemData, check_distributions, system_data
-from llmrubric.scoring.leaderboard.writing import LABEL_HEADS, markdown, write
+from llmrubric.scoring.leaderboard.writing import LABEL_HEADS, markdown, rank_range, write
 
 __all__ = [
     "LABEL_HEADS",
@@ -70,12 +71,14 @@ __all__ = [
     "leaderboard",
     "markdown",
     "rank_correlation",
+    "rank_range",
     "read_leaderboard",
     "read_predictions",
     "read_shift_errors",
     "read_system_values",
     "rms",
     "shift_half_width",
+    "simultaneous_intervals",
     "system_data",
     "with_shift_interval",
     "write",

@@ -9,10 +9,11 @@ import pandas as pd
 from llmrubric.io.rubric import Question
 from llmrubric.scoring.leaderboard.comparisons import compare_systems
 from llmrubric.scoring.leaderboard.labelled import label_differences, label_intervals
-from llmrubric.scoring.leaderboard.ranking import leaderboard
+from llmrubric.scoring.leaderboard.ranking import RANK_METHOD, leaderboard
 from llmrubric.scoring.leaderboard.resampling import bootstrap
 from llmrubric.scoring.leaderboard.shift import rms, with_shift_interval
 from llmrubric.scoring.leaderboard.systems import system_data
+from llmrubric.scoring.ranks import rank_intervals
 
 
 @dataclass
@@ -43,7 +44,13 @@ def build(
 ) -> LeaderboardResult:
     """Leaderboard, pairwise comparisons, label intervals (:func:`label_intervals`: with human
     ``labels`` drawn uniformly, or the ``draws`` of active sampling, :func:`check_sampling`) and
-    (with ``shift_errors``, :func:`read_shift_errors`) shift intervals of one question."""
+    (with ``shift_errors``, :func:`read_shift_errors`) shift intervals of one question.
+
+    Rank intervals, joint over the K systems at 1 − alpha: ``rank_low, rank_high`` from the max-t intervals of the
+    bootstrap replicates (:func:`leaderboard`); with ``levels`` the board ranks by level and they come from the
+    level intervals at alpha / K (Bonferroni: the replicates do not carry the level); with ``shift_errors`` also
+    ``shift_rank_low, shift_rank_high`` from the shift intervals at alpha / K (:func:`with_shift_interval`). Label
+    intervals leave them as they are."""
     from llmrubric.scoring.labels import DESCRIPTIONS
 
     systems, judges = system_data(predictions, question, texts, judges)
@@ -65,12 +72,17 @@ def build(
                 "small_sample": small_sample,
             }
         }
+    ranks = {"rank": RANK_METHOD}
     if shift_errors is not None:
         board = with_shift_interval(board, shift_errors, alpha)
+        ranks["shift_rank"] = "Bonferroni: the shift intervals at alpha / K"
     if levels is not None:  # ranked by the system level (llmrubric.scoring.levels)
         from llmrubric.scoring.levels import with_level_intervals
 
+        joint = with_level_intervals(board, levels, systems, labels, alpha / len(systems), small_sample)
         board = with_level_intervals(board, levels, systems, labels, alpha, small_sample)
+        board = level_ranks(board, joint)
+        ranks["rank"] = "Bonferroni: the level intervals at alpha / K"
     settings = {
         "question": question.id,
         "judges": judges,
@@ -83,6 +95,14 @@ def build(
             if shift_errors is not None
             else {}
         ),
+        "rank_intervals": {**ranks, "alpha": alpha, "systems": len(systems)},
         **label_settings,
     }
     return LeaderboardResult(board, comparisons, boot, systems, settings)
+
+
+def level_ranks(board: pd.DataFrame, joint: pd.DataFrame) -> pd.DataFrame:
+    """``board`` with ``rank_low, rank_high`` from the level intervals of ``joint`` (the board at alpha / K)."""
+    joint = joint.set_index("system").reindex(board.system)
+    rank_low, rank_high = rank_intervals(joint.level_low, joint.level_high)
+    return board.assign(rank_low=rank_low, rank_high=rank_high)

@@ -11,12 +11,18 @@ from llmrubric.scoring.leaderboard.systems import SystemData
 
 
 def density_plot(
-    systems: list[SystemData], boot: dict, path: str | Path, title: str = "", grid_points: int = 200
+    systems: list[SystemData],
+    boot: dict,
+    path: str | Path,
+    title: str = "",
+    grid_points: int = 200,
+    ranks: dict[str, str] | None = None,
 ) -> Path:
     """Per-system density (Gaussian KDE) of judge-free text scores with a 95 % band over replicates.
 
     The band is pointwise over the kept bootstrap replicates (resampled texts and judges,
     answers drawn from the predicted distributions), as the LLM-Rubric dashboard suggests.
+    ``ranks`` (system → rank interval as text) goes into each system's legend entry.
     """
     import matplotlib
 
@@ -31,7 +37,8 @@ def density_plot(
     for s in systems:
         scores = s.text_scores()
         curve = _kde(scores[~np.isnan(scores)], grid)
-        label = f"{s.system} (n={len(s.text_ids)})"
+        held = f", ranks {ranks[s.system]}" if s.system in (ranks or {}) else ""
+        label = f"{s.system} (n={len(s.text_ids)}{held})"
         line = (
             ax.axvline(float(np.nanmean(scores)), label=label)
             if curve is None

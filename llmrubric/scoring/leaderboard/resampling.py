@@ -4,6 +4,7 @@ paired by judge), each system's texts resampled, answers drawn from the predicte
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -70,3 +71,22 @@ def interval(values: np.ndarray, alpha: float = 0.05) -> tuple[float, float]:
     if not len(v):
         return math.nan, math.nan
     return float(np.quantile(v, alpha / 2)), float(np.quantile(v, 1 - alpha / 2))
+
+
+def simultaneous_intervals(
+    replicates: np.ndarray, centres: np.ndarray, alpha: float = 0.05
+) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals ``centre_k ± c·sd_k`` that hold for all K rows of ``replicates`` (K, B) jointly at 1 − ``alpha``.
+
+    The max-t device: sd_k is row k's standard deviation over the replicates, T_b = max_k |m_kb − centre_k| / sd_k
+    and c the (1 − alpha) quantile of T_b. NaN replicates are ignored; a row with sd_k = 0 is its centre."""
+    replicates, centres = np.atleast_2d(np.asarray(replicates, float)), np.asarray(centres, float)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows and replicates
+        sd = np.nanstd(replicates, axis=1, ddof=1) if replicates.shape[1] > 1 else np.full(len(centres), np.nan)
+        scaled = np.abs(replicates - centres[:, None]) / sd[:, None]
+        t = np.nanmax(np.where(sd[:, None] > 0, scaled, np.nan), axis=0)
+    t = t[np.isfinite(t)]
+    c = float(np.quantile(t, 1 - alpha)) if len(t) else 0.0
+    half = np.where(sd > 0, c * sd, 0.0)
+    return centres - half, centres + half

@@ -14,14 +14,16 @@ LABEL_HEADS = {"classical": "classical", "ppi": "PPI", "ppi_pp": "PPI++", "activ
 
 
 def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None) -> str:
-    """A markdown leaderboard table; with label intervals, a ``k`` column and a legend that says what
-    each interval column is and how its labels were sampled (``settings["label_intervals"]``)."""
+    """A markdown leaderboard table; with rank intervals, the ranks each system can hold (``2–4``) and a legend
+    (``settings["rank_intervals"]``); with label intervals, a ``k`` column and a legend that says what each
+    interval column is and how its labels were sampled (``settings["label_intervals"]``)."""
     from llmrubric.scoring.labels import METHODS
 
     methods = [m for m in METHODS if m in board.columns]
-    extra = [c for c in ("shift_low", "level", "human") if c in board.columns]
-    head = ["rank", "system", "score", "95% interval", "texts"]
+    extra = [c for c in ("rank_low", "shift_low", "shift_rank_low", "level", "human") if c in board.columns]
+    head = ["rank", "system", "score", "95% interval"] + (["ranks"] if "rank_low" in extra else []) + ["texts"]
     head += ["shift interval"] if "shift_low" in extra else []
+    head += ["shift ranks"] if "shift_rank_low" in extra else []
     head += ["level [interval]"] if "level" in extra else []
     head += (["k"] if methods else []) + [f"{LABEL_HEADS[m]} [interval]" for m in methods]
     head += ["human"] if "human" in extra else []
@@ -32,10 +34,13 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
             str(r["system"]),
             f"{r['score']:.3f}",
             f"[{r['low']:.3f}, {r['high']:.3f}]",
+            *([rank_range(r["rank_low"], r["rank_high"])] if "rank_low" in extra else []),
             str(r["texts"]),
         ]
         if "shift_low" in extra:
             cells.append(f"[{r['shift_low']:.3f}, {r['shift_high']:.3f}]")
+        if "shift_rank_low" in extra:
+            cells.append(rank_range(r["shift_rank_low"], r["shift_rank_high"]))
         if "level" in extra:
             cells.append(f"{r['level']:.3f} [{r['level_low']:.3f}, {r['level_high']:.3f}]")
         if methods:
@@ -44,6 +49,17 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
         if "human" in extra:
             cells.append(f"{r['human']:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
+    ranks = (settings or {}).get("rank_intervals")
+    if ranks and "rank_low" in extra:
+        level = f"{100 * (1 - ranks['alpha']):g} %"
+        lines += [
+            "",
+            f"ranks: the ranks each system can hold, all {ranks['systems']} jointly at {level} ({ranks['rank']}).",
+        ]
+        if "shift_rank" in ranks and "shift_rank_low" in extra:
+            lines.append(
+                f"shift ranks: the same for the human means, from the shift intervals ({ranks['shift_rank']})."
+            )
     info = (settings or {}).get("label_intervals")
     if info:
         level = f"{100 * (1 - info['alpha']):g} %"
@@ -79,5 +95,16 @@ def write(
         "md": write_text(markdown(result.board, title, result.settings), out_dir / "leaderboard.md"),
     }
     if plot:
-        paths["plot"] = density_plot(result.systems, result.boot, out_dir / "density.png", title)
+        ranks = (
+            {r["system"]: rank_range(r["rank_low"], r["rank_high"]) for r in result.board.to_dict("records")}
+            if "rank_low" in result.board.columns
+            else None
+        )
+        paths["plot"] = density_plot(result.systems, result.boot, out_dir / "density.png", title, ranks=ranks)
     return paths
+
+
+def rank_range(low, high) -> str:
+    """A rank interval as text: ``2–4``, or ``3`` when it is one rank."""
+    low, high = int(low), int(high)
+    return str(low) if low == high else f"{low}–{high}"

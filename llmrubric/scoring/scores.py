@@ -147,16 +147,13 @@ def score_texts(
 ) -> ScoreResult:
     """Predict every trusted judge on every text, chunk by chunk; aggregate over judges.
 
-    features: validated features table of the new texts; texts: optional ``text_id`` (+
-    ``system_id``) table choosing the texts. Each chunk holds ``chunk_texts`` texts, i.e.
-    ``chunk_texts × |A|`` (text, judge) pairs. ``predictions_out`` receives the predictions
-    table (``text_id, judge_id, system_id, round, question_id, p_<option>…, mean, var``),
-    written atomically: a failure leaves no file; ``keep_predictions`` also returns it in memory.
-    ``questions`` defaults to the rubric's ordered questions: a categorical question has no
-    judge-free score (asking for one is an error; the calibrator's ``predict`` gives its distributions).
-    ``lo``/``hi`` of the calibrated question's ``mean`` score and predictions: conformal intervals at ``coverage``
-    (:mod:`llmrubric.scoring.intervals`; NA for other questions and models without a calibration).
-    """
+    features: validated features table of the new texts; texts: optional ``text_id`` (+ ``system_id``) table
+    choosing the texts. Each chunk holds ``chunk_texts`` texts, i.e. ``chunk_texts × |A|`` (text, judge) pairs.
+    ``predictions_out`` receives the predictions table (``text_id, judge_id, system_id, round, question_id,
+    p_<option>…, mean, var, lo, hi``), written atomically: a failure leaves no file; ``keep_predictions`` also
+    returns it in memory. ``questions`` defaults to the rubric's ordered questions (a categorical question has no
+    judge-free score). ``lo``/``hi``: conformal intervals at ``coverage`` of the calibrated question
+    (:mod:`llmrubric.scoring.intervals`; NA for other questions and models without a calibration)."""
     if not 0 <= quantile <= 1:
         raise InputError(f"quantile {quantile} is not in [0, 1]", column="quantile")
     if chunk_texts < 1:

@@ -72,7 +72,8 @@ class FakeOpenAI:
                     return
                 data = json.dumps(payload).encode()
                 with server.lock:
-                    if server.dead:  # killed while this request was in flight: the connection drops
+                    spent = server.die_after is not None and len(server.answered) >= server.die_after
+                    if server.dead or spent:  # killed (or about to be) while in flight: the connection drops
                         self.close_connection = True
                         return
                     server.answered.append(body.get("prompt") or body["messages"][-1]["content"])

@@ -202,7 +202,7 @@ def test_a_categorical_question_is_covered_when_only_ordinal_families_have_weigh
     questions = tuple(replace(q, ordered=False) if q.id == "Q8" else q for q in rubric.questions)
     categorical = replace(rubric, questions=questions)
     tables = simulate(2, 80, 4, 2, rubric)[0]
-    monkeypatch.setattr(auto_module, "weights", lambda likelihood, rule, *args: np.eye(likelihood.shape[1])[0])
+    monkeypatch.setattr(auto_module, "combine", lambda likelihood, *args: (np.eye(likelihood.shape[1])[0], None))
     settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all", "ridge_judge"]}}
     model = AutoCalibrator(categorical, settings, FAST).fit(tables)
     assert model.weights_ == {"clmm_all": 1.0, "ridge_judge": 0.0}

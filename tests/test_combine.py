@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmrubric.model.core.combine import bootstrap_weights, mixture_weights, stability, weights
+from llmrubric.model.core.combine import bootstrap_weights, combine, mixture_weights, weights
 
 FOLDS = np.repeat(np.arange(4), 100)
 
@@ -49,7 +49,8 @@ def test_the_bootstrap_is_reproducible_and_its_draws_are_weightings_of_the_folds
 def test_the_stability_record_has_each_folds_weights_and_the_draws_spread():
     rng = np.random.default_rng(3)
     likelihood = rng.uniform(0.05, 0.9, (400, 2))
-    record = stability(likelihood, FOLDS, ["x", "y"], 30, 0)
+    fitted, record = combine(likelihood, "bb_stack", FOLDS, ["x", "y"], 30, 0)
+    np.testing.assert_array_equal(fitted, weights(likelihood, "bb_stack", FOLDS, 30, 0))  # one bootstrap for both
     assert set(record["by_fold"]) == {0, 1, 2, 3} and record["draws"] == 30
     own = mixture_weights(likelihood[FOLDS == 2])
     assert record["by_fold"][2] == {"x": round(float(own[0]), 4), "y": round(float(own[1]), 4)}

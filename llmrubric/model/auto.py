@@ -44,7 +44,7 @@ from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
-from llmrubric.model.core.combine import PROB_FLOOR, RULES, rule_scores, stability, weights
+from llmrubric.model.core.combine import PROB_FLOOR, RULES, combine, rule_scores
 from llmrubric.model.core.conformal import Conformal
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.core.label_rule import LabelRule, main_rule
@@ -243,8 +243,7 @@ class AutoCalibrator:
         matrix = np.stack([likelihood[n] for n in chosen], axis=1)
         self.rule_cv_ = rule_scores(matrix, fold_of) if self.settings.rule == "auto" else None
         self.rule_ = self.rule_cv_["chosen"] if self.rule_cv_ else self.settings.rule
-        draws, seed = self.settings.bb_draws, self.seed
-        fitted = weights(matrix, self.rule_, fold_of, draws, seed)
+        fitted, stable = combine(matrix, self.rule_, fold_of, chosen, self.settings.bb_draws, self.seed)
         self.weights_ = {n: float(w) for n, w in zip(chosen, fitted) if w >= MIN_WEIGHT}
         total = sum(self.weights_.values())
         self.weights_ = {n: w / total for n, w in self.weights_.items()}
@@ -261,8 +260,8 @@ class AutoCalibrator:
                 nll = -np.log(likelihood[name])
                 self.table_[name]["fold_nll"] = [float(nll[fold_of == k].mean()) for k in range(len(held))]
         self.decision_ = _decision(self.table_, self.weights_, self.rule_, self.rule_cv_)
-        if len(held) > 1 and len(chosen) > 1:
-            self.decision_["stability"] = stability(matrix, fold_of, chosen, draws, seed)
+        if stable is not None:
+            self.decision_["stability"] = stable
         log.info("model=auto (%s, inner folds by %s): weights %s", self.rule_, self.group, self.weights_)
         self.members_ = self._fit_members(tables, list(dict.fromkeys(member_of(n) for n in self.weights_)))
         self.levels_ = self._fit_levels(tables)

@@ -62,17 +62,26 @@ def bootstrap_weights(likelihood: np.ndarray, fold_of: np.ndarray, draws: int, s
     )
 
 
-def stability(likelihood: np.ndarray, fold_of: np.ndarray, names: list[str], draws: int, seed: int) -> dict:
+def combine(
+    likelihood: np.ndarray, rule: str, fold_of: np.ndarray, names: list[str], draws: int, seed: int
+) -> tuple[np.ndarray, dict | None]:
+    """The weights of ``rule`` (not ``auto``) and, with 2+ inner folds and 2+ candidates, the :func:`stability`
+    record; the Bayesian bootstrap runs once for both."""
+    several = len(np.unique(fold_of)) > 1 and likelihood.shape[1] > 1
+    boot = bootstrap_weights(likelihood, fold_of, draws, seed) if several or rule == "bb_stack" else None
+    fitted = boot.mean(axis=0) if rule == "bb_stack" else weights(likelihood, rule)
+    return fitted, stability(likelihood, fold_of, names, boot) if several else None
+
+
+def stability(likelihood: np.ndarray, fold_of: np.ndarray, names: list[str], boot: np.ndarray) -> dict:
     """How stable the weights are across the inner folds: each fold's own stacking weights and the Bayesian
-    bootstrap draws' mean and standard deviation, per candidate."""
-    folds = np.unique(fold_of)
-    draws_w = bootstrap_weights(likelihood, fold_of, draws, seed)
-    by_fold = {int(k): mixture_weights(likelihood[fold_of == k]) for k in folds}
+    bootstrap draws' (``boot``: :func:`bootstrap_weights`) mean and standard deviation, per candidate."""
+    by_fold = {int(k): mixture_weights(likelihood[fold_of == k]) for k in np.unique(fold_of)}
     return {
         "by_fold": {k: {n: round(float(x), 4) for n, x in zip(names, w)} for k, w in by_fold.items()},
-        "bootstrap_mean": {n: round(float(x), 4) for n, x in zip(names, draws_w.mean(axis=0))},
-        "bootstrap_sd": {n: round(float(x), 4) for n, x in zip(names, draws_w.std(axis=0))},
-        "draws": draws,
+        "bootstrap_mean": {n: round(float(x), 4) for n, x in zip(names, boot.mean(axis=0))},
+        "bootstrap_sd": {n: round(float(x), 4) for n, x in zip(names, boot.std(axis=0))},
+        "draws": len(boot),
     }
 
 

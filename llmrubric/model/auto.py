@@ -627,14 +627,10 @@ def check_auto(settings: AutoConfig) -> None:
         raise InputError(f"{settings.rule!r} is not one of {list(RULES)}", setting="model.auto.rule")
     if settings.group not in GROUPS:
         raise InputError(f"{settings.group!r} is not one of {list(GROUPS)}", setting="model.auto.group")
-    if not isinstance(settings.folds, int) or isinstance(settings.folds, bool) or settings.folds < 2:
-        raise InputError(f"{settings.folds!r} is not a whole number >= 2", setting="model.auto.folds")
-    trials = settings.tune_trials
-    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
-        raise InputError(f"{trials!r} is not a whole number >= 0", setting="model.auto.tune_trials")
-    draws = settings.bb_draws
-    if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
-        raise InputError(f"{draws!r} is not a whole number >= 1", setting="model.auto.bb_draws")
+    for key, least in (("folds", 2), ("tune_trials", 0), ("bb_draws", 1)):
+        value = getattr(settings, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise InputError(f"{value!r} is not a whole number >= {least}", setting=f"model.auto.{key}")
     chosen, known = list(settings.candidates), names(candidate=True)
     unknown = [n for n in chosen if n not in known]
     if unknown or not chosen or len(set(chosen)) != len(chosen):

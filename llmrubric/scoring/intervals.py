@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from llmrubric.io.errors import InputError
+from llmrubric.io.guards import check_range
 from llmrubric.io.predictions import probabilities
 
 DEFAULT_COVERAGE = 0.9
@@ -15,13 +15,7 @@ CURVE_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)  # the nominal coverages of the c
 
 def check_coverage(coverage: float, setting: str = "coverage") -> float:
     """``coverage`` as a float in (0, 1), else an error naming the setting."""
-    try:
-        value = float(coverage)
-    except (TypeError, ValueError):
-        raise InputError(f"{coverage!r} is not a number in (0, 1)", setting=setting) from None
-    if not 0 < value < 1:
-        raise InputError(f"{coverage!r} is not in (0, 1)", setting=setting)
-    return value
+    return check_range(setting, coverage, 0, 1, open_low=True, open_high=True)
 
 
 def calibration(model):

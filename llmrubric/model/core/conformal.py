@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from llmrubric.io.errors import InputError
+from llmrubric.io.guards import check_range
 
 GRID = 1e-9  # values closer than this are one support point of a convolved mean
 
@@ -33,8 +33,7 @@ def tail_scores(cdf_below: np.ndarray, cdf_at: np.ndarray) -> np.ndarray:
 def threshold(scores: np.ndarray, coverage: float) -> float:
     """The conformal threshold: the ``floor((1 - coverage)(n + 1))``-th smallest score (0 where that is 0:
     too few scores for the coverage asked, every value is in the interval)."""
-    if not 0 < coverage < 1:
-        raise InputError(f"coverage {coverage} is not in (0, 1)", setting="coverage")
+    coverage = check_range("coverage", coverage, 0, 1, open_low=True, open_high=True)
     k = int(np.floor((1 - coverage) * (len(scores) + 1)))
     return float(np.sort(scores)[k - 1]) if k >= 1 else 0.0
 

@@ -66,13 +66,11 @@ def mean_distribution(values: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray
 
 def mean_intervals(values: np.ndarray, probs: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) of the mean over judges for each text: ``probs`` (texts, judges, options)."""
-    out = [interval(*_one(values, p), q) for p in probs]
-    return np.array([lo[0] for lo, _ in out]), np.array([hi[0] for _, hi in out])
-
-
-def _one(values: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    support, mass = mean_distribution(values, probs)
-    return support, mass[None, :]
+    lo, hi = np.empty(len(probs)), np.empty(len(probs))
+    for i, p in enumerate(probs):
+        support, mass = mean_distribution(values, p)
+        (lo[i],), (hi[i],) = interval(support, mass[None, :], q)
+    return lo, hi
 
 
 def mean_score(values: np.ndarray, probs: np.ndarray, observed: float) -> float:

@@ -46,7 +46,7 @@ of ``auto`` minus the best single method by pair NLL (``vs_best``), and ``choice
 chose in each outer fold (its weights and inner-CV table, and the stack's weights). ``rule``
 compares the two rules' pair NLL on the design sets. ``--cost`` times ``auto`` against
 ``model=default`` fitted on the whole synthetic and simulated sets in this process (``cost``).
-``--merge`` keeps the sets of ``--out`` that this run does not measure (``meta.runs``: each set's run).
+``--merge`` keeps the sets and protocols of ``--out`` that this run does not measure (``meta.runs``: each run).
 Writes ``benchmarks/results/auto.json``: ``{"meta": {…, "auto_path": "shipped"}, SET: {PROTOCOL:
 {METHOD: figures, "vs_best": …, "choices": …}}, "rule": …}``.
 """
@@ -669,17 +669,27 @@ def level_targets(figures_: dict) -> dict:
 
 
 def merged(report: dict, path: Path, sets: list[str]) -> dict:
-    """``report``'s sets written over those of the shipped-path results already at ``path`` (``--merge``):
-    the others are kept, and ``meta.runs`` records each set's run (commit, seconds, settings)."""
+    """``report``'s protocols written over those of the shipped-path results already at ``path``
+    (``--merge``): other sets and a set's other protocols are kept, and ``meta.runs`` records each
+    run (``SET`` for a whole set, ``SET/PROTOCOL`` for a protocol measured apart)."""
+    measured = {s: dict(report.get(s, {})) for s in sets}
     if not path.is_file():
         return {**report, "meta": {**report["meta"], "runs": {s: report["meta"] for s in sets}}}
     old = json.loads(path.read_text())
     if old.get("meta", {}).get("auto_path") != "shipped":
         raise InputError("--merge: the results there were not measured on the shipped path", file=str(path))
-    before = old["meta"].get("runs") or {s: old["meta"] for s in old if s in SETS or s == "data"}
-    runs = {**before, **{s: report["meta"] for s in sets}}
-    kept = {k: v for k, v in old.items() if k not in ("meta", "rule", "targets", *sets)}
-    return {**kept, **report, "meta": {**report["meta"], "runs": runs}}
+    runs = dict(old["meta"].get("runs") or {s: old["meta"] for s in old if s in SETS or s == "data"})
+    out = {k: v for k, v in old.items() if k not in ("meta", "rule", "targets")}
+    for s, protocols_ in measured.items():
+        kept = {p: v for p, v in old.get(s, {}).items() if p not in protocols_}
+        out[s] = {**kept, **protocols_}
+        if kept:
+            runs.update({f"{s}/{p}": report["meta"] for p in protocols_})
+        else:
+            runs = {k: v for k, v in runs.items() if not k.startswith(f"{s}/")}
+            runs[s] = report["meta"]
+    runs = {k: v for k, v in runs.items() if "/" not in k or k.split("/")[1] in out.get(k.split("/")[0], {})}
+    return {**out, **{k: v for k, v in report.items() if k not in measured}, "meta": {**report["meta"], "runs": runs}}
 
 
 def print_table(set_name: str, protocol: str, figures_: dict) -> None:

@@ -106,3 +106,24 @@ def test_a_candidate_with_the_level_puts_a_new_systems_mean_at_the_levels_prior(
     assert moved > 0.02  # the text model alone puts this system elsewhere (a thousand times the tolerance below)
     assert levelled["mean"].mean() == pytest.approx(prior, abs=1e-6)  # the level's nodes keep its mean on the scale
     assert table.level.iloc[0] == pytest.approx(prior) and table.level_sd.iloc[0] > 0
+
+
+def test_merging_one_protocol_keeps_the_sets_other_protocols_and_names_each_run(tmp_path):
+    path = tmp_path / "auto.json"
+    whole = {"commit": "aaa", "auto_path": "shipped"}
+    path.write_text(
+        json.dumps(
+            {
+                "meta": {**whole, "runs": {"s": whole, "s/cv": {"commit": "old"}, "t": whole}},
+                "s": {"systems": {"auto": 1}},
+                "t": {"systems": {"auto": 2}},
+            }
+        )
+    )
+    new = {"commit": "bbb", "auto_path": "shipped"}
+    out = bench.merged({"meta": new, "s": {"cv": {"auto": 3}}}, path, ["s"])
+    assert out["s"] == {"systems": {"auto": 1}, "cv": {"auto": 3}} and out["t"] == {"systems": {"auto": 2}}
+    assert out["meta"]["runs"]["s"]["commit"] == "aaa" and out["meta"]["runs"]["s/cv"]["commit"] == "bbb"
+    again = bench.merged({"meta": new, "s": {"systems": {"auto": 4}}}, path, ["s"])
+    assert again["s"] == {"systems": {"auto": 4}} and "s/cv" not in again["meta"]["runs"]  # the stale cv run goes
+    assert again["meta"]["runs"]["s"]["commit"] == "bbb"

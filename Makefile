@@ -4,9 +4,9 @@ PY := $(VENV)/bin/python
 SERVER_LOG := $(VENV)/llama-cpp-python-build.log
 # llama.cpp for the CPU it is built on, whatever its features: no -march=native (its AVX-512/AMX kernels crashed the
 # server on such a CPU), AVX2/FMA/F16C kernels only where the CPU has them. --no-cache-dir: pip would reuse a wheel
-# built with other flags. docs/setup.md
+# built with other flags. LLAVA_BUILD=OFF: the multimodal library (mtmd), which the text-only server never loads. docs/setup.md
 CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
 	$(if $(filter avx2,$(CPU_FLAGS)),,-DGGML_AVX2=OFF -DGGML_BMI2=OFF) $(if $(filter fma,$(CPU_FLAGS)),,-DGGML_FMA=OFF) \
 	$(if $(filter f16c,$(CPU_FLAGS)),,-DGGML_F16C=OFF) $(if $(filter avx,$(CPU_FLAGS)),,-DGGML_AVX=OFF)
 

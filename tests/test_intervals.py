@@ -4,7 +4,9 @@ and model=auto's calibration reaches predictions, scores and its checkpoint."""
 
 from __future__ import annotations
 
+import io
 import itertools
+import json
 
 import numpy as np
 import pandas as pd
@@ -19,7 +21,9 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.core.conformal import Conformal, interval, mean_distribution, threshold
-from llmrubric.scoring.intervals import coverage_figures, with_intervals
+from llmrubric.report.coverage import coverage_section
+from llmrubric.report.render import report_files
+from llmrubric.scoring.intervals import coverage_curve, coverage_figures, with_intervals
 from llmrubric.scoring.scores import score_texts
 
 VALUES = np.arange(1.0, 6.0)
@@ -126,6 +130,21 @@ def test_predictions_and_scores_carry_intervals_that_widen_with_the_coverage(fit
     assert ((loose.hi - loose.lo) >= (scores.hi - scores.lo) - 1e-12).all()
     with pytest.raises(InputError, match="coverage"):
         score_texts(model, test.features, test.texts, questions=[main.id], coverage=1.5)
+
+
+@pytest.mark.slow
+def test_the_report_shows_the_coverage_curve_of_the_checkpoints(fitted):
+    model, test = fitted
+    main = model.rubric.main
+    curve = coverage_curve([(model, model.predict(test), test.annotations)], main)
+    at90 = coverage_figures(with_intervals(model.predict(test), model, 0.9), test.annotations, main)
+    assert [c["nominal"] for c in curve][4] == 0.9 and curve[4]["coverage"] == at90["coverage"]
+    files = report_files("t", {}, [coverage_section(curve, main.id, 0.9)])
+    assert files["figures/coverage.png"][:4] == b"\x89PNG"
+    assert "data-file='figures/coverage.png'" in files["report.html"].decode()
+    table = pd.read_csv(io.BytesIO(files["coverage.csv"]))
+    np.testing.assert_allclose(table.coverage, [c["coverage"] for c in curve])
+    assert json.loads(files["report.json"])["coverage"]["nominal"] == 0.9
 
 
 def test_a_model_without_a_calibration_gets_no_interval(simulated, rubric):

@@ -70,7 +70,9 @@ def evaluate_app(cfg: DictConfig) -> dict | None:
     else:
         log.info("no checkpoints in %s: only the report's own models are evaluated", run_dir)
     if report:
-        print(f"report written to {report_from_config(cfg, rubric, splits)}/")
+        curve = (metrics or {}).get("llm_rubric", {}).get("coverage_curve")
+        coverage = {"curve": curve, "nominal": cfg.get("coverage", DEFAULT_COVERAGE)} if curve else None
+        print(f"report written to {report_from_config(cfg, rubric, splits, coverage)}/")
     track(cfg, metrics, started)
     return metrics
 

@@ -37,6 +37,7 @@ from llmrubric.experiments.experiment import (
 from llmrubric.experiments.variants import run_variants
 from llmrubric.io.files import write_folder
 from llmrubric.io.rubric import Rubric
+from llmrubric.report.coverage import coverage_section
 from llmrubric.report.plan import ReportPlan
 from llmrubric.report.render import report_files
 from llmrubric.report.results import Results
@@ -56,8 +57,10 @@ def build_report(
     reference: dict | None = None,
     title: str | None = None,
     meta: dict | None = None,
+    coverage: dict | None = None,
 ) -> Path:
-    """Train the variants the sections need, compute the sections and write the report folder; returns its path."""
+    """Train the variants the sections need, compute the sections and write the report folder; returns its path.
+    ``coverage`` (``{"curve": …, "nominal": …}`` of the experiment's checkpoints) adds the coverage section."""
     start = time.perf_counter()
     plan = ReportPlan(rubric, splits, settings)
     model = {**(model or {}), **settings.model}
@@ -65,6 +68,8 @@ def build_report(
     timings = {"training": round(time.perf_counter() - start, 1)}
     sections, seconds = build_sections(Results(plan, runs, reference))
     timings.update(seconds)
+    if coverage and coverage.get("curve"):
+        sections.append(coverage_section(coverage["curve"], rubric.main.id, coverage["nominal"]))
     meta = {
         **(meta or {}),
         "question": rubric.main.id,
@@ -105,14 +110,15 @@ def check_report_config(cfg: DictConfig, rubric: Rubric) -> ReportSettings:
     return settings
 
 
-def report_from_config(cfg: DictConfig, rubric: Rubric, splits: list[Split]) -> Path:
+def report_from_config(cfg: DictConfig, rubric: Rubric, splits: list[Split], coverage: dict | None = None) -> Path:
     """The report of an experiment config (``report=fast|full``); returns the folder (to log as MLflow artifacts).
-    Under ``protocol=system_groups`` on the first grouping's splits only (the report trains its own models)."""
+    Under ``protocol=system_groups`` on the first grouping's splits only (the report trains its own models);
+    ``coverage``: the checkpoints' coverage curve (:func:`build_report`)."""
     splits = [s for s in splits if s.grouping == 0]
     settings = settings_from_config(cfg)
     reference = OmegaConf.to_container(cfg.reference, resolve=True) if cfg.get("reference") else {}
     meta = {"experiment": cfg.name, "protocol": cfg.protocol, "report mode": cfg.report.name}
     title = f"{cfg.name}: evaluation report ({rubric.main.id}, {cfg.protocol})"
     return build_report(
-        rubric, splits, settings, cfg.report.dir, dict(cfg.model), dict(cfg.trainer), reference, title, meta
+        rubric, splits, settings, cfg.report.dir, dict(cfg.model), dict(cfg.trainer), reference, title, meta, coverage
     )

@@ -83,16 +83,12 @@ def coverage_curve(held_out: list[tuple], question, levels=CURVE_LEVELS) -> list
     return curve
 
 
-def coverage_plot(curve: list[dict], path, title: str) -> None:
+def coverage_figure(curve: list[dict], title: str):
     """Observed against nominal coverage (the diagonal is exact), each point labelled with its mean width."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from llmrubric.io.files import atomic_path
-
-    fig, ax = plt.subplots(figsize=(4.2, 4.2))
+    fig = Figure(figsize=(4.2, 4.2))
+    ax = fig.subplots()
     nominal, observed = [c["nominal"] for c in curve], [c["coverage"] for c in curve]
     ax.plot([0.4, 1], [0.4, 1], color="grey", lw=1, ls="--", label="nominal")
     ax.plot(nominal, observed, marker="o", label="held-out pairs")
@@ -101,6 +97,12 @@ def coverage_plot(curve: list[dict], path, title: str) -> None:
     ax.set(xlabel="nominal coverage", ylabel="observed coverage", title=title, xlim=(0.4, 1), ylim=(0.4, 1))
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def coverage_plot(curve: list[dict], path, title: str) -> None:
+    """:func:`coverage_figure` written as a PNG at ``path`` (atomically)."""
+    from llmrubric.io.files import atomic_path
+
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+        coverage_figure(curve, title).savefig(tmp, format="png", dpi=110)

@@ -1,11 +1,15 @@
-"""Few human labels of a new system, and a new judge from a few annotations (issue 26).
+"""Few human labels of a new system, and a new judge from a few annotations (issues 26 and 50).
 
-    .venv/bin/python benchmarks/labels.py [--sets simulated_shift llm_rubric_synthetic] [--reps 500]
-                                          [--llm-rubric ROOT] [--cache outputs/labels]
+    .venv/bin/python benchmarks/labels.py [--sets simulated_shift llm_rubric_synthetic dialsumm] [--reps 500]
+                                          [--llm-rubric ROOT] [--dialsumm DIR] [--cache outputs/labels]
+                                          [--coverage 0.9] [--out FILE]
                                           [--judges 6] [--draws 3] [--judge-models default paper ordinal]
 
 Intervals. Sets: ``simulated_shift`` (:func:`llmrubric.data.simulate.simulate_shift`, seed 0: 12 systems
-of 60 texts) and ``llm_rubric_synthetic`` (DS1..DS5 of the release at ``--llm-rubric``). Each system
+of 60 texts) and ``llm_rubric_synthetic`` (DS1..DS5 of the release at ``--llm-rubric``), the default
+``--sets``; ``dialsumm`` (issue 50): the real DialSummEval set at ``--dialsumm`` (default
+``../shared/data/dialsumm``, loaded as ``benchmarks/intervals.py`` loads it: main question coherence, the
+label the mean of the three raters; 14 systems of 100 texts). Each system
 is held out in turn and scored by a calibrator trained on the others: the shipped default
 (``conf/model/default.yaml``, ``conf/trainer/default.yaml``) but with ``ensemble=1`` (one network, to
 keep the 17 fits within minutes; they are cached in ``--cache``). A text's score f is the mean over
@@ -19,6 +23,14 @@ is over DS1..DS3): ``classical``, ``ppi``, ``ppi_pp`` with k texts drawn uniform
 (:mod:`llmrubric.scoring.labels`, ``small_sample`` from ``conf/scoring/default.yaml``). Coverage of
 the truth and mean width over systems and repetitions; k = 0 holds the leave-one-system-out shift
 interval (score ± t·RMS of the other systems' errors), the leaderboard's interval without labels.
+``--coverage`` sets the nominal coverage of every interval (alpha = 1 − coverage; default
+``1 − leaderboard.alpha`` of ``conf/scoring/default.yaml``).
+Beside coverage and width each method has ``rms``, the system RMS of its point estimate: the square root of
+the mean over held-out systems and repetitions of (estimate − the system's mean label)²; ``per_system``
+(coverage, width, ``mean_error`` of the estimate) and ``worst_system`` / ``worst_coverage``, the system of
+lowest coverage. At k = 0 ``shift`` and ``level`` have the RMS of their centre (the mean score f; the
+prior's mean), ``per_system`` with each system's error, ``missed`` (the systems outside) and ``worst_system``
+(the one farthest outside its interval, or nearest its edge).
 ``level`` (issue 32): the system level (:class:`llmrubric.model.core.system_level.SystemLevel`) fitted on
 the training systems of each split with the split model's in-sample expected answers; at k = 0 its
 prior's interval (mean ± z·sd), at k > 0 that prior updated as ``llmrubric leaderboard build
@@ -44,7 +56,9 @@ cross-validation, ``conf/labels/default.yaml``; ``nll_added_delta_l2`` with the 
 the judge unseen (``nll_unseen``) and after a retrain with all its training annotations
 (``nll_retrain_all``); the model is ``conf/model/<option>.yaml`` with one network for each of
 ``--judge-models`` (default: the shipped one), the first in ``judge_add``, all in
-``judge_add_by_model``. Writes ``benchmarks/results/labels.json``.
+``judge_add_by_model``; it runs on ``simulated_shift`` whatever ``--sets`` (skip it with ``--no-judges``).
+Writes ``--out``: by default ``benchmarks/results/labels.json``, or ``benchmarks/results/labels_dialsumm.json``
+when ``--sets`` is ``dialsumm`` alone.
 """
 
 from __future__ import annotations
@@ -66,6 +80,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common import code_version, exit_code, llm_rubric_default, write_result  # noqa: E402
+from intervals import DATA as DIALSUMM  # noqa: E402
+from intervals import load as load_dialsumm  # noqa: E402
 
 from llmrubric.config import group, load_file  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
@@ -87,7 +103,9 @@ from llmrubric.scoring.levels import level_posterior  # noqa: E402
 
 KS = (0, 5, 10, 20, 40)
 JUDGE_KS = (5, 10, 20, 50)
-SETS = ("simulated_shift", "llm_rubric_synthetic")
+SETS = ("simulated_shift", "llm_rubric_synthetic", "dialsumm")
+DEFAULT_SETS = SETS[:2]  # dialsumm runs when asked for, into its own result (--out)
+OUT = ROOT / "benchmarks" / "results"
 LEVEL_METHODS = ("level", "level_ppi_pp", "level_ppi_pp_student")
 MIN_UNLABELLED = 5  # a system enters k's figures when it has at least k + 5 labelled texts
 
@@ -98,6 +116,8 @@ def model_settings(option: str = "default") -> dict:
 
 
 def load_set(name: str, args) -> tuple[Rubric, Tables]:
+    if name == "dialsumm":  # as benchmarks/intervals.py loads it: main question coherence
+        return load_dialsumm(Path(args.dialsumm))
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
     if name == "simulated_shift":
         return rubric, simulate_shift(0, rubric=rubric)[0]
@@ -189,8 +209,11 @@ def within_sd(systems: dict, held: str) -> float:
 
 
 def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float, small: str, rng) -> dict:
-    """``{method: (hits, widths)}`` of ``reps`` draws of k labels in each of ``systems`` (id → texts)."""
-    out: dict[str, tuple[list, list]] = {m: ([], []) for m in (*lab.METHODS, *LEVEL_METHODS)}
+    """``{method: {system, hit, width, error}}``, one list entry per draw, of ``reps`` draws of k labels in each
+    of ``systems`` (id → texts); ``error`` is the method's estimate minus the system's mean label."""
+    out: dict[str, dict[str, list]] = {
+        m: {"system": [], "hit": [], "width": [], "error": []} for m in (*lab.METHODS, *LEVEL_METHODS)
+    }
     for name, g in systems.items():
         f, y, truth = g.f.to_numpy(), g.label.to_numpy(), g.label.mean()
         prior = float(g.prior_mean.iloc[0]), float(g.prior_var.iloc[0])
@@ -206,9 +229,55 @@ def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float,
             outs["level_ppi_pp"] = level_posterior(*prior, outs["ppi_pp"], k, alpha, "normal")
             outs["level_ppi_pp_student"] = level_posterior(*prior, outs["ppi_pp"], k, alpha, "student")
             for m, o in outs.items():
-                out[m][0].append(o["low"] <= truth <= o["high"])
-                out[m][1].append(o["high"] - o["low"])
+                out[m]["system"].append(name)
+                out[m]["hit"].append(o["low"] <= truth <= o["high"])
+                out[m]["width"].append(o["high"] - o["low"])
+                out[m]["error"].append(o["estimate"] - truth)
     return out
+
+
+def system_rms(errors) -> float:
+    """The system RMS of a point estimate: the square root of the mean squared error (estimate − the system's
+    mean label) over the held-out systems and repetitions."""
+    return float(np.sqrt(np.mean(np.square(np.asarray(errors, float)))))
+
+
+def method_figures(draws: dict) -> dict:
+    """Coverage, mean width, system RMS and per-system figures of one method's draws (:func:`draw_intervals`);
+    ``worst_system`` is the system of lowest coverage (the first in order on a tie)."""
+    df = pd.DataFrame(draws)
+    per = df.groupby("system").agg(coverage=("hit", "mean"), width=("width", "mean"), mean_error=("error", "mean"))
+    worst = per.coverage.idxmin()
+    return {
+        "coverage": float(df.hit.mean()),
+        "width": float(df.width.mean()),
+        "systems": len(per),
+        "rms": system_rms(df.error),
+        "worst_system": str(worst),
+        "worst_coverage": float(per.coverage[worst]),
+        "per_system": {str(s): {c: float(v) for c, v in row.items()} for s, row in per.iterrows()},
+    }
+
+
+def unlabelled_figures(rows: dict) -> dict:
+    """Coverage, mean width and system RMS of an interval without labels, ``rows``: system → (centre − the
+    system's mean label, half-width); ``worst_system`` is the one farthest outside (largest |error| − half)."""
+    error = pd.Series({s: e for s, (e, _) in rows.items()})
+    half = pd.Series({s: h for s, (_, h) in rows.items()})
+    covered = error.abs() <= half
+    worst = (error.abs() - half).idxmax()
+    return {
+        "coverage": float(covered.mean()),
+        "width": float((2 * half).mean()),
+        "systems": len(rows),
+        "rms": system_rms(error),
+        "worst_system": str(worst),
+        "missed": [str(s) for s in error.index[~covered]],
+        "per_system": {
+            str(s): {"covered": bool(covered[s]), "width": float(2 * half[s]), "mean_error": float(error[s])}
+            for s in error.index
+        },
+    }
 
 
 def interval_figures(
@@ -221,48 +290,36 @@ def interval_figures(
     ks: tuple[int, ...] = KS[1:],
     with_match: bool = True,
 ) -> tuple:
-    """``{k: {method: {coverage, width}}}`` over the systems with at least k + MIN_UNLABELLED texts and the
-    repetitions, and the fewest labels at which PPI++ / active PPI++ are as narrow as classical at k = 40
+    """``{k: {method: {coverage, width, rms, worst_system, ...}}}`` over the systems with at least k +
+    MIN_UNLABELLED texts and the repetitions (k = 0: the shift interval, centred at the mean score, and the
+    level's prior), and the fewest labels at which PPI++ / active PPI++ are as narrow as classical at k = 40
     (over the systems that have k = 40 + MIN_UNLABELLED texts, ``reps // 4`` repetitions per k)."""
     rng = np.random.default_rng(seed)
     systems = {s: g for s, g in texts.groupby("system_id")}
     errors = {s: g.f.mean() - g.label.mean() for s, g in systems.items()}
-    shift = []
-    for s, g in systems.items():
-        half = shift_half_width([e for t, e in errors.items() if t != s], alpha)
-        shift.append((abs(g.f.mean() - g.label.mean()) <= half, 2 * half))
+    shift = {s: (e, shift_half_width([x for t, x in errors.items() if t != s], alpha)) for s, e in errors.items()}
     figures: dict = {"0": {m: {"coverage": None, "width": None} for m in lab.METHODS}}
-    figures["0"]["shift"] = {
-        "coverage": float(np.mean([c for c, _ in shift])),
-        "width": float(np.mean([w for _, w in shift])),
-        "systems": len(shift),
-    }
+    figures["0"]["shift"] = unlabelled_figures(shift)
     z = stats.norm.ppf(1 - alpha / 2)
-    prior = [(g.prior_mean.iloc[0], z * math.sqrt(g.prior_var.iloc[0]), g.label.mean()) for g in systems.values()]
-    figures["0"]["level"] = {
-        "coverage": float(np.mean([abs(m - truth) <= half for m, half, truth in prior])),
-        "width": float(np.mean([2 * half for _, half, _ in prior])),
-        "systems": len(prior),
-    }
+    prior = {s: (g.prior_mean.iloc[0] - g.label.mean(), z * math.sqrt(g.prior_var.iloc[0])) for s, g in systems.items()}
+    figures["0"]["level"] = unlabelled_figures(prior)
     for k in ks:
         eligible = {s: g for s, g in systems.items() if len(g) >= k + MIN_UNLABELLED}
         res = draw_intervals(eligible, k, reps, floor, alpha, small, rng)
-        figures[str(k)] = {
-            m: {"coverage": float(np.mean(h)), "width": float(np.mean(w)), "systems": len(eligible)}
-            for m, (h, w) in res.items()
-        }
+        figures[str(k)] = {m: method_figures(draws) for m, draws in res.items()}
     if not with_match:
         return figures, None
     largest = max(KS)
     eligible = {s: g for s, g in systems.items() if len(g) >= largest + MIN_UNLABELLED}
-    target = float(np.mean(draw_intervals(eligible, largest, reps, floor, alpha, small, rng)["classical"][1]))
+    target = float(np.mean(draw_intervals(eligible, largest, reps, floor, alpha, small, rng)["classical"]["width"]))
     z = stats.norm.ppf(1 - alpha / 2)
     floor_width = float(np.mean([2 * z * g.f.std(ddof=0) / math.sqrt(len(g)) for g in eligible.values()]))
     match: dict = {"classical_width_at_40": target, "systems": sorted(eligible), "imputed_width_floor": floor_width}
     for m in ("ppi_pp", "active_ppi_pp"):
         match[m] = None
         for k in range(2, largest + 1):
-            if np.mean(draw_intervals(eligible, k, max(reps // 4, 50), floor, alpha, small, rng)[m][1]) <= target:
+            draws = draw_intervals(eligible, k, max(reps // 4, 50), floor, alpha, small, rng)
+            if np.mean(draws[m]["width"]) <= target:
                 match[m] = k
                 break
     return figures, match
@@ -350,8 +407,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sets", nargs="*", default=list(SETS), choices=list(SETS))
+    parser.add_argument("--sets", nargs="*", default=list(DEFAULT_SETS), choices=list(SETS))
     parser.add_argument("--llm-rubric", default=llm_rubric_default())
+    parser.add_argument("--dialsumm", default=str(DIALSUMM), help="the DialSummEval folder of the set dialsumm")
+    parser.add_argument(
+        "--coverage",
+        type=float,
+        default=None,
+        help="nominal coverage of the intervals (default: 1 - leaderboard.alpha of conf/scoring/default.yaml)",
+    )
     parser.add_argument("--reps", type=int, default=500, help="repetitions per system and k (>= 200)")
     parser.add_argument("--judges", type=int, default=6, help="judges left out of training in turn")
     parser.add_argument("--draws", type=int, default=3, help="draws of the k annotated texts per judge")
@@ -366,20 +430,29 @@ def run(argv: list[str] | None) -> int:
         help="conf/model/ options of the judge-add part (the first fills judge_add, all judge_add_by_model)",
     )
     parser.add_argument("--cache", default=str(ROOT / "outputs" / "labels"))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "labels.json"))
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="result file (default: results/labels_dialsumm.json when --sets is dialsumm alone, else results/labels.json)",
+    )
     args = parser.parse_args(argv)
     if args.reps < 1 or args.judges < 1 or args.draws < 1:
         raise InputError("--reps, --judges and --draws must be >= 1", column="--reps")
+    if args.coverage is not None and not 0 < args.coverage < 1:
+        raise InputError(f"--coverage must be in (0, 1), not {args.coverage}", column="--coverage")
+    if args.out is None:
+        args.out = str(OUT / ("labels_dialsumm.json" if args.sets == ["dialsumm"] else "labels.json"))
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     labels_conf = load_file(ROOT / "conf" / "labels" / "default.yaml")
     board_conf = load_file(ROOT / "conf" / "scoring" / "default.yaml")["leaderboard"]
     floor, alpha, small = (
         labels_conf["suggest"]["floor"],
-        board_conf["alpha"],
+        board_conf["alpha"] if args.coverage is None else 1 - args.coverage,
         board_conf.get("small_sample", "student"),
     )
-    sets = [s for s in args.sets if s != "llm_rubric_synthetic" or Path(args.llm_rubric).is_dir()]
+    folders = {"llm_rubric_synthetic": args.llm_rubric, "dialsumm": args.dialsumm}
+    sets = [s for s in args.sets if s not in folders or Path(folders[s]).is_dir()]
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     report: dict = {"intervals": {}, "labels_to_match_classical_at_40": {}, "judge_add": {}}
@@ -393,11 +466,20 @@ def run(argv: list[str] | None) -> int:
         report["labels_to_match_classical_at_40"][name] = match
         print(f"{name}: intervals in {time.perf_counter() - t0:.0f} s", flush=True)
         shown = (*lab.METHODS, *LEVEL_METHODS)
-        print(f"| {name} k | " + " | ".join(f"{m} cov / width" for m in shown) + " |", flush=True)
+        print(f"| {name} k | " + " | ".join(f"{m} cov / width / rms" for m in shown) + " |", flush=True)
         for k in args.ks:
-            cells = [f"{figures[str(k)][m]['coverage']:.3f} / {figures[str(k)][m]['width']:.3f}" for m in shown]
+            cells = [" / ".join(f"{figures[str(k)][m][c]:.3f}" for c in ("coverage", "width", "rms")) for m in shown]
             print(f"| {k} | " + " | ".join(cells) + " |")
-        print(f"k=0 shift interval: {figures['0']['shift']}, level prior: {figures['0']['level']}", flush=True)
+            worst = ", ".join(f"{m} {figures[str(k)][m]['worst_system']}" for m in shown)
+            print(f"  k={k} worst covered: {worst}", flush=True)
+        for m in ("shift", "level"):
+            row = figures["0"][m]
+            print(
+                f"k=0 {m}: coverage {row['coverage']:.3f} width {row['width']:.3f} rms {row['rms']:.3f},"
+                f" missed {row['missed']}, errors "
+                + ", ".join(f"{s} {v['mean_error']:+.2f}" for s, v in row["per_system"].items()),
+                flush=True,
+            )
         print(f"labels to match classical at 40: {match}", flush=True)
     if not args.no_judges:
         rubric, tables = load_set("simulated_shift", args)
@@ -413,6 +495,7 @@ def run(argv: list[str] | None) -> int:
         "reps": args.reps,
         "floor": floor,
         "alpha": alpha,
+        "coverage": 1 - alpha,
         "small_sample": small,
         "judges": args.judges,
         "draws": args.draws,
@@ -420,6 +503,8 @@ def run(argv: list[str] | None) -> int:
         "seconds": time.perf_counter() - started,
         "cpus": os.cpu_count(),
     }
+    if "dialsumm" in sets:
+        report["meta"]["dialsumm"] = args.dialsumm
     write_result(report, args.out, version)
     print(f"written: {args.out} ({report['meta']['seconds']:.0f} s)")
     return 0

@@ -2,6 +2,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 
 SERVER_LOG := $(VENV)/llama-cpp-python-build.log
+LLAMA_WHEELS := $(VENV)/llama-wheel
+# the version pyproject.toml's group [server] pins; its wheel is built while the rest installs (the build is CPU, the
+# install mostly downloads)
+LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python\[server\]==\([0-9.]*\)".*/\1/p' pyproject.toml)
 # llama.cpp for the CPU it is built on, whatever its features: no -march=native (its AVX-512/AMX kernels crashed the
 # server on such a CPU), AVX2/FMA/F16C kernels only where the CPU has them. --no-cache-dir: pip would reuse a wheel
 # built with other flags. LLAVA_BUILD=OFF: the multimodal library (mtmd), which the text-only server never loads. docs/setup.md
@@ -15,9 +19,12 @@ LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip
-	$(PY) -m pip install -qq -e ".[test]"
-	@echo "building the optional group [server] (llama-cpp-python from source, portable: $(LLAMA_CMAKE_ARGS)): about 5 minutes on 2 cores"
-	@if CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --no-cache-dir -e ".[test,server]" > $(SERVER_LOG) 2>&1; then rm -f $(SERVER_LOG); \
+	@echo "installing the package; building llama-cpp-python $(LLAMA_VERSION) (the optional group [server]) from source beside it, portable: $(LLAMA_CMAKE_ARGS) (a few minutes on 2 cores)"
+	@rm -rf $(LLAMA_WHEELS); (CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel --no-deps --no-cache-dir \
+		-w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_VERSION)" > $(SERVER_LOG) 2>&1; echo $$? > $(LLAMA_WHEELS).rc) & \
+	$(PY) -m pip install -qq -e ".[test]"; status=$$?; wait; exit $$status
+	@if [ "$$(cat $(LLAMA_WHEELS).rc)" = 0 ] && $(PY) -m pip install -qq "$$(ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl)[server]" -e ".[test,server]" >> $(SERVER_LOG) 2>&1; \
+	then rm -rf $(SERVER_LOG) $(LLAMA_WHEELS) $(LLAMA_WHEELS).rc; \
 	else echo "setup: the optional group [server] (llama-cpp-python) did not install, see $(SERVER_LOG); its tests will skip"; fi
 	touch $@
 

@@ -241,6 +241,10 @@ def test_score_texts_writes_levels_and_the_leaderboard_ranks_by_them(six, rubric
     assert cli([*args, "--predictions", str(tmp_path / "pred.csv"), "--questions", "Q0", "--no-progress"]) == 0
     levels = pd.read_csv(tmp_path / "scores.levels.csv").set_index("system_id")
     assert not levels.known[new] and levels.known.drop(new).all() and (levels.level_sd > 0).all()
+    inside = levels.x.drop(new).min() <= levels.x[new] <= levels.x.drop(new).max()
+    assert levels.beyond[new] == (not inside) and not levels.beyond.drop(new).any()
+    summary = __import__("json").loads((tmp_path / "scores.summary.json").read_text())
+    assert summary["beyond_training_range"] == ([] if inside else [new]), (inside, levels.x.to_dict())
     whole = model.system_levels(six, model.predict(six)[["text_id", "judge_id"]].assign(round="1"))
     np.testing.assert_allclose(levels.level.to_numpy(), whole.set_index("system_id").level.reindex(levels.index))
     board = ["leaderboard", "build", str(tmp_path / "pred.csv"), "--texts", str(tmp_path / "texts.csv")]

@@ -487,7 +487,8 @@ class AutoCalibrator:
 
     def system_levels(self, tables: Tables, pairs: pd.DataFrame, levels: dict | None = None) -> pd.DataFrame | None:
         """Per system of ``pairs`` the main question's level (``level``, ``level_sd``, ``level_df``,
-        ``known``, ``applied``: whether the predictions use it, ``x``, ``centre``, ``sigma_within``) of
+        ``known``, ``applied``: whether the predictions use it, ``x``, ``beyond``: a new system whose summary ``x``
+        lies outside the training systems' range, ``centre``, ``sigma_within``) of
         the weighted member with a level (None without one); ``levels``: :meth:`member_levels` computed already."""
         if not self.levels_:
             return None
@@ -506,6 +507,7 @@ class AutoCalibrator:
                 "known": table.known.to_numpy(),
                 "applied": applied,
                 "x": table.x.to_numpy(),
+                "beyond": table.beyond.to_numpy(bool),
                 "centre": table.centre.to_numpy(),
                 "sigma_within": self.levels_[name].sigma_within_,
             }

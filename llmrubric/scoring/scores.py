@@ -198,6 +198,14 @@ def score_texts(
             "%d texts lack some feature blocks and were scored with those blocks marginalised (see missing_blocks)",
             masked,
         )
+    beyond = None if levels is None else sorted(map(str, levels.system_id[levels.beyond & ~levels.known]))
+    if beyond:
+        log.warning(
+            "systems %s lie beyond the training systems' range of the LLMs' answers: their scores, levels and intervals "
+            "extrapolate (the LLMs may misjudge a system as a whole); a few human labels of their texts correct it "
+            "(`leaderboard build --levels --annotations`, docs/scoring.md)",
+            ", ".join(beyond),
+        )
     summary = {
         "texts": int(len(scored)),
         "masked_texts": masked,
@@ -207,6 +215,7 @@ def score_texts(
         "quantile": quantile,
         "coverage": coverage,
         "intervals": calibration(calibrator).question_id if calibration(calibrator) is not None else None,
+        "beyond_training_range": beyond,
         "pairs": int(n_pairs),
         "fast_path": chunks.fast is not None,
         "seconds": time.perf_counter() - start,

@@ -1,6 +1,7 @@
 """Rank intervals of leaderboards on the shared multi-system generator: joint and per-system coverage of true ranks.
 
     .venv/bin/python benchmarks/rank_intervals.py [--seeds 100] [--model-seeds 20] [--texts 96] [--bootstrap 1000]
+        [--label-k 5 10 20] [--label-draws 50]
         [--generator ../shared/generators/multisystem.py] [--out benchmarks/results/rank_intervals.json]
 
 Every seed S runs the generator with ``--systems 8 --references 1 --texts N --seed S``: 8 systems and one
@@ -23,6 +24,15 @@ Two leaderboards (``llmrubric.scoring.leaderboard.build``, 95 %):
   does not give; their coverage of the human ranks measures what a user gets when the model misjudges systems. The
   same run's leave-one-system-out errors (predicted − human system mean) as ``--shift-errors`` give the shift rank
   intervals (Bonferroni), which aim at the human ranks; those errors include the ranked systems' own.
+
+With k labelled texts of the new systems (``model_labels``): on each model board, k texts of every system (all
+systems are new to the model: each was held out) drawn uniformly without replacement, ``--label-draws`` times for
+each k of ``--label-k`` (draw d of seed S and k from ``default_rng([S, k, d])``, apart from everything above, so
+the k = 0 figures stay as they are); their human means (:func:`llmrubric.scoring.leaderboard.human_labels`) as the
+labels of ``llmrubric leaderboard build --annotations``, and the label rank intervals it adds
+(``label_rank_low, label_rank_high``: Bonferroni over the K systems' PPI++ intervals at alpha / K,
+:func:`llmrubric.scoring.leaderboard.label_rank_intervals`), against the true ranks. ``k=0`` repeats the board's
+own and shift rank intervals (``model_vs_human``, ``model_shift``).
 
 Writes ``benchmarks/results/rank_intervals.json`` (or ``--out``).
 """
@@ -130,6 +140,12 @@ def replicate_rank_percentiles(boot: dict, systems, alpha: float) -> pd.DataFram
     return pd.DataFrame({"system": list(systems), "low": low, "high": high})
 
 
+def draw_labels(systems, human_means: pd.Series, k: int, rng: np.random.Generator) -> pd.Series:
+    """The human means of ``k`` texts of every system, drawn uniformly without replacement."""
+    chosen = [rng.choice(s.text_ids, size=min(k, len(s.text_ids)), replace=False) for s in systems]
+    return human_means.reindex(np.concatenate(chosen))
+
+
 def summary(runs: list[dict]) -> dict:
     per_system = [v for r in runs for v in r["per_system"].values()]
     return {
@@ -171,6 +187,8 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=int, default=96, help="texts per system")
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--alpha", type=float, default=0.05)
+    parser.add_argument("--label-k", type=int, nargs="+", default=[5, 10, 20], help="labelled texts per system")
+    parser.add_argument("--label-draws", type=int, default=50, help="draws of the labelled texts per k and seed")
     parser.add_argument("--check-texts", type=int, default=4000, help="texts per system of the truth check runs")
     parser.add_argument("--check-seeds", type=int, default=2)
     parser.add_argument("--generator", default=str(ROOT.parent / "shared" / "generators" / "multisystem.py"))
@@ -185,6 +203,7 @@ def run(argv: list[str] | None = None) -> int:
     names = ("human", "human_per_system_intervals", "human_replicate_rank_percentiles", "model_vs_human", "model_shift")
     found: dict[str, list] = {name: [] for name in names}
     spearman = []
+    labelled: dict[int, list] = {k: [] for k in args.label_k}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         truth_check = check_truth(generator, args.check_texts, args.check_seeds, work)
@@ -219,6 +238,12 @@ def run(argv: list[str] | None = None) -> int:
                 )
                 found["model_vs_human"].append(coverage(res.board, truth, "rank_low", "rank_high"))
                 found["model_shift"].append(coverage(res.board, truth, "shift_rank_low", "shift_rank_high"))
+                human_means = lb.human_labels(tables.annotations, rubric.main)
+                for k in args.label_k:
+                    for draw in range(args.label_draws):
+                        labels = draw_labels(res.systems, human_means, k, np.random.default_rng([seed, k, draw]))
+                        ranks = lb.label_rank_intervals(res.systems, labels, alpha=args.alpha)
+                        labelled[k].append(coverage(ranks, truth, "label_rank_low", "label_rank_high"))
                 scores = res.board.set_index("system").score.reindex(truth.index)
                 spearman.append(float(stats.spearmanr(-truth, scores)[0]))
             shown = {k: round(summary(v)["joint_coverage"], 3) for k, v in found.items() if v}
@@ -235,9 +260,21 @@ def run(argv: list[str] | None = None) -> int:
         "truth_check": truth_check,
         **{name: summary(runs) for name, runs in found.items()},
         "model_spearman_vs_truth": float(np.mean(spearman)) if spearman else None,
+        "model_labels": {
+            "settings": {
+                "k": args.label_k,
+                "draws": args.label_draws,
+                "sampling": "k texts of every system, uniformly without replacement",
+                "rank_intervals": "label_rank_low/high: Bonferroni over the systems' PPI++ intervals at alpha / K",
+            },
+            "k=0": {"rank": summary(found["model_vs_human"]), "shift_rank": summary(found["model_shift"])},
+            **{f"k={k}": {"label_rank": summary(runs)} for k, runs in labelled.items()},
+        },
     }
     for name in found:
         print(f"{name}: {report[name]}")
+    for k, runs in labelled.items():
+        print(f"model, {k} labelled texts per system: label ranks {summary(runs)}")
     print(f"model: mean Spearman of its scores with the true order {report['model_spearman_vs_truth']}")
     print(f"truth check: {truth_check}")
     print(f"written: {write_result(report, args.out, version)}")

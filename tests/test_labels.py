@@ -215,6 +215,10 @@ def test_suggest_then_active_leaderboard_in_two_rounds(board_files):
     ]["k"] == {"A": 14, "B": 14}
     assert "active_ppi_pp_diff_low" in report["comparisons"][0]
     assert "active PPI++ [interval]" in (d / "board" / "leaderboard.md").read_text()
+    assert report["settings"]["rank_intervals"]["label_rank"].startswith("Bonferroni: the active PPI++")
+    assert (board.label_rank_low <= board.label_rank_high).all() and "label ranks" in (
+        d / "board" / "leaderboard.md"
+    ).read_text()
 
 
 @pytest.mark.slow
@@ -232,6 +236,8 @@ def test_uniform_labels_give_classical_ppi_and_ppi_pp_with_differences(board_fil
     assert comp.ppi_pp_diff == pytest.approx(board.at["A", "ppi_pp"] - board.at["B", "ppi_pp"])
     se = lambda s: (board.at[s, "ppi_pp_high"] - board.at[s, "ppi_pp_low"]) / 2
     assert comp.ppi_pp_diff_high - comp.ppi_pp_diff == pytest.approx(math.hypot(se("A"), se("B")))
+    rank_by_ppi_pp = board.ppi_pp.rank(ascending=False)
+    assert ((board.label_rank_low <= rank_by_ppi_pp) & (rank_by_ppi_pp <= board.label_rank_high)).all()
 
 
 def snapshot(folder):

@@ -1,5 +1,5 @@
 """Rank intervals on the leaderboard: the construction from intervals, max-t over the replicates, Bonferroni
-under a system level or shift errors, the files, and joint coverage of known true ranks."""
+under a system level, shift errors or human labels, the files, and joint coverage of known true ranks."""
 
 import math
 
@@ -94,6 +94,62 @@ def test_a_system_level_ranks_by_bonferroni_level_intervals_and_shift_errors_add
     assert res.settings["rank_intervals"]["rank"].startswith("Bonferroni") and res.settings["rank_intervals"][
         "shift_rank"
     ].startswith("Bonferroni")
+
+
+def labelled_systems():
+    """A, B, C, D: 20 texts each around 0.9, 0.5, 0.555, 0.2; labels (text score + deterministic noise) on the first
+    10 texts of A, B and C, none of D."""
+    offsets = np.linspace(-0.05, 0.05, 20)
+    centres = {"A": 0.9, "B": 0.5, "C": 0.555, "D": 0.2}
+    systems = [system(s, c + offsets) for s, c in centres.items()]
+    noise = np.tile([0.03, -0.03], 5)
+    labels = pd.concat(
+        [pd.Series(s.text_scores()[:10] + noise, index=s.text_ids[:10]) for s in systems if s.system != "D"]
+    )
+    return systems, labels
+
+
+def test_label_ranks_are_the_rank_intervals_of_the_bonferroni_ppi_pp_intervals():
+    """A far above; B and C apart at 95 % one at a time, overlapping at 1 − 0.05 / 4; D unlabelled (no interval:
+    any rank, and surely above or below no one)."""
+    from llmrubric.scoring import labels as lab
+
+    systems, labels = labelled_systems()
+    out = lb.label_rank_intervals(systems, labels, alpha=0.05).set_index("system")
+    assert out.label_rank_low.to_dict() == {"A": 1, "B": 2, "C": 2, "D": 1}
+    assert out.label_rank_high.to_dict() == {"A": 2, "B": 4, "C": 4, "D": 4}
+    intervals = []
+    for s in systems:
+        has = np.isin(s.text_ids, labels.index)
+        f = s.text_scores()
+        intervals.append(lab.uniform_interval("ppi_pp", labels.reindex(s.text_ids[has]), f[has], f[~has], 0.05 / 4))
+    expected = rank_intervals([i["low"] for i in intervals], [i["high"] for i in intervals])
+    assert out.label_rank_low.tolist() == expected[0].tolist() and out.label_rank_high.tolist() == expected[1].tolist()
+    one_at_a_time = lb.label_intervals(systems, labels, alpha=0.05).set_index("system")
+    assert one_at_a_time.at["C", "ppi_pp_low"] > one_at_a_time.at["B", "ppi_pp_high"]  # not joint: C surely above B
+    d_labelled = pd.concat([labels, pd.Series([0.2, 0.21, 0.19], index=systems[3].text_ids[:3])])
+    full = lb.label_rank_intervals(systems, d_labelled).set_index("system")
+    assert full.label_rank_low.tolist() == [1, 2, 2, 4] and full.label_rank_high.tolist() == [1, 3, 3, 4]
+
+
+def test_a_board_with_labels_has_label_ranks_that_hold_each_systems_rank_by_ppi_pp(tmp_path):
+    question = Rubric.from_dict({"name": "t", "questions": [{"id": "Q", "main": True, "options": [0, 1]}]}).main
+    systems, labels = labelled_systems()
+    rows = [(t, "j", s.system, "Q", *s.probs[i, 0]) for s in systems for i, t in enumerate(s.text_ids)]
+    predictions = pd.DataFrame(rows, columns=["text_id", "judge_id", "system_id", "question_id", "p_0", "p_1"])
+    res = lb.build(predictions, question, n_boot=50, labels=labels)
+    board = res.board.set_index("system")
+    assert board.label_rank_low.to_dict() == {"A": 1, "B": 2, "C": 2, "D": 1}
+    assert board.label_rank_high.to_dict() == {"A": 2, "B": 4, "C": 4, "D": 4}
+    labelled = board.dropna(subset=["ppi_pp"])
+    by_ppi = len(labelled) + 1 - stats.rankdata(labelled.ppi_pp)
+    assert ((labelled.label_rank_low <= by_ppi) & (by_ppi <= labelled.label_rank_high)).all()
+    assert res.settings["rank_intervals"]["label_rank"].startswith("Bonferroni: the PPI++ intervals")
+    text = lb.markdown(res.board, "Q", res.settings)
+    assert "| PPI++ [interval] | label ranks |" in text
+    assert "| 10 | " in text and " | 2–4 |" in text and "| D |" in text
+    assert "label ranks: the same for the human means, from the k labelled texts (Bonferroni" in text
+    assert "label_rank_low" not in lb.build(predictions, question, n_boot=50).board.columns
 
 
 @pytest.mark.slow

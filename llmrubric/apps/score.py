@@ -53,7 +53,7 @@ def register(subparsers) -> None:
     b.add_argument("--texts", help="texts table with system_id (and query_id to pair systems by query)")
     b.add_argument(
         "--annotations",
-        help="human annotations: adds the human leaderboard, its rank correlation and classical, PPI and PPI++ intervals",
+        help="human annotations: adds the human leaderboard, its rank correlation, classical, PPI and PPI++ intervals and the ranks of the human means they allow (label_rank_low/high)",
     )
     b.add_argument(
         "--sampling",

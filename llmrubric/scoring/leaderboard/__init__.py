@@ -11,8 +11,8 @@ and the density bands of the plot.
 Also: paired tests between systems (by ``query_id`` where texts share queries, else
 unpaired), classical, PPI and PPI++ intervals of system means and of their differences when
 some texts have human labels (:mod:`llmrubric.scoring.labels`, through ``ppi_py``; active
-PPI++ when the labelled texts were drawn by ``llmrubric label suggest``), rank correlations
-between leaderboards, and shift intervals that
+PPI++ when the labelled texts were drawn by ``llmrubric label suggest``) and the ranks of the
+human means they allow, rank correlations between leaderboards, and shift intervals that
 widen each score by the errors a leave-one-system-out run measured on held-out systems
 (:func:`shift_half_width`, :mod:`llmrubric.evaluation.transfer`).
 
@@ -34,7 +34,12 @@ from llmrubric.scoring.leaderboard.human import (
     human_labels_by_round,
     human_leaderboard,
 )
-from llmrubric.scoring.leaderboard.labelled import check_sampling, label_differences, label_intervals
+from llmrubric.scoring.leaderboard.labelled import (
+    check_sampling,
+    label_differences,
+    label_intervals,
+    label_rank_intervals,
+)
 from llmrubric.scoring.leaderboard.plots import density_plot
 from llmrubric.scoring.leaderboard.ranking import leaderboard
 from llmrubric.scoring.leaderboard.reading import (
@@ -68,6 +73,7 @@ __all__ = [
     "interval",
     "label_differences",
     "label_intervals",
+    "label_rank_intervals",
     "leaderboard",
     "markdown",
     "rank_correlation",

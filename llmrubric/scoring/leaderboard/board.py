@@ -8,7 +8,7 @@ import pandas as pd
 
 from llmrubric.io.rubric import Question
 from llmrubric.scoring.leaderboard.comparisons import compare_systems
-from llmrubric.scoring.leaderboard.labelled import label_differences, label_intervals
+from llmrubric.scoring.leaderboard.labelled import label_differences, label_intervals, label_rank_intervals
 from llmrubric.scoring.leaderboard.ranking import RANK_METHOD, leaderboard
 from llmrubric.scoring.leaderboard.resampling import bootstrap
 from llmrubric.scoring.leaderboard.shift import rms, with_shift_interval
@@ -49,8 +49,9 @@ def build(
     Rank intervals, joint over the K systems at 1 − alpha: ``rank_low, rank_high`` from the max-t intervals of the
     bootstrap replicates (:func:`leaderboard`); with ``levels`` the board ranks by level and they come from the
     level intervals at alpha / K (Bonferroni: the replicates do not carry the level); with ``shift_errors`` also
-    ``shift_rank_low, shift_rank_high`` from the shift intervals at alpha / K (:func:`with_shift_interval`). Label
-    intervals leave them as they are."""
+    ``shift_rank_low, shift_rank_high`` from the shift intervals at alpha / K (:func:`with_shift_interval`); with
+    labels (or draws) also ``label_rank_low, label_rank_high``, the ranks of the human means from the PPI++ (active
+    PPI++) intervals at alpha / K (:func:`label_rank_intervals`)."""
     from llmrubric.scoring.labels import DESCRIPTIONS
 
     systems, judges = system_data(predictions, question, texts, judges)
@@ -58,8 +59,12 @@ def build(
     board = leaderboard(systems, boot, alpha)
     comparisons = compare_systems(systems, boot, alpha)
     label_settings = {}
+    ranks = {"rank": RANK_METHOD}
     if labels is not None or draws is not None:
         board = board.merge(label_intervals(systems, labels, draws, alpha, small_sample), on="system", how="left")
+        board = board.merge(label_rank_intervals(systems, labels, draws, alpha, small_sample), on="system", how="left")
+        method = "the active PPI++" if draws is not None else "the PPI++"
+        ranks["label_rank"] = f"Bonferroni: {method} intervals at alpha / K; fewer than 2 labels: any rank"
         comparisons = label_differences(board, comparisons, alpha) if len(comparisons) else comparisons
         methods = ["active_ppi_pp"] if draws is not None else ["classical", "ppi", "ppi_pp"]
         label_settings = {
@@ -72,7 +77,6 @@ def build(
                 "small_sample": small_sample,
             }
         }
-    ranks = {"rank": RANK_METHOD}
     if shift_errors is not None:
         board = with_shift_interval(board, shift_errors, alpha)
         ranks["shift_rank"] = "Bonferroni: the shift intervals at alpha / K"

@@ -1,6 +1,6 @@
 """Intervals of system means and of their differences from human-labelled texts: classical, PPI and
 PPI++ (labels drawn uniformly), active PPI++ (the draws of ``llmrubric label suggest``,
-:mod:`llmrubric.scoring.labels`)."""
+:mod:`llmrubric.scoring.labels`); and the ranks of the systems' human means those labels allow."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from scipy import stats
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import source_of
 from llmrubric.scoring.leaderboard.systems import SUM_TOLERANCE, SystemData
+from llmrubric.scoring.ranks import rank_intervals
 
 
 def check_sampling(
@@ -78,12 +79,13 @@ def label_intervals(
     draws: pd.DataFrame | None = None,
     alpha: float = 0.05,
     small_sample: str = "student",
+    methods: tuple[str, ...] | None = None,
 ) -> pd.DataFrame:
     """Per system: ``labelled`` (k), ``unlabelled`` and each method's estimate and interval
     (``<method>, <method>_low, <method>_high``, :mod:`llmrubric.scoring.labels`).
 
-    ``labels`` (text id → human mean, drawn uniformly): ``classical``, ``ppi`` and ``ppi_pp``;
-    ``draws`` (from :func:`check_sampling`, drawn actively): ``active_ppi_pp``. Fewer than 2 labels: NaN."""
+    ``labels`` (text id → human mean, drawn uniformly): ``classical``, ``ppi`` and ``ppi_pp`` (or the ``methods``
+    of these); ``draws`` (from :func:`check_sampling`, drawn actively): ``active_ppi_pp``. Fewer than 2 labels: NaN."""
     from llmrubric.scoring import labels as lab
 
     rows = []
@@ -94,7 +96,7 @@ def label_intervals(
             has = f.index.isin(labels.index)
             y, fl, fu = labels.reindex(f.index[has]).to_numpy(), f[has].to_numpy(), f[~has].to_numpy()
             row.update(labelled=int(has.sum()), unlabelled=int((~has).sum()))
-            for method in lab.UNIFORM:
+            for method in methods or lab.UNIFORM:
                 out = lab.uniform_interval(method, y, fl, fu, alpha, small_sample)
                 row.update({method: out["estimate"], f"{method}_low": out["low"], f"{method}_high": out["high"]})
         else:
@@ -107,6 +109,23 @@ def label_intervals(
             row.update(active_ppi_pp=out["estimate"], active_ppi_pp_low=out["low"], active_ppi_pp_high=out["high"])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def label_rank_intervals(
+    systems: list[SystemData],
+    labels: pd.Series | None = None,
+    draws: pd.DataFrame | None = None,
+    alpha: float = 0.05,
+    small_sample: str = "student",
+) -> pd.DataFrame:
+    """``system, label_rank_low, label_rank_high``: the ranks of the K systems' human means, all K jointly at
+    1 − alpha, from each system's PPI++ interval (active PPI++ with ``draws``) at alpha / K (Bonferroni) through
+    :func:`llmrubric.scoring.ranks.rank_intervals`. A system with fewer than 2 labels has no interval: it may hold
+    any rank and is surely above or below no other."""
+    method = "active_ppi_pp" if draws is not None else "ppi_pp"
+    joint = label_intervals(systems, labels, draws, alpha / max(1, len(systems)), small_sample, methods=(method,))
+    low, high = rank_intervals(joint[f"{method}_low"], joint[f"{method}_high"])
+    return pd.DataFrame({"system": joint.system, "label_rank_low": low, "label_rank_high": high})
 
 
 def label_differences(board: pd.DataFrame, comparisons: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:

@@ -15,17 +15,20 @@ LABEL_HEADS = {"classical": "classical", "ppi": "PPI", "ppi_pp": "PPI++", "activ
 
 def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None) -> str:
     """A markdown leaderboard table; with rank intervals, the ranks each system can hold (``2–4``) and a legend
-    (``settings["rank_intervals"]``); with label intervals, a ``k`` column and a legend that says what each
+    (``settings["rank_intervals"]``: also of the shift and label ranks); with label intervals, a ``k`` column and a legend that says what each
     interval column is and how its labels were sampled (``settings["label_intervals"]``)."""
     from llmrubric.scoring.labels import METHODS
 
     methods = [m for m in METHODS if m in board.columns]
-    extra = [c for c in ("rank_low", "shift_low", "shift_rank_low", "level", "human") if c in board.columns]
+    extra = [
+        c for c in ("rank_low", "shift_low", "shift_rank_low", "level", "label_rank_low", "human") if c in board.columns
+    ]
     head = ["rank", "system", "score", "95% interval"] + (["ranks"] if "rank_low" in extra else []) + ["texts"]
     head += ["shift interval"] if "shift_low" in extra else []
     head += ["shift ranks"] if "shift_rank_low" in extra else []
     head += ["level [interval]"] if "level" in extra else []
     head += (["k"] if methods else []) + [f"{LABEL_HEADS[m]} [interval]" for m in methods]
+    head += ["label ranks"] if "label_rank_low" in extra else []
     head += ["human"] if "human" in extra else []
     lines = ([f"### {title}", ""] if title else []) + ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in board.to_dict("records"):
@@ -46,6 +49,8 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
         if methods:
             cells.append(str(r["labelled"]))
         cells += [f"{r[m]:.3f} [{r[m + '_low']:.3f}, {r[m + '_high']:.3f}]" for m in methods]
+        if "label_rank_low" in extra:
+            cells.append(rank_range(r["label_rank_low"], r["label_rank_high"]))
         if "human" in extra:
             cells.append(f"{r['human']:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
@@ -59,6 +64,10 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
         if "shift_rank" in ranks and "shift_rank_low" in extra:
             lines.append(
                 f"shift ranks: the same for the human means, from the shift intervals ({ranks['shift_rank']})."
+            )
+        if "label_rank" in ranks and "label_rank_low" in extra:
+            lines.append(
+                f"label ranks: the same for the human means, from the k labelled texts ({ranks['label_rank']})."
             )
     info = (settings or {}).get("label_intervals")
     if info:

@@ -220,3 +220,20 @@ def test_human_leaderboard_of_the_real_release_matches_paper_table_5(llm_rubric_
     human = lb.human_leaderboard(real.annotations, rubric.main, real.texts)
     assert human["DS2"] == pytest.approx(2.915, abs=5e-4) and human["DS3"] == pytest.approx(2.697, abs=5e-4)
     assert human.idxmax() == "DS2"
+
+
+def test_a_new_system_beyond_the_training_range_is_marked_on_the_level_board(small, tmp_path):
+    from llmrubric.scoring.levels import read_levels
+
+    path = tmp_path / "levels.csv"
+    rows = "system_id,level,level_sd,known,sigma_within,beyond\nA,3.0,0.2,False,0.5,True\nB,1.5,0.2,True,0.5,False\n"
+    path.write_text(rows)
+    levels = read_levels(path)
+    assert list(levels.beyond) == [True, False]
+    res = lb.build(small, Q, n_boot=20, levels=levels)
+    board = res.board.set_index("system")
+    assert board.at["A", "beyond"] and not board.at["B", "beyond"]
+    text = lb.markdown(res.board, "t", res.settings)
+    assert "| A † |" in text and "| B |" in text and "†: the LLMs' answers put this new system beyond" in text
+    path.write_text(rows.replace(",beyond", "").replace(",True\n", "\n").replace(",False\n", "\n"))
+    assert "†" not in lb.markdown(lb.build(small, Q, n_boot=20, levels=read_levels(path)).board)

@@ -33,13 +33,16 @@ from llmrubric.scoring.ranks import by_score
 
 
 def read_levels(path: str | Path) -> pd.DataFrame:
-    """A levels table of ``score texts`` (``system_id, level, level_sd, known, sigma_within``), indexed by system."""
+    """A levels table of ``score texts`` (``system_id, level, level_sd, known, sigma_within``; optional ``level_df``,
+    ``beyond``), indexed by system."""
     table = read_system_values(path, "levels table", lambda columns: ["level", "level_sd", "sigma_within"])
     if (table.level_sd < 0).any() or (table.sigma_within < 0).any():
         raise InputError("level_sd and sigma_within must be >= 0", file=str(path), column="level_sd")
     raw = read_nonempty(Path(path), "levels table")
     known = raw["known"] if "known" in raw.columns else pd.Series(False, index=raw.index)
     table["known"] = known.astype(str).str.strip().str.lower().isin(["true", "1"]).to_numpy()
+    beyond = raw["beyond"] if "beyond" in raw.columns else pd.Series(False, index=raw.index)
+    table["beyond"] = beyond.astype(str).str.strip().str.lower().isin(["true", "1"]).to_numpy()
     df = pd.to_numeric(raw["level_df"], errors="coerce") if "level_df" in raw.columns else None
     if df is not None and not (df > 2).all():
         row = int(np.flatnonzero(~(df > 2).to_numpy())[0])
@@ -73,8 +76,9 @@ def with_level_intervals(
     alpha: float = 0.05,
     small_sample: str = "student",
 ) -> pd.DataFrame:
-    """``board`` with ``level, level_low, level_high`` and ``level_labels`` (the labels the level used:
-    0 for a training system or fewer than 2), ranked by level (module doc)."""
+    """``board`` with ``level, level_low, level_high``, ``level_labels`` (the labels the level used:
+    0 for a training system or fewer than 2) and ``beyond`` (a new system outside the training systems' range),
+    ranked by level (module doc)."""
     missing = sorted(set(board.system) - set(levels.index))
     if missing:
         raise InputError(f"systems {missing} are not in the levels table", column="system_id")
@@ -102,6 +106,7 @@ def with_level_intervals(
                 "level_low": low,
                 "level_high": high,
                 "level_labels": k,
+                "beyond": bool(row.get("beyond", False)) and not row.known,
             }
         )
     return by_score(board.drop(columns="rank").merge(pd.DataFrame(rows), on="system", how="left"), "level")

@@ -34,7 +34,7 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
     for r in board.to_dict("records"):
         cells = [
             f"{r['rank']:g}",
-            str(r["system"]),
+            str(r["system"]) + (" †" if r.get("beyond") is True else ""),
             f"{r['score']:.3f}",
             f"[{r['low']:.3f}, {r['high']:.3f}]",
             *([rank_range(r["rank_low"], r["rank_high"])] if "rank_low" in extra else []),
@@ -69,6 +69,12 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
             lines.append(
                 f"label ranks: the same for the human means, from the k labelled texts ({ranks['label_rank']})."
             )
+    if "beyond" in board.columns and board.beyond.eq(True).any():
+        lines += [
+            "",
+            "†: the LLMs' answers put this new system beyond the training systems' range: its level and intervals "
+            "extrapolate (the LLMs may misjudge it as a whole); label a few of its texts (--annotations).",
+        ]
     info = (settings or {}).get("label_intervals")
     if info:
         level = f"{100 * (1 - info['alpha']):g} %"

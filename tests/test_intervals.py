@@ -69,6 +69,24 @@ def test_an_overconfident_model_is_corrected_to_nominal_coverage():
     assert (hi - lo).mean() <= (corrected[1] - corrected[0]).mean() + 0.05
 
 
+def test_an_overconfident_classifier_gets_prediction_sets_at_nominal_coverage():
+    rng = np.random.default_rng(1)
+    truth = rng.dirichlet(np.full(4, 0.7), 23000)
+    y = draw(truth, rng)
+    model = sharpened(truth, 4)
+    question = Rubric.from_dict(
+        {"questions": [{"id": "c", "text": "c", "options": ["a", "b", "c", "d"], "ordered": False}]}
+    )["c"]
+    cal = Conformal.fit(question, model[:3000], y[:3000], np.arange(3000).astype(str))
+    assert not cal.ordered and len(cal.texts) == 0 and len(cal.pairs) == 3000
+    naive = float((np.argmax(model[3000:], axis=1) == y[3000:]).mean())  # the top answer alone
+    for nominal in (0.8, 0.9, 0.95):
+        sets = cal.pair_sets(model[3000:], nominal)
+        assert sets.any(axis=1).all()
+        assert nominal - 0.015 <= sets[np.arange(20000), y[3000:]].mean() <= nominal + 0.03, nominal
+    assert naive < 0.8 and cal.pair_sets(model[3000:], 0.95).sum(axis=1).mean() > 1.5
+
+
 def test_the_threshold_is_the_finite_sample_quantile_and_too_few_scores_cover_everything():
     scores = np.arange(1, 20) / 20  # 19 scores
     assert threshold(scores, 0.9) == pytest.approx(0.05)  # floor(0.1 * 20) = 2nd smallest
@@ -145,6 +163,30 @@ def test_the_report_shows_the_coverage_curve_of_the_checkpoints(fitted):
     table = pd.read_csv(io.BytesIO(files["coverage.csv"]))
     np.testing.assert_allclose(table.coverage, [c["coverage"] for c in curve])
     assert json.loads(files["report.json"])["coverage"]["nominal"] == 0.9
+
+
+@pytest.mark.slow
+def test_a_categorical_main_question_gets_prediction_sets_kept_in_the_checkpoint(rubric, tmp_path):
+    from dataclasses import replace
+
+    questions = tuple(replace(q, ordered=False) if q.id == rubric.main.id else q for q in rubric.questions)
+    categorical = replace(rubric, questions=questions)
+    data = simulate(0, 120, 4, 2, categorical, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
+    train, test = data.subset(data.text_ids[:90]), data.subset(data.text_ids[90:])
+    settings = {**model_file("auto"), "ensemble": 1, "auto": {"candidates": ["ridge_judge"]}}
+    model = AutoCalibrator(categorical, settings, FAST, seed=0).fit(train)
+    assert not model.conformal_.ordered
+    loaded = load_model(model.save(tmp_path / "auto.safetensors"))
+    np.testing.assert_array_equal(loaded.conformal_.pairs, model.conformal_.pairs)
+    main = categorical.main
+    narrow = with_intervals(loaded.predict(test), loaded, 0.5)
+    wide = with_intervals(loaded.predict(test), loaded, 0.95)
+    rows = (wide.question_id == main.id).to_numpy()
+    assert wide.loc[rows, "set"].notna().all() and wide.loc[~rows, "set"].isna().all() and wide.lo.isna().all()
+    size = lambda frame: frame.loc[rows, "set"].str.split("|").str.len().mean()  # noqa: E731
+    assert size(wide) > size(narrow) >= 1 and set("|".join(wide.loc[rows, "set"]).split("|")) <= set(main.keys)
+    figures = coverage_figures(wide, test.annotations, main)
+    assert figures["pairs"] == int((test.annotations.question_id == main.id).sum()) and figures["coverage"] > 0.8
 
 
 def test_a_model_without_a_calibration_gets_no_interval(simulated, rubric):

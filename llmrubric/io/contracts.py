@@ -97,6 +97,11 @@ SPECS = {
                 "0.9) on the question the model is calibrated on (the main question, model=auto); NA on other questions",
             ),
             ("hi", "float, the upper end of that interval; NA where `lo` is"),
+            (
+                "set",
+                "string, the answer's conformal prediction set at that coverage, options joined by `|`, where the "
+                "calibrated question is categorical; NA on other questions (the column only then)",
+            ),
         ),
     ),
 }

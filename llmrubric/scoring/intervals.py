@@ -19,19 +19,27 @@ def check_coverage(coverage: float, setting: str = "coverage") -> float:
 
 
 def calibration(model):
-    """The model's conformal calibration (one ordered question), or None (a model fitted without inner folds)."""
+    """The model's conformal calibration (one question), or None (a model fitted without inner folds)."""
     return getattr(model, "conformal_", None)
 
 
 def with_intervals(predictions: pd.DataFrame, model, coverage: float) -> pd.DataFrame:
     """``predictions`` with ``lo`` and ``hi``: each (text, judge) answer's conformal interval at ``coverage`` for
-    the calibrated question's rows; NA on other questions' rows (no out-of-fold calibration, no guarantee)."""
+    the calibrated question's rows when it is ordered, and ``set`` (its prediction set, options joined by ``|``)
+    when it is categorical; NA on other questions' rows (no out-of-fold calibration, no guarantee)."""
     out = predictions.assign(lo=np.nan, hi=np.nan)
     conformal = calibration(model)
     if conformal is None:
         return out
     question = model.rubric[conformal.question_id]
     rows = (out.question_id == question.id).to_numpy()
+    if not conformal.ordered:
+        out["set"] = pd.Series(pd.NA, index=out.index, dtype="string")
+        if rows.any():
+            inside = conformal.pair_sets(probabilities(out[rows], question), coverage)
+            keys = np.asarray(question.keys, dtype=object)
+            out.loc[rows, "set"] = ["|".join(keys[member]) for member in inside]
+        return out
     if rows.any():
         lo, hi = conformal.pair_intervals(question, probabilities(out[rows], question), coverage)
         out.loc[rows, "lo"], out.loc[rows, "hi"] = lo, hi
@@ -40,26 +48,37 @@ def with_intervals(predictions: pd.DataFrame, model, coverage: float) -> pd.Data
 
 def score_intervals(model, question, probs: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) of each text's mean over the trusted judges (``probs``: texts, judges, options) where the model
-    has a calibration of ``question``, else NaN."""
+    has a calibration of ``question`` (ordered), else NaN."""
     conformal = calibration(model)
-    if conformal is None or conformal.question_id != question.id:
+    if conformal is None or conformal.question_id != question.id or not conformal.ordered:
         nan = np.full(len(probs), np.nan)
         return nan, nan.copy()
     return conformal.score_intervals(question, probs, coverage)
 
 
 def _inside(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> tuple[pd.Series, pd.Series]:
-    """Whether each annotated pair's answer lies in its ``lo``/``hi`` interval, and the interval's width."""
-    rows = predictions[(predictions.question_id == question.id) & predictions.lo.notna()]
+    """Whether each annotated pair's answer lies in its ``lo``/``hi`` interval (or its prediction ``set``), and
+    the interval's width (the set's size)."""
     answers = annotations[annotations.question_id == question.id][["text_id", "judge_id", "answer"]]
+    answers = answers.astype({"text_id": str, "judge_id": str})
+    if not question.ordered:
+        if "set" not in predictions.columns:
+            return pd.Series(dtype=bool), pd.Series(dtype=float)
+        rows = predictions[(predictions.question_id == question.id) & predictions["set"].notna()]
+        merged = rows.merge(answers, on=["text_id", "judge_id"])
+        members = merged["set"].astype(str).str.split("|")
+        inside = pd.Series([str(a) in m for a, m in zip(merged.answer, members)], index=merged.index)
+        return inside, members.str.len().astype(float)
+    rows = predictions[(predictions.question_id == question.id) & predictions.lo.notna()]
     value = dict(zip(question.keys, question.values))
-    merged = rows.merge(answers.astype({"text_id": str, "judge_id": str}), on=["text_id", "judge_id"])
+    merged = rows.merge(answers, on=["text_id", "judge_id"])
     y = merged.answer.astype(str).map(value).astype(float)
     return (merged.lo <= y) & (y <= merged.hi), merged.hi - merged.lo
 
 
 def coverage_figures(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> dict:
-    """Observed coverage and mean width of the ``lo``/``hi`` intervals of ``question`` on annotated pairs."""
+    """Observed coverage and mean width of the ``lo``/``hi`` intervals of ``question`` on annotated pairs (of a
+    categorical question: of its prediction sets, the width their mean size)."""
     inside, width = _inside(predictions, annotations, question)
     if not len(inside):
         return {}

@@ -11,6 +11,10 @@ scores are those of out-of-fold predictions of the training data (``model=auto``
 labels spent twice), kept sorted in the checkpoint, so any coverage can be asked for when scoring. The guarantee
 is marginal, over texts exchangeable with the training texts: P(y in interval) >= 1 - a on average over texts,
 not for each text, nor for a system that the model misjudges as a whole.
+
+A categorical question gets prediction sets instead (least ambiguous set-valued classifiers, Sadinle, Lei and
+Wasserman, JASA 2019): the score of an observed option is its predicted probability, and the set at coverage
+``1 - a`` holds every option whose probability reaches ``q`` (never empty: the most probable option at least).
 """
 
 from __future__ import annotations
@@ -81,22 +85,35 @@ def mean_score(values: np.ndarray, probs: np.ndarray, observed: float) -> float:
     return float(tail_scores(cdf[at] - mass[at], cdf[at]))
 
 
+def prediction_sets(probs: np.ndarray, q: float) -> np.ndarray:
+    """(rows, options) membership of each row's prediction set: the options of probability at least ``q``, and the
+    most probable one where none reaches it."""
+    inside = probs >= q - 1e-12
+    inside[np.arange(len(probs)), np.argmax(probs, axis=-1)] = True
+    return inside
+
+
 @dataclass
 class Conformal:
-    """The calibration scores of one ordered question (sorted): ``pairs`` of (text, judge) answers and
-    ``texts`` of the mean over each text's judges. :meth:`fit` takes out-of-fold predictions."""
+    """The calibration scores of one question (sorted): ``pairs`` of (text, judge) answers and, for an ordered
+    question, ``texts`` of the mean over each text's judges (empty for a categorical one, whose pairs get
+    prediction sets). :meth:`fit` takes out-of-fold predictions."""
 
     question_id: str
     pairs: np.ndarray
     texts: np.ndarray
+    ordered: bool = True
 
     @classmethod
     def fit(cls, question, probs: np.ndarray, answers: np.ndarray, text_ids) -> Conformal:
         """``probs`` (pairs, options) out-of-fold distributions of ``question``, ``answers`` the observed option
         index of each pair, ``text_ids`` each pair's text."""
+        rows = np.arange(len(answers))
+        if not question.ordered:
+            scores = probs[rows, answers]
+            return cls(question.id, np.sort(scores), np.zeros(0), ordered=False)
         values = np.asarray(question.values, dtype=float)
         probs = probs[:, : len(values)]
-        rows = np.arange(len(answers))
         cdf = np.cumsum(probs, axis=1)
         pairs = tail_scores(cdf[rows, answers] - probs[rows, answers], cdf[rows, answers])
         frame = pd.DataFrame({"text": np.asarray(text_ids, dtype=object), "row": rows})
@@ -111,6 +128,10 @@ class Conformal:
         values = np.asarray(question.values, dtype=float)
         return interval(values, probs[:, : len(values)], threshold(self.pairs, coverage))
 
+    def pair_sets(self, probs: np.ndarray, coverage: float) -> np.ndarray:
+        """(pairs, options) membership of each (text, judge) answer's prediction set (a categorical question)."""
+        return prediction_sets(probs, threshold(self.pairs, coverage))
+
     def score_intervals(self, question, probs: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) of each text's mean over judges: ``probs`` (texts, judges, options)."""
         values = np.asarray(question.values, dtype=float)
@@ -118,11 +139,13 @@ class Conformal:
 
     def state(self) -> tuple[dict, dict[str, np.ndarray]]:
         """Metadata and arrays for a checkpoint."""
-        return {"question_id": self.question_id, "pairs": len(self.pairs), "texts": len(self.texts)}, {
+        meta = {"question_id": self.question_id, "pairs": len(self.pairs), "texts": len(self.texts)}
+        return {**meta, "ordered": self.ordered}, {
             "pairs": self.pairs,
             "texts": self.texts,
         }
 
     @classmethod
     def from_state(cls, meta: dict, arrays: dict[str, np.ndarray]) -> Conformal:
-        return cls(meta["question_id"], np.asarray(arrays["pairs"], float), np.asarray(arrays["texts"], float))
+        pairs, texts = np.asarray(arrays["pairs"], float), np.asarray(arrays["texts"], float)
+        return cls(meta["question_id"], pairs, texts, bool(meta.get("ordered", True)))

@@ -48,14 +48,39 @@ def score_intervals(model, question, probs: np.ndarray, coverage: float) -> tupl
     return conformal.score_intervals(question, probs, coverage)
 
 
-def _inside(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> tuple[pd.Series, pd.Series]:
-    """Whether each annotated pair's answer lies in its ``lo``/``hi`` interval, and the interval's width."""
+def pair_coverage(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> pd.DataFrame:
+    """Each annotated pair of ``question`` with a ``lo``/``hi`` interval: ``text_id``, ``judge_id``, the observed
+    value ``y``, ``lo``, ``hi``, ``inside`` (whether ``y`` lies in the interval), ``width``, ``error`` (the
+    prediction's ``mean`` minus ``y``; NaN without a ``mean`` column) and ``p_answer`` (the probability the
+    prediction gave the observed answer)."""
     rows = predictions[(predictions.question_id == question.id) & predictions.lo.notna()]
+    rows = rows.astype({"text_id": str, "judge_id": str})
     answers = annotations[annotations.question_id == question.id][["text_id", "judge_id", "answer"]]
     value = dict(zip(question.keys, question.values))
     merged = rows.merge(answers.astype({"text_id": str, "judge_id": str}), on=["text_id", "judge_id"])
     y = merged.answer.astype(str).map(value).astype(float)
-    return (merged.lo <= y) & (y <= merged.hi), merged.hi - merged.lo
+    mean = merged["mean"].astype(float) if "mean" in merged else pd.Series(np.nan, index=merged.index)
+    answer = merged.answer.astype(str).map({k: i for i, k in enumerate(question.keys)}).to_numpy(int)
+    p_answer = probabilities(merged, question)[np.arange(len(merged)), answer]
+    return pd.DataFrame(
+        {
+            "text_id": merged.text_id,
+            "judge_id": merged.judge_id,
+            "y": y,
+            "lo": merged.lo.astype(float),
+            "hi": merged.hi.astype(float),
+            "inside": (merged.lo <= y) & (y <= merged.hi),
+            "width": merged.hi - merged.lo,
+            "error": mean - y,
+            "p_answer": p_answer,
+        }
+    )
+
+
+def _inside(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> tuple[pd.Series, pd.Series]:
+    """Whether each annotated pair's answer lies in its ``lo``/``hi`` interval, and the interval's width."""
+    pairs = pair_coverage(predictions, annotations, question)
+    return pairs.inside, pairs.width
 
 
 def coverage_figures(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> dict:
@@ -64,6 +89,32 @@ def coverage_figures(predictions: pd.DataFrame, annotations: pd.DataFrame, quest
     if not len(inside):
         return {}
     return {"pairs": int(len(inside)), "coverage": float(inside.mean()), "width": float(width.mean())}
+
+
+def coverage_by_group(pairs: pd.DataFrame, groups, nominal: float) -> pd.DataFrame:
+    """Coverage within each group of :func:`pair_coverage`'s ``pairs`` (``groups``: a column of ``pairs`` or
+    one label per pair), one row per group, ascending coverage: ``pairs``, ``coverage``, ``width``,
+    ``mean_error`` and ``p_under``, the binomial probability of at most that many pairs inside if each were inside
+    with probability ``nominal`` (small: under-coverage beyond chance for a group of that size; the marginal
+    guarantee promises nothing per group, so this says where it fails, not that it was broken)."""
+    from scipy.stats import binom
+
+    nominal = check_coverage(nominal)
+    keys = pairs[groups] if isinstance(groups, str) else pd.Series(np.asarray(groups), index=pairs.index)
+    table = (
+        pairs.assign(_group=keys.astype(str).to_numpy())
+        .groupby("_group")
+        .agg(
+            pairs=("inside", "size"),
+            inside=("inside", "sum"),
+            coverage=("inside", "mean"),
+            width=("width", "mean"),
+            mean_error=("error", "mean"),
+        )
+    )
+    table["p_under"] = binom.cdf(table.inside, table.pairs, nominal)
+    table.index.name = "group"
+    return table.drop(columns="inside").sort_values(["coverage", "pairs"], ascending=[True, False])
 
 
 def coverage_curve(held_out: list[tuple], question, levels=CURVE_LEVELS) -> list[dict]:

@@ -23,7 +23,13 @@ from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.core.conformal import Conformal, interval, mean_distribution, threshold
 from llmrubric.report.coverage import coverage_section
 from llmrubric.report.render import report_files
-from llmrubric.scoring.intervals import coverage_curve, coverage_figures, with_intervals
+from llmrubric.scoring.intervals import (
+    coverage_by_group,
+    coverage_curve,
+    coverage_figures,
+    pair_coverage,
+    with_intervals,
+)
 from llmrubric.scoring.scores import score_texts
 
 VALUES = np.arange(1.0, 6.0)
@@ -196,3 +202,27 @@ def test_a_model_without_a_calibration_gets_no_interval(simulated, rubric):
     frame = pd.DataFrame({"text_id": ["t"], "judge_id": ["j"], "question_id": ["Q0"], "mean": [3.0], "var": [1.0]})
     out = with_intervals(frame, Plain(), 0.9)
     assert out.lo.isna().all() and out.hi.isna().all()
+
+
+def test_coverage_by_group_counts_each_groups_pairs_and_flags_under_coverage_beyond_chance():
+    question = Rubric.from_dict({"questions": [{"id": "q", "text": "q", "options": [1, 2, 3, 4, 5]}]})["q"]
+    texts = [f"t{i}" for i in range(6)]
+    probs = np.tile([0.1, 0.2, 0.4, 0.2, 0.1], (6, 1))  # mean 3, every interval [2, 4]
+    predictions = pd.DataFrame({"text_id": texts, "judge_id": "j", "question_id": "q"}).assign(
+        **{f"p_{k}": probs[:, i] for i, k in enumerate(question.keys)}, mean=3.0, lo=2.0, hi=4.0
+    )
+    other = predictions.iloc[:1].assign(question_id="other", lo=np.nan, hi=np.nan)  # no interval: left out
+    answers = ["1", "3", "5", "2", "3", "4"]  # group A (t0..t2): 1 of 3 inside; B (t3..t5): 3 of 3
+    annotations = pd.DataFrame({"text_id": texts, "judge_id": "j", "question_id": "q", "answer": answers})
+    pairs = pair_coverage(pd.concat([predictions, other]), annotations, question)
+    assert pairs.inside.tolist() == [False, True, False, True, True, True]
+    np.testing.assert_allclose(pairs.p_answer, [0.1, 0.4, 0.1, 0.2, 0.4, 0.2])
+    np.testing.assert_allclose(pairs.error, [2, 0, -2, 1, 0, -1])
+    table = coverage_by_group(pairs, ["A", "A", "A", "B", "B", "B"], 0.9)
+    assert table.index.tolist() == ["A", "B"] and table.pairs.tolist() == [3, 3]  # least covered first
+    np.testing.assert_allclose(table.coverage, [1 / 3, 1.0])
+    np.testing.assert_allclose(table.width, [2.0, 2.0])
+    np.testing.assert_allclose(table.mean_error, [0.0, 0.0])
+    # P(at most 1 of 3 inside | 0.9 each) = 0.1^3 + 3 * 0.9 * 0.1^2 = 0.028: beyond chance; all 3 inside is not
+    np.testing.assert_allclose(table.p_under, [0.028, 1.0])
+    assert coverage_figures(pd.concat([predictions, other]), annotations, question)["coverage"] == pytest.approx(4 / 6)

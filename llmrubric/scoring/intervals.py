@@ -56,24 +56,49 @@ def score_intervals(model, question, probs: np.ndarray, coverage: float) -> tupl
     return conformal.score_intervals(question, probs, coverage)
 
 
-def _inside(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> tuple[pd.Series, pd.Series]:
-    """Whether each annotated pair's answer lies in its ``lo``/``hi`` interval (or its prediction ``set``), and
-    the interval's width (the set's size)."""
+def pair_coverage(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> pd.DataFrame:
+    """Each annotated pair of ``question`` with an interval (a prediction ``set`` for a categorical question):
+    ``text_id``, ``judge_id``, the observed value ``y``, ``lo``, ``hi`` (NaN for a categorical question), ``inside`` (whether the
+    answer lies in the interval or set), ``width`` (the set's size), ``error`` (the prediction's ``mean`` minus
+    ``y``; NaN without a ``mean`` column or a value) and ``p_answer`` (the probability the prediction gave the
+    observed answer)."""
+    column = "lo" if question.ordered else "set"
+    if column not in predictions.columns:
+        return pd.DataFrame(columns=["text_id", "judge_id", "y", "lo", "hi", "inside", "width", "error", "p_answer"])
+    rows = predictions[(predictions.question_id == question.id) & predictions[column].notna()]
+    rows = rows.astype({"text_id": str, "judge_id": str})
     answers = annotations[annotations.question_id == question.id][["text_id", "judge_id", "answer"]]
-    answers = answers.astype({"text_id": str, "judge_id": str})
-    if not question.ordered:
-        if "set" not in predictions.columns:
-            return pd.Series(dtype=bool), pd.Series(dtype=float)
-        rows = predictions[(predictions.question_id == question.id) & predictions["set"].notna()]
-        merged = rows.merge(answers, on=["text_id", "judge_id"])
+    merged = rows.merge(answers.astype({"text_id": str, "judge_id": str}), on=["text_id", "judge_id"])
+    answer = merged.answer.astype(str).map({k: i for i, k in enumerate(question.keys)}).to_numpy(int)
+    p_answer = probabilities(merged, question)[np.arange(len(merged)), answer]
+    if question.ordered:
+        y = merged.answer.astype(str).map(dict(zip(question.keys, question.values))).astype(float)
+        inside, width = (merged.lo <= y) & (y <= merged.hi), merged.hi - merged.lo
+    else:
+        y = pd.Series(np.nan, index=merged.index)
         members = merged["set"].astype(str).str.split("|")
         inside = pd.Series([str(a) in m for a, m in zip(merged.answer, members)], index=merged.index)
-        return inside, members.str.len().astype(float)
-    rows = predictions[(predictions.question_id == question.id) & predictions.lo.notna()]
-    value = dict(zip(question.keys, question.values))
-    merged = rows.merge(answers, on=["text_id", "judge_id"])
-    y = merged.answer.astype(str).map(value).astype(float)
-    return (merged.lo <= y) & (y <= merged.hi), merged.hi - merged.lo
+        width = members.str.len().astype(float)
+    mean = merged["mean"].astype(float) if "mean" in merged else pd.Series(np.nan, index=merged.index)
+    return pd.DataFrame(
+        {
+            "text_id": merged.text_id,
+            "judge_id": merged.judge_id,
+            "y": y,
+            "lo": merged.lo.astype(float) if question.ordered else np.nan,
+            "hi": merged.hi.astype(float) if question.ordered else np.nan,
+            "inside": inside,
+            "width": width,
+            "error": mean - y,
+            "p_answer": p_answer,
+        }
+    )
+
+
+def _inside(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> tuple[pd.Series, pd.Series]:
+    """Whether each annotated pair's answer lies in its interval (or prediction set), and its width (size)."""
+    pairs = pair_coverage(predictions, annotations, question)
+    return pairs.inside, pairs.width
 
 
 def coverage_figures(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> dict:
@@ -83,6 +108,32 @@ def coverage_figures(predictions: pd.DataFrame, annotations: pd.DataFrame, quest
     if not len(inside):
         return {}
     return {"pairs": int(len(inside)), "coverage": float(inside.mean()), "width": float(width.mean())}
+
+
+def coverage_by_group(pairs: pd.DataFrame, groups, nominal: float) -> pd.DataFrame:
+    """Coverage within each group of :func:`pair_coverage`'s ``pairs`` (``groups``: a column of ``pairs`` or
+    one label per pair), one row per group, ascending coverage: ``pairs``, ``coverage``, ``width``,
+    ``mean_error`` and ``p_under``, the binomial probability of at most that many pairs inside if each were inside
+    with probability ``nominal`` (small: under-coverage beyond chance for a group of that size; the marginal
+    guarantee promises nothing per group, so this says where it fails, not that it was broken)."""
+    from scipy.stats import binom
+
+    nominal = check_coverage(nominal)
+    keys = pairs[groups] if isinstance(groups, str) else pd.Series(np.asarray(groups), index=pairs.index)
+    table = (
+        pairs.assign(_group=keys.astype(str).to_numpy())
+        .groupby("_group")
+        .agg(
+            pairs=("inside", "size"),
+            inside=("inside", "sum"),
+            coverage=("inside", "mean"),
+            width=("width", "mean"),
+            mean_error=("error", "mean"),
+        )
+    )
+    table["p_under"] = binom.cdf(table.inside, table.pairs, nominal)
+    table.index.name = "group"
+    return table.drop(columns="inside").sort_values(["coverage", "pairs"], ascending=[True, False])
 
 
 def coverage_curve(held_out: list[tuple], question, levels=CURVE_LEVELS) -> list[dict]:

@@ -24,7 +24,8 @@ intervals of the main question (``with_intervals``) where groups of texts or jud
 - ``llm_rubric``: the LLM-Rubric dialogues (``../shared/data/llm-rubric``), Q0: ``holdout`` is Table 1's
   protocol (fitted on the synthetic dialogues, tested on the 223 real ones; inner folds by text, as train.py
   under ``protocol=holdout``), ``real_cv`` 5-fold CV by dialogue on the real ones (benchmarks/auto.py's
-  ``llm_rubric_real_cv``); coverage per judge (``by_judge``) and per dialogue system (``by_system``).
+  ``llm_rubric_real_cv``); coverage per judge (``by_judge``) and per dialogue system (``by_system``), and the
+  same model's intervals with each judge's own threshold (``coverage_by_judge``: ``coverage_by=judge``).
 
 Per group: pairs, coverage, width, mean error (expected answer minus the observed one) and ``p_under``
 (:func:`llmrubric.scoring.intervals.coverage_by_group`); ``share_under`` the share of groups covered below
@@ -203,9 +204,11 @@ def answer_intervals(train: Tables, test: Tables, rubric: Rubric, coverage: floa
     model = AutoCalibrator(rubric, model_file("auto"), seed=seed, group=group).fit(train)
     seconds = time.perf_counter() - start
     main = rubric.main
-    predictions = with_intervals(model.predict(test, questions=[main.id]), model, coverage)
+    predicted = model.predict(test, questions=[main.id])
+    by_judge = with_intervals(predicted, model, coverage, "judge")
     return {
-        "pairs": pair_coverage(predictions, test.annotations, main),
+        "pairs": pair_coverage(with_intervals(predicted, model, coverage), test.annotations, main),
+        "pairs_by_judge": pair_coverage(by_judge, test.annotations, main),
         "weights": model.weights_,
         "inner_group": model.group,
         "calibration_pairs": len(model.conformal_.pairs),
@@ -306,7 +309,8 @@ def llm_rubric_fold(job: tuple) -> dict:
         train, test = (real.subset(folds.text_id[(folds.fold == fold) == held]) for held in (False, True))
     out = answer_intervals(train, test, rubric, coverage, 0, "text")
     system = test.texts.set_index("text_id").system_id.astype(str)
-    out["pairs"] = out["pairs"].assign(system=out["pairs"].text_id.map(system).to_numpy())
+    for key in ("pairs", "pairs_by_judge"):
+        out[key] = out[key].assign(system=out[key].text_id.map(system).to_numpy())
     return {"protocol": protocol, "fold": fold, **out}
 
 
@@ -327,10 +331,12 @@ def llm_rubric_part(data: Path, coverage: float, protocols: list[str], pool) -> 
             }
             for r in mine
         }
+        judged = pd.concat([r["pairs_by_judge"] for r in mine], ignore_index=True)
         out[protocol] = {
             **pooled_figures(pairs),
             "by_judge": group_figures(pairs, "judge_id", coverage),
             "by_system": group_figures(pairs, "system", coverage),
+            "coverage_by_judge": {**pooled_figures(judged), "by_judge": group_figures(judged, "judge_id", coverage)},
             "fits": fits,
         }
     return out
@@ -396,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for protocol, figures in report["llm_rubric"].items():
                 print_groups(f"LLM-Rubric Q0, {protocol}", figures, "by_judge")
+                print_groups(f"LLM-Rubric Q0, {protocol}, coverage_by=judge", figures["coverage_by_judge"], "by_judge")
                 print_groups(f"LLM-Rubric Q0, {protocol}", figures, "by_system")
     report["meta"]["seconds"] = time.perf_counter() - started
     write_result(report, out, version)

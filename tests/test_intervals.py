@@ -93,6 +93,42 @@ def test_an_overconfident_classifier_gets_prediction_sets_at_nominal_coverage():
     assert naive < 0.8 and cal.pair_sets(model[3000:], 0.95).sum(axis=1).mean() > 1.5
 
 
+def test_by_judge_each_judge_is_covered_where_one_threshold_covers_only_on_average():
+    rng = np.random.default_rng(2)
+    question = Rubric.from_dict({"questions": [{"id": "q", "text": "q", "options": [1, 2, 3, 4, 5]}]})["q"]
+    truth = {"steady": ordinal(12000, rng, 0.6), "noisy": ordinal(12000, rng, 1.6)}
+    model = {j: ordinal_like(p) for j, p in truth.items()}  # the model gives both judges the steady spread
+    y = {j: draw(p, rng) for j, p in truth.items()}
+    cal = slice(0, 2000)
+    judges = np.repeat(["steady", "noisy"], 2000)
+    fitted = Conformal.fit(
+        question,
+        np.concatenate([model["steady"][cal], model["noisy"][cal]]),
+        np.concatenate([y["steady"][cal], y["noisy"][cal]]),
+        np.arange(4000).astype(str),
+        judges,
+    )
+    assert sorted(fitted.judges) == ["noisy", "steady"] and len(fitted.judges["noisy"]) == 2000
+    test = slice(2000, None)
+    pooled = {j: covered(*fitted.pair_intervals(question, model[j][test], 0.9), y[j][test]) for j in truth}
+    assert pooled["noisy"] < 0.85 < 0.93 < pooled["steady"]  # 0.9 on average only
+    for j in truth:
+        own = fitted.pair_intervals(question, model[j][test], 0.9, np.full(10000, j))
+        assert 0.885 <= covered(*own, y[j][test]) <= 0.93, j
+    unknown = fitted.pair_intervals(question, model["noisy"][test], 0.9, np.full(10000, "new"))
+    np.testing.assert_array_equal(unknown, fitted.pair_intervals(question, model["noisy"][test], 0.9))
+    meta, arrays = fitted.state()
+    again = Conformal.from_state(meta, arrays)
+    assert {j: s.tolist() for j, s in again.judges.items()} == {j: s.tolist() for j, s in fitted.judges.items()}
+
+
+def ordinal_like(p: np.ndarray) -> np.ndarray:
+    """The same centres as ``p`` (its expected answer) with the steady spread 0.6."""
+    centre = (p @ VALUES)[:, None]
+    edges = np.array([-np.inf, 1.5, 2.5, 3.5, 4.5, np.inf])
+    return np.diff(norm.cdf((edges[None, :] - centre) / 0.6), axis=1)
+
+
 def test_the_threshold_is_the_finite_sample_quantile_and_too_few_scores_cover_everything():
     scores = np.arange(1, 20) / 20  # 19 scores
     assert threshold(scores, 0.9) == pytest.approx(0.05)  # floor(0.1 * 20) = 2nd smallest
@@ -150,6 +186,15 @@ def test_predictions_and_scores_carry_intervals_that_widen_with_the_coverage(fit
     assert {"lo", "hi"} <= set(scores.columns) and result.summary["intervals"] == main.id
     assert (scores.lo <= scores.hi).all() and scores.lo.min() >= min(main.values)
     assert scores.hi.max() <= max(main.values)
+    by_judge = score_texts(model, test.features, test.texts, questions=[main.id], keep_predictions=True)
+    judged = score_texts(
+        model, test.features, test.texts, questions=[main.id], keep_predictions=True, coverage_by="judge"
+    )
+    assert judged.summary["coverage_by"] == "judge" and (judged.scores.lo == by_judge.scores.lo).all()
+    assert (judged.predictions.lo != by_judge.predictions.lo).any()  # each judge's own threshold
+    with pytest.raises(InputError, match="is not one of") as error:
+        score_texts(model, test.features, test.texts, questions=[main.id], coverage_by="system")
+    assert error.value.setting == "coverage_by"
     loose = score_texts(model, test.features, test.texts, questions=[main.id], coverage=0.99).scores
     assert ((loose.hi - loose.lo) >= (scores.hi - scores.lo) - 1e-12).all()
     with pytest.raises(InputError, match="coverage"):

@@ -35,11 +35,14 @@ from llmrubric.experiments.experiment import SYSTEM_PROTOCOLS, checked_once, pre
 from llmrubric.experiments.tracking import Tracker, metric_keys
 from llmrubric.io.errors import InputError, reports_errors
 from llmrubric.io.files import write_json, write_table, write_text
+from llmrubric.io.guards import check_choice
 from llmrubric.io.integrity import check_fits
 from llmrubric.model.core.encoding import PAIR, with_round
 from llmrubric.model.core.registry import capabilities
 from llmrubric.scoring.intervals import (
+    COVERAGE_BY,
     DEFAULT_COVERAGE,
+    check_coverage,
     coverage_curve,
     coverage_figures,
     coverage_plot,
@@ -95,7 +98,8 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     metrics = {name: evaluate_predicted(table, annotations, rubric.main) for name, table in tables.items()}
     intervals = coverage_figures(tables["llm_rubric"], annotations, rubric.main)
     if intervals:
-        metrics["llm_rubric"]["intervals"] = {"nominal": cfg.get("coverage", DEFAULT_COVERAGE), **intervals}
+        nominal, by = cfg.get("coverage", DEFAULT_COVERAGE), cfg.get("coverage_by", "pooled")
+        metrics["llm_rubric"]["intervals"] = {"nominal": nominal, "by": by, **intervals}
     if curve:
         metrics["llm_rubric"]["coverage_curve"] = curve
         coverage_plot(curve, run_dir / COVERAGE_PLOT, f"{rubric.main.id}: conformal intervals")
@@ -162,6 +166,8 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, d
 
     run_dir = Path(cfg.run_dir)
     predictions, choices, rules, family, held_out = {"llm_rubric": []}, {}, {}, None, []
+    coverage = (check_coverage(cfg.get("coverage", DEFAULT_COVERAGE)), cfg.get("coverage_by", "pooled"))
+    check_choice("coverage_by", coverage[1], COVERAGE_BY)
     features = pd.concat(
         [t.features[t.features.question_id == rubric.main.id] for s in splits for t in (s.train, s.test)],
         ignore_index=True,
@@ -177,7 +183,7 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, d
         check_fits(model, rubric, split.train.text_ids, str(path))
         family = model.family
         predicted = with_labels(model.predict(split.test), rubric.main, rule_of(model))
-        predictions["llm_rubric"].append(with_intervals(predicted, model, cfg.get("coverage", DEFAULT_COVERAGE)))
+        predictions["llm_rubric"].append(with_intervals(predicted, model, *coverage))
         if split.grouping == 0:
             held_out.append((model, predicted, split.test.annotations))
         if rubric.main.ordered:
@@ -192,7 +198,7 @@ def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, d
                 skipped[name] = f"{split.name}: {e}"
                 predictions.pop(name, None)
                 log.warning("baseline %s skipped: %s", name, skipped[name])
-    return predictions, choices, skipped, rules, family, coverage_curve(held_out, rubric.main)
+    return predictions, choices, skipped, rules, family, coverage_curve(held_out, rubric.main, by=coverage[1])
 
 
 def grouping_figures(parts: dict, splits, question) -> dict:

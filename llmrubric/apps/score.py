@@ -39,6 +39,12 @@ def register(subparsers) -> None:
     s.add_argument(
         "--coverage", type=float, help="coverage of the conformal intervals lo/hi (default 0.9; docs/scoring.md)"
     )
+    s.add_argument(
+        "--coverage-by",
+        dest="coverage_by",
+        choices=["pooled", "judge"],
+        help="pooled: one conformal threshold for all judges (default); judge: each judge's own (coverage per judge)",
+    )
     s.add_argument("--chunk-texts", dest="chunk_texts", type=int)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(run=run_score)
@@ -93,7 +99,9 @@ def run_score(args) -> int:
     from llmrubric.scoring.scores import score_texts
 
     settings = command_settings(
-        "scoring", args.config, flags(args, "trusted_judges", "questions", "quantile", "coverage", "chunk_texts")
+        "scoring",
+        args.config,
+        flags(args, "trusted_judges", "questions", "quantile", "coverage", "coverage_by", "chunk_texts"),
     )
     quantile = check_range("--quantile", settings["quantile"], 0, 1)
     coverage = check_range("--coverage", settings["coverage"], 0, 1, open_low=True, open_high=True)
@@ -126,6 +134,7 @@ def run_score(args) -> int:
         predictions_out=args.predictions,
         progress=not args.no_progress,
         coverage=coverage,
+        coverage_by=settings["coverage_by"],
     )
     write_table(result.scores, out)
     if result.levels is not None:  # a model with a system level: `leaderboard build --levels`

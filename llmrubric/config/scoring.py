@@ -40,6 +40,8 @@ class ScoringConfig:
         questions: questions to score; None: every ordered rubric question (categorical ones have no score).
         quantile: judge-free quantile over A, reported beside mean and max.
         coverage: the coverage of the conformal intervals ``lo``/``hi`` of the main question's score and predictions.
+        coverage_by: ``pooled``: one conformal threshold for every judge (coverage on average over judges);
+            ``judge``: each judge's own where it has enough out-of-fold answers (coverage for each such judge).
         chunk_texts: texts per chunk; memory is bounded by chunk_texts × |A| pairs.
     """
 
@@ -47,5 +49,6 @@ class ScoringConfig:
     questions: list[str] | None = None
     quantile: float = 0.9
     coverage: float = 0.9
+    coverage_by: str = "pooled"
     chunk_texts: int = 4096
     leaderboard: LeaderboardConfig = field(default_factory=LeaderboardConfig)

@@ -37,6 +37,13 @@ def check_range(
     return int(number) if integer else number
 
 
+def check_choice(name: str, value, choices) -> str:
+    """``value`` if it is one of ``choices``, else an error naming the setting and the choices."""
+    if value not in choices:
+        raise InputError(f"{value!r} is not one of {list(choices)}", setting=name)
+    return value
+
+
 def check_writable_dir(path: str | Path, name: str = "output folder") -> Path:
     """A folder that exists (or can be created) and is writable; a file in its place is an error."""
     path = Path(path)

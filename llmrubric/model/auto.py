@@ -253,7 +253,8 @@ class AutoCalibrator:
         self.label_rule_ = main_rule(main, mixed, answers, fold_of, self.model, "out-of-fold")
         self.label_oof_ = (mixed, answers, fold_of)  # what the rule was chosen on (not saved)
         texts = np.concatenate([p.text_id.astype(str).to_numpy() for p, _ in held])
-        self.conformal_ = Conformal.fit(main, mixed, answers, texts)
+        judges = np.concatenate([p.judge_id.astype(str).to_numpy() for p, _ in held])
+        self.conformal_ = Conformal.fit(main, mixed, answers, texts, judges)
         for name in self.table_:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
             if name in likelihood:

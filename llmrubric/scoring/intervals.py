@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from llmrubric.io.guards import check_range
+from llmrubric.io.guards import check_choice, check_range
 from llmrubric.io.predictions import probabilities
 
 DEFAULT_COVERAGE = 0.9
+COVERAGE_BY = ("pooled", "judge")  # one conformal threshold for every judge, or each judge's own
 CURVE_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)  # the nominal coverages of the coverage curve
 
 
@@ -23,25 +24,29 @@ def calibration(model):
     return getattr(model, "conformal_", None)
 
 
-def with_intervals(predictions: pd.DataFrame, model, coverage: float) -> pd.DataFrame:
+def with_intervals(predictions: pd.DataFrame, model, coverage: float, by: str = "pooled") -> pd.DataFrame:
     """``predictions`` with ``lo`` and ``hi``: each (text, judge) answer's conformal interval at ``coverage`` for
     the calibrated question's rows when it is ordered, and ``set`` (its prediction set, options joined by ``|``)
-    when it is categorical; NA on other questions' rows (no out-of-fold calibration, no guarantee)."""
+    when it is categorical; NA on other questions' rows (no out-of-fold calibration, no guarantee). ``by``:
+    ``pooled`` (one threshold for every judge) or ``judge`` (each judge's own where it has enough out-of-fold
+    answers: coverage for each judge; :meth:`~llmrubric.model.core.conformal.Conformal.thresholds`)."""
+    check_choice("coverage_by", by, COVERAGE_BY)
     out = predictions.assign(lo=np.nan, hi=np.nan)
     conformal = calibration(model)
     if conformal is None:
         return out
     question = model.rubric[conformal.question_id]
     rows = (out.question_id == question.id).to_numpy()
+    judges = out.judge_id[rows].astype(str).to_numpy() if by == "judge" else None
     if not conformal.ordered:
         out["set"] = pd.Series(pd.NA, index=out.index, dtype="string")
         if rows.any():
-            inside = conformal.pair_sets(probabilities(out[rows], question), coverage)
+            inside = conformal.pair_sets(probabilities(out[rows], question), coverage, judges)
             keys = np.asarray(question.keys, dtype=object)
             out.loc[rows, "set"] = ["|".join(keys[member]) for member in inside]
         return out
     if rows.any():
-        lo, hi = conformal.pair_intervals(question, probabilities(out[rows], question), coverage)
+        lo, hi = conformal.pair_intervals(question, probabilities(out[rows], question), coverage, judges)
         out.loc[rows, "lo"], out.loc[rows, "hi"] = lo, hi
     return out
 
@@ -136,13 +141,13 @@ def coverage_by_group(pairs: pd.DataFrame, groups, nominal: float) -> pd.DataFra
     return table.drop(columns="inside").sort_values(["coverage", "pairs"], ascending=[True, False])
 
 
-def coverage_curve(held_out: list[tuple], question, levels=CURVE_LEVELS) -> list[dict]:
+def coverage_curve(held_out: list[tuple], question, levels=CURVE_LEVELS, by: str = "pooled") -> list[dict]:
     """Observed against nominal coverage on held-out pairs: ``held_out`` holds (model, predictions, annotations) of
     each split; [] where no model has a calibration of ``question``."""
     curve = []
     for level in levels:
         parts = [
-            _inside(with_intervals(predictions, model, level), annotations, question)
+            _inside(with_intervals(predictions, model, level, by), annotations, question)
             for model, predictions, annotations in held_out
             if calibration(model) is not None and calibration(model).question_id == question.id
         ]

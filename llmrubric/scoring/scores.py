@@ -26,12 +26,20 @@ from tqdm.auto import tqdm
 
 from llmrubric.io.errors import InputError
 from llmrubric.io.files import atomic_path
+from llmrubric.io.guards import check_choice
 from llmrubric.io.predictions import predictions_frame, probabilities
 from llmrubric.io.rows import check_unique
 from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.core.absent import DRAWS, SEED, batch_of
 from llmrubric.model.core.registry import Family, capabilities
-from llmrubric.scoring.intervals import DEFAULT_COVERAGE, calibration, check_coverage, score_intervals, with_intervals
+from llmrubric.scoring.intervals import (
+    COVERAGE_BY,
+    DEFAULT_COVERAGE,
+    calibration,
+    check_coverage,
+    score_intervals,
+    with_intervals,
+)
 
 log = logging.getLogger(__name__)
 SCORE_COLUMNS = [
@@ -144,6 +152,7 @@ def score_texts(
     keep_predictions: bool = False,
     progress: bool = False,
     coverage: float = DEFAULT_COVERAGE,
+    coverage_by: str = "pooled",
 ) -> ScoreResult:
     """Predict every trusted judge on every text, chunk by chunk; aggregate over judges.
 
@@ -153,12 +162,14 @@ def score_texts(
     p_<option>…, mean, var, lo, hi``), written atomically: a failure leaves no file; ``keep_predictions`` also
     returns it in memory. ``questions`` defaults to the rubric's ordered questions (a categorical question has no
     judge-free score). ``lo``/``hi``: conformal intervals at ``coverage`` of the calibrated question
-    (:mod:`llmrubric.scoring.intervals`; NA for other questions and models without a calibration)."""
+    (:mod:`llmrubric.scoring.intervals`; NA for other questions and models without a calibration), by judge with
+    ``coverage_by="judge"``."""
     if not 0 <= quantile <= 1:
         raise InputError(f"quantile {quantile} is not in [0, 1]", column="quantile")
     if chunk_texts < 1:
         raise InputError(f"chunk_texts must be >= 1, got {chunk_texts}", column="chunk_texts")
     coverage = check_coverage(coverage)
+    check_choice("coverage_by", coverage_by, COVERAGE_BY)
     start = time.perf_counter()
     judges = trusted_judges(calibrator, judges)
     questions = _scored_questions(calibrator, questions)
@@ -179,7 +190,8 @@ def score_texts(
                 pairs, probs = chunks.predict(lo, chunk)
                 if sink is not None or keep_predictions:
                     flat = probs.reshape(len(chunk) * len(judges), len(questions), -1)
-                    frame = with_intervals(predictions_frame(pairs, chunks.questions, flat), calibrator, coverage)
+                    frame = predictions_frame(pairs, chunks.questions, flat)
+                    frame = with_intervals(frame, calibrator, coverage, coverage_by)
                     if sink is not None:
                         sink.write(frame)
                     if keep_predictions:
@@ -214,6 +226,7 @@ def score_texts(
         "questions": questions,
         "quantile": quantile,
         "coverage": coverage,
+        "coverage_by": coverage_by,
         "intervals": calibration(calibrator).question_id if calibration(calibrator) is not None else None,
         "beyond_training_range": beyond,
         "pairs": int(n_pairs),

@@ -19,7 +19,7 @@ Wasserman, JASA 2019): the score of an observed option is its predicted probabil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -42,12 +42,14 @@ def threshold(scores: np.ndarray, coverage: float) -> float:
     return float(np.sort(scores)[k - 1]) if k >= 1 else 0.0
 
 
-def interval(values: np.ndarray, probs: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
-    """(lo, hi) of each row's values whose tail score reaches ``q`` (rows, support) distributions over
-    ascending ``values``; where none does (q above every score), the interval is the row's median point."""
+def interval(values: np.ndarray, probs: np.ndarray, q) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of each row's values whose tail score reaches ``q`` (one threshold, or one per row) of (rows,
+    support) distributions over ascending ``values``; where none does (q above every score), the interval is the
+    row's median point."""
     cdf = np.cumsum(probs, axis=-1)
     below = cdf - probs
-    inside = tail_scores(below, cdf) >= q - 1e-12
+    q = np.asarray(q, dtype=float)
+    inside = tail_scores(below, cdf) >= (q[:, None] if q.ndim else q) - 1e-12
     median = np.argmax(cdf >= 0.5 - 1e-12, axis=-1)
     inside[np.arange(len(inside)), median] |= ~inside.any(axis=-1)
     lo = values[np.argmax(inside, axis=-1)]
@@ -103,15 +105,18 @@ class Conformal:
     pairs: np.ndarray
     texts: np.ndarray
     ordered: bool = True
+    judges: dict[str, np.ndarray] = field(default_factory=dict)  # each judge's own pair scores (sorted)
 
     @classmethod
-    def fit(cls, question, probs: np.ndarray, answers: np.ndarray, text_ids) -> Conformal:
+    def fit(cls, question, probs: np.ndarray, answers: np.ndarray, text_ids, judge_ids=None) -> Conformal:
         """``probs`` (pairs, options) out-of-fold distributions of ``question``, ``answers`` the observed option
-        index of each pair, ``text_ids`` each pair's text."""
+        index of each pair, ``text_ids`` each pair's text, ``judge_ids`` its judge (kept for :meth:`thresholds`
+        by judge)."""
         rows = np.arange(len(answers))
+        judges = pd.Series(np.asarray(judge_ids if judge_ids is not None else [], dtype=str))
         if not question.ordered:
             scores = probs[rows, answers]
-            return cls(question.id, np.sort(scores), np.zeros(0), ordered=False)
+            return cls(question.id, np.sort(scores), np.zeros(0), False, _by_judge(scores, judges))
         values = np.asarray(question.values, dtype=float)
         probs = probs[:, : len(values)]
         cdf = np.cumsum(probs, axis=1)
@@ -121,16 +126,31 @@ class Conformal:
             mean_score(values, probs[group.row.to_numpy()], float(values[answers[group.row.to_numpy()]].mean()))
             for _, group in frame.groupby("text", sort=False)
         ]
-        return cls(question.id, np.sort(pairs), np.sort(np.asarray(texts, dtype=float)))
+        texts = np.sort(np.asarray(texts, dtype=float))
+        return cls(question.id, np.sort(pairs), texts, True, _by_judge(pairs, judges))
 
-    def pair_intervals(self, question, probs: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray]:
-        """(lo, hi) of each (text, judge) answer: ``probs`` (pairs, options)."""
+    def thresholds(self, coverage: float, judge_ids=None) -> np.ndarray | float:
+        """The conformal threshold of the pooled scores, or with ``judge_ids`` one per row: the judge's own
+        scores' where it has enough for the coverage (``floor((1 - coverage)(n + 1)) >= 1``: coverage holds for
+        each such judge, Mondrian conformal prediction), the pooled one for the others."""
+        pooled = threshold(self.pairs, coverage)
+        if judge_ids is None:
+            return pooled
+        own = {j: threshold(s, coverage) for j, s in self.judges.items() if (1 - coverage) * (len(s) + 1) >= 1}
+        return np.array([own.get(str(j), pooled) for j in judge_ids], dtype=float)
+
+    def pair_intervals(
+        self, question, probs: np.ndarray, coverage: float, judge_ids=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of each (text, judge) answer: ``probs`` (pairs, options); ``judge_ids``: by judge
+        (:meth:`thresholds`)."""
         values = np.asarray(question.values, dtype=float)
-        return interval(values, probs[:, : len(values)], threshold(self.pairs, coverage))
+        return interval(values, probs[:, : len(values)], self.thresholds(coverage, judge_ids))
 
-    def pair_sets(self, probs: np.ndarray, coverage: float) -> np.ndarray:
+    def pair_sets(self, probs: np.ndarray, coverage: float, judge_ids=None) -> np.ndarray:
         """(pairs, options) membership of each (text, judge) answer's prediction set (a categorical question)."""
-        return prediction_sets(probs, threshold(self.pairs, coverage))
+        q = self.thresholds(coverage, judge_ids)
+        return prediction_sets(probs, np.asarray(q)[:, None] if judge_ids is not None else q)
 
     def score_intervals(self, question, probs: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) of each text's mean over judges: ``probs`` (texts, judges, options)."""
@@ -140,12 +160,25 @@ class Conformal:
     def state(self) -> tuple[dict, dict[str, np.ndarray]]:
         """Metadata and arrays for a checkpoint."""
         meta = {"question_id": self.question_id, "pairs": len(self.pairs), "texts": len(self.texts)}
-        return {**meta, "ordered": self.ordered}, {
+        judges = {"judges": list(self.judges), "judge_pairs": [len(s) for s in self.judges.values()]}
+        scores = np.concatenate([*self.judges.values(), np.zeros(0)])
+        return {**meta, "ordered": self.ordered, **judges}, {
             "pairs": self.pairs,
             "texts": self.texts,
+            "judge_scores": scores,
         }
 
     @classmethod
     def from_state(cls, meta: dict, arrays: dict[str, np.ndarray]) -> Conformal:
         pairs, texts = np.asarray(arrays["pairs"], float), np.asarray(arrays["texts"], float)
-        return cls(meta["question_id"], pairs, texts, bool(meta.get("ordered", True)))
+        ends = np.cumsum(meta.get("judge_pairs", []), dtype=int)
+        scores = np.asarray(arrays.get("judge_scores", np.zeros(0)), float)
+        judges = {j: scores[e - n : e] for j, n, e in zip(meta.get("judges", []), meta.get("judge_pairs", []), ends)}
+        return cls(meta["question_id"], pairs, texts, bool(meta.get("ordered", True)), judges)
+
+
+def _by_judge(scores: np.ndarray, judges: pd.Series) -> dict[str, np.ndarray]:
+    """Each judge's scores, sorted ({} without judge ids)."""
+    if not len(judges):
+        return {}
+    return {str(j): np.sort(scores[rows]) for j, rows in judges.groupby(judges, sort=True).indices.items()}

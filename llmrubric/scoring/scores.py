@@ -164,12 +164,7 @@ def score_texts(
     judge-free score). ``lo``/``hi``: conformal intervals at ``coverage`` of the calibrated question
     (:mod:`llmrubric.scoring.intervals`; NA for other questions and models without a calibration), by judge with
     ``coverage_by="judge"``."""
-    if not 0 <= quantile <= 1:
-        raise InputError(f"quantile {quantile} is not in [0, 1]", column="quantile")
-    if chunk_texts < 1:
-        raise InputError(f"chunk_texts must be >= 1, got {chunk_texts}", column="chunk_texts")
-    coverage = check_coverage(coverage)
-    check_choice("coverage_by", coverage_by, COVERAGE_BY)
+    coverage = _checked(quantile, chunk_texts, coverage, coverage_by)
     start = time.perf_counter()
     judges = trusted_judges(calibrator, judges)
     questions = _scored_questions(calibrator, questions)
@@ -204,20 +199,7 @@ def score_texts(
             if sink is not None:
                 sink.close()
     scores = _score_table(parts, chunks.missing, len(judges), unscored, questions)
-    masked = int(scores[scores.question_id == questions[0]].status.eq("masked").sum())
-    if masked:
-        log.warning(
-            "%d texts lack some feature blocks and were scored with those blocks marginalised (see missing_blocks)",
-            masked,
-        )
-    beyond = None if levels is None else sorted(map(str, levels.system_id[levels.beyond & ~levels.known]))
-    if beyond:
-        log.warning(
-            "systems %s lie beyond the training systems' range of the LLMs' answers: their scores, levels and intervals "
-            "extrapolate (the LLMs may misjudge a system as a whole); a few human labels of their texts correct it "
-            "(`leaderboard build --levels --annotations`, docs/scoring.md)",
-            ", ".join(beyond),
-        )
+    masked, beyond = _warnings(scores, questions[0], levels)
     summary = {
         "texts": int(len(scored)),
         "masked_texts": masked,
@@ -234,6 +216,36 @@ def score_texts(
         "seconds": time.perf_counter() - start,
     }
     return ScoreResult(scores, summary, pd.concat(kept, ignore_index=True) if kept else None, levels)
+
+
+def _checked(quantile: float, chunk_texts: int, coverage: float, coverage_by: str) -> float:
+    """The settings of :func:`score_texts` checked (an error names the bad one); the coverage as a float."""
+    if not 0 <= quantile <= 1:
+        raise InputError(f"quantile {quantile} is not in [0, 1]", column="quantile")
+    if chunk_texts < 1:
+        raise InputError(f"chunk_texts must be >= 1, got {chunk_texts}", column="chunk_texts")
+    check_choice("coverage_by", coverage_by, COVERAGE_BY)
+    return check_coverage(coverage)
+
+
+def _warnings(scores: pd.DataFrame, question_id: str, levels: pd.DataFrame | None) -> tuple[int, list[str] | None]:
+    """The number of texts scored with blocks marginalised, and the new systems beyond the training systems' range
+    (None without a system level), each warned about in one line."""
+    masked = int(scores[scores.question_id == question_id].status.eq("masked").sum())
+    if masked:
+        log.warning(
+            "%d texts lack some feature blocks and were scored with those blocks marginalised (see missing_blocks)",
+            masked,
+        )
+    beyond = None if levels is None else sorted(map(str, levels.system_id[levels.beyond & ~levels.known]))
+    if beyond:
+        log.warning(
+            "systems %s lie beyond the training systems' range of the LLMs' answers: their scores, levels and intervals "
+            "extrapolate (the LLMs may misjudge a system as a whole); a few human labels of their texts correct it "
+            "(`leaderboard build --levels --annotations`, docs/scoring.md)",
+            ", ".join(beyond),
+        )
+    return masked, beyond
 
 
 def _answers(calibrator):

@@ -630,6 +630,7 @@ def run(args, sets: list[str]) -> int:
         print(f"targets {where}: " + ", ".join(f"{k} {c['met']}" for k, c in checks.items()), flush=True)
     if args.cost:
         report["cost"] = cost(args)
+        report["meta"].setdefault("runs", {})["cost"] = {k: v for k, v in report["meta"].items() if k != "runs"}
     write_result(report, args.out, version)
     print(f"written to {args.out}")
     return 0

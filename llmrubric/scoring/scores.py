@@ -164,7 +164,7 @@ def score_texts(
     judge-free score). ``lo``/``hi``: conformal intervals at ``coverage`` of the calibrated question
     (:mod:`llmrubric.scoring.intervals`; NA for other questions and models without a calibration), by judge with
     ``coverage_by="judge"``."""
-    coverage = _checked(quantile, chunk_texts, coverage, coverage_by)
+    coverage = _checked_settings(quantile, chunk_texts, coverage, coverage_by)
     start = time.perf_counter()
     judges = trusted_judges(calibrator, judges)
     questions = _scored_questions(calibrator, questions)
@@ -218,7 +218,7 @@ def score_texts(
     return ScoreResult(scores, summary, pd.concat(kept, ignore_index=True) if kept else None, levels)
 
 
-def _checked(quantile: float, chunk_texts: int, coverage: float, coverage_by: str) -> float:
+def _checked_settings(quantile: float, chunk_texts: int, coverage: float, coverage_by: str) -> float:
     """The settings of :func:`score_texts` checked (an error names the bad one); the coverage as a float."""
     if not 0 <= quantile <= 1:
         raise InputError(f"quantile {quantile} is not in [0, 1]", column="quantile")

@@ -28,8 +28,9 @@ class AutoConfig:
             standard error).
         group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that
             score unseen systems (``systems``, ``system_groups``), else by text.
-        folds: inner folds (by system: at most one per training system); 3 takes 0.53–0.67 × the
-            time of 5 but lost up to 0.017 pair NLL on the missing-blocks design set (benchmarks/README.md).
+        folds: inner folds (by system: at most one per training system); 3 takes 0.61–0.91 × the
+            time of 5 but lost up to 0.006 pair NLL on the missing-blocks design set at eee7a00 (0.017 in an
+            earlier run; benchmarks/README.md).
         system_level: the system level with partial pooling (:mod:`llmrubric.model.core.system_level`):
             ``auto`` compares every candidate with and without it by the inner CV where the training
             data have 3+ systems with labels (else records why not); ``on``: only with it (fewer

@@ -34,12 +34,23 @@ def tail_scores(cdf_below: np.ndarray, cdf_at: np.ndarray) -> np.ndarray:
     return np.minimum(cdf_at, 1.0 - cdf_below)
 
 
+def rank(n: int, coverage: float) -> int:
+    """``floor((1 - coverage)(n + 1))``: which smallest of ``n`` scores is the threshold (0: too few scores)."""
+    return int(np.floor((1 - coverage) * (n + 1)))
+
+
 def threshold(scores: np.ndarray, coverage: float) -> float:
-    """The conformal threshold: the ``floor((1 - coverage)(n + 1))``-th smallest score (0 where that is 0:
-    too few scores for the coverage asked, every value is in the interval)."""
+    """The conformal threshold: the :func:`rank`-th smallest score (0 where that is 0: too few scores for the
+    coverage asked, every value is in the interval)."""
     coverage = check_range("coverage", coverage, 0, 1, open_low=True, open_high=True)
-    k = int(np.floor((1 - coverage) * (len(scores) + 1)))
+    k = rank(len(scores), coverage)
     return float(np.sort(scores)[k - 1]) if k >= 1 else 0.0
+
+
+def per_row(q) -> np.ndarray:
+    """A threshold ready to compare with (rows, options) scores: one for all rows, or one per row as a column."""
+    q = np.asarray(q, dtype=float)
+    return q[:, None] if q.ndim else q
 
 
 def interval(values: np.ndarray, probs: np.ndarray, q) -> tuple[np.ndarray, np.ndarray]:
@@ -48,8 +59,7 @@ def interval(values: np.ndarray, probs: np.ndarray, q) -> tuple[np.ndarray, np.n
     row's median point."""
     cdf = np.cumsum(probs, axis=-1)
     below = cdf - probs
-    q = np.asarray(q, dtype=float)
-    inside = tail_scores(below, cdf) >= (q[:, None] if q.ndim else q) - 1e-12
+    inside = tail_scores(below, cdf) >= per_row(q) - 1e-12
     median = np.argmax(cdf >= 0.5 - 1e-12, axis=-1)
     inside[np.arange(len(inside)), median] |= ~inside.any(axis=-1)
     lo = values[np.argmax(inside, axis=-1)]
@@ -87,10 +97,10 @@ def mean_score(values: np.ndarray, probs: np.ndarray, observed: float) -> float:
     return float(tail_scores(cdf[at] - mass[at], cdf[at]))
 
 
-def prediction_sets(probs: np.ndarray, q: float) -> np.ndarray:
-    """(rows, options) membership of each row's prediction set: the options of probability at least ``q``, and the
-    most probable one where none reaches it."""
-    inside = probs >= q - 1e-12
+def prediction_sets(probs: np.ndarray, q) -> np.ndarray:
+    """(rows, options) membership of each row's prediction set: the options of probability at least ``q`` (one
+    threshold, or one per row), and the most probable one where none reaches it."""
+    inside = probs >= per_row(q) - 1e-12
     inside[np.arange(len(probs)), np.argmax(probs, axis=-1)] = True
     return inside
 
@@ -136,7 +146,7 @@ class Conformal:
         pooled = threshold(self.pairs, coverage)
         if judge_ids is None:
             return pooled
-        own = {j: threshold(s, coverage) for j, s in self.judges.items() if (1 - coverage) * (len(s) + 1) >= 1}
+        own = {j: threshold(s, coverage) for j, s in self.judges.items() if rank(len(s), coverage) >= 1}
         return np.array([own.get(str(j), pooled) for j in judge_ids], dtype=float)
 
     def pair_intervals(
@@ -149,8 +159,7 @@ class Conformal:
 
     def pair_sets(self, probs: np.ndarray, coverage: float, judge_ids=None) -> np.ndarray:
         """(pairs, options) membership of each (text, judge) answer's prediction set (a categorical question)."""
-        q = self.thresholds(coverage, judge_ids)
-        return prediction_sets(probs, np.asarray(q)[:, None] if judge_ids is not None else q)
+        return prediction_sets(probs, self.thresholds(coverage, judge_ids))
 
     def score_intervals(self, question, probs: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) of each text's mean over judges: ``probs`` (texts, judges, options)."""

@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from scipy.stats import norm
 from support.settings import FAST
 
@@ -18,7 +19,7 @@ from llmrubric.config import model_file
 from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.model.auto import AutoCalibrator
+from llmrubric.model.auto import AutoCalibrator, conformals_from_state
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.core.conformal import Conformal, interval, mean_distribution, threshold
 from llmrubric.report.coverage import coverage_section
@@ -158,15 +159,52 @@ def fitted(rubric):
 
 
 @pytest.mark.slow
-def test_auto_calibrates_its_main_question_and_keeps_it_in_the_checkpoint(fitted, tmp_path):
+def test_auto_calibrates_every_question_and_keeps_them_in_the_checkpoint(fitted, tmp_path):
     model, test = fitted
     cal = model.conformal_
     assert cal.question_id == model.rubric.main.id
     assert len(cal.pairs) == sum(model.label_oof_[1] >= 0) and len(cal.texts) == 90
     assert np.all(np.diff(cal.pairs) >= 0) and 0 <= cal.pairs[0] and cal.pairs[-1] <= 1
+    answered = [q for q in model.rubric.ids if q in set(test.annotations.question_id)]
+    assert list(model.conformals_) == [model.rubric.main.id] + [q for q in answered if q != model.rubric.main.id]
+    assert len(answered) > 1
     loaded = load_model(model.save(tmp_path / "auto.safetensors"))
-    np.testing.assert_array_equal(loaded.conformal_.pairs, cal.pairs)
-    np.testing.assert_array_equal(loaded.conformal_.texts, cal.texts)
+    assert list(loaded.conformals_) == list(model.conformals_)
+    for question_id, conformal in model.conformals_.items():
+        np.testing.assert_array_equal(loaded.conformals_[question_id].pairs, conformal.pairs)
+        np.testing.assert_array_equal(loaded.conformals_[question_id].texts, conformal.texts)
+
+
+def test_a_checkpoint_with_the_main_question_calibrated_only_still_loads(rubric):
+    question, rng = rubric.main, np.random.default_rng(0)
+    k = len(question.options)
+    old = Conformal.fit(question, rng.dirichlet(np.ones(k), 40), rng.integers(0, k, 40), np.arange(40) % 10)
+    meta, arrays = old.state()
+    tensors = {f"conformal/{name}": torch.from_numpy(v) for name, v in arrays.items()}
+    loaded = conformals_from_state({"conformal": meta}, tensors)
+    assert list(loaded) == [question.id]
+    np.testing.assert_array_equal(loaded[question.id].pairs, old.pairs)
+    np.testing.assert_array_equal(loaded[question.id].texts, old.texts)
+
+
+@pytest.mark.slow
+def test_every_question_out_of_fold_is_covered_and_main_only_leaves_the_others_without(fitted, rubric):
+    model, test = fitted
+    wide = with_intervals(model.predict(test), model, 0.9)
+    others = [q for q in model.conformals_ if q != rubric.main.id]
+    for question_id in others:
+        figures = coverage_figures(wide, test.annotations, rubric[question_id])
+        assert figures["pairs"] == int((test.annotations.question_id == question_id).sum())
+        assert figures["coverage"] > 0.75, question_id
+    data = simulate(0, 60, 4, 2, rubric, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
+    settings = {**model_file("auto"), "ensemble": 1, "auto": {"candidates": ["ridge_judge"], "intervals": "main"}}
+    main_only = AutoCalibrator(rubric, settings, FAST, seed=0).fit(data)
+    assert list(main_only.conformals_) == [rubric.main.id]
+    narrow = with_intervals(main_only.predict(test), main_only, 0.9)
+    assert narrow.loc[narrow.question_id != rubric.main.id, "lo"].isna().all()
+    with pytest.raises(InputError, match="is not one of") as error:
+        AutoCalibrator(rubric, {**settings, "auto": {"intervals": "some"}}, FAST)
+    assert error.value.setting == "model.auto.intervals"
 
 
 @pytest.mark.slow
@@ -176,14 +214,14 @@ def test_predictions_and_scores_carry_intervals_that_widen_with_the_coverage(fit
     predictions = model.predict(test)
     narrow, wide = with_intervals(predictions, model, 0.5), with_intervals(predictions, model, 0.95)
     rows = (narrow.question_id == main.id).to_numpy()
-    assert narrow.loc[rows, "lo"].notna().all() and narrow.loc[~rows, "lo"].isna().all()
+    assert narrow.lo.notna().all()  # every question of the simulated rubric is ordered and calibrated
     assert (wide.hi - wide.lo)[rows].mean() > (narrow.hi - narrow.lo)[rows].mean()
     assert (wide.lo[rows] <= narrow.lo[rows]).all() and (wide.hi[rows] >= narrow.hi[rows]).all()
     figures = coverage_figures(wide, test.annotations, main)
     assert figures["pairs"] == int((test.annotations.question_id == main.id).sum()) and figures["coverage"] > 0.7
     result = score_texts(model, test.features, test.texts, questions=[main.id], coverage=0.9)
     scores = result.scores
-    assert {"lo", "hi"} <= set(scores.columns) and result.summary["intervals"] == main.id
+    assert {"lo", "hi"} <= set(scores.columns) and result.summary["intervals"] == [main.id]
     assert (scores.lo <= scores.hi).all() and scores.lo.min() >= min(main.values)
     assert scores.hi.max() <= max(main.values)
     by_judge = score_texts(model, test.features, test.texts, questions=[main.id], keep_predictions=True)
@@ -233,7 +271,8 @@ def test_a_categorical_main_question_gets_prediction_sets_kept_in_the_checkpoint
     narrow = with_intervals(loaded.predict(test), loaded, 0.5)
     wide = with_intervals(loaded.predict(test), loaded, 0.95)
     rows = (wide.question_id == main.id).to_numpy()
-    assert wide.loc[rows, "set"].notna().all() and wide.loc[~rows, "set"].isna().all() and wide.lo.isna().all()
+    assert wide.loc[rows, "set"].notna().all() and wide.loc[~rows, "set"].isna().all() and wide.lo[rows].isna().all()
+    assert wide.lo[~rows].notna().all()  # the other questions, ordered, get intervals
     size = lambda frame: frame.loc[rows, "set"].str.split("|").str.len().mean()  # noqa: E731
     assert size(wide) > size(narrow) >= 1 and set("|".join(wide.loc[rows, "set"]).split("|")) <= set(main.keys)
     figures = coverage_figures(wide, test.annotations, main)

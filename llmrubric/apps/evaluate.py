@@ -96,10 +96,9 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     }
     annotations = pd.concat([s.test.annotations for s in first], ignore_index=True)
     metrics = {name: evaluate_predicted(table, annotations, rubric.main) for name, table in tables.items()}
-    intervals = coverage_figures(tables["llm_rubric"], annotations, rubric.main)
+    intervals = interval_figures(cfg, tables["llm_rubric"], annotations, rubric)
     if intervals:
-        nominal, by = cfg.get("coverage", DEFAULT_COVERAGE), cfg.get("coverage_by", "pooled")
-        metrics["llm_rubric"]["intervals"] = {"nominal": nominal, "by": by, **intervals}
+        metrics["llm_rubric"]["intervals"] = intervals
     if curve:
         metrics["llm_rubric"]["coverage_curve"] = curve
         coverage_plot(curve, run_dir / COVERAGE_PLOT, f"{rubric.main.id}: conformal intervals")
@@ -133,6 +132,10 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     )
     notes += "".join(f"\n- model=auto, {split}: weights {_rounded(c['weights'])}" for split, c in choices.items())
     notes += "".join(f"\n- llm_rubric, {split}: label rule {_rule_note(r)}" for split, r in rules.items())
+    notes += "".join(
+        f"\n- intervals of {q}: coverage {f['coverage']:.3f}, mean width {f['width']:.3f} ({f['pairs']} pairs)"
+        for q, f in intervals.get("other_questions", {}).items()
+    )
     write_json(
         {
             "experiment": cfg.name,
@@ -151,6 +154,18 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     write_text(f"# {header}\n\n{table}\n" + (f"{notes}\n" if notes else ""), run_dir / "metrics.md")
     print(f"\n{header}\n{table}\n{notes}\nwritten to {run_dir}/")
     return metrics
+
+
+def interval_figures(cfg: DictConfig, predictions: pd.DataFrame, annotations: pd.DataFrame, rubric) -> dict:
+    """Coverage and mean width of the held-out intervals of the main question, with ``other_questions``' where
+    they have intervals ({} without a calibration)."""
+    main = coverage_figures(predictions, annotations, rubric.main)
+    if not main:
+        return {}
+    others = {q.id: coverage_figures(predictions, annotations, q) for q in rubric.questions if q.id != rubric.main.id}
+    others = {q: figures for q, figures in others.items() if figures}
+    nominal, by = cfg.get("coverage", DEFAULT_COVERAGE), cfg.get("coverage_by", "pooled")
+    return {"nominal": nominal, "by": by, **main, **({"other_questions": others} if others else {})}
 
 
 def predict_splits(cfg: DictConfig, rubric, splits) -> tuple[dict, dict, dict, dict, str, list]:

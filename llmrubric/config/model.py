@@ -48,6 +48,9 @@ class AutoConfig:
             folds, and compared and refitted with its best trial's parameters; 0: their own settings.
             Each trial costs one inner CV of the candidate (the network's: N times its inner CV).
         bb_draws: Bayesian-bootstrap draws of ``rule=bb_stack`` and of the weights' stability record.
+        intervals: the questions the inner folds calibrate conformal intervals for: ``all`` (every answered
+            question: the weighted members are refitted on each inner fold for the questions other than the
+            main one, where their fold models do not predict them already) or ``main`` (the main question only).
     """
 
     candidates: list[str] | None = None
@@ -61,6 +64,7 @@ class AutoConfig:
     level_beyond_sd: float = 2.0
     tune_trials: int = 0
     bb_draws: int = 100
+    intervals: str = "all"
 
 
 @dataclass

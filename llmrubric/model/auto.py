@@ -57,6 +57,7 @@ from llmrubric.model.core.params import (
     sample_space,
     under,
 )
+from llmrubric.model.core.question_oof import other_conformals, predicted_questions
 from llmrubric.model.core.registry import (
     Capabilities,
     Setup,
@@ -86,10 +87,11 @@ from llmrubric.model.core.system_level import (
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-auto/1"
 GROUPS = ("auto", "text", "system")
+INTERVALS = ("all", "main")  # the questions whose intervals the inner folds calibrate
 FAMILIES = ("auto", "network")  # the values of model.family
 SETTINGS = {"model": ModelConfig, "trainer": TrainConfig}  # model=auto's parameters
 MIN_WEIGHT = 1e-3  # stacking weights below this are dropped (and the rest renormalised)
-CONFORMAL = "conformal"  # the checkpoint's tensors of the interval calibration
+CONFORMAL = "conformal"  # the checkpoint's tensors of the interval calibrations: conformal.<i>/…
 
 
 def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None = None, seed: int = 0, group="text"):
@@ -141,7 +143,7 @@ class AutoCalibrator:
         self.rubric, self.seed, self.group_for = rubric, seed, group
         self.source_, self.added_judges_ = "<model>", []  # the checkpoint it was loaded from, the judges added
         self.tuned_ = {}  # candidate → its tuning (fit)
-        self.conformal_: Conformal | None = None  # the main question's interval calibration (fit)
+        self.conformals_: dict[str, Conformal] = {}  # question id → its interval calibration, the main one first
         self._configure(model, trainer)
 
     def _configure(self, model, trainer) -> None:
@@ -200,7 +202,7 @@ class AutoCalibrator:
 
     def fit(self, tables: Tables) -> AutoCalibrator:
         """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``."""
-        self.fallback_, self._refitted, self.tuned_ = None, {}, {}
+        self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
         self.level_record_ = level_plan(self.rubric, tables, self.settings.system_level, self.level_prior)
         folds = self._inner_folds(tables)
         splits = [
@@ -254,7 +256,7 @@ class AutoCalibrator:
         self.label_oof_ = (mixed, answers, fold_of)  # what the rule was chosen on (not saved)
         texts = np.concatenate([p.text_id.astype(str).to_numpy() for p, _ in held])
         judges = np.concatenate([p.judge_id.astype(str).to_numpy() for p, _ in held])
-        self.conformal_ = Conformal.fit(main, mixed, answers, texts, judges)
+        self.conformals_ = {main.id: Conformal.fit(main, mixed, answers, texts, judges)}
         for name in self.table_:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
             if name in likelihood:
@@ -268,6 +270,8 @@ class AutoCalibrator:
         self.levels_ = self._fit_levels(tables)
         self._refitted = {}
         self._cover(tables)
+        self.conformals_.update(self._other_conformals(tables, splits))
+        self._folds = {}
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
         self.train_texts_ = texts_fingerprint(tables.text_ids)
@@ -295,6 +299,7 @@ class AutoCalibrator:
                     models = self._fit_folds(models, trains)
                 folds = self._held_out(models, splits, pairs)
                 probs = np.concatenate(folds)
+                self._folds[name] = models
                 yield name, probs, time.perf_counter() - start, None
             except NotApplicableError as e:  # declared by the family; any other error stops the run
                 yield name, None, time.perf_counter() - start, NotApplicable(_reason(e))
@@ -421,6 +426,31 @@ class AutoCalibrator:
                 tables, [self.rubric.main.id, *uncovered]
             )
             self.weights_["ridge_judge"] = 0.0
+
+    def _other_conformals(self, tables: Tables, splits: list[tuple]) -> dict:
+        """The interval calibration of each answered question but the main one (``model.auto.intervals=all``):
+        the weighted members' fixed mixture out of the inner folds (:mod:`llmrubric.model.core.question_oof`)."""
+        answered = set(tables.annotations.question_id)
+        others = [q for q in self.rubric.ids if q in answered and q != self.rubric.main.id]
+        if self.settings.intervals != "all" or not others:
+            return {}
+
+        def fold_model(name: str, k: int, questions: list[str]):
+            model = (self._folds.get(name) or [None] * len(splits))[k]
+            if model is not None and set(questions) <= set(predicted_questions(model, self.rubric)):
+                return model
+            return fit_questions(self._candidate(name), splits[k][0], [self.rubric.main.id, *questions])
+
+        def mixture(base: dict) -> np.ndarray:
+            return self._mixture({n: base[member_of(n)] for n in self.weights_})
+
+        members = {member_of(n): self.members_[member_of(n)] for n in self.weights_}
+        return other_conformals(self.rubric, others, members, splits, fold_model, mixture)
+
+    @property
+    def conformal_(self) -> Conformal | None:
+        """The main question's interval calibration (None: fitted without inner folds)."""
+        return self.conformals_.get(self.rubric.main.id)
 
     @property
     def val_nll_(self) -> float:
@@ -553,9 +583,11 @@ class AutoCalibrator:
             "label_rule": self.label_rule_.to_dict() if self.label_rule_ is not None else None,
         }
         tensors = {}
-        if self.conformal_ is not None:
-            meta["conformal"], arrays = self.conformal_.state()
-            tensors.update({f"{CONFORMAL}/{k}": torch.from_numpy(v) for k, v in arrays.items()})
+        meta["conformals"] = []
+        for i, conformal in enumerate(self.conformals_.values()):
+            part, arrays = conformal.state()
+            meta["conformals"].append(part)
+            tensors.update({f"{CONFORMAL}.{i}/{k}": torch.from_numpy(v) for k, v in arrays.items()})
         for name, member in self.members_.items():
             member_meta, member_tensors = member.state()
             meta["members"][name] = member_meta
@@ -600,8 +632,7 @@ class AutoCalibrator:
         self.level_record_ = meta.get("system_level", {})
         self.label_rule_ = LabelRule.from_dict(meta.get("label_rule"), source) if rubric.main.ordered else None
         self.levels_ = levels_from_state(rubric, self.level_record_, tensors, source)
-        conformal = {k: v.numpy() for k, v in split_tensors(tensors, CONFORMAL).items()}
-        self.conformal_ = Conformal.from_state(meta["conformal"], conformal) if "conformal" in meta else None
+        self.conformals_ = conformals_from_state(meta, tensors)
         self.members_ = {}
         for name, member_meta in meta["members"].items():
             part = split_tensors(tensors, name)
@@ -628,6 +659,8 @@ def check_auto(settings: AutoConfig) -> None:
     """``model.auto.*`` in range, each error naming the setting."""
     if settings.rule not in RULES:
         raise InputError(f"{settings.rule!r} is not one of {list(RULES)}", setting="model.auto.rule")
+    if settings.intervals not in INTERVALS:
+        raise InputError(f"{settings.intervals!r} is not one of {list(INTERVALS)}", setting="model.auto.intervals")
     if settings.group not in GROUPS:
         raise InputError(f"{settings.group!r} is not one of {list(GROUPS)}", setting="model.auto.group")
     for key, least in (("folds", 2), ("tune_trials", 0), ("bb_draws", 1)):
@@ -639,6 +672,18 @@ def check_auto(settings: AutoConfig) -> None:
     if unknown or not chosen or len(set(chosen)) != len(chosen):
         what = f"unknown candidate(s) {unknown}" if unknown else "candidates must be distinct and not empty"
         raise InputError(f"{what}; known: {known}", setting="model.auto.candidates")
+
+
+def conformals_from_state(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[str, Conformal]:
+    """Question id → interval calibration of a checkpoint (an older one has a single ``conformal``: the main question's)."""
+    if "conformal" in meta:  # a checkpoint with the main question's calibration only
+        arrays = {k: v.numpy() for k, v in split_tensors(tensors, CONFORMAL).items()}
+        return {meta["conformal"]["question_id"]: Conformal.from_state(meta["conformal"], arrays)}
+    out = {}
+    for i, part in enumerate(meta.get("conformals", [])):
+        arrays = {k: v.numpy() for k, v in split_tensors(tensors, f"{CONFORMAL}.{i}").items()}
+        out[part["question_id"]] = Conformal.from_state(part, arrays)
+    return out
 
 
 def _in_space(value, spec: dict) -> bool:

@@ -19,43 +19,46 @@ def check_coverage(coverage: float, setting: str = "coverage") -> float:
     return check_range(setting, coverage, 0, 1, open_low=True, open_high=True)
 
 
-def calibration(model):
-    """The model's conformal calibration (one question), or None (a model fitted without inner folds)."""
-    return getattr(model, "conformal_", None)
+def calibrations(model) -> dict:
+    """Question id → the model's conformal calibration of it ({}: a model fitted without inner folds)."""
+    return dict(getattr(model, "conformals_", {}) or {})
+
+
+def calibration(model, question_id: str):
+    """The model's conformal calibration of ``question_id``, or None."""
+    return calibrations(model).get(question_id)
 
 
 def with_intervals(predictions: pd.DataFrame, model, coverage: float, by: str = "pooled") -> pd.DataFrame:
-    """``predictions`` with ``lo`` and ``hi``: each (text, judge) answer's conformal interval at ``coverage`` for
-    the calibrated question's rows when it is ordered, and ``set`` (its prediction set, options joined by ``|``)
-    when it is categorical; NA on other questions' rows (no out-of-fold calibration, no guarantee). ``by``:
+    """``predictions`` with ``lo`` and ``hi``: each (text, judge) answer's conformal interval at ``coverage`` on
+    the rows of every calibrated ordered question, and ``set`` (its prediction set, options joined by ``|``) on
+    those of a calibrated categorical one; NA on other rows (no out-of-fold calibration, no guarantee). ``by``:
     ``pooled`` (one threshold for every judge) or ``judge`` (each judge's own where it has enough out-of-fold
     answers: coverage for each judge; :meth:`~llmrubric.model.core.conformal.Conformal.thresholds`)."""
     check_choice("coverage_by", by, COVERAGE_BY)
     out = predictions.assign(lo=np.nan, hi=np.nan)
-    conformal = calibration(model)
-    if conformal is None:
-        return out
-    question = model.rubric[conformal.question_id]
-    rows = (out.question_id == question.id).to_numpy()
-    judges = out.judge_id[rows].astype(str).to_numpy() if by == "judge" else None
-    if not conformal.ordered:
-        out["set"] = pd.Series(pd.NA, index=out.index, dtype="string")
-        if rows.any():
-            inside = conformal.pair_sets(probabilities(out[rows], question), coverage, judges)
-            keys = np.asarray(question.keys, dtype=object)
-            out.loc[rows, "set"] = ["|".join(keys[member]) for member in inside]
-        return out
-    if rows.any():
-        lo, hi = conformal.pair_intervals(question, probabilities(out[rows], question), coverage, judges)
-        out.loc[rows, "lo"], out.loc[rows, "hi"] = lo, hi
+    for question_id, conformal in calibrations(model).items():
+        question = model.rubric[question_id]
+        rows = (out.question_id == question.id).to_numpy()
+        judges = out.judge_id[rows].astype(str).to_numpy() if by == "judge" else None
+        if not conformal.ordered:
+            if "set" not in out:
+                out["set"] = pd.Series(pd.NA, index=out.index, dtype="string")
+            if rows.any():
+                inside = conformal.pair_sets(probabilities(out[rows], question), coverage, judges)
+                keys = np.asarray(question.keys, dtype=object)
+                out.loc[rows, "set"] = ["|".join(keys[member]) for member in inside]
+        elif rows.any():
+            lo, hi = conformal.pair_intervals(question, probabilities(out[rows], question), coverage, judges)
+            out.loc[rows, "lo"], out.loc[rows, "hi"] = lo, hi
     return out
 
 
 def score_intervals(model, question, probs: np.ndarray, coverage: float) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) of each text's mean over the trusted judges (``probs``: texts, judges, options) where the model
     has a calibration of ``question`` (ordered), else NaN."""
-    conformal = calibration(model)
-    if conformal is None or conformal.question_id != question.id or not conformal.ordered:
+    conformal = calibration(model, question.id)
+    if conformal is None or not conformal.ordered:
         nan = np.full(len(probs), np.nan)
         return nan, nan.copy()
     return conformal.score_intervals(question, probs, coverage)
@@ -149,7 +152,7 @@ def coverage_curve(held_out: list[tuple], question, levels=CURVE_LEVELS, by: str
         parts = [
             _inside(with_intervals(predictions, model, level, by), annotations, question)
             for model, predictions, annotations in held_out
-            if calibration(model) is not None and calibration(model).question_id == question.id
+            if calibration(model, question.id) is not None
         ]
         if not parts:
             return []

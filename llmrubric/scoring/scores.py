@@ -35,7 +35,7 @@ from llmrubric.model.core.registry import Family, capabilities
 from llmrubric.scoring.intervals import (
     COVERAGE_BY,
     DEFAULT_COVERAGE,
-    calibration,
+    calibrations,
     check_coverage,
     score_intervals,
     with_intervals,
@@ -209,7 +209,7 @@ def score_texts(
         "quantile": quantile,
         "coverage": coverage,
         "coverage_by": coverage_by,
-        "intervals": calibration(calibrator).question_id if calibration(calibrator) is not None else None,
+        "intervals": [q for q in calibrations(calibrator) if q in questions],
         "beyond_training_range": beyond,
         "pairs": int(n_pairs),
         "fast_path": chunks.fast is not None,

@@ -1,0 +1,55 @@
+"""Out-of-fold predictions of the questions other than the main one by a mixture whose weights are fixed: what
+the conformal intervals of those questions are calibrated on (:mod:`llmrubric.model.core.conformal`).
+
+The weights are chosen on the main question alone; the other questions are predicted by the same members with
+the same weights (renormalised over the members that predict a question), so each inner fold refits the
+weighted members on its training texts and predicts its held-out ones. A fold model that already predicts every
+question (the network's heads) is reused; a family fitted on some questions only is fitted again on the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from llmrubric.model.core.conformal import Conformal
+from llmrubric.model.core.encoding import question_targets
+from llmrubric.model.core.registry import capabilities
+
+Fitted = Callable[[str, int, list[str]], object]  # (member, fold, questions) → a fold model predicting them
+
+
+def predicted_questions(model, rubric) -> list[str]:
+    """The questions a fitted ``model`` predicts."""
+    return list(model.questions_) if capabilities(model).questions else list(rubric.ids)
+
+
+def other_conformals(rubric, questions: list[str], members: dict, splits: list[tuple], fold_model: Fitted, mixture):
+    """Question id → :class:`Conformal` of each of ``questions`` (not the main one) that a held-out fold answers,
+    from out-of-fold predictions: ``members`` the final fitted members by name (what each predicts),
+    ``fold_model(name, k, questions)`` member ``name`` fitted on fold ``k``'s training texts for ``questions``,
+    ``mixture(probs by name)`` the fixed-weight mixture of (pairs, questions, options) probabilities."""
+    parts: dict[str, list] = {q: [] for q in questions}
+    for k, (_, test) in enumerate(splits):
+        targets = {q: question_targets(test, rubric[q]) for q in questions}
+        targets = {q: (p[a >= 0].reset_index(drop=True), a[a >= 0]) for q, (p, a) in targets.items() if (a >= 0).any()}
+        if not targets:
+            continue
+        wanted = {name: [q for q in targets if q in predicted_questions(m, rubric)] for name, m in members.items()}
+        models = {name: fold_model(name, k, qs) for name, qs in wanted.items() if qs}
+        for q, (pairs, answers) in targets.items():
+            index, options = rubric.ids.index(q), len(rubric[q].options)
+            probs = {n: m.predict_proba(test, pairs) for n, m in models.items()}
+            blank = np.full_like(next(iter(probs.values())), np.nan)  # a member predicting none of these questions
+            probs = mixture({n: probs.get(n, blank) for n in members})
+            parts[q].append((probs[:, index, :options], answers, pairs))
+    out = {}
+    for q, folds in parts.items():
+        if not folds:
+            continue
+        probs, answers = np.concatenate([f[0] for f in folds]), np.concatenate([f[1] for f in folds])
+        pairs = pd.concat([f[2] for f in folds], ignore_index=True)
+        out[q] = Conformal.fit(rubric[q], probs, answers, pairs.text_id.astype(str), pairs.judge_id.astype(str))
+    return out

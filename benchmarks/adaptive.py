@@ -50,6 +50,7 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import ROOT, code_version, exit_code, llm_rubric_default, write_result  # noqa: E402
+from llmrubric import NetworkCalibrator  # noqa: E402
 from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
@@ -59,7 +60,6 @@ from llmrubric.io.tables import Tables, load_tables  # noqa: E402
 from llmrubric.model.adaptive import Selector, reveal_orders  # noqa: E402
 from llmrubric.model.core.absent import batch_of  # noqa: E402
 from llmrubric.model.core.encoding import pairs_of  # noqa: E402
-from llmrubric.model.families.network.calibrator import NetworkCalibrator  # noqa: E402
 
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 RULES = ("adaptive", "fixed", "random")

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from common import code_version, write_result  # noqa: E402
 
+from llmrubric import NetworkCalibrator  # noqa: E402
 from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
@@ -42,7 +43,6 @@ from llmrubric.experiments.search import Setting, cross_validate  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.core.encoding import JudgeMap  # noqa: E402
-from llmrubric.model.families.network.calibrator import NetworkCalibrator, fit_together  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -108,7 +108,7 @@ def per_fold(rubric, tables, setting: Setting) -> dict:
     models, trains = fold_models(rubric, tables, setting, folds)
     with Clock() as clock:
         for model, train in zip(models, trains):
-            fit_together([model], [train], judges)
+            NetworkCalibrator.fit_many([model], [train], judges)
     parts = [
         m.predict(tables.subset(folds.text_id[folds.fold == k]), questions=[rubric.main.id])
         for k, m in enumerate(models)

@@ -83,6 +83,7 @@ from common import code_version, exit_code, llm_rubric_default, write_result  # 
 from intervals import DATA as DIALSUMM  # noqa: E402
 from intervals import load as load_dialsumm  # noqa: E402
 
+from llmrubric import NetworkCalibrator  # noqa: E402
 from llmrubric.config import group, load_file  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
@@ -95,7 +96,6 @@ from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, read_table  # noqa: E402
 from llmrubric.model.core.encoding import question_targets  # noqa: E402
 from llmrubric.model.core.system_level import SystemLevel  # noqa: E402
-from llmrubric.model.families.network.calibrator import NetworkCalibrator, fit_together  # noqa: E402
 from llmrubric.model.judges import add_judge  # noqa: E402
 from llmrubric.scoring import labels as lab  # noqa: E402
 from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
@@ -139,7 +139,7 @@ def held_out_texts(name: str, rubric: Rubric, tables: Tables, cache: Path) -> pd
         for s in systems
     ]
     started = time.perf_counter()
-    models = fit_together(
+    models = NetworkCalibrator.fit_many(
         [NetworkCalibrator(rubric, model_settings(), group("trainer", "default"), 0) for _ in splits],
         [tr for tr, _ in splits],
     )
@@ -357,7 +357,7 @@ def judge_add_figures(
             for _, _, p in picks
         ]
         started = time.perf_counter()
-        models = fit_together(
+        models = NetworkCalibrator.fit_many(
             [NetworkCalibrator(rubric, model_settings(model), trainer, 0) for _ in range(len(picks) + 2)],
             [without, train, *retrain_tables],
         )

@@ -43,13 +43,13 @@ sys.path.insert(0, str(ROOT))
 
 from common import code_version, write_result  # noqa: E402
 
+from llmrubric import NetworkCalibrator  # noqa: E402
 from llmrubric.config import command_settings  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables  # noqa: E402
 from llmrubric.model.families.baselines import ExpectedLLM  # noqa: E402
-from llmrubric.model.families.network.calibrator import NetworkCalibrator  # noqa: E402
 from llmrubric.scoring import leaderboard as lb  # noqa: E402
 from llmrubric.scoring.scores import score_texts  # noqa: E402
 

@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT))
 
 from common import code_version, write_result  # noqa: E402
 
+from llmrubric import NetworkCalibrator  # noqa: E402
 from llmrubric.config import compose, group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.evaluation.metrics import METRICS, evaluate, seed_sd  # noqa: E402
 from llmrubric.experiments.search import Setting, cross_validate, run_search  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.model.families.network.calibrator import NetworkCalibrator  # noqa: E402
 
 
 def reference_setting(root: Path) -> Setting:

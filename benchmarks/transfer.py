@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from common import code_version, exit_code, llm_rubric_default, write_result  # noqa: E402
 
+from llmrubric import NetworkCalibrator  # noqa: E402
 from llmrubric.config import group  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
@@ -73,7 +74,6 @@ from llmrubric.io.files import write_json  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.families.baselines import ExpectedLLM, RidgeJudge, main_blocks  # noqa: E402
-from llmrubric.model.families.network.calibrator import NetworkCalibrator, fit_together  # noqa: E402
 from llmrubric.scoring.leaderboard import rms, shift_half_width  # noqa: E402
 
 METHODS = ("default", "ordinal", "combined", "ridge_judge", "mean_of_sources", "best_source")
@@ -142,7 +142,7 @@ def split_predictions(method: str, rubric: Rubric, splits: list[tuple], seed: in
     """Per (train, test) split: the main-question predictions of test by a model fitted on train
     (the calibrator heads of all splits are fitted together)."""
     if method in HEADS:
-        models = fit_together(
+        models = NetworkCalibrator.fit_many(
             [NetworkCalibrator(rubric, config("model", method), config("trainer", "default"), seed) for _ in splits],
             [tr for tr, _ in splits],
         )

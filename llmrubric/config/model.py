@@ -48,6 +48,9 @@ class AutoConfig:
             folds, and compared and refitted with its best trial's parameters; 0: their own settings.
             Each trial costs one inner CV of the candidate (the network's: N times its inner CV).
         bb_draws: Bayesian-bootstrap draws of ``rule=bb_stack`` and of the weights' stability record.
+        cover: the candidate fitted (weight 0) for the answered questions that no weighted candidate predicts,
+            such as a categorical question where only ordinal families have weight: it must predict every kind
+            of question.
         intervals: the questions the inner folds calibrate conformal intervals for: ``all`` (every answered
             question: the weighted members are refitted on each inner fold for the questions other than the
             main one, where their fold models do not predict them already) or ``main`` (the main question only).
@@ -64,6 +67,7 @@ class AutoConfig:
     level_beyond_sd: float = 2.0
     tune_trials: int = 0
     bb_draws: int = 100
+    cover: str = "ridge_judge"
     intervals: str = "all"
 
 

@@ -165,7 +165,7 @@ class AutoCalibrator:
             try:
                 candidate(name, self.rubric, self.model, self.trainer, self.seed)
             except InputError as e:
-                if name == "network":
+                if e.setting:  # a setting of the user's is wrong: say so, whatever the candidate
                     raise
                 self.unusable_[name] = str(e)
         if len(self.unusable_) == len(self.settings.candidates):
@@ -285,14 +285,15 @@ class AutoCalibrator:
             if name in self.unusable_:
                 yield name, None, 0.0, NotApplicable(self.unusable_[name])
                 continue
-            models = [self._candidate(name) for _ in range(len(splits) + (name == "network"))]
+            joint = capabilities(name).joint_fit  # the refit on all of ``tables`` joins the folds' one program
+            models = [self._candidate(name) for _ in range(len(splits) + joint)]
             twin = self._twin(name, models[0], splits[0][0])
             if twin:
                 yield name, None, 0.0, NotApplicable(twin)
                 continue
             try:
                 trains = [train for train, _ in splits]
-                if name == "network":  # the refit on all of ``tables`` joins the folds' stacked program
+                if joint:
                     models[0].fit_many(models, trains + [tables], JudgeMap.from_annotations(tables.annotations))
                     self._refitted[name] = models.pop()
                 else:
@@ -413,19 +414,20 @@ class AutoCalibrator:
 
     def _cover(self, tables: Tables) -> None:
         """Questions with annotations that no weighted member predicts (a categorical question when
-        only ordinal families have weight) get ``ridge_judge`` as a member of weight 0: it predicts
+        only ordinal families have weight) get ``model.auto.cover`` as a member of weight 0: it predicts
         exactly those questions."""
         answered = [q for q in self.rubric.ids if q in set(tables.annotations.question_id)]
         covered = {
             q for m in self.members_.values() for q in (m.questions_ if capabilities(m).questions else self.rubric.ids)
         }
         uncovered = [q for q in answered if q not in covered]
-        if uncovered and "ridge_judge" not in self.members_:
-            log.info("model=auto: %s predicted by ridge_judge (no weighted candidate predicts them)", uncovered)
-            self.members_["ridge_judge"] = make("ridge_judge", self.rubric, seed=self.seed).fit(
-                tables, [self.rubric.main.id, *uncovered]
+        cover = self.settings.cover
+        if uncovered and cover not in self.members_:
+            log.info("model=auto: %s predicted by %s (no weighted candidate predicts them)", uncovered, cover)
+            self.members_[cover] = fit_questions(
+                make(cover, self.rubric, seed=self.seed), tables, [self.rubric.main.id, *uncovered]
             )
-            self.weights_["ridge_judge"] = 0.0
+            self.weights_[cover] = 0.0
 
     def _other_conformals(self, tables: Tables, splits: list[tuple]) -> dict:
         """The interval calibration of each answered question but the main one (``model.auto.intervals=all``):
@@ -460,8 +462,8 @@ class AutoCalibrator:
 
     @property
     def summaries_(self) -> list[dict]:
-        network = self.members_.get("network")
-        return network.summaries_ if network is not None else []
+        """The training histories of the first member that keeps them (the network's), else []."""
+        return next((m.summaries_ for m in self.members_.values() if getattr(m, "summaries_", None)), [])
 
     def predict_proba(
         self, tables: Tables, pairs: pd.DataFrame | None = None, levels: dict | None = None
@@ -667,6 +669,8 @@ def check_auto(settings: AutoConfig) -> None:
         value = getattr(settings, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise InputError(f"{value!r} is not a whole number >= {least}", setting=f"model.auto.{key}")
+    if settings.cover not in names(candidate=True):
+        raise InputError(f"{settings.cover!r} is not a candidate: {names(candidate=True)}", setting="model.auto.cover")
     chosen, known = list(settings.candidates), names(candidate=True)
     unknown = [n for n in chosen if n not in known]
     if unknown or not chosen or len(set(chosen)) != len(chosen):

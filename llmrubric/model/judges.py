@@ -80,9 +80,9 @@ def _add_to_members(model, tables: Tables, judge_id: str, min_annotations: int, 
     }
     new.judges_ = JudgeMap((*model.judges_.judges, judge_id))
     record = {"judge": judge_id, "answers": answers, "seconds": time.perf_counter() - started}
-    network = new.members_.get("network")
-    if network is not None:
-        record["l2"] = network.summaries_[0]["added_judges"][-1]["l2"]
+    networks = [m for m in new.members_.values() if not capabilities(m).member_judge]  # those added_judge fitted
+    if networks:
+        record["l2"] = added_record(networks[0])["l2"]
     new.added_judges_ = [*model.added_judges_, record]
     return new
 

@@ -18,6 +18,7 @@ from llmrubric.model.auto import AutoCalibrator, default_candidates
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.core.combine import rule_scores
 from llmrubric.model.core.combine import weights as _weights
+from llmrubric.model.core.inner_cv import InnerFolds
 from llmrubric.model.core.system_level import member_of
 from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method
 from llmrubric.model.families.mixed import MixedOrdinal
@@ -100,11 +101,12 @@ def test_select_keeps_the_candidate_with_the_lowest_inner_nll(sources3, rubric):
 
 
 def test_inner_folds_by_system_never_split_a_system(sources3, rubric):
-    model = AutoCalibrator(rubric, FAST_AUTO, FAST, seed=0, group="system")
-    folds = model._inner_folds(sources3)
-    systems = sources3.texts.set_index("text_id").system_id
-    per_system = folds.assign(system=folds.text_id.map(systems)).groupby("system").fold.nunique()
-    assert (per_system == 1).all() and folds.fold.nunique() == 5
+    folds = InnerFolds.of(sources3, rubric.main, "system", 5, seed=0, strict=True)
+    systems = lambda tables: set(tables.texts.system_id)  # noqa: E731
+    assert folds.group == "system" and folds.fallback is None and len(folds.splits) == 5
+    assert all(not systems(train) & systems(test) for train, test in folds.splits)
+    assert set().union(*(systems(test) for _, test in folds.splits)) == systems(sources3)
+    assert len(folds.answers) == len(folds.fold_of) == sum(len(p) for p in folds.pairs)
 
 
 @pytest.mark.slow

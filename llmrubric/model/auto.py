@@ -32,29 +32,26 @@ import logging
 import time
 
 import numpy as np
-import optuna
 import pandas as pd
 import torch
 
 from llmrubric.config import AutoConfig, ModelConfig, TrainConfig, model_settings
-from llmrubric.data.splits import text_folds, text_systems
-from llmrubric.io.errors import InputError, NotApplicableError, TrainingDiverged
+from llmrubric.io.errors import InputError, NotApplicableError
 from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
-from llmrubric.model.core.combine import PROB_FLOOR, RULES, combine, rule_scores
+from llmrubric.model.core.combine import RULES, combine, rule_scores
 from llmrubric.model.core.conformal import Conformal
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.core.inner_cv import InnerFolds, decision, fit_folds, held_out, point_figures, reason, tune
 from llmrubric.model.core.label_rule import LabelRule, main_rule
 from llmrubric.model.core.params import (
     check_params,
     param_names,
     prefixed,
-    quiet_study,
     reconfigured,
-    sample_space,
     under,
 )
 from llmrubric.model.core.question_oof import other_conformals, predicted_questions
@@ -68,7 +65,6 @@ from llmrubric.model.core.registry import (
     make,
     names,
     register,
-    search_space,
     with_capability,
 )
 from llmrubric.model.core.system_level import (
@@ -182,49 +178,28 @@ class AutoCalibrator:
         model, trainer = {**self.model, **under("model", params)}, {**vars(self.trainer), **under("trainer", params)}
         return reconfigured(self, self._configure, model, trainer)
 
-    def _inner_folds(self, tables: Tables) -> pd.DataFrame:
-        """Inner fold of every training text, by text or by system."""
-        k = self.settings.folds
-        if self.group == "text":
-            return text_folds(tables.text_ids, min(k, len(tables.text_ids)), self.seed)
-        systems = text_systems(tables)
-        names = np.array(sorted(systems.unique()))
-        if len(names) < 3:
-            reason = f"inner folds by system need at least 3 training systems, found {len(names)}"
-            if self.settings.group == "system":
-                raise InputError(reason, setting="model.auto.group")
-            log.warning("model=auto: %s; inner folds by text instead", reason)
-            self.group, self.fallback_ = "text", f"{reason}: inner folds by text"
-            return self._inner_folds(tables)
-        order = np.random.default_rng(self.seed).permutation(len(names))
-        fold_of = {names[i]: n % min(k, len(names)) for n, i in enumerate(order)}
-        return pd.DataFrame({"text_id": systems.index, "fold": systems.map(fold_of).to_numpy()})
-
     def fit(self, tables: Tables) -> AutoCalibrator:
         """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``."""
         self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
         self.level_record_ = level_plan(self.rubric, tables, self.settings.system_level, self.level_prior)
-        folds = self._inner_folds(tables)
-        splits = [
-            (tables.subset(folds.text_id[folds.fold != k]), tables.subset(folds.text_id[folds.fold == k]))
-            for k in sorted(folds.fold.unique())
-        ]
-        main = self.rubric.main
-        held = [question_targets(test, main) for _, test in splits]
-        answers = np.concatenate([index for _, index in held])
+        folds = InnerFolds.of(
+            tables, self.rubric.main, self.group, self.settings.folds, self.seed, self.settings.group == "system"
+        )
+        self.group, self.fallback_ = folds.group, folds.fallback
+        main, answers, fold_of = self.rubric.main, folds.answers, folds.fold_of
         if self.settings.tune_trials:
-            self.tuned_ = self._tune(splits, [p for p, _ in held], answers)
+            self.tuned_ = self._tuned(folds)
         self.table_, likelihood, oof = {}, {}, {}
-        for name, probs, seconds, error in self._inner_predictions(splits, [p for p, _ in held], tables):
+        for name, probs, seconds, error in self._inner_predictions(folds, tables):
             if error is not None:
                 self.table_[name] = {"not_applicable": str(error), "seconds": seconds}
                 log.info("model=auto: candidate %s not applicable: %s", name, error)
                 continue
-            p = np.clip(probs[np.arange(len(answers)), answers], PROB_FLOOR, 1.0)
+            p = folds.likelihood(probs)
             likelihood[name], oof[name] = p, probs
             self.table_[name] = {
                 "nll": float(-np.log(p).mean()),
-                **_point_figures(probs, answers, main),
+                **point_figures(probs, answers, main),
                 "seconds": seconds,
             }
         for name, record in self.tuned_.items():
@@ -241,7 +216,6 @@ class AutoCalibrator:
                 f"model.auto.system_level=on but no candidate with the level fitted ({self.table_})",
                 setting="model.auto.system_level",
             )
-        fold_of = np.concatenate([np.full(len(p), k) for k, (p, _) in enumerate(held)])
         matrix = np.stack([likelihood[n] for n in chosen], axis=1)
         self.rule_cv_ = rule_scores(matrix, fold_of) if self.settings.rule == "auto" else None
         self.rule_ = self.rule_cv_["chosen"] if self.rule_cv_ else self.settings.rule
@@ -254,15 +228,13 @@ class AutoCalibrator:
         mixed = sum(w * oof[n] for n, w in self.weights_.items())
         self.label_rule_ = main_rule(main, mixed, answers, fold_of, self.model, "out-of-fold")
         self.label_oof_ = (mixed, answers, fold_of)  # what the rule was chosen on (not saved)
-        texts = np.concatenate([p.text_id.astype(str).to_numpy() for p, _ in held])
-        judges = np.concatenate([p.judge_id.astype(str).to_numpy() for p, _ in held])
-        self.conformals_ = {main.id: Conformal.fit(main, mixed, answers, texts, judges)}
+        self.conformals_ = {main.id: Conformal.fit(main, mixed, answers, folds.text_ids(), folds.judge_ids())}
         for name in self.table_:
             self.table_[name]["weight"] = self.weights_.get(name, 0.0)
             if name in likelihood:
                 nll = -np.log(likelihood[name])
-                self.table_[name]["fold_nll"] = [float(nll[fold_of == k].mean()) for k in range(len(held))]
-        self.decision_ = _decision(self.table_, self.weights_, self.rule_, self.rule_cv_)
+                self.table_[name]["fold_nll"] = [float(nll[fold_of == k].mean()) for k in range(len(folds.splits))]
+        self.decision_ = decision(self.table_, self.weights_, self.rule_, self.rule_cv_)
         if stable is not None:
             self.decision_["stability"] = stable
         log.info("model=auto (%s, inner folds by %s): weights %s", self.rule_, self.group, self.weights_)
@@ -270,14 +242,14 @@ class AutoCalibrator:
         self.levels_ = self._fit_levels(tables)
         self._refitted = {}
         self._cover(tables)
-        self.conformals_.update(self._other_conformals(tables, splits))
+        self.conformals_.update(self._other_conformals(tables, folds.splits))
         self._folds = {}
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
         self.train_texts_ = texts_fingerprint(tables.text_ids)
         return self
 
-    def _inner_predictions(self, splits: list[tuple], pairs: list[pd.DataFrame], tables: Tables):
+    def _inner_predictions(self, folds: InnerFolds, tables: Tables):
         """(name, out-of-fold main-question probabilities (pairs, options), seconds, error) of every
         candidate; the network's refit on all of ``tables`` is trained with its folds (:attr:`_refitted`)."""
         for name in self.settings.candidates:
@@ -286,28 +258,27 @@ class AutoCalibrator:
                 yield name, None, 0.0, NotApplicable(self.unusable_[name])
                 continue
             joint = capabilities(name).joint_fit  # the refit on all of ``tables`` joins the folds' one program
-            models = [self._candidate(name) for _ in range(len(splits) + joint)]
-            twin = self._twin(name, models[0], splits[0][0])
+            models = [self._candidate(name) for _ in range(len(folds.splits) + joint)]
+            twin = self._twin(name, models[0], folds.trains[0])
             if twin:
                 yield name, None, 0.0, NotApplicable(twin)
                 continue
             try:
-                trains = [train for train, _ in splits]
                 if joint:
-                    models[0].fit_many(models, trains + [tables], JudgeMap.from_annotations(tables.annotations))
+                    models[0].fit_many(models, folds.trains + [tables], JudgeMap.from_annotations(tables.annotations))
                     self._refitted[name] = models.pop()
                 else:
-                    models = self._fit_folds(models, trains)
-                folds = self._held_out(models, splits, pairs)
-                probs = np.concatenate(folds)
+                    models = fit_folds(models, folds.trains, self.rubric.main.id)
+                held = held_out(models, folds, self.rubric)
+                probs = np.concatenate(held)
                 self._folds[name] = models
                 yield name, probs, time.perf_counter() - start, None
             except NotApplicableError as e:  # declared by the family; any other error stops the run
-                yield name, None, time.perf_counter() - start, NotApplicable(_reason(e))
+                yield name, None, time.perf_counter() - start, NotApplicable(reason(e))
                 continue
             if self.level_record_["compared"]:
                 levelled, beyond, seconds, error = levelled_fold(
-                    self.rubric, models, splits, pairs, folds, self.level_prior
+                    self.rubric, models, folds.splits, folds.pairs, held, self.level_prior
                 )
                 if error is not None:
                     yield f"{name}{LEVEL}", None, seconds, NotApplicable(error)
@@ -317,8 +288,15 @@ class AutoCalibrator:
                 if beyond.any():  # the level for systems beyond the training range only
                     yield f"{name}{BEYOND}", np.where(beyond[:, None], levelled, probs), seconds, None
                 else:
-                    reason = "no held-out system of an inner fold lies beyond its training systems' range: it equals the candidate"
-                    yield f"{name}{BEYOND}", None, 0.0, NotApplicable(reason)
+                    why = "no held-out system of an inner fold lies beyond its training systems' range: it equals the candidate"
+                    yield f"{name}{BEYOND}", None, 0.0, NotApplicable(why)
+
+    def _tuned(self, folds: InnerFolds) -> dict:
+        """Each usable candidate with a search space tuned on ``folds`` (:func:`~llmrubric.model.core.inner_cv.tune`;
+        one identical to another candidate is left out)."""
+        usable = [n for n in self.settings.candidates if n not in self.unusable_]
+        twin = lambda name, model: bool(self._twin(name, model, folds.trains[0]))  # noqa: E731
+        return tune(usable, self._candidate, twin, folds, self.rubric, self.settings.tune_trials, self.seed)
 
     def _candidate(self, name: str, params: dict | None = None):
         """Unfitted candidate ``name`` with ``params`` (by default its tuned ones, if any)."""
@@ -331,58 +309,6 @@ class AutoCalibrator:
         if twin is not None and twin != name and twin in self.settings.candidates:
             return f"identical to {twin}: {why}"
         return None
-
-    def _fit_folds(self, models: list, trains: list[Tables]) -> list:
-        """Fold models fitted on their training folds: as one program where the family has ``joint_fit``
-        (the network's heads), else one by one on the main question."""
-        if capabilities(models[0]).joint_fit:
-            models[0].fit_many(models, trains)
-            return models
-        return [fit_questions(model, train, [self.rubric.main.id]) for model, train in zip(models, trains)]
-
-    def _held_out(self, models: list, splits: list[tuple], pairs: list[pd.DataFrame]) -> list[np.ndarray]:
-        """Each fold model's main-question probabilities of its held-out ``pairs`` (an error where not finite)."""
-        main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
-        folds = [m.predict_proba(test, p)[:, main_index, :k] for m, (_, test), p in zip(models, splits, pairs)]
-        if not all(np.isfinite(f).all() for f in folds):
-            raise InputError("non-finite inner-CV predictions")
-        return folds
-
-    def _tune(self, splits: list[tuple], pairs: list[pd.DataFrame], answers: np.ndarray) -> dict:
-        """Candidate → ``{"params": its best trial's, "trials": [{"params", "nll" or "error"}]}`` of every
-        applicable candidate whose settings declare a search space, tuned by ``tune_trials`` Optuna trials
-        (TPE seeded by the seed) on the inner folds, the first at its own settings (those within the space),
-        so tuning never makes it worse on them; a failed trial is recorded with its reason, and a candidate
-        with no trial that fits keeps its own settings (``params`` empty)."""
-        out = {}
-        for name in self.settings.candidates:
-            if name in self.unusable_:
-                continue
-            model = self._candidate(name)
-            space = search_space(name, model.get_params())
-            if not space or self._twin(name, model, splits[0][0]):
-                continue
-            study = quiet_study(optuna.samplers.TPESampler(seed=self.seed))
-            own = model.get_params()
-            study.enqueue_trial({k: own[k] for k, spec in space.items() if k in own and _in_space(own[k], spec)})
-            trials = []
-            for _ in range(self.settings.tune_trials):
-                trial = study.ask()
-                params = sample_space(trial, space)
-                try:
-                    models = self._fit_folds([self._candidate(name, params) for _ in splits], [t for t, _ in splits])
-                    probs = np.concatenate(self._held_out(models, splits, pairs))
-                except (NotApplicableError, TrainingDiverged) as e:  # a draw that these data cannot fit, or diverged
-                    trials.append({"params": params, "error": _reason(e)})
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                    continue
-                nll = float(-np.log(np.clip(probs[np.arange(len(answers)), answers], PROB_FLOOR, 1.0)).mean())
-                trials.append({"params": params, "nll": nll})
-                study.tell(trial, nll)
-            fitted = [t for t in trials if "nll" in t]
-            out[name] = {"params": min(fitted, key=lambda t: t["nll"])["params"] if fitted else {}, "trials": trials}
-            log.info("model=auto: %s tuned by %d trials: %s", name, len(trials), out[name]["params"])
-        return out
 
     def _fit_members(self, tables: Tables, weighted: list[str]) -> dict:
         """The weighted candidates fitted on all of ``tables`` (those refitted already are taken as they are)."""
@@ -687,62 +613,6 @@ def conformals_from_state(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[
     for i, part in enumerate(meta.get("conformals", [])):
         arrays = {k: v.numpy() for k, v in split_tensors(tensors, f"{CONFORMAL}.{i}").items()}
         out[part["question_id"]] = Conformal.from_state(part, arrays)
-    return out
-
-
-def _in_space(value, spec: dict) -> bool:
-    """Whether ``value`` is one a search space's ``spec`` can draw."""
-    if spec.get("type") == "categorical":
-        return value in list(spec["choices"])
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not spec["low"] <= value <= spec["high"]:
-        return False
-    return spec.get("type") != "int" or (value - spec["low"]) % spec.get("step", 1) == 0
-
-
-def _reason(error: Exception) -> str:
-    """An error's message on one line, at most 300 characters."""
-    return " ".join(str(error).split())[:300]
-
-
-def _point_figures(probs: np.ndarray, answers: np.ndarray, question) -> dict:
-    """Pearson of the expected against the observed answer (ordered questions)."""
-    if not question.ordered:
-        return {}
-    values = np.asarray(question.values, dtype=float)
-    expected, observed = probs @ values, values[answers]
-    if np.ptp(expected) == 0 or np.ptp(observed) == 0:
-        return {"pearson": float("nan")}
-    return {"pearson": float(np.corrcoef(expected, observed)[0, 1])}
-
-
-def _decision(table: dict, weights: dict, rule: str, rule_cv: dict | None = None) -> dict:
-    """Why the weights are what they are: the rule (with ``rule=auto`` each rule's cross-validated
-    NLL), the winner (``select``) or the weighted members (``stack``), the best candidate with and
-    without the system level, by how much the folds agree, and why any candidate was left out."""
-    fitted = {n: r for n, r in table.items() if "nll" in r}
-    ranked = sorted(fitted, key=lambda n: fitted[n]["nll"])
-    best = {
-        kind: next((n for n in ranked if (n != member_of(n)) == with_level), None)
-        for kind, with_level in (("with_level", True), ("without_level", False))
-    }
-    out = {"rule": rule, "ranking": ranked, **{f"best_{k}": v for k, v in best.items()}}
-    left_out = {n: r["not_applicable"] for n, r in table.items() if "not_applicable" in r}
-    if left_out:
-        out["not_applicable"] = left_out
-    if rule_cv:
-        out["rule_cv"] = rule_cv
-    if best["with_level"] and best["without_level"]:
-        a, b = (np.asarray(fitted[best[k]]["fold_nll"]) for k in ("with_level", "without_level"))
-        out["level_gain"] = float(fitted[best["without_level"]]["nll"] - fitted[best["with_level"]]["nll"])
-        out["folds_level_better"] = f"{int((a < b).sum())} of {len(a)}"
-    winner = max(weights, key=weights.get)
-    runner = next((n for n in ranked if n != winner), None)
-    out["reason"] = (
-        f"lowest inner-CV NLL: {winner} {fitted[winner]['nll']:.4f}"
-        + (f" vs {runner} {fitted[runner]['nll']:.4f}" if runner else "")
-        if rule == "select"
-        else f"stacked weights {weights}"
-    )
     return out
 
 

@@ -32,19 +32,17 @@ import logging
 import time
 
 import numpy as np
-import pandas as pd
 import torch
 
 from llmrubric.config import AutoConfig, ModelConfig, TrainConfig, model_settings
 from llmrubric.io.errors import InputError, NotApplicableError
-from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
-from llmrubric.io.predictions import predictions_frame
+from llmrubric.io.integrity import texts_fingerprint
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
 from llmrubric.model.core.combine import RULES, combine, rule_scores
 from llmrubric.model.core.conformal import Conformal
-from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
+from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, question_targets
 from llmrubric.model.core.inner_cv import InnerFolds, decision, fit_folds, held_out, point_figures, reason, tune
 from llmrubric.model.core.label_rule import LabelRule, main_rule
 from llmrubric.model.core.params import (
@@ -77,8 +75,8 @@ from llmrubric.model.core.system_level import (
     levels_from_state,
     levels_state,
     member_of,
-    with_levels,
 )
+from llmrubric.model.mixture import WeightedMixture
 
 log = logging.getLogger(__name__)
 FORMAT = "llmrubric-auto/1"
@@ -119,7 +117,7 @@ class NotApplicable(str):
     """The reason a candidate does not apply to the data (not a failure: logged at info level)."""
 
 
-class AutoCalibrator:
+class AutoCalibrator(WeightedMixture):
     """The estimator of ``model=auto`` (module doc); fit, predict, save and load like :class:`NetworkCalibrator`.
 
     Args:
@@ -385,107 +383,6 @@ class AutoCalibrator:
         """The inner-CV NLL of the main question of the chosen mixture (its weights fitted on the same
         out-of-fold predictions, so slightly optimistic under ``rule=stack``)."""
         return self.inner_nll_
-
-    @property
-    def summaries_(self) -> list[dict]:
-        """The training histories of the first member that keeps them (the network's), else []."""
-        return next((m.summaries_ for m in self.members_.values() if getattr(m, "summaries_", None)), [])
-
-    def predict_proba(
-        self, tables: Tables, pairs: pd.DataFrame | None = None, levels: dict | None = None
-    ) -> np.ndarray:
-        """(pairs, questions, max options): each question's weighted mixture of the members that
-        predict it (weights renormalised over them); NaN for a question none predicts. ``levels``:
-        :meth:`member_levels` of all the texts of the systems, when ``pairs`` are a chunk of them."""
-        pairs = pairs_of(tables.annotations) if pairs is None else pairs
-        base = {n: self.members_[n].predict_proba(tables, pairs) for n in {member_of(w) for w in self.weights_}}
-        return self._mixture(with_levels(self.levels_, self.rubric, base, list(self.weights_), tables, pairs, levels))
-
-    @property
-    def answers_(self):
-        """The answer model of the members (all fitted on the same features); None for an old checkpoint
-        or when a member cannot predict completions (a family without ``absent_blocks``)."""
-        members = list(self.members_.values())
-        if not all(capabilities(m).absent_blocks for m in members):
-            return None
-        return next((m.answers_ for m in members if m.answers_ is not None), None)
-
-    def proba_completed(self, batch, completions: np.ndarray) -> np.ndarray:
-        """(draws, pairs, questions, max options): the members' mixture for each completion
-        (:mod:`llmrubric.model.core.absent`; every member has the layout of ``batch``)."""
-        probs = {n: self.members_[member_of(n)].proba_completed(batch, completions) for n in self.weights_}
-        draws, n_pairs = completions.shape[1], len(batch.pairs)
-        flat = self._mixture({n: p.reshape(draws * n_pairs, *p.shape[2:]) for n, p in probs.items()})
-        return flat.reshape(draws, n_pairs, *flat.shape[1:])
-
-    def _mixture(self, probs: dict[str, np.ndarray]) -> np.ndarray:
-        """Each question's weighted mixture of the members' ``probs`` (rows, questions, max options)."""
-        known = {
-            n: np.isfinite(p).all(axis=(0, 2)) if len(p) else ~np.isnan(p).all(axis=(0, 2)) for n, p in probs.items()
-        }
-        share = {n: w * known[n] for n, w in self.weights_.items() if w > 0}
-        uncovered = sum(share.values()) == 0
-        share.update({n: uncovered * known[n] for n, w in self.weights_.items() if w == 0})  # the cover members
-        total = sum(np.where(known[n][None, :, None], probs[n], 0.0) * share[n][None, :, None] for n in share)
-        weight = sum(share.values())
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out = total / np.where(weight > 0, weight, np.nan)[None, :, None]
-        check_finite_predictions(out[:, weight > 0], self.source_)
-        return out
-
-    def member_levels(self, tables: Tables, pairs: pd.DataFrame) -> dict:
-        """member → :meth:`SystemLevel.levels` of the systems of ``pairs`` (over all of them: pass it
-        to :meth:`predict_proba` for chunks of these texts, :func:`llmrubric.scoring.scores.score_texts`)."""
-        main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
-        values = np.asarray(self.rubric.main.values, dtype=float)
-        out = {}
-        for name, level in self.levels_.items():
-            expected = self.members_[name].predict_proba(tables, pairs)[:, main_index, :k] @ values
-            out[name] = level.levels(tables, pairs, expected)
-        return out
-
-    def system_levels(self, tables: Tables, pairs: pd.DataFrame, levels: dict | None = None) -> pd.DataFrame | None:
-        """Per system of ``pairs`` the main question's level (``level``, ``level_sd``, ``level_df``,
-        ``known``, ``applied``: whether the predictions use it, ``x``, ``beyond``: a new system whose summary ``x``
-        lies outside the training systems' range, ``centre``, ``sigma_within``) of
-        the weighted member with a level (None without one); ``levels``: :meth:`member_levels` computed already."""
-        if not self.levels_:
-            return None
-        tables_ = levels if levels is not None else self.member_levels(tables, pairs)
-        name = max(self.levels_, key=lambda n: (self.weights_.get(n + LEVEL, 0.0), self.weights_.get(n + BEYOND, 0.0)))
-        table = tables_[name]
-        applied = (table.beyond.to_numpy(bool) & (self.weights_.get(name + BEYOND, 0.0) > 0)) | (
-            self.weights_.get(name + LEVEL, 0.0) > 0
-        )
-        return pd.DataFrame(
-            {
-                "system_id": table.index,
-                "level": table["mean"].to_numpy(),
-                "level_sd": np.sqrt(table["var"].to_numpy()),
-                "level_df": table["df"].to_numpy(),
-                "known": table.known.to_numpy(),
-                "applied": applied,
-                "x": table.x.to_numpy(),
-                "beyond": table.beyond.to_numpy(bool),
-                "centre": table.centre.to_numpy(),
-                "sigma_within": self.levels_[name].sigma_within_,
-            }
-        )
-
-    def predict(
-        self,
-        tables: Tables,
-        pairs: pd.DataFrame | None = None,
-        questions: list[str] | None = None,
-        levels: dict | None = None,
-    ) -> pd.DataFrame:
-        """Predictions table of the annotated pairs of ``tables`` (or ``pairs``), every predicted
-        question (``levels``: as for :meth:`predict_proba`)."""
-        pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
-        probs = self.predict_proba(tables, pairs, levels)
-        ids = [q for q in (questions or self.rubric.ids) if np.isfinite(probs[:, self.rubric.ids.index(q)]).all()]
-        index = [self.rubric.ids.index(q) for q in ids]
-        return predictions_frame(pairs, [self.rubric[q] for q in ids], probs[:, index])
 
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         meta = {

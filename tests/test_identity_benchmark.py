@@ -1,0 +1,17 @@
+"""benchmarks/identity.py: what it reports where two runs' predictions differ."""
+
+import sys
+
+import pandas as pd
+from support.paths import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import identity as bench  # noqa: E402
+
+
+def test_differences_name_the_columns_that_moved_and_those_only_one_run_has():
+    before = pd.DataFrame({"text_id": ["a", "b"], "p": [0.25, 0.75], "mean": [1.0, 2.0], "lo": [1.0, 1.0]})
+    after = pd.DataFrame({"text_id": ["a", "b"], "p": [0.25, 0.5], "mean": [1.0, 2.0], "hi": [2.0, 3.0]})
+    assert bench.differences(before, after) == {"p": 0.25, "columns_in_one": ["hi", "lo"]}
+    assert bench.differences(before, before) == {}
+    assert bench.differences(before, after.iloc[:1]) == {"rows": [2, 1]}

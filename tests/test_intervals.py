@@ -19,7 +19,8 @@ from llmrubric.config import model_file
 from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
-from llmrubric.model.auto import AutoCalibrator, conformals_from_state
+from llmrubric.model.auto import AutoCalibrator
+from llmrubric.model.auto_checkpoint import conformals_from_state
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.core.conformal import Conformal, interval, mean_distribution, threshold
 from llmrubric.report.coverage import coverage_section

@@ -39,12 +39,13 @@ from llmrubric.io.errors import InputError, NotApplicableError
 from llmrubric.io.integrity import texts_fingerprint
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.core.checkpoints import load_model, split_tensors, write_checkpoint
+from llmrubric.model.auto_checkpoint import FORMAT, auto_state, check_format, restored
+from llmrubric.model.core.checkpoints import load_model, write_checkpoint
 from llmrubric.model.core.combine import RULES, combine, rule_scores
 from llmrubric.model.core.conformal import Conformal
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, question_targets
 from llmrubric.model.core.inner_cv import InnerFolds, decision, fit_folds, held_out, point_figures, reason, tune
-from llmrubric.model.core.label_rule import LabelRule, main_rule
+from llmrubric.model.core.label_rule import main_rule
 from llmrubric.model.core.params import (
     check_params,
     param_names,
@@ -57,8 +58,6 @@ from llmrubric.model.core.registry import (
     Capabilities,
     Setup,
     capabilities,
-    entry,
-    family_of,
     fit_questions,
     make,
     names,
@@ -72,20 +71,16 @@ from llmrubric.model.core.system_level import (
     SystemLevel,
     level_plan,
     levelled_fold,
-    levels_from_state,
-    levels_state,
     member_of,
 )
 from llmrubric.model.mixture import WeightedMixture
 
 log = logging.getLogger(__name__)
-FORMAT = "llmrubric-auto/1"
 GROUPS = ("auto", "text", "system")
 INTERVALS = ("all", "main")  # the questions whose intervals the inner folds calibrate
 FAMILIES = ("auto", "network")  # the values of model.family
 SETTINGS = {"model": ModelConfig, "trainer": TrainConfig}  # model=auto's parameters
 MIN_WEIGHT = 1e-3  # stacking weights below this are dropped (and the rest renormalised)
-CONFORMAL = "conformal"  # the checkpoint's tensors of the interval calibrations: conformal.<i>/…
 
 
 def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None = None, seed: int = 0, group="text"):
@@ -385,40 +380,7 @@ class AutoCalibrator(WeightedMixture):
         return self.inner_nll_
 
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        meta = {
-            "format": FORMAT,
-            "family": self.family,
-            "rubric": self.rubric.to_dict(),
-            "main_question": self.rubric.main.id,
-            "model": self.model,
-            "trainer": vars(self.trainer),
-            "seed": self.seed,
-            "group": self.group,
-            "fallback": self.fallback_,
-            "system_level": self.level_record_,
-            "weights": self.weights_,
-            "inner_cv": self.table_,
-            "decision": self.decision_,
-            "inner_nll": self.inner_nll_,
-            "layout": self.layout_.to_dict(),
-            "judges": list(self.judges_.judges),
-            "train_texts": self.train_texts_,
-            "added_judges": self.added_judges_,
-            "members": {},
-            "label_rule": self.label_rule_.to_dict() if self.label_rule_ is not None else None,
-        }
-        tensors = {}
-        meta["conformals"] = []
-        for i, conformal in enumerate(self.conformals_.values()):
-            part, arrays = conformal.state()
-            meta["conformals"].append(part)
-            tensors.update({f"{CONFORMAL}.{i}/{k}": torch.from_numpy(v) for k, v in arrays.items()})
-        for name, member in self.members_.items():
-            member_meta, member_tensors = member.state()
-            meta["members"][name] = member_meta
-            tensors.update({f"{name}/{k}": v for k, v in member_tensors.items()})
-        tensors.update(levels_state(self.levels_))
-        return meta, tensors
+        return auto_state(self)
 
     def choice(self) -> dict:
         """What the inner cross-validation chose: weights, grouping, fallback and every candidate's figures."""
@@ -443,31 +405,9 @@ class AutoCalibrator(WeightedMixture):
     def from_state(
         cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
     ) -> AutoCalibrator:
-        missing = [
-            k for k in ("rubric", "main_question", "model", "weights", "members", "layout", "judges") if k not in meta
-        ]
-        if meta.get("format") != FORMAT or missing:
-            raise InputError(f"not a model=auto checkpoint of format {FORMAT!r} (lacks {missing})", file=source)
+        check_format(meta, source)
         self = cls(rubric, meta["model"], meta["trainer"], meta["seed"], meta["group"])
-        self.weights_, self.table_, self.inner_nll_ = meta["weights"], meta.get("inner_cv", {}), meta.get("inner_nll")
-        self.decision_ = meta.get("decision")
-        self.layout_, self.judges_ = FeatureLayout.from_dict(meta["layout"]), JudgeMap(tuple(meta["judges"]))
-        self.train_texts_, self.source_, self.fallback_ = meta.get("train_texts"), source, meta.get("fallback")
-        self.added_judges_ = meta.get("added_judges", [])
-        self.level_record_ = meta.get("system_level", {})
-        self.label_rule_ = LabelRule.from_dict(meta.get("label_rule"), source) if rubric.main.ordered else None
-        self.levels_ = levels_from_state(rubric, self.level_record_, tensors, source)
-        self.conformals_ = conformals_from_state(meta, tensors)
-        self.members_ = {}
-        for name, member_meta in meta["members"].items():
-            part = split_tensors(tensors, name)
-            # members saved before their families had a format (mixed model, ridge) are known by name
-            family = family_of(member_meta["format"], source) if "format" in member_meta else entry(name).family
-            try:
-                self.members_[name] = family.from_state(rubric, member_meta, part, source)
-            except (KeyError, ValueError, RuntimeError) as e:
-                raise InputError(f"checkpoint member {name} does not fit its own metadata: {e!r}", file=source) from e
-        return self
+        return restored(self, meta, tensors, source)
 
 
 def default_candidates() -> list[str]:
@@ -499,18 +439,6 @@ def check_auto(settings: AutoConfig) -> None:
     if unknown or not chosen or len(set(chosen)) != len(chosen):
         what = f"unknown candidate(s) {unknown}" if unknown else "candidates must be distinct and not empty"
         raise InputError(f"{what}; known: {known}", setting="model.auto.candidates")
-
-
-def conformals_from_state(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[str, Conformal]:
-    """Question id → interval calibration of a checkpoint (an older one has a single ``conformal``: the main question's)."""
-    if "conformal" in meta:  # a checkpoint with the main question's calibration only
-        arrays = {k: v.numpy() for k, v in split_tensors(tensors, CONFORMAL).items()}
-        return {meta["conformal"]["question_id"]: Conformal.from_state(meta["conformal"], arrays)}
-    out = {}
-    for i, part in enumerate(meta.get("conformals", [])):
-        arrays = {k: v.numpy() for k, v in split_tensors(tensors, f"{CONFORMAL}.{i}").items()}
-        out[part["question_id"]] = Conformal.from_state(part, arrays)
-    return out
 
 
 def _auto(rubric: Rubric, setup: Setup) -> AutoCalibrator:

@@ -378,69 +378,13 @@ class RidgeJudge(MainQuestionBaseline):
         return self
 
     def _fit_question(self, question, x: np.ndarray, y: np.ndarray, systems: np.ndarray) -> dict[str, np.ndarray]:
-        """The fitted arrays of one question: ridge weights and residual spread, or the logistic model's;
-        ``systems``: each row's system id (NaN: none), the groups of the contextual scale's CV."""
-        if question.ordered:
-            context = self._context_slice(x)
-            scale = self._context_scale(x, y, systems, context) if self.contextual else 1.0
-            scaled = x.copy()
-            scaled[:, context] *= scale
-            model = RidgeCV(alphas=ALPHAS).fit(scaled, y)
-            coef = model.coef_.copy()
-            coef[context] *= scale
-            sigma = max(float(np.std(y - model.predict(scaled))), 1e-3)
-            return {
-                "coef": coef,
-                "intercept": np.atleast_1d(model.intercept_),
-                "sigma": np.array([sigma]),
-                "alpha": np.array([model.alpha_]),
-                **({"context_scale": np.array([scale])} if self.contextual else {}),
-            }
-        pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
-        grid = {"logisticregression__C": np.logspace(-3, 3, 7)}
-        folds = min(5, int(np.bincount(y).max())) if len(np.unique(y)) > 1 else 0
-        if folds < 2:
-            counts = np.bincount(y, minlength=len(question.options)) + 1.0
-            return {"prior": counts / counts.sum()}
-        with one_thread(blas=True):  # small problems: threads only contend
-            search = GridSearchCV(pipeline, grid, scoring="neg_log_loss", cv=folds).fit(x, y)
-        scaler, logistic = search.best_estimator_[0], search.best_estimator_[1]
-        return {
-            "mean": scaler.mean_,
-            "scale": scaler.scale_,
-            "coef": logistic.coef_,
-            "intercept": logistic.intercept_,
-            "classes": logistic.classes_.astype(np.float64),
-        }
-
-    def _context_slice(self, x: np.ndarray) -> slice:
-        """The contextual columns of a design matrix (empty when not contextual)."""
+        """The fitted arrays of one question: ridge weights and residual spread (:func:`ridge_fit`), or the
+        logistic model's (:func:`logistic_fit`); ``systems``: each row's system id (NaN: none)."""
+        if not question.ordered:
+            return logistic_fit(question, x, y)
         start = len(self.fill_)
-        return slice(start, start + (len(self.fill_) if self.contextual else 0))
-
-    def _context_scale(self, x: np.ndarray, y: np.ndarray, systems: np.ndarray, context: slice) -> float:
-        """The scale s of the contextual columns (penalty: the within one / s²) with the lowest squared
-        error of held-out systems' answers (folds by system, ``linear.context_folds`` at most); 0 with
-        fewer than 3 training systems. Rows without a system are always trained on."""
-        named = pd.notna(systems)
-        groups = pd.Series(np.where(named, systems, "")).astype(str).to_numpy()
-        n_systems = len(set(groups[named]))
-        if n_systems < 3:
-            return 0.0
-        folds = GroupKFold(n_splits=min(self.linear.context_folds, n_systems))
-        errors = {}
-        with one_thread(blas=True):
-            for scale in sorted(self.linear.context_scales):
-                scaled = x.copy()
-                scaled[:, context] *= scale
-                error = 0.0
-                for train, test in folds.split(scaled[named], y[named], groups[named]):
-                    train = np.concatenate([np.flatnonzero(named)[train], np.flatnonzero(~named)])
-                    test = np.flatnonzero(named)[test]
-                    fit = RidgeCV(alphas=ALPHAS).fit(scaled[train], y[train])
-                    error += float(((fit.predict(scaled[test]) - y[test]) ** 2).sum())
-                errors[scale] = error
-        return min(errors, key=errors.get)  # the first (smallest) scale of the lowest error
+        context = slice(start, start + (len(self.fill_) if self.contextual else 0))
+        return ridge_fit(x, y, systems, context, self.linear if self.contextual else None)
 
     def _question_proba(self, question, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         fit = self.fits_[question.id]
@@ -618,6 +562,71 @@ def make_method(name: str, rubric: Rubric, seed: int = 0, model: dict | None = N
     """A method of Table 1 by name, unfitted: :func:`llmrubric.model.core.registry.make` with the seed
     third; ``argmax_llm/<source>``, ``expected_llm/<source>``: one LLM source."""
     return make(name, rubric, model, trainer, seed)
+
+
+def ridge_fit(x: np.ndarray, y: np.ndarray, systems: np.ndarray, context: slice, linear: LinearConfig | None) -> dict:
+    """Ridge weights (penalty by :class:`RidgeCV`) and residual spread of an ordered question; with ``linear``
+    (contextual) the ``context`` columns scaled by :func:`context_scale` first (their penalty: the within one / s²)."""
+    scale = context_scale(x, y, systems, context, linear) if linear is not None else 1.0
+    scaled = x.copy()
+    scaled[:, context] *= scale
+    model = RidgeCV(alphas=ALPHAS).fit(scaled, y)
+    coef = model.coef_.copy()
+    coef[context] *= scale
+    sigma = max(float(np.std(y - model.predict(scaled))), 1e-3)
+    return {
+        "coef": coef,
+        "intercept": np.atleast_1d(model.intercept_),
+        "sigma": np.array([sigma]),
+        "alpha": np.array([model.alpha_]),
+        **({"context_scale": np.array([scale])} if linear is not None else {}),
+    }
+
+
+def context_scale(x: np.ndarray, y: np.ndarray, systems: np.ndarray, context: slice, linear: LinearConfig) -> float:
+    """The scale s of the contextual columns (penalty: the within one / s²) with the lowest squared
+    error of held-out systems' answers (folds by system, ``linear.context_folds`` at most); 0 with
+    fewer than 3 training systems. Rows without a system are always trained on."""
+    named = pd.notna(systems)
+    groups = pd.Series(np.where(named, systems, "")).astype(str).to_numpy()
+    n_systems = len(set(groups[named]))
+    if n_systems < 3:
+        return 0.0
+    folds = GroupKFold(n_splits=min(linear.context_folds, n_systems))
+    errors = {}
+    with one_thread(blas=True):
+        for scale in sorted(linear.context_scales):
+            scaled = x.copy()
+            scaled[:, context] *= scale
+            error = 0.0
+            for train, test in folds.split(scaled[named], y[named], groups[named]):
+                train = np.concatenate([np.flatnonzero(named)[train], np.flatnonzero(~named)])
+                test = np.flatnonzero(named)[test]
+                fit = RidgeCV(alphas=ALPHAS).fit(scaled[train], y[train])
+                error += float(((fit.predict(scaled[test]) - y[test]) ** 2).sum())
+            errors[scale] = error
+    return min(errors, key=errors.get)  # the first (smallest) scale of the lowest error
+
+
+def logistic_fit(question, x: np.ndarray, y: np.ndarray) -> dict:
+    """A categorical question's standardised logistic regression (C by cross-validated log loss), or the
+    answers' smoothed frequencies where too few answers of a class allow no 2-fold CV."""
+    pipeline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+    grid = {"logisticregression__C": np.logspace(-3, 3, 7)}
+    folds = min(5, int(np.bincount(y).max())) if len(np.unique(y)) > 1 else 0
+    if folds < 2:
+        counts = np.bincount(y, minlength=len(question.options)) + 1.0
+        return {"prior": counts / counts.sum()}
+    with one_thread(blas=True):  # small problems: threads only contend
+        search = GridSearchCV(pipeline, grid, scoring="neg_log_loss", cv=folds).fit(x, y)
+    scaler, logistic = search.best_estimator_[0], search.best_estimator_[1]
+    return {
+        "mean": scaler.mean_,
+        "scale": scaler.scale_,
+        "coef": logistic.coef_,
+        "intercept": logistic.intercept_,
+        "classes": logistic.classes_.astype(np.float64),
+    }
 
 
 def _baseline(cls):

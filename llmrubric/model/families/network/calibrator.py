@@ -25,7 +25,7 @@ from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.absent import CompletionBatch, marginal_proba
-from llmrubric.model.core.answers import AnswerModel, answers_from_state, answers_state
+from llmrubric.model.core.answers import AnswerModel
 from llmrubric.model.core.checkpoints import load_model, write_checkpoint
 from llmrubric.model.core.context import text_systems
 from llmrubric.model.core.encoding import Encoded, FeatureLayout, JudgeMap, encode, pairs_of
@@ -33,16 +33,16 @@ from llmrubric.model.core.label_rule import LabelRule
 from llmrubric.model.core.params import check_params, param_names, prefixed, reconfigured, under
 from llmrubric.model.core.registry import Capabilities, Setup, register
 from llmrubric.model.core.threads import one_thread
+from llmrubric.model.families.network.checkpoint import FORMAT, check_format, network_state, restored
 from llmrubric.model.families.network.cumulative import HEADS, CumulativeNet, train_cumulative
 from llmrubric.model.families.network.engine import structure, train_stacked
-from llmrubric.model.families.network.judges import with_judge
+from llmrubric.model.families.network.judges import judge_predictor, with_judge
 from llmrubric.model.families.network.net import INPUTS, PERSONALIZATION, CalibrationNet
 from llmrubric.model.families.network.ordinal import fit_ordinal_weight
 from llmrubric.model.families.network.temperature import fit_temperature
 from llmrubric.model.families.oracles import JudgeAnswers, PersonalIsotonic
 
 log = logging.getLogger(__name__)
-FORMAT = "llmrubric-calibrator/5"
 MODEL_KEYS = tuple(f.name for f in fields(ModelConfig))
 NOT_NETWORK_KEYS = (
     "ensemble",
@@ -144,36 +144,7 @@ class NetworkCalibrator:
 
     def _configure(self, model, trainer, feature_questions, drop_questions, pair_features, llm_features) -> None:
         """Set and check the settings (those of :meth:`__init__`), each error naming the setting."""
-        self.model = model_settings(model)
-        unknown = sorted(set(self.model) - set(MODEL_KEYS))
-        if unknown:
-            raise InputError(
-                f"unknown model setting(s) {unknown}; known: {list(MODEL_KEYS)}", setting=f"model.{unknown[0]}"
-            )
-        check_model(self.model)
-        if self.model["family"] != "network":
-            raise InputError(
-                f"model.family={self.model['family']} is not the network; build it with llmrubric.model.auto.build_model",
-                setting="model.family",
-            )
-        head = self.model["head"]
-        if head not in HEADS:
-            raise InputError(f"model.head must be one of {list(HEADS)}, not {head!r}", setting="model.head")
-        if head != "softmax" and (
-            self.model["personalize"] not in ("none", False) or self.model["inputs"] == "probabilities"
-        ):
-            raise InputError(
-                f"model.head={head} personalizes by judge cut points and scores expected answers: it needs model.personalize=none "
-                f"and model.inputs=expected or both (got {self.model['personalize']!r}, {self.model['inputs']!r})",
-                setting="model.head",
-            )
-        unordered = [q.id for q in self.rubric.questions if not q.ordered]
-        if head != "softmax" and unordered:
-            raise InputError(
-                f"model.head={head} needs ordered answer scales; question(s) {unordered} are categorical",
-                file=self.rubric.source,
-                setting="model.head",
-            )
+        self.model = checked_settings(model_settings(model), self.rubric)
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
         self.feature_questions, self.drop_questions = feature_questions, drop_questions
         if not llm_features and pair_features is None:
@@ -212,7 +183,8 @@ class NetworkCalibrator:
             inputs.get("llm_features", self.llm_features),
         )
 
-    def _net(self) -> CalibrationNet:
+    def new_net(self) -> CalibrationNet:
+        """An untrained network of this calibrator's layout, judges and settings."""
         extra = self.pair_features.dim if self.pair_features is not None else 0
         args = (
             self._block_values() if self.llm_features else [],
@@ -262,25 +234,6 @@ class NetworkCalibrator:
         values = [v for v in values if v is not None]
         return float(np.mean(values)) if values else float("nan")
 
-    def _split(self, data: Encoded, seed: int, systems: pd.Series) -> tuple[Encoded, Encoded | None]:
-        """Training rows and the early-stopping rows (drawn with ``seed``): ``val_fraction`` of the
-        texts, or the texts of that fraction of the systems (``systems``: text id → system id) where
-        every text has one: under ``trainer.val_group=system`` when that is at least one system,
-        under ``auto`` when :attr:`group` is ``system`` and it is at least ``trainer.val_min_systems``
-        (one held-out system is one draw of the shift between systems); else by text."""
-        if self.trainer.val_fraction <= 0:
-            return data, None
-        texts = groups = data.pairs.text_id.astype(str)
-        minimum = {"system": 1, "auto": self.trainer.val_min_systems if self.group == "system" else None}
-        need = minimum.get(self.trainer.val_group)
-        if need is not None:
-            by_system = texts.map(systems)
-            if by_system.notna().all() and round(by_system.nunique() * self.trainer.val_fraction) >= need:
-                groups = by_system
-        _, held = holdout_texts(groups, self.trainer.val_fraction, seed)
-        is_val = groups.isin(held).to_numpy()
-        return data.take(np.flatnonzero(~is_val)), data.take(np.flatnonzero(is_val))
-
     def fit(self, tables: Tables) -> NetworkCalibrator:
         """Train on ``tables``; a fraction of its texts is held out for early stopping."""
         return fit_together([self], [tables])[0]
@@ -313,26 +266,9 @@ class NetworkCalibrator:
         return with_judge(self, tables, judge_id, min_annotations, l2, max_iter, l2_grid, cv_folds)
 
     def judge_predictor(self, judges: list[str]):
-        """A function x (texts, dim) → probabilities (texts, judges, questions, max options) of ``judges``.
-
-        Personalization is per (text, judge) pair, which dominates the cost of scoring many pairs.
-        For a fixed judge it folds into the shared weights (:meth:`CalibrationNet.for_judge`), so
-        each judge gets plain copies of the ensemble's networks that run on the texts alone.
-        """
-        index = [self.judges_.judges.index(judge) for judge in judges]
-        members = [[net.for_judge(a) for a in index] for net in self.nets_]
-
-        @torch.no_grad()
-        def predict(x: np.ndarray) -> np.ndarray:
-            xt = torch.from_numpy(x)
-            dummy = torch.full((len(x),), -1, dtype=torch.long)
-            with one_thread():
-                per_judge = [torch.stack([m.probabilities(xt, dummy) for m in nets], dim=1) for nets in members]
-            probs = torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
-            check_finite_predictions(probs, self.source_)
-            return probs
-
-        return predict
+        """A function x (texts, dim) → probabilities (texts, judges, questions, max options) of ``judges``
+        (:func:`~llmrubric.model.families.network.judges.judge_predictor`: each judge folded into the weights)."""
+        return judge_predictor(self, judges)
 
     def _members(self, tables: Tables, judges: JudgeMap | None = None, data: Encoded | None = None):
         """Set layout and judge map (``judges`` or those of ``tables``); untrained members with their
@@ -351,9 +287,9 @@ class NetworkCalibrator:
         systems = text_systems(tables)
         trains, vals, nets = [], [], []
         for seed in self.seeds:
-            train, val = self._split(data, seed, systems)
+            train, val = validation_split(data, seed, systems, self.trainer, self.group)
             torch.manual_seed(seed)
-            net = self._net()
+            net = self.new_net()
             net.standardize_inputs(train.x, train.judge)
             trains.append(train), vals.append(val), nets.append(net)
         return nets, trains, vals, data
@@ -414,30 +350,8 @@ class NetworkCalibrator:
 
     def state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """Metadata (rubric, judge map, layout, settings, training summaries, an oracle's inputs) and
-        the members' weights."""
-        meta = {
-            "format": FORMAT,
-            "family": self.family,
-            "rubric": self.rubric.to_dict(),
-            "main_question": self.rubric.main.id,
-            "judges": list(self.judges_.judges),
-            "layout": self.layout_.to_dict(),
-            "model": self.model,
-            "trainer": vars(self.trainer),
-            "seed": self.seed,
-            "summaries": self.summaries_,
-            "train_texts": self.train_texts_,
-        }
-        if self.label_rule_ is not None:
-            meta["label_rule"] = self.label_rule_.to_dict()
-        if self.pair_features is not None:
-            if not isinstance(self.pair_features, JudgeAnswers):
-                raise InputError("a calibrator with pair features other than the oracles' JudgeAnswers cannot be saved")
-            meta["pair_features"] = self.pair_features.settings()
-            meta["llm_features"] = self.llm_features
-        tensors = {f"{m}.{k}": v for m, net in enumerate(self.nets_) for k, v in net.state_dict().items()}
-        answers_state(self.answers_, meta, tensors)
-        return meta, tensors
+        the members' weights (:func:`~llmrubric.model.families.network.checkpoint.network_state`)."""
+        return network_state(self)
 
     def save(self, path: str | Path) -> Path:
         """Write one safetensors file with weights and everything needed to predict."""
@@ -452,39 +366,14 @@ class NetworkCalibrator:
         cls, rubric: Rubric, meta: dict, tensors: dict[str, torch.Tensor], source: str = "<checkpoint>"
     ) -> NetworkCalibrator:
         """The calibrator of :meth:`state`'s metadata and tensors (``source`` names them in errors)."""
-        if meta.get("format") != FORMAT:
-            raise InputError(
-                f"not an llmrubric calibrator checkpoint of format {FORMAT!r} (format {meta.get('format')!r}); retrain it",
-                file=source,
-            )
-        missing = [
-            k for k in ("rubric", "main_question", "model", "trainer", "seed", "layout", "judges") if k not in meta
-        ]
-        if missing:
-            raise InputError(f"checkpoint metadata lacks {missing}", file=source)
+        check_format(meta, source)
         trainer = {k: v for k, v in meta["trainer"].items() if k != "engine"}  # the choice of engine is gone
         oracle = meta.get("pair_features")
         pair_features = JudgeAnswers(rubric, **oracle) if oracle is not None else None
         self = cls(
             rubric, meta["model"], trainer, meta["seed"], None, None, pair_features, meta.get("llm_features", True)
         )
-        self.layout_ = FeatureLayout.from_dict(meta["layout"])
-        self.judges_ = JudgeMap(tuple(meta["judges"]))
-        self.summaries_ = meta.get("summaries", [])
-        self.train_texts_, self.source_ = meta.get("train_texts"), source
-        self.label_rule_ = LabelRule.from_dict(meta.get("label_rule"), source) if rubric.main.ordered else None
-        self.answers_ = answers_from_state(meta, tensors, rubric, source)
-        self.nets_ = []
-        for m in range(len(self.seeds)):
-            net = self._net()
-            try:
-                net.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == str(m)})
-            except RuntimeError as e:
-                raise InputError(
-                    f"checkpoint weights do not fit its own metadata: {' '.join(str(e).split())[:300]}", file=source
-                ) from e
-            self.nets_.append(net.eval())
-        return self
+        return restored(self, meta, tensors, source)
 
 
 PROGRAMS = {"stacked": train_stacked, "lbfgs": train_cumulative}  # how a network class trains: its ``program``
@@ -496,6 +385,60 @@ def _program(net: CalibrationNet, trainer: TrainConfig) -> tuple:
     if net.program == "stacked":
         return (net.program, *structure(net), trainer.accelerator)
     return (net.program,)
+
+
+def checked_settings(settings: dict, rubric: Rubric) -> dict:
+    """The network's ``model.*`` ``settings``, checked alone and against ``rubric`` (each error naming the setting)."""
+    unknown = sorted(set(settings) - set(MODEL_KEYS))
+    if unknown:
+        raise InputError(
+            f"unknown model setting(s) {unknown}; known: {list(MODEL_KEYS)}", setting=f"model.{unknown[0]}"
+        )
+    check_model(settings)
+    if settings["family"] != "network":
+        raise InputError(
+            f"model.family={settings['family']} is not the network; build it with llmrubric.model.auto.build_model",
+            setting="model.family",
+        )
+    head = settings["head"]
+    if head not in HEADS:
+        raise InputError(f"model.head must be one of {list(HEADS)}, not {head!r}", setting="model.head")
+    if head != "softmax" and (settings["personalize"] not in ("none", False) or settings["inputs"] == "probabilities"):
+        raise InputError(
+            f"model.head={head} personalizes by judge cut points and scores expected answers: it needs model.personalize=none "
+            f"and model.inputs=expected or both (got {settings['personalize']!r}, {settings['inputs']!r})",
+            setting="model.head",
+        )
+    unordered = [q.id for q in rubric.questions if not q.ordered]
+    if head != "softmax" and unordered:
+        raise InputError(
+            f"model.head={head} needs ordered answer scales; question(s) {unordered} are categorical",
+            file=rubric.source,
+            setting="model.head",
+        )
+    return settings
+
+
+def validation_split(
+    data: Encoded, seed: int, systems: pd.Series, trainer: TrainConfig, group: str
+) -> tuple[Encoded, Encoded | None]:
+    """Training rows and the early-stopping rows (drawn with ``seed``): ``trainer.val_fraction`` of the
+    texts, or the texts of that fraction of the systems (``systems``: text id → system id) where
+    every text has one: under ``trainer.val_group=system`` when that is at least one system,
+    under ``auto`` when ``group`` (the calibrator's) is ``system`` and it is at least ``trainer.val_min_systems``
+    (one held-out system is one draw of the shift between systems); else by text."""
+    if trainer.val_fraction <= 0:
+        return data, None
+    texts = groups = data.pairs.text_id.astype(str)
+    minimum = {"system": 1, "auto": trainer.val_min_systems if group == "system" else None}
+    need = minimum.get(trainer.val_group)
+    if need is not None:
+        by_system = texts.map(systems)
+        if by_system.notna().all() and round(by_system.nunique() * trainer.val_fraction) >= need:
+            groups = by_system
+    _, held = holdout_texts(groups, trainer.val_fraction, seed)
+    is_val = groups.isin(held).to_numpy()
+    return data.take(np.flatnonzero(~is_val)), data.take(np.flatnonzero(is_val))
 
 
 def fit_together(

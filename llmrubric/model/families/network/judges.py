@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 
 from llmrubric.io.errors import InputError
+from llmrubric.io.integrity import check_finite_predictions
 from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.core.encoding import JudgeMap
 from llmrubric.model.core.threads import one_thread
@@ -158,7 +159,7 @@ def with_judge(
             l2 = min(cv, key=cv.get)
         l2 = calibrator.trainer.delta_l2 if l2 is None else float(l2)
         for old in calibrator.nets_:
-            net, masks = _extended(old, new._net())
+            net, masks = _extended(old, new.new_net())
             fits.append(_fit(net, masks, x, judge, y, main_index, l2, max_iter))
             nets.append(net.eval())
     seconds = time.perf_counter() - started
@@ -202,3 +203,27 @@ def judge_answers(calibrator, tables: Tables, judge_id: str, min_annotations: in
             column="judge_id",
         )
     return mine
+
+
+def judge_predictor(model, judges: list[str]):
+    """A function x (texts, dim) → probabilities (texts, judges, questions, max options) of ``judges`` by the
+    fitted network ``model``.
+
+    Personalization is per (text, judge) pair, which dominates the cost of scoring many pairs.
+    For a fixed judge it folds into the shared weights (:meth:`CalibrationNet.for_judge`), so
+    each judge gets plain copies of the ensemble's networks that run on the texts alone.
+    """
+    index = [model.judges_.judges.index(judge) for judge in judges]
+    members = [[net.for_judge(a) for a in index] for net in model.nets_]
+
+    @torch.no_grad()
+    def predict(x: np.ndarray) -> np.ndarray:
+        xt = torch.from_numpy(x)
+        dummy = torch.full((len(x),), -1, dtype=torch.long)
+        with one_thread():
+            per_judge = [torch.stack([m.probabilities(xt, dummy) for m in nets], dim=1) for nets in members]
+        probs = torch.stack(per_judge).mean(dim=0).numpy().astype(np.float64)
+        check_finite_predictions(probs, model.source_)
+        return probs
+
+    return predict

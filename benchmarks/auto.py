@@ -29,7 +29,8 @@ Methods: ``auto`` is the shipped path: :func:`shipped_model` composes the settin
 does (``conf/config.yaml`` with ``model=auto`` through :func:`llmrubric.config.compose`, inner folds
 grouped as the protocol makes ``train.py`` group them) and fits :class:`AutoCalibrator` on each
 outer fold's training data; its predictions and seconds are its own. ``auto_stack`` is the same
-with ``model.auto.rule=stack``, ``auto_bb`` with ``model.auto.rule=bb_stack`` (``auto_bb_nolevel`` also without the system level), ``auto_folds3`` with ``model.auto.folds=3`` (the
+with ``model.auto.rule=stack``, ``auto_bb`` with ``model.auto.rule=bb_stack`` (``auto_bb_nolevel`` also without the system level), ``auto_rule_auto``
+with ``model.auto.rule=auto`` (select or stack, chosen by the inner folds), ``auto_folds3`` with ``model.auto.folds=3`` (the
 cheaper inner CV). Then each candidate alone (``network`` is
 ``model=default``), ``mean_of_sources`` and ``raw_linear_system`` (a line through the training
 systems' means of the raw LLM answers, each new system placed on it); named with ``--methods`` only,
@@ -117,6 +118,7 @@ AUTO_VARIANTS = {  # the shipped path with these overrides
     "auto_stack": ("model.auto.rule=stack",),
     "auto_bb": ("model.auto.rule=bb_stack",),
     "auto_bb_nolevel": ("model.auto.rule=bb_stack", "model.auto.system_level=off"),
+    "auto_rule_auto": ("model.auto.rule=auto",),
     "auto_folds3": ("model.auto.folds=3",),
 }
 SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")

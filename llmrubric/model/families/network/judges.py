@@ -155,7 +155,9 @@ def with_judge(
     with one_thread():
         if l2 == "cv":
             texts = data.pairs.text_id.to_numpy()[rows.numpy()]
-            cv = choose_l2(new._net, calibrator.nets_[0], (x, judge, y, texts), main_index, l2_grid, cv_folds, max_iter)
+            cv = choose_l2(
+                new.new_net, calibrator.nets_[0], (x, judge, y, texts), main_index, l2_grid, cv_folds, max_iter
+            )
             l2 = min(cv, key=cv.get)
         l2 = calibrator.trainer.delta_l2 if l2 is None else float(l2)
         for old in calibrator.nets_:

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import special
-from support.settings import FAST
+from support.settings import FAST, MAIN_INTERVALS
 
 from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError
@@ -200,7 +200,15 @@ def test_answer_model_round_trips_with_the_model(families, split, tmp_path, name
 def test_auto_mixes_its_members_completions(rubric, split):
     model = AutoCalibrator(
         rubric,
-        {"auto": {"candidates": ["ridge_judge", "clmm_own"], "rule": "stack", "folds": 2, "system_level": "off"}},
+        {
+            "auto": {
+                "candidates": ["ridge_judge", "clmm_own"],
+                "rule": "stack",
+                "folds": 2,
+                "system_level": "off",
+                **MAIN_INTERVALS,
+            }
+        },
         FAST,
     )  # the completions are the members' mixture before a system level (a shift per system, docs/adaptive.md)
     model.fit(split[0])

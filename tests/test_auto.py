@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from support.scripts import run
-from support.settings import FAST, FAST_OVERRIDES
+from support.settings import FAST, FAST_OVERRIDES, MAIN_INTERVALS
 
 from llmrubric.apps.evaluate import evaluate_predicted
 from llmrubric.config import model_file
@@ -24,6 +24,7 @@ from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, R
 from llmrubric.model.families.mixed import MixedOrdinal
 
 FAST_AUTO = {**model_file("auto"), "ensemble": 1}
+FAST_AUTO["auto"] = {**FAST_AUTO["auto"], **MAIN_INTERVALS}
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from support.settings import FAST
+from support.settings import FAST, MAIN_INTERVALS
 
 from llmrubric.config import model_file
 from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
@@ -143,7 +143,8 @@ def six(rubric):
 
 
 def _auto(level: str, candidates=("ridge_judge",)):
-    return {**model_file("auto"), "ensemble": 1, "auto": {"candidates": list(candidates), "system_level": level}}
+    auto = {"candidates": list(candidates), "system_level": level, **MAIN_INTERVALS}
+    return {**model_file("auto"), "ensemble": 1, "auto": auto}
 
 
 @pytest.mark.slow

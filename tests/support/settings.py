@@ -9,6 +9,9 @@ from .paths import ROOT
 
 FAST = group("trainer", "fast")  # the trainer settings as a dict, for the Python API
 FAST_OVERRIDES = ["trainer=fast"]  # the same for the Hydra apps and the CLI
+# model.auto settings for the tests that are not about intervals: the main question's calibration only, which
+# spares the weighted members' refits on every other question in each inner fold (half the time of test_auto.py)
+MAIN_INTERVALS = {"intervals": "main"}
 PAPER = group("model", "paper")  # the paper's network; tests that need it say so (the default is the shipped model)
 SIMULATED = ROOT / "data" / "simulated"
 TABLES = ("annotations", "features", "texts")

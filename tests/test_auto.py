@@ -319,6 +319,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
         "baselines=[expected_llm,mean_of_sources,raw_linear_system,ridge_judge]",
         *[f"data.train.{name}={path}" for name, path in paths.items()],
         *FAST_OVERRIDES,
+        "model.auto.intervals=all",  # the shipped setting: every question's intervals are what this test reads
     ]
     for script in ("train.py", "evaluate.py"):
         done = run(script, *args)

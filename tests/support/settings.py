@@ -1,5 +1,6 @@
-"""The shipped settings the tests train with: ``trainer=fast`` (``conf/trainer/fast.yaml``), the paper's
-network, and the demo experiment shrunk to one small network."""
+"""The shipped settings the tests train with: ``trainer=fast`` (``conf/trainer/fast.yaml``) and, except where
+intervals are what a test checks, ``model.auto.intervals=main``; the paper's network, and the demo experiment shrunk
+to one small network."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from llmrubric.config import compose, group
 from .paths import ROOT
 
 FAST = group("trainer", "fast")  # the trainer settings as a dict, for the Python API
-FAST_OVERRIDES = ["trainer=fast"]  # the same for the Hydra apps and the CLI
 # model.auto settings for the tests that are not about intervals: the main question's calibration only, which
 # spares the weighted members' refits on every other question in each inner fold (half the time of test_auto.py)
 MAIN_INTERVALS = {"intervals": "main"}
+FAST_OVERRIDES = ["trainer=fast", "model.auto.intervals=main"]  # the same for the Hydra apps and the CLI
 PAPER = group("model", "paper")  # the paper's network; tests that need it say so (the default is the shipped model)
 SIMULATED = ROOT / "data" / "simulated"
 TABLES = ("annotations", "features", "texts")

@@ -264,7 +264,8 @@ class AutoCalibrator(WeightedMixture):
                     models = fit_folds(models, folds.trains, self.rubric.main.id)
                 held = held_out(models, folds, self.rubric)
                 probs = np.concatenate(held)
-                self._folds[name] = models
+                if self.settings.intervals == "all":  # the other questions' calibration reuses them
+                    self._folds[name] = models
                 yield name, probs, time.perf_counter() - start, None
             except NotApplicableError as e:  # declared by the family; any other error stops the run
                 yield name, None, time.perf_counter() - start, NotApplicable(reason(e))

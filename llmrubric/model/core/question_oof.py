@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from llmrubric.model.core.conformal import Conformal
-from llmrubric.model.core.encoding import question_targets
+from llmrubric.model.core.encoding import PAIR, question_targets
 from llmrubric.model.core.registry import capabilities
 
 Fitted = Callable[[str, int, list[str]], object]  # (member, fold, questions) → a fold model predicting them
@@ -39,12 +39,15 @@ def other_conformals(rubric, questions: list[str], members: dict, splits: list[t
             continue
         wanted = {name: [q for q in targets if q in predicted_questions(m, rubric)] for name, m in members.items()}
         models = {name: fold_model(name, k, qs) for name, qs in wanted.items() if qs}
+        held = pd.concat([p for p, _ in targets.values()]).drop_duplicates(PAIR).reset_index(drop=True)
+        probs = {n: m.predict_proba(test, held) for n, m in models.items()}  # each held-out pair once
+        blank = np.full_like(next(iter(probs.values())), np.nan)  # a member predicting none of these questions
+        probs = mixture({n: probs.get(n, blank) for n in members})
+        rows_of = pd.MultiIndex.from_frame(held[PAIR])
         for q, (pairs, answers) in targets.items():
             index, options = rubric.ids.index(q), len(rubric[q].options)
-            probs = {n: m.predict_proba(test, pairs) for n, m in models.items()}
-            blank = np.full_like(next(iter(probs.values())), np.nan)  # a member predicting none of these questions
-            probs = mixture({n: probs.get(n, blank) for n in members})
-            parts[q].append((probs[:, index, :options], answers, pairs))
+            rows = rows_of.get_indexer(pd.MultiIndex.from_frame(pairs[PAIR]))
+            parts[q].append((probs[rows, index, :options], answers, pairs))
     out = {}
     for q, folds in parts.items():
         if not folds:

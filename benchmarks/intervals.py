@@ -134,9 +134,7 @@ def random_half(job: tuple) -> dict:
     split, coverage, data = job
     single_threaded()
     rubric, tables = load(data)
-    ids = np.array(sorted(tables.text_ids))
-    perm = np.random.default_rng(split).permutation(len(ids))
-    train, test = tables.subset(ids[perm[: len(ids) // 2]]), tables.subset(ids[perm[len(ids) // 2 :]])
+    train, test = half_split(tables, split)
     out = default_intervals(train, test, rubric, coverage, split, "text")
     return {
         "split": split,
@@ -296,17 +294,29 @@ def llmjudge_part(data: Path, coverage: float, seed: int, pool) -> dict:
     }
 
 
+def llm_rubric_split(data: Path, protocol: str, fold: int | None) -> tuple[Rubric, Tables, Tables]:
+    """The rubric, training and test dialogues of ``holdout`` (synthetic → real) or fold ``fold`` of ``real_cv``."""
+    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
+    real = llm_rubric.load(str(data), "real", rubric)
+    if protocol == "holdout":
+        return rubric, llm_rubric.load(str(data), "synthetic", rubric), real
+    folds = text_folds(real.text_ids, 5, 0)
+    train, test = (real.subset(folds.text_id[(folds.fold == fold) == held]) for held in (False, True))
+    return rubric, train, test
+
+
+def half_split(tables: Tables, split: int) -> tuple[Tables, Tables]:
+    """Random 50/50 split ``split`` of ``tables`` by text (seeded by ``split``)."""
+    ids = np.array(sorted(tables.text_ids))
+    perm = np.random.default_rng(split).permutation(len(ids))
+    return tables.subset(ids[perm[: len(ids) // 2]]), tables.subset(ids[perm[len(ids) // 2 :]])
+
+
 def llm_rubric_fold(job: tuple) -> dict:
     """``holdout`` (fold None: synthetic → real) or one fold of ``real_cv`` of the LLM-Rubric dialogues."""
     protocol, fold, coverage, data = job
     single_threaded()
-    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
-    real = llm_rubric.load(str(data), "real", rubric)
-    if protocol == "holdout":
-        train, test = llm_rubric.load(str(data), "synthetic", rubric), real
-    else:
-        folds = text_folds(real.text_ids, 5, 0)
-        train, test = (real.subset(folds.text_id[(folds.fold == fold) == held]) for held in (False, True))
+    rubric, train, test = llm_rubric_split(data, protocol, fold)
     out = answer_intervals(train, test, rubric, coverage, 0, "text")
     system = test.texts.set_index("text_id").system_id.astype(str)
     for key in ("pairs", "pairs_by_judge"):

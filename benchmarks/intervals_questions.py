@@ -26,18 +26,17 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import code_version, exit_code, write_result  # noqa: E402
+from benchmarks.intervals import half_split, llm_rubric_split  # noqa: E402
+from benchmarks.intervals import load as load_dialsumm  # noqa: E402
 from llmrubric.config import model_file  # noqa: E402
-from llmrubric.data import llm_rubric  # noqa: E402
-from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
-from llmrubric.io.tables import Tables, load_tables  # noqa: E402
+from llmrubric.io.tables import Tables  # noqa: E402
 from llmrubric.model.auto import AutoCalibrator  # noqa: E402
 from llmrubric.model.core.threads import single_threaded  # noqa: E402
 from llmrubric.scoring.intervals import pair_coverage, with_intervals  # noqa: E402
@@ -45,8 +44,7 @@ from llmrubric.scoring.scores import score_texts  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "intervals_questions.json"
 LLM_RUBRIC = ROOT.parent / "shared" / "data" / "llm-rubric"
-DIALSUMM = ROOT.parent / "shared" / "data" / "dialsumm"
-DIALSUMM_MAIN = "coherence"
+DIALSUMM = ROOT.parent / "shared" / "data" / "dialsumm"  # main question: intervals.QUESTION (coherence)
 PARTS = ("llm_rubric", "dialsumm")
 
 
@@ -88,13 +86,7 @@ def llm_rubric_job(job: tuple) -> dict:
     """``holdout`` (fold None) or fold ``k`` of ``real_cv`` on the LLM-Rubric dialogues."""
     protocol, fold, coverage, data, main_only = job
     single_threaded()
-    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
-    real = llm_rubric.load(str(data), "real", rubric)
-    if protocol == "holdout":
-        train, test = llm_rubric.load(str(data), "synthetic", rubric), real
-    else:
-        folds = text_folds(real.text_ids, 5, 0)
-        train, test = (real.subset(folds.text_id[(folds.fold == fold) == held]) for held in (False, True))
+    rubric, train, test = llm_rubric_split(data, protocol, fold)
     model, seconds = fitted(rubric, train, 0)
     out = {"protocol": protocol, "fold": fold, "pairs": answer_rows(model, test, coverage), "fit_seconds": seconds}
     out["calibrated"] = list(model.conformals_)
@@ -107,11 +99,8 @@ def dialsumm_job(job: tuple) -> dict:
     """Random half ``split`` of DialSumm: fitted on one half, every question's intervals on the other."""
     split, coverage, data, main_only = job
     single_threaded()
-    rubric = Rubric.load(data / "rubric.yaml").with_main(DIALSUMM_MAIN)
-    tables = load_tables(data / "annotations.csv", data / "features.csv", rubric, texts=data / "texts.csv")
-    ids = np.array(sorted(tables.text_ids))
-    perm = np.random.default_rng(split).permutation(len(ids))
-    train, test = tables.subset(ids[perm[: len(ids) // 2]]), tables.subset(ids[perm[len(ids) // 2 :]])
+    rubric, tables = load_dialsumm(data)
+    train, test = half_split(tables, split)
     model, seconds = fitted(rubric, train, split)
     out = {
         "split": split,

@@ -1,7 +1,7 @@
 """The ``llmrubric`` command: ``llmrubric <noun> <verb>``, each noun registered by its own module.
 
 llmrubric data fetch | simulate | summary | texts
-llmrubric models fetch
+llmrubric models list | fetch
 llmrubric extract features | bank | summaries
 llmrubric score texts
 llmrubric rubric plan

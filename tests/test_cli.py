@@ -12,7 +12,7 @@ from llmrubric.cli import build_parser, main
 
 GRAMMAR = {
     "data": ["fetch", "simulate", "summary", "texts"],
-    "models": ["fetch"],
+    "models": ["list", "fetch"],
     "extract": ["features", "bank", "summaries"],
     "score": ["texts"],
     "leaderboard": ["build", "correlate"],

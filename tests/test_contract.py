@@ -181,8 +181,9 @@ class _NoFitMany:
 @pytest.fixture
 def scratch_registry(monkeypatch):
     """The registry as it is, restored after the test (registrations here do not leak)."""
-    monkeypatch.setattr(registry, "_ENTRIES", dict(registry._ENTRIES))
+    monkeypatch.setattr(registry, "_CLASSES", dict(registry._CLASSES))
     monkeypatch.setattr(registry, "_FORMATS", dict(registry._FORMATS))
+    monkeypatch.setattr(registry, "_NAMES", None)
 
 
 @pytest.mark.parametrize(

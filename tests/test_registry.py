@@ -114,8 +114,9 @@ class Prior:
 @pytest.fixture
 def prior_registered(monkeypatch):
     """``Prior`` registered as a candidate, as its module would (undone after the test)."""
-    monkeypatch.setattr(registry, "_ENTRIES", dict(registry._ENTRIES))
+    monkeypatch.setattr(registry, "_CLASSES", dict(registry._CLASSES))
     monkeypatch.setattr(registry, "_FORMATS", dict(registry._FORMATS))
+    monkeypatch.setattr(registry, "_NAMES", None)
     registry.register("test_prior", lambda rubric, setup: Prior(rubric, setup.seed), Prior, candidate=True)
 
 

@@ -455,6 +455,4 @@ def _configured(rubric: Rubric, setup: Setup):
 
 AUTO = dict(absent_blocks=True, add_judge=True, members=True, system_level=True)  # the class's capabilities
 register("auto", _auto, AutoCalibrator, capabilities=Capabilities(**AUTO), settings=SETTINGS)
-register(
-    "llm_rubric", _configured, AutoCalibrator, capabilities=Capabilities(**AUTO, report_default=9), settings="network"
-)
+register("llm_rubric", _configured, AutoCalibrator, capabilities=Capabilities(**AUTO), settings="network")

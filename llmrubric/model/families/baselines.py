@@ -646,49 +646,18 @@ def _ridge(rubric: Rubric, setup: Setup) -> RidgeJudge:
     return RidgeJudge(rubric, setup.seed, linear=_linear(setup))
 
 
-def _ridge_context(rubric: Rubric, setup: Setup) -> RidgeJudge:
-    return RidgeJudge(rubric, setup.seed, linear=_linear(setup, contextual=True))
-
-
 LLM = Capabilities(deterministic=True, needs_llm_answers=True)
-RIDGE = dict(questions=True, absent_blocks=True, member_judge=True, deterministic=True)
-register("random", _baseline(RandomBaseline), RandomBaseline, capabilities=Capabilities(report_default=1))
-register(
-    "argmax_llm",
-    _baseline(ArgmaxLLM),
-    ArgmaxLLM,
-    per_source=True,
-    capabilities=Capabilities(deterministic=True, needs_llm_answers=True, report_default=2),
-)
-register(
-    "expected_llm",
-    _baseline(ExpectedLLM),
-    ExpectedLLM,
-    per_source=True,
-    capabilities=Capabilities(deterministic=True, needs_llm_answers=True, report_default=3),
-)
-register("mean_of_sources", _baseline(MeanOfSources), MeanOfSources, same_as="expected_llm", capabilities=LLM)
-register(
-    "constant",
-    _baseline(ConstantBaseline),
-    ConstantBaseline,
-    capabilities=Capabilities(deterministic=True, report_default=5),
-)
+register("random", _baseline(RandomBaseline), RandomBaseline)
+register("argmax_llm", _baseline(ArgmaxLLM), ArgmaxLLM, per_source=True, capabilities=LLM)
+register("expected_llm", _baseline(ExpectedLLM), ExpectedLLM, per_source=True, capabilities=LLM)
+register("mean_of_sources", _baseline(MeanOfSources), MeanOfSources, capabilities=LLM)
+register("constant", _baseline(ConstantBaseline), ConstantBaseline, capabilities=Capabilities(deterministic=True))
 register("raw_linear_system", _baseline(RawLinearSystem), RawLinearSystem, capabilities=LLM)
 register(
     "ridge_judge",
     _ridge,
     RidgeJudge,
-    candidate=True,
-    capabilities=Capabilities(**RIDGE, default_candidate=5, report_default=6),
-    settings=LinearConfig,
-)
-register(
-    "ridge_context",
-    _ridge_context,
-    RidgeJudge,
-    candidate=True,
-    capabilities=Capabilities(**RIDGE),
+    capabilities=Capabilities(questions=True, absent_blocks=True, member_judge=True, deterministic=True),
     settings=LinearConfig,
 )
 

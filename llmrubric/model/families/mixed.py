@@ -364,18 +364,11 @@ def _update_variances(fit: _QuestionFit, loss) -> None:
             fit.tau2.copy_(((beta**2 + var_beta).mean()).clamp(VARIANCE_FLOOR, VARIANCE_CEILING))
 
 
-def _clmm(inputs: str):
-    """The build of the mixed model on ``inputs`` registered in :mod:`llmrubric.model.core.registry`."""
-    return lambda rubric, setup: MixedOrdinal(rubric, inputs, seed=setup.seed)
-
-
 CLASS = dict(questions=True, twins=True, absent_blocks=True, member_judge=True)  # the class's capabilities
-for _place, _inputs in enumerate(INPUTS, start=2):  # default candidates 2, 3, 4 after the network
-    register(
-        f"clmm_{_inputs}",
-        _clmm(_inputs),
-        MixedOrdinal,
-        candidate=True,
-        capabilities=Capabilities(**CLASS, default_candidate=_place),
-        settings=MixedSettings,
-    )
+register(
+    "clmm",
+    lambda rubric, setup: MixedOrdinal(rubric, seed=setup.seed),
+    MixedOrdinal,
+    capabilities=Capabilities(**CLASS),
+    settings=MixedSettings,
+)

@@ -277,7 +277,6 @@ register(
     "ordinal_lr",
     lambda rubric, setup: OrdinalRegression(rubric, setup.seed),
     OrdinalRegression,
-    candidate=True,
     capabilities=Capabilities(questions=True, absent_blocks=True),
     settings=OrdinalSettings,
 )

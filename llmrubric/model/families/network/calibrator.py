@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from llmrubric.config import ModelConfig, TrainConfig, model_file, model_overrides, model_settings
+from llmrubric.config import ModelConfig, TrainConfig, model_settings
 from llmrubric.data.splits import holdout_texts
 from llmrubric.io.errors import InputError, TrainingDiverged
 from llmrubric.io.guards import check_range
@@ -530,100 +530,18 @@ def _fit_together(calibrators, tables, judges, on_epoch, tolerate_divergence, pr
     return calibrators
 
 
-def _network(overrides=None, main_features: bool = False, **inputs):
-    """The build of a network registered in :mod:`llmrubric.model.core.registry`: the ``model.*`` settings with
-    ``overrides`` (a dict, or a callable of them), and its inputs (:class:`NetworkInputs`: the main question's
-    feature blocks only with ``main_features``)."""
-
-    def build(rubric: Rubric, setup: Setup) -> NetworkCalibrator:
-        model = {**setup.model, "family": "network"}
-        model = overrides(model) if callable(overrides) else {**model, **(overrides or {})}
-        mine = {**inputs, **({"feature_questions": [rubric.main.id]} if main_features else {})}
-        return NetworkCalibrator(rubric, model, setup.trainer, setup.seed, group=setup.group).set_params(**mine)
-
-    return build
+def _network(rubric: Rubric, setup: Setup) -> NetworkCalibrator:
+    """The network of the ``model.*`` settings (its presets set parameters on it: ``conf/presets.yaml``)."""
+    return NetworkCalibrator(rubric, {**setup.model, "family": "network"}, setup.trainer, setup.seed, group=setup.group)
 
 
-def _model_file(name: str):
-    """The settings of ``conf/model/<name>.yaml`` with the ``model.auto`` and ``model.label_rule`` sections kept."""
-    return lambda model: {**model_file(name), **{k: model_settings(model)[k] for k in ("auto", "label_rule")}}
-
-
-NETWORK = dict(
-    joint_fit=True, absent_blocks=True, add_judge=True, judge_scoring=True
-)  # every name's class capabilities
-register(
-    "network",
-    _network(),
-    NetworkCalibrator,
-    candidate=True,
-    capabilities=Capabilities(**NETWORK, default_candidate=1),
-    settings=SETTINGS,
-)
-register(
-    "ordinal",
-    _network(_model_file("ordinal")),
-    NetworkCalibrator,
-    candidate=True,
-    capabilities=Capabilities(**NETWORK),
-    settings=SETTINGS,
-)
-register(
-    "combined",
-    _network(_model_file("combined")),
-    NetworkCalibrator,
-    candidate=True,
-    capabilities=Capabilities(**NETWORK),
-    settings=SETTINGS,
-)
-register(
-    "calibrated_q0",
-    _network(main_features=True),
-    NetworkCalibrator,
-    capabilities=Capabilities(**NETWORK, needs_llm_answers=True, report_default=4),
-    settings=SETTINGS,
-)
-register(
-    "no_personalization",
-    _network({"personalize": "none"}),
-    NetworkCalibrator,
-    capabilities=Capabilities(**NETWORK, report_default=7),
-    settings=SETTINGS,
-)
-register(
-    "llm_rubric_single",
-    _network({"ensemble": 1}),
-    NetworkCalibrator,
-    capabilities=Capabilities(**NETWORK),
-    settings=SETTINGS,
-)
-register(
-    "llm_rubric_paper",
-    _network(lambda model: {**model, **model_overrides("paper")}),
-    NetworkCalibrator,
-    capabilities=Capabilities(**NETWORK, report_default=8),
-    settings=SETTINGS,
-)
-register("oracle", _network(oracle="own"), NetworkCalibrator, capabilities=Capabilities(**NETWORK), settings=SETTINGS)
-register(
-    "oracle_no_llm",
-    _network(oracle="own", llm_features=False),
-    NetworkCalibrator,
-    capabilities=Capabilities(**NETWORK),
-    settings=SETTINGS,
-)
-register(
-    "depersonalized_oracle",
-    _network({"personalize": "none"}, oracle="others"),
-    NetworkCalibrator,
-    capabilities=Capabilities(**NETWORK),
-    settings=SETTINGS,
-)
+NETWORK = dict(joint_fit=True, absent_blocks=True, add_judge=True, judge_scoring=True)  # the class's capabilities
+register("network", _network, NetworkCalibrator, capabilities=Capabilities(**NETWORK), settings=SETTINGS)
 
 
 def _personal_isotonic(rubric: Rubric, setup: Setup) -> PersonalIsotonic:
     """The network (``model.*`` settings) with its point predictions corrected per judge."""
-    return PersonalIsotonic(_network()(rubric, setup), rubric)
+    return PersonalIsotonic(_network(rubric, setup), rubric)
 
 
 register(

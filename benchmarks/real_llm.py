@@ -216,7 +216,7 @@ def main() -> None:
     load_at_start = os.getloadavg()[0]
     timing, ex = run(backend, tasks, rubric, args.cache)
     mass = ex.features.groupby(["text_id", "question_id"]).prob.sum().to_numpy()
-    context = np.mean([len(backend._prepare(t).ids) for t in tasks]) / 2  # mean keys attended per token
+    context = np.mean([len(backend.tokens.prepare(t).ids) for t in tasks]) / 2  # mean keys attended per token
     flop_s, flop_cpu_s = matmul_flops()
     per_token = flops_per_token(backend.model, context)
     idle = timing["tokens_per_cpu_s"] * torch.get_num_threads()

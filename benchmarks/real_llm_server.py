@@ -67,12 +67,12 @@ def same_tokens(model: str, tasks, backend: TransformersBackend, reference: pd.D
     llama.cpp's own tokenizer gives the same ids (the server tokenises the text itself)."""
     from llama_cpp import Llama
 
-    prepared = [backend._prepare(t) for t in tasks]
+    prepared = [backend.tokens.prepare(t) for t in tasks]
     width = min(n_ctx, max(len(p.ids) for p in prepared) + 8)
     llama = Llama(model, n_ctx=width, logits_all=True, verbose=False)
     rows, same = [], 0
     for t, p in zip(tasks, prepared):
-        own = llama.tokenize(backend._prompt_text(t.prompt).encode(), add_bos=True, special=True)
+        own = llama.tokenize(backend.tokens.prompt_text(t.prompt).encode(), add_bos=True, special=True)
         same += own == p.ids
         llama.reset()
         llama.eval(p.ids)
@@ -148,7 +148,7 @@ def server(args, cfg: dict) -> dict:
         backend = TransformersBackend(weights, tokenizer, model_id=name, batch_size=cfg.get("batch_size", 4), **kwargs)
         local[name] = features(tasks, backend, rubric)
         if name in ("chat", "space"):
-            local[f"{name}_tokens"] = {t.key: len(backend._prepare(t).ids) for t in tasks}
+            local[f"{name}_tokens"] = {t.key: len(backend.tokens.prepare(t).ids) for t in tasks}
         if name == "chat":
             n_ctx = int(load_file(ROOT / "conf" / "extract" / "server" / "llama_cpp.yaml")["n_ctx"])
             out["chat_same_tokens_in_process"] = same_tokens(model, tasks, backend, local["chat"][0], n_ctx)

@@ -17,6 +17,7 @@ from scipy.sparse.csgraph import connected_components
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 300  # a class longer than this holds several jobs (issue 48)
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -150,3 +151,14 @@ def test_no_function_in_the_package_is_longer_than_80_lines():
         if n > MAX_FUNCTION_LINES
     ]
     assert not long, "functions over 80 lines:\n" + "\n".join(long)
+
+
+@pytest.mark.slow
+def test_no_class_in_the_package_is_longer_than_300_lines():
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((ROOT / "llmrubric").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+    ]
+    assert not long, "classes over 300 lines:\n" + "\n".join(long)

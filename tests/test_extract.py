@@ -86,7 +86,7 @@ def test_labels_that_differ_in_their_last_token_share_one_row(llama, tok):
     [r] = backend.score([t])
     for label in labels:
         assert r.probs[label] == pytest.approx(direct_causal(llama, tok, PROMPTS[0], " " + label), rel=1e-4, abs=1e-12)
-    assert backend.stats["prefill_tokens"] == len(backend._prepare(t).ids) + 1  # one row: prompt and " 1"
+    assert backend.stats["prefill_tokens"] == len(backend.tokens.prepare(t).ids) + 1  # one row: prompt and " 1"
 
 
 def assert_same_probabilities(one: TransformersBackend, other: TransformersBackend, tasks) -> None:

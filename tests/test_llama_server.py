@@ -112,8 +112,8 @@ def test_the_real_server_matches_transformers_on_the_same_prompts(server, setup,
         assert client.stats["requests"] == len(tasks)
         served = {r.task.key: r.prompt_tokens for r in client.score(tasks[:3])}
         for t in tasks[:3]:  # both read the template's "\n\n" before a digit as one token (issue 33)
-            assert re.search(r"\n\n(?=\d)", backend._prompt_text(t.prompt))
-            assert served[t.key] == len(backend._prepare(t).ids)
+            assert re.search(r"\n\n(?=\d)", backend.tokens.prompt_text(t.prompt))
+            assert served[t.key] == len(backend.tokens.prepare(t).ids)
     else:
         space, bare, newline = (
             features(tasks, TransformersBackend(model, tokenizer, model_id="s", label_prefix=p), rubric)

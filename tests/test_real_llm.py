@@ -81,7 +81,7 @@ def test_the_transformers_path_reads_llama_cpps_tokens(smollm2, tasks):
     b = backend(smollm2, chat_template=True)
     (two_newlines,) = llama.tokenize(b"\n\n", add_bos=False, special=False)
     for task in tasks[0]:
-        text, prepared = b._prompt_text(task.prompt), b._prepare(task)
+        text, prepared = b.tokens.prompt_text(task.prompt), b.tokens.prepare(task)
         assert re.search(r"\n\n\d", text) and two_newlines in prepared.ids
         assert prepared.ids == reference(text)
         for label, ids in zip(task.labels, prepared.labels):

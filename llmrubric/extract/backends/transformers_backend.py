@@ -15,51 +15,18 @@ whole prompt is encoded per task; the decoder scores the labels.
 from __future__ import annotations
 
 import inspect
-import logging
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
 
 import torch
 
 from llmrubric.extract import models
-from llmrubric.extract.backends.base import Backend, check_labels
+from llmrubric.extract.backends.base import Backend
+from llmrubric.extract.backends.batching import Row, label_rows, right_pad, select_rows, stack_caches
+from llmrubric.extract.backends.prompt_tokens import Prepared, PromptTokens, shared_prefix
 from llmrubric.extract.tasks import Result, Task
 from llmrubric.io.errors import InputError
-
-log = logging.getLogger(__name__)
-MARKER = " [...] "
-
-
-@dataclass
-class _Prepared:
-    task: Task
-    ids: list[int]  # prompt token ids
-    labels: list[list[int]]  # token ids of each label
-    warning: str = ""
-
-
-@dataclass
-class _Row:
-    """One sequence to run: ``tokens`` after the shared prefix; scores read at ``start``..."""
-
-    item: int  # index into the prepared list
-    tokens: list[int]
-    start: int  # position in ``tokens`` whose logits predict the first label token
-    labels: tuple[int, ...] | None  # labels read here (all but their last token in it); None: every 1-token label
-
-
-def shared_prefix(ids: Sequence[Sequence[int]]) -> int:
-    """Length of the longest common token prefix, leaving every sequence at least one token."""
-    first = ids[0]
-    n = min(len(i) for i in ids) - 1
-    for other in ids[1:]:
-        k = 0
-        while k < n and other[k] == first[k]:
-            k += 1
-        n = k
-    return max(n, 0)
 
 
 class TransformersBackend(Backend):
@@ -77,7 +44,7 @@ class TransformersBackend(Backend):
         overflow: ``truncate`` (cut the text from the middle, with a recorded warning) or
             ``refuse`` (the task fails with the reason).
         label_prefix: put before each label; default (None): derived from the model's format at
-            the answer position (:meth:`_answer_prefix`).
+            the answer position (:meth:`PromptTokens._find_answer_prefix`).
         chat_template: wrap the prompt as a user message with the tokenizer's chat template.
         threads: CPU threads (default: the CPUs this process may use).
         gguf_cache: a folder where a ``.gguf`` model's converted copy is kept and loaded from next time
@@ -139,12 +106,16 @@ class TransformersBackend(Backend):
             or getattr(model.config, "n_positions", 0)
             or 512
         )
-        self.overflow = overflow
-        self.chat_template = bool(chat_template)
-        if self.chat_template and not getattr(tokenizer, "chat_template", None):
-            raise InputError("chat_template is on but the tokenizer has no chat template")
-        self.label_prefix = label_prefix
-        self.answer_prefix = self._answer_prefix()
+        self.tokens = PromptTokens(
+            tokenizer,
+            seq2seq=self.seq2seq,
+            max_length=self.max_length,
+            overflow=overflow,
+            label_prefix=label_prefix,
+            chat_template=bool(chat_template),
+            prefix_reuse=self.prefix_reuse,
+        )
+        self.answer_prefix = self.tokens.answer_prefix
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         forward = inspect.signature(self.model.forward).parameters
         self.head_only = not self.seq2seq and "logits_to_keep" in forward
@@ -153,124 +124,22 @@ class TransformersBackend(Backend):
         self.cache_name = "cache" if "cache" in forward else "past_key_values"
         name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self._model_id = (
-            f"{name}|{dtype}|max{self.max_length}|{overflow}|lp={self.answer_prefix!r}|chat={self.chat_template}"
+            f"{name}|{dtype}|max{self.max_length}|{overflow}|lp={self.answer_prefix!r}|chat={bool(chat_template)}"
         )
         self.stats = {"prefill_tokens": 0, "prompt_tokens": 0, "forward_passes": 0, "prefix_passes": 0}
+
+    def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        return right_pad(seqs, self.pad_id, self.device)
 
     @property
     def model_id(self) -> str:
         return self._model_id
 
-    # -- tokenisation -------------------------------------------------------------------
-
-    def _prompt_text(self, prompt: str) -> str:
-        if not self.chat_template:
-            return prompt
-        return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-
-    def _answer_prefix(self) -> str:
-        """What the model's own format puts between the prompt and the answer.
-
-        With a chat template: the text between the generation prompt and an assistant message's
-        content, found by rendering a conversation with a sentinel answer (usually ``""``).
-        Without: ``" "``, as in a completion ``Answer: 1`` (templates end without whitespace);
-        seq2seq decoders start fresh (``""``). A set ``label_prefix`` is used as given.
-        """
-        if self.label_prefix is not None:
-            return self.label_prefix
-        if self.seq2seq:
-            return ""
-        if not self.chat_template:
-            return " "
-        sentinel, user = "\u2063ANSWER\u2063", [{"role": "user", "content": "?"}]
-        opened = self.tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-        answered = self.tokenizer.apply_chat_template(
-            user + [{"role": "assistant", "content": sentinel}], tokenize=False
-        )
-        at = answered.find(sentinel)
-        if at < 0 or not answered[:at].startswith(opened):
-            raise InputError(
-                "the chat template's answer position cannot be found (an assistant message does not continue its "
-                "generation prompt); set label_prefix"
-            )
-        return answered[len(opened) : at]
-
-    def _encode(self, text: str, special: bool = True) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
-
-    def _label_ids(self, prompt_text: str, ids: list[int], label: str) -> list[int]:
-        """The label's tokens as they continue the prompt at the answer position."""
-        if self.seq2seq:
-            return self._encode(self.answer_prefix + label, special=False)
-        full = self._encode(prompt_text + self.answer_prefix + label)
-        if full[: len(ids)] != ids:
-            raise InputError(
-                f"label {label!r} merges with the end of the prompt into other tokens, so its answer position cannot be "
-                f"found; change label_prefix (now {self.answer_prefix!r}) or the template's last line"
-            )
-        return full[len(ids) :]
-
-    def _prepare(self, task: Task) -> _Prepared:
-        text = self._prompt_text(task.prompt)
-        ids = self._encode(text)
-        labels = [self._label_ids(text, ids, label) for label in task.labels]
-        check_labels(task.question_id, task.labels, labels)
-        return _Prepared(task, ids, labels)
-
-    def _needed(self, p: _Prepared) -> int:
-        longest = max(len(label) for label in p.labels)
-        return len(p.ids) + (longest - 1 if not self.seq2seq else 0)
-
-    def _fit_group(self, tasks: list[Task]) -> tuple[list[_Prepared], list[Result]]:
-        """Tokenise a group's tasks; truncate their shared text from the middle if too long."""
-        prepared = [self._prepare(t) for t in tasks]
-        excess = max(self._needed(p) for p in prepared) - self.max_length
-        if excess <= 0:
-            return prepared, []
-        text = tasks[0].text
-        reason = f"prompt needs {excess + self.max_length} tokens, more than the context of {self.max_length}"
-        if self.overflow == "refuse" or not text or any(t.text != text or text not in t.prompt for t in tasks):
-            return [], [Result(t, None, "failed", reason) for t in tasks]
-        text_ids = self._encode(text, special=False)
-        cut = 0
-        for _ in range(4):
-            cut = min(len(text_ids), cut + excess + len(self._encode(MARKER, special=False)) + 2)
-            keep = len(text_ids) - cut
-            if keep < 2:
-                return [], [Result(t, None, "failed", reason + " even with the text removed") for t in tasks]
-            short = (
-                self.tokenizer.decode(text_ids[: keep // 2])
-                + MARKER
-                + self.tokenizer.decode(text_ids[len(text_ids) - (keep - keep // 2) :])
-            )
-            prepared = [self._prepare(replace(t, prompt=t.prompt.replace(text, short, 1))) for t in tasks]
-            excess = max(self._needed(p) for p in prepared) - self.max_length
-            if excess <= 0:
-                warning = f"truncated {cut} of {len(text_ids)} text tokens from the middle to fit the context of {self.max_length}"
-                log.warning("text %s: %s", tasks[0].text_id, warning)
-                for p, t in zip(prepared, tasks):
-                    p.task, p.warning = t, warning
-                return prepared, []
-        return [], [Result(t, None, "failed", reason + " (truncation did not converge)") for t in tasks]
-
     def prefill_plan(self, tasks: Sequence[Task]) -> dict:
-        """Token counts without running the model: ``naive`` (every prompt in full) and
-        ``shared`` (each group's shared prefix once plus every suffix), after truncation."""
-        groups: dict[str, list[Task]] = defaultdict(list)
-        for t in tasks:
-            groups[t.group].append(t)
-        naive = shared = prompts = refused = 0
-        for group in groups.values():
-            prepared, failed = self._fit_group(group)
-            refused += len(failed)
-            ids = [p.ids for p in prepared]
-            prompts += len(ids)
-            naive += sum(len(i) for i in ids)
-            prefix = shared_prefix(ids) if self.prefix_reuse and len(ids) > 1 else 0
-            shared += prefix + sum(len(i) - prefix for i in ids)
-        return {"prompts": prompts, "refused": refused, "naive_prefill_tokens": naive, "shared_prefill_tokens": shared}
+        """Token counts without running the model (:meth:`PromptTokens.prefill_plan`)."""
+        return self.tokens.prefill_plan(tasks)
+
+    # -- tokenisation -------------------------------------------------------------------
 
     # -- scoring ------------------------------------------------------------------------
 
@@ -280,10 +149,10 @@ class TransformersBackend(Backend):
         groups: dict[str, list[Task]] = defaultdict(list)
         for t in tasks:
             groups[t.group].append(t)
-        pending: list[_Prepared] = []
-        shared: list[tuple[int, list[_Prepared]]] = []
+        pending: list[Prepared] = []
+        shared: list[tuple[int, list[Prepared]]] = []
         for group in groups.values():
-            prepared, failed = self._fit_group(group)
+            prepared, failed = self.tokens.fit_group(group)
             yield from failed
             if self.prefix_reuse and len(prepared) > 1:
                 shared.append((shared_prefix([p.ids for p in prepared]), prepared))
@@ -298,34 +167,10 @@ class TransformersBackend(Backend):
         for start in range(0, len(shared), self.batch_size):
             yield from self._score_shared([g for _, g in shared[start : start + self.batch_size]])
 
-    def _score_pending(self, prepared: list[_Prepared]) -> Iterator[Result]:
+    def _score_pending(self, prepared: list[Prepared]) -> Iterator[Result]:
         return self._score_seq2seq(prepared) if self.seq2seq else self._score_causal(prepared, reuse=False)
 
-    @staticmethod
-    def _rows(prepared: list[_Prepared], prefix: int) -> list[_Row]:
-        rows = []
-        for i, p in enumerate(prepared):
-            suffix = p.ids[prefix:]
-            if all(len(label) == 1 for label in p.labels):
-                rows.append(_Row(i, suffix, len(suffix) - 1, None))
-            else:  # labels that differ only in their last token (" 1", " 2": " " then a digit) share one row
-                heads: dict[tuple[int, ...], list[int]] = defaultdict(list)
-                for k, label in enumerate(p.labels):
-                    heads[tuple(label[:-1])].append(k)
-                rows.extend(_Row(i, suffix + list(head), len(suffix) - 1, tuple(ks)) for head, ks in heads.items())
-        return sorted(rows, key=lambda r: len(r.tokens))
-
-    def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-pad: (B, L) ids and (B, L) mask."""
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for b, s in enumerate(seqs):
-            ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
-            mask[b, : len(s)] = 1
-        return ids.to(self.device), mask.to(self.device)
-
-    def _logprobs(self, batch: list[_Row], **inputs) -> list[torch.Tensor]:
+    def _logprobs(self, batch: list[Row], **inputs) -> list[torch.Tensor]:
         """Run the model on one batch; per row, float32 log-probabilities at its read positions
         (``start`` onwards: one per label token). The LM head runs only there."""
         reads = [1 if r.labels is None else max(len(r.tokens) - r.start, 1) for r in batch]
@@ -350,8 +195,6 @@ class TransformersBackend(Backend):
     def _prefix_caches(self, prefixes: list[list[int]]):
         """One cache over all ``prefixes`` (right-padded to the longest) and its (B, L) mask, run
         in passes of ``prefix_batch_size`` prefixes."""
-        from transformers import DynamicCache
-
         ids, mask = self._pad(prefixes)
         width, parts = ids.shape[1], []
         for start in range(0, len(prefixes), self.prefix_batch_size):
@@ -366,29 +209,10 @@ class TransformersBackend(Backend):
             self.stats["forward_passes"] += 1
             self.stats["prefix_passes"] += 1
         self.stats["prefill_tokens"] += int(mask.sum())
-        if len(parts) == 1 and parts[0].layers[0].keys.shape[2] == width:
-            return parts[0], mask
-
-        def stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
-            return torch.cat([torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2])) for t in tensors], dim=0)
-
-        layers = zip(*(part.layers for part in parts))
-        cache = DynamicCache(
-            [(stacked([x.keys for x in layer]), stacked([x.values for x in layer])) for layer in layers],
-            config=self.model.config,
-        )
-        return cache, mask
-
-    def _select(self, cache, rows: torch.Tensor):
-        """A new cache with the given batch rows of ``cache`` (which is left as it is)."""
-        from transformers import DynamicCache
-
-        return DynamicCache(
-            [(layer.keys[rows], layer.values[rows]) for layer in cache.layers], config=self.model.config
-        )
+        return stack_caches(parts, width, self.model.config), mask
 
     @torch.inference_mode()
-    def _score_causal(self, prepared: list[_Prepared], reuse: bool) -> Iterator[Result]:
+    def _score_causal(self, prepared: list[Prepared], reuse: bool) -> Iterator[Result]:
         prefix_len, cache = 0, None
         if reuse:
             first = prepared[0].ids
@@ -399,15 +223,14 @@ class TransformersBackend(Backend):
                 self.stats["forward_passes"] += 1
                 self.stats["prefix_passes"] += 1
         logprobs: dict[int, dict[int | None, torch.Tensor]] = defaultdict(dict)
-        rows = self._rows(prepared, prefix_len)
+        rows = label_rows(prepared, prefix_len)
         for start in range(0, len(rows), self.batch_size):
             batch = rows[start : start + self.batch_size]
             ids, mask = self._pad([r.tokens for r in batch])
             kwargs = {}
             if cache is not None:
-                kwargs[self.cache_name] = self._select(
-                    cache, torch.zeros(len(batch), dtype=torch.long, device=self.device)
-                )
+                first = torch.zeros(len(batch), dtype=torch.long, device=self.device)
+                kwargs[self.cache_name] = select_rows(cache, first, self.model.config)
                 mask = torch.cat(
                     [torch.ones((len(batch), prefix_len), dtype=mask.dtype, device=mask.device), mask], dim=1
                 )
@@ -419,7 +242,7 @@ class TransformersBackend(Backend):
         yield from self._collect(prepared, logprobs, prefix_len)
 
     @torch.inference_mode()
-    def _score_shared(self, groups: list[list[_Prepared]]) -> Iterator[Result]:
+    def _score_shared(self, groups: list[list[Prepared]]) -> Iterator[Result]:
         """Several groups (texts) at once: their shared prefixes run as one right-padded batch, then
         the question suffixes of all groups run in length-sorted batches on their group's cache
         rows, with positions continuing after each group's own prefix."""
@@ -430,7 +253,7 @@ class TransformersBackend(Backend):
             return
         cache, prefix_mask = self._prefix_caches([g[0].ids[:n] for g, n in zip(groups, lengths)])
         rows = sorted(
-            ((gi, row) for gi, (g, n) in enumerate(zip(groups, lengths)) for row in self._rows(g, n)),
+            ((gi, row) for gi, (g, n) in enumerate(zip(groups, lengths)) for row in label_rows(g, n)),
             key=lambda r: len(r[1].tokens),
         )
         logprobs: list[dict[int, dict[int | None, torch.Tensor]]] = [defaultdict(dict) for _ in groups]
@@ -446,7 +269,7 @@ class TransformersBackend(Backend):
                 attention_mask=torch.cat([prefix_mask[owner], mask], dim=1),
                 position_ids=positions,
                 use_cache=True,
-                **{self.cache_name: self._select(cache, owner)},
+                **{self.cache_name: select_rows(cache, owner, self.model.config)},
             )
             self.stats["prefill_tokens"] += sum(len(r.tokens) for _, r in batch)
             self.stats["forward_passes"] += 1
@@ -467,7 +290,7 @@ class TransformersBackend(Backend):
             yield Result(p.task, probs, "ok", "", len(p.ids), computed, p.warning)
 
     @torch.inference_mode()
-    def _score_seq2seq(self, prepared: list[_Prepared]) -> Iterator[Result]:
+    def _score_seq2seq(self, prepared: list[Prepared]) -> Iterator[Result]:
         start_id = self.model.config.decoder_start_token_id
         if start_id is None:
             start_id = self.pad_id
@@ -506,8 +329,8 @@ class TransformersBackend(Backend):
 
 def generate(backend: TransformersBackend, prompt: str, max_new_tokens: int = 256) -> str:
     """Greedy generation with the backend's model (test-bank generation)."""
-    text = backend._prompt_text(prompt)
-    ids = torch.tensor([backend._encode(text)], device=backend.device)
+    text = backend.tokens.prompt_text(prompt)
+    ids = torch.tensor([backend.tokens.encode(text)], device=backend.device)
     with torch.inference_mode():
         out = backend.model.generate(
             input_ids=ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=backend.pad_id

@@ -75,6 +75,7 @@ sys.path.insert(0, str(ROOT))
 
 from common import code_version, write_result  # noqa: E402
 
+from llmrubric import Levelled  # noqa: E402
 from llmrubric.apps.evaluate import evaluate_predicted, predicted_annotations  # noqa: E402
 from llmrubric.apps.train import auto_group  # noqa: E402
 from llmrubric.config import compose, group, model_file  # noqa: E402
@@ -86,9 +87,9 @@ from llmrubric.io.errors import InputError, reports_errors  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
 from llmrubric.model.auto import build_model, candidate, default_candidates  # noqa: E402
-from llmrubric.model.core.encoding import PAIR, question_targets, with_round  # noqa: E402
+from llmrubric.model.core.encoding import PAIR, with_round  # noqa: E402
 from llmrubric.model.core.registry import fit_questions, names  # noqa: E402
-from llmrubric.model.core.system_level import LEVEL, SystemLevel, t_interval  # noqa: E402
+from llmrubric.model.core.system_level import t_interval  # noqa: E402
 from llmrubric.model.core.threads import single_threaded  # noqa: E402
 from llmrubric.model.families.baselines import make_method  # noqa: E402
 
@@ -210,7 +211,12 @@ def methods(selected: tuple[str, ...] | None = None) -> list[str]:
     if not selected:
         return every
     others = [c for c in names(candidate=True) if c not in candidates]
-    return [m for m in [*every, *others, *(c + LEVEL for c in [*candidates, *others])] if m in selected]
+    return [m for m in [*every, *others, *levelled_methods()] if m in selected]
+
+
+def levelled_methods() -> dict[str, str]:
+    """``<candidate>-level`` → the candidate: each candidate with the system level (:class:`llmrubric.Levelled`)."""
+    return {f"{c}-level": c for c in names(candidate=True)}
 
 
 def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) -> dict:
@@ -241,12 +247,12 @@ def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) ->
                 levels[name] = table[~table.known].set_index("system_id")[["level", "level_sd", "level_df"]]
         elif name in BASELINES:
             predictions = make_method(name, rubric, 0).fit(train).predict(test)
-        elif name.endswith(LEVEL):
-            base = name.removesuffix(LEVEL)
+        elif name in levelled_methods():
+            base = levelled_methods()[name]
             if base not in fitted:
                 fitted[base] = fit_questions(candidate(base, rubric, model_file("auto"), trainer, 0), train, main)
                 out.setdefault(base, (_main(fitted[base].predict(test), rubric), time.process_time() - start))
-            predictions = with_system_level(fitted[base], out[base][0], rubric, train, test)
+            predictions = with_system_level(fitted[base], base, out[base][0], rubric, train, test)
             if predictions is None:
                 continue
             predictions, levels[name] = predictions
@@ -259,21 +265,20 @@ def run_fold(job: tuple, args_tuple: tuple, selected: tuple[str, ...] | None) ->
     return {"job": job, "predictions": out, "choice": choice, "levels": levels}
 
 
-def with_system_level(model, predictions: pd.DataFrame, rubric: Rubric, train, test) -> pd.DataFrame | None:
-    """``predictions`` (the main question's, of ``model``) with the system level fitted on ``train`` from
-    the model's in-sample expected answers (as ``model=auto`` fits ``<candidate>-level``); None where
-    the training data cannot fit one (fewer than 3 systems)."""
+def with_system_level(model, name: str, predictions: pd.DataFrame, rubric: Rubric, train, test):
+    """``predictions`` (the main question's, of ``model``, fitted as ``name``) with the system level fitted on
+    ``train`` from the model's in-sample expected answers (:class:`llmrubric.Levelled`, as ``model=auto`` fits
+    ``<candidate>-level``); None where the training data cannot fit one (fewer than 3 systems)."""
     main = rubric.main
-    values, index = np.asarray(main.values, float), rubric.ids.index(main.id)
-    pairs, _ = question_targets(train, main)
-    expected = model.predict_proba(train, pairs)[:, index, : len(values)] @ values
+    values = np.asarray(main.values, float)
     try:
-        level = SystemLevel(rubric).fit(train, expected)
+        levelled = Levelled(model, base_name=name).fit_level(train)
     except InputError:
         return None
     columns = [f"p_{k}" for k in main.keys]
-    probs = level.apply(test, predictions, predictions[columns].to_numpy(float))
-    table = level.levels(test, predictions, predictions[columns].to_numpy(float) @ values)
+    main_probs = predictions[columns].to_numpy(float)
+    table = levelled.level_.levels(test, predictions, main_probs @ values)
+    probs, _ = levelled.applied_main(test, predictions, main_probs, table)
     table = table[~table.known].rename(columns={"mean": "level"})
     table = table.assign(level_sd=np.sqrt(table["var"]), level_df=table["df"])[["level", "level_sd", "level_df"]]
     predicted = predictions.assign(
@@ -559,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     known = methods(tuple(args.methods or ())) if args.methods else methods()
     unknown = sorted(set(args.methods or ()) - set(known))
     if unknown:
-        levels = [c + LEVEL for c in names(candidate=True)]
+        levels = list(levelled_methods())
         others = [c for c in names(candidate=True) if c not in methods()]
         raise InputError(f"unknown method(s) {unknown}; known: {methods() + others + levels}")
     args.methods = tuple(args.methods) if args.methods else None

@@ -31,7 +31,7 @@ the mean over held-out systems and repetitions of (estimate − the system's mea
 lowest coverage. At k = 0 ``shift`` and ``level`` have the RMS of their centre (the mean score f; the
 prior's mean), ``per_system`` with each system's error, ``missed`` (the systems outside) and ``worst_system``
 (the one farthest outside its interval, or nearest its edge).
-``level`` (issue 32): the system level (:class:`llmrubric.model.core.system_level.SystemLevel`) fitted on
+``level`` (issue 32): the system level (:class:`llmrubric.Levelled`) fitted on
 the training systems of each split with the split model's in-sample expected answers; at k = 0 its
 prior's interval (mean ± z·sd), at k > 0 that prior updated as ``llmrubric leaderboard build
 --levels`` did before ``level_ppi_pp_student`` replaced it (the labels' estimate mean(f) + mean(y − f) of variance sigma_within² / k; here
@@ -83,7 +83,7 @@ from common import code_version, exit_code, llm_rubric_default, write_result  # 
 from intervals import DATA as DIALSUMM  # noqa: E402
 from intervals import load as load_dialsumm  # noqa: E402
 
-from llmrubric import NetworkCalibrator  # noqa: E402
+from llmrubric import Levelled, NetworkCalibrator  # noqa: E402
 from llmrubric.config import group, load_file  # noqa: E402
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.simulate import simulate_shift  # noqa: E402
@@ -95,7 +95,6 @@ from llmrubric.io.predictions import probabilities  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, read_table  # noqa: E402
 from llmrubric.model.core.encoding import question_targets  # noqa: E402
-from llmrubric.model.core.system_level import SystemLevel  # noqa: E402
 from llmrubric.model.judges import add_judge  # noqa: E402
 from llmrubric.scoring import labels as lab  # noqa: E402
 from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
@@ -177,16 +176,10 @@ def held_out_texts(name: str, rubric: Rubric, tables: Tables, cache: Path) -> pd
 
 def level_prior(rubric: Rubric, model, train: Tables, test: Tables) -> tuple[float, float]:
     """Mean and variance of the held-out system's level before any label of it: the system level
-    (:class:`llmrubric.model.core.system_level.SystemLevel`) fitted on the training systems with ``model``'s
-    in-sample expected answers, its prior at the held-out system's LLM summary."""
-    main = rubric.main
-    values = np.asarray(main.values, float)
-    index = rubric.ids.index(main.id)
-    inner, _ = question_targets(train, main)
-    level = SystemLevel(rubric).fit(train, model.predict_proba(train, inner)[:, index, : len(values)] @ values)
-    held, _ = question_targets(test, main)
-    expected = model.predict_proba(test, held)[:, index, : len(values)] @ values
-    row = level.levels(test, held, expected).iloc[0]
+    (:class:`llmrubric.Levelled`) fitted on the training systems with ``model``'s in-sample expected answers, its
+    prior at the held-out system's LLM summary."""
+    held, _ = question_targets(test, rubric.main)
+    row = Levelled(model).fit_level(train).levels(test, held).iloc[0]
     return float(row["mean"]), float(row["var"])
 
 

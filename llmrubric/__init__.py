@@ -4,7 +4,8 @@ The public API, imported on first use so that ``import llmrubric`` (and the CLI)
 
 - tables and rubrics: :class:`Rubric`, :func:`load_tables`, :func:`read_table`, :func:`write_table`
 - the models: :class:`AutoCalibrator` (the shipped default, ``model=auto``), :class:`NetworkCalibrator`
-  (the calibration network alone), :func:`load_model` (any checkpoint)
+  (the calibration network alone), :class:`Levelled` (any model with the system level), :func:`make_model` (any
+  name of ``llmrubric models list``), :func:`load_model` (any checkpoint)
 - scores and leaderboards: :func:`score_texts`, :func:`build_leaderboard`, :func:`rank_correlation`
 - data: :func:`simulate`
 """
@@ -21,12 +22,16 @@ _PUBLIC = {
     "write_table": "llmrubric.io.files",
     "AutoCalibrator": "llmrubric.model.auto",
     "NetworkCalibrator": "llmrubric.model.families.network.calibrator",
+    "Levelled": "llmrubric.model.families.levelled",
     "load_model": "llmrubric.model.core.checkpoints",
     "score_texts": "llmrubric.scoring.scores",
     "rank_correlation": "llmrubric.scoring.leaderboard",
     "simulate": "llmrubric.data.simulate",
 }
-_RENAMED = {"build_leaderboard": ("llmrubric.scoring.leaderboard", "build")}
+_RENAMED = {
+    "build_leaderboard": ("llmrubric.scoring.leaderboard", "build"),
+    "make_model": ("llmrubric.model.core.registry", "make"),
+}
 
 __all__ = sorted([*_PUBLIC, *_RENAMED])
 

@@ -19,7 +19,6 @@ from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.core.combine import rule_scores
 from llmrubric.model.core.combine import weights as _weights
 from llmrubric.model.core.inner_cv import InnerFolds
-from llmrubric.model.core.system_level import member_of
 from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method
 from llmrubric.model.families.mixed import MixedOrdinal
 
@@ -76,10 +75,10 @@ def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp
     train, test = sources3.subset(sources3.text_ids[:90]), sources3.subset(sources3.text_ids[90:])
     model = AutoCalibrator(rubric, FAST_AUTO, FAST, seed=0).fit(train)
     assert sum(model.weights_.values()) == pytest.approx(1.0) and min(model.weights_.values()) >= 0
-    assert {member_of(n) for n in model.table_} == set(default_candidates())
+    assert {part.member for part in model.parts_.values()} == set(default_candidates())
     scored = {n: row for n, row in model.table_.items() if "not_applicable" not in row}
     assert scored and all(np.isfinite(row["nll"]) for row in scored.values())
-    assert all(n.endswith("-beyond") for n in set(model.table_) - set(scored))  # the level changed no fold's range
+    assert all(model.parts_[n].where == "beyond" for n in set(model.table_) - set(scored))  # no fold's range changed
     assert model.val_nll_ <= min(row["nll"] for row in model.table_.values() if "nll" in row) + 1e-9
     probs = model.predict_proba(test)
     assert probs.shape[1] == len(rubric.questions)
@@ -98,7 +97,7 @@ def test_select_keeps_the_candidate_with_the_lowest_inner_nll(sources3, rubric):
     settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "rule": "select", "candidates": ["clmm_all", "ridge_judge"]}}
     model = AutoCalibrator(rubric, settings, FAST, seed=1).fit(sources3)
     best = min((n for n in model.table_ if "nll" in model.table_[n]), key=lambda n: model.table_[n]["nll"])
-    assert model.weights_ == {best: 1.0} and list(model.members_) == [member_of(best)]
+    assert model.weights_ == {best: 1.0} and list(model.members_) == [model.parts_[best].member]
 
 
 def test_inner_folds_by_system_never_split_a_system(sources3, rubric):
@@ -136,7 +135,7 @@ def test_a_candidate_that_does_not_apply_is_recorded_and_a_bug_stops_the_run(sou
     model = AutoCalibrator(rubric, settings, FAST).fit(sources3)
     assert "needs what these data lack" in model.table_["clmm_all"]["not_applicable"]
     assert "clmm_all-level" not in model.table_
-    assert [member_of(n) for n in model.weights_] == ["ridge_judge"]
+    assert [model.parts_[n].member for n in model.weights_] == ["ridge_judge"]
     only = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], "candidates": ["clmm_all"]}}
     with pytest.raises(InputError, match="no candidate applies") as error:
         AutoCalibrator(rubric, only, FAST).fit(sources3)
@@ -340,7 +339,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
     assert set(metrics["auto"]) == {"fold0", "fold1"}
     for choice in metrics["auto"].values():
         assert sum(choice["weights"].values()) == pytest.approx(1.0) and choice["inner_folds_by"] == "system"
-        assert {member_of(n) for n in choice["inner_cv"]} == set(default_candidates())
+        assert {n.partition("-")[0] for n in choice["inner_cv"]} == set(default_candidates())  # labels of parts
         assert "reason" in choice["system_level"]
     assert "model=auto, fold0: weights" in (tmp_path / "run" / "metrics.md").read_text()
     intervals, curve = methods["llm_rubric"]["intervals"], methods["llm_rubric"]["coverage_curve"]

@@ -175,13 +175,13 @@ def test_auto_compares_with_and_without_the_level_and_saves_it(six, rubric, tmp_
 def test_why_a_level_variant_is_left_out_is_in_the_decision_record(six, rubric, monkeypatch):
     systems = six.texts.set_index("text_id").system_id
     train = six.subset(systems.index[systems != sorted(systems.unique())[0]])
-    real = auto_module.levelled_fold
+    real = auto_module.fold_levels
 
     def never_beyond(*args):
         levelled, beyond, seconds, error = real(*args)
         return levelled, np.zeros_like(beyond), seconds, error
 
-    monkeypatch.setattr(auto_module, "levelled_fold", never_beyond)
+    monkeypatch.setattr(auto_module, "fold_levels", never_beyond)
     model = AutoCalibrator(rubric, _auto("auto"), FAST, group="system").fit(train)
     assert "beyond its training systems' range" in model.table_["ridge_judge-beyond"]["not_applicable"]
     assert "beyond its training systems' range" in model.decision_["not_applicable"]["ridge_judge-beyond"]
@@ -441,18 +441,20 @@ def test_a_main_question_without_blocks_gets_a_level_by_the_model_summary_withou
 
 @pytest.mark.slow
 def test_the_beyond_variant_applies_the_level_only_beyond_the_training_range(references):
-    from llmrubric.model.core.system_level import with_levels
+    from llmrubric.model.families.levelled import Levelled
 
     rubric, tables = references
     systems = tables.texts.set_index("text_id").system_id
     train = tables.subset(systems.index[~systems.isin(["ref00", "sys03"])])
     test = tables.subset(systems.index[systems.isin(["ref00", "sys03"])])
     level, table, held, probs = _level_of(rubric, train, test)
+    text_model = type("Base", (), {"rubric": rubric})()  # applied() reads only the base's rubric
     assert table.beyond.to_dict() == {"ref00": True, "sys03": False}
     base = np.full((len(held), len(rubric.ids), probs.shape[1]), np.nan)
     base[:, 0] = probs
-    out = with_levels({"m": level}, rubric, {"m": base}, ["m-beyond", "m-level", "m"], test, held)
-    np.testing.assert_array_equal(out["m"], base)  # the member alone: no level
+    levelled = {where: Levelled(text_model, where=where, base_name="m", level=level) for where in ("all", "beyond")}
+    out = {"m": base, **{f"m-{w}": lv.applied(test, held, base) for w, lv in levelled.items()}}
+    out["m-level"] = out.pop("m-all")
     ref = held.text_id.map(systems).eq("ref00").to_numpy()
     values = np.asarray(rubric.main.values, float)
     np.testing.assert_array_equal(out["m-beyond"][~ref, 0], probs[~ref])  # within the range: the member alone

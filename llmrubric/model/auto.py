@@ -43,7 +43,7 @@ from llmrubric.model.auto_checkpoint import FORMAT, auto_state, check_format, re
 from llmrubric.model.core.checkpoints import load_model, write_checkpoint
 from llmrubric.model.core.combine import RULES, combine, rule_scores
 from llmrubric.model.core.conformal import Conformal
-from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, question_targets
+from llmrubric.model.core.encoding import FeatureLayout, JudgeMap
 from llmrubric.model.core.inner_cv import InnerFolds, decision, fit_folds, held_out, point_figures, reason, tune
 from llmrubric.model.core.label_rule import main_rule
 from llmrubric.model.core.params import (
@@ -64,15 +64,8 @@ from llmrubric.model.core.registry import (
     register,
     with_capability,
 )
-from llmrubric.model.core.system_level import (
-    BEYOND,
-    LEVEL,
-    LevelPrior,
-    SystemLevel,
-    level_plan,
-    levelled_fold,
-    member_of,
-)
+from llmrubric.model.core.system_level import LevelPrior, Part, level_plan
+from llmrubric.model.families.levelled import Levelled, fold_levels
 from llmrubric.model.mixture import WeightedMixture
 
 log = logging.getLogger(__name__)
@@ -182,8 +175,10 @@ class AutoCalibrator(WeightedMixture):
         main, answers, fold_of = self.rubric.main, folds.answers, folds.fold_of
         if self.settings.tune_trials:
             self.tuned_ = self._tuned(folds)
-        self.table_, likelihood, oof = {}, {}, {}
-        for name, probs, seconds, error in self._inner_predictions(folds, tables):
+        self.table_, self.parts_, likelihood, oof = {}, {}, {}, {}
+        for part, probs, seconds, error in self._inner_predictions(folds, tables):
+            name = part.label
+            self.parts_[name] = part
             if error is not None:
                 self.table_[name] = {"not_applicable": str(error), "seconds": seconds}
                 log.info("model=auto: candidate %s not applicable: %s", name, error)
@@ -203,7 +198,7 @@ class AutoCalibrator(WeightedMixture):
                 f"model=auto: no candidate applies ({reasons})",
                 setting="model.auto.candidates",
             )
-        chosen = [n for n in likelihood if n.endswith(LEVEL) or self.level_record_["setting"] != "on"]
+        chosen = [n for n in likelihood if self.parts_[n].where == "all" or self.level_record_["setting"] != "on"]
         if not chosen:
             raise InputError(
                 f"model.auto.system_level=on but no candidate with the level fitted ({self.table_})",
@@ -227,11 +222,11 @@ class AutoCalibrator(WeightedMixture):
             if name in likelihood:
                 nll = -np.log(likelihood[name])
                 self.table_[name]["fold_nll"] = [float(nll[fold_of == k].mean()) for k in range(len(folds.splits))]
-        self.decision_ = decision(self.table_, self.weights_, self.rule_, self.rule_cv_)
+        self.decision_ = decision(self.table_, self.weights_, self.rule_, self.rule_cv_, self.parts_)
         if stable is not None:
             self.decision_["stability"] = stable
         log.info("model=auto (%s, inner folds by %s): weights %s", self.rule_, self.group, self.weights_)
-        self.members_ = self._fit_members(tables, list(dict.fromkeys(member_of(n) for n in self.weights_)))
+        self.members_ = self._fit_members(tables, self._members())
         self.levels_ = self._fit_levels(tables)
         self._refitted = {}
         self._cover(tables)
@@ -243,18 +238,19 @@ class AutoCalibrator(WeightedMixture):
         return self
 
     def _inner_predictions(self, folds: InnerFolds, tables: Tables):
-        """(name, out-of-fold main-question probabilities (pairs, options), seconds, error) of every
-        candidate; the network's refit on all of ``tables`` is trained with its folds (:attr:`_refitted`)."""
+        """(part, out-of-fold main-question probabilities (pairs, options), seconds, error) of every candidate
+        alone and, where the level is compared, with its level (:class:`Part`); the network's refit on all of
+        ``tables`` is trained with its folds (:attr:`_refitted`)."""
         for name in self.settings.candidates:
             start = time.perf_counter()
             if name in self.unusable_:
-                yield name, None, 0.0, NotApplicable(self.unusable_[name])
+                yield Part(name), None, 0.0, NotApplicable(self.unusable_[name])
                 continue
             joint = capabilities(name).joint_fit  # the refit on all of ``tables`` joins the folds' one program
             models = [self._candidate(name) for _ in range(len(folds.splits) + joint)]
             twin = self._twin(name, models[0], folds.trains[0])
             if twin:
-                yield name, None, 0.0, NotApplicable(twin)
+                yield Part(name), None, 0.0, NotApplicable(twin)
                 continue
             try:
                 if joint:
@@ -266,24 +262,27 @@ class AutoCalibrator(WeightedMixture):
                 probs = np.concatenate(held)
                 if self.settings.intervals == "all":  # the other questions' calibration reuses them
                     self._folds[name] = models
-                yield name, probs, time.perf_counter() - start, None
+                yield Part(name), probs, time.perf_counter() - start, None
             except NotApplicableError as e:  # declared by the family; any other error stops the run
-                yield name, None, time.perf_counter() - start, NotApplicable(reason(e))
+                yield Part(name), None, time.perf_counter() - start, NotApplicable(reason(e))
                 continue
             if self.level_record_["compared"]:
-                levelled, beyond, seconds, error = levelled_fold(
-                    self.rubric, models, folds.splits, folds.pairs, held, self.level_prior
-                )
-                if error is not None:
-                    yield f"{name}{LEVEL}", None, seconds, NotApplicable(error)
-                    yield f"{name}{BEYOND}", None, 0.0, NotApplicable(f"as {name}{LEVEL}: {error}")
-                    continue
-                yield f"{name}{LEVEL}", levelled, seconds, None
-                if beyond.any():  # the level for systems beyond the training range only
-                    yield f"{name}{BEYOND}", np.where(beyond[:, None], levelled, probs), seconds, None
-                else:
-                    why = "no held-out system of an inner fold lies beyond its training systems' range: it equals the candidate"
-                    yield f"{name}{BEYOND}", None, 0.0, NotApplicable(why)
+                yield from self._levelled_predictions(name, models, folds, held, probs)
+
+    def _levelled_predictions(self, name: str, models: list, folds: InnerFolds, held: list, probs: np.ndarray):
+        """The parts of candidate ``name`` with its level on every system and on those beyond the range only."""
+        every, beyond = Part(name, "all"), Part(name, "beyond")
+        levelled, rows, seconds, error = fold_levels(models, folds.splits, folds.pairs, held, self.level_prior, name)
+        if error is not None:
+            yield every, None, seconds, NotApplicable(error)
+            yield beyond, None, 0.0, NotApplicable(f"as {every.label}: {error}")
+        elif rows.any():  # the level for systems beyond the training range only
+            yield every, levelled, seconds, None
+            yield beyond, np.where(rows[:, None], levelled, probs), seconds, None
+        else:
+            yield every, levelled, seconds, None
+            why = "no held-out system of an inner fold lies beyond its training systems' range: it equals the candidate"
+            yield beyond, None, 0.0, NotApplicable(why)
 
     def _tuned(self, folds: InnerFolds) -> dict:
         """Each usable candidate with a search space tuned on ``folds`` (:func:`~llmrubric.model.core.inner_cv.tune`;
@@ -316,19 +315,15 @@ class AutoCalibrator(WeightedMixture):
         return members
 
     def _fit_levels(self, tables: Tables) -> dict:
-        """The system level of every weighted ``<candidate>-level`` (applied to all systems) and
-        ``<candidate>-beyond`` (to new systems beyond the training range only), fitted on the member's
-        in-sample predictions (:func:`~llmrubric.model.core.system_level.with_levels`)."""
+        """The system level of every member of a weighted part with one, fitted on the member's in-sample
+        predictions (:meth:`Levelled.fit_level`); its parts with the level on every system and beyond the
+        training range only share it."""
         if not self.level_record_.get("compared"):
             self.level_record_["levels"] = {}
             return {}
-        main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
-        pairs, _ = question_targets(tables, self.rubric.main)
-        values = np.asarray(self.rubric.main.values, dtype=float)
         levels = {}
-        for name in dict.fromkeys(member_of(n) for n in self.weights_ if n != member_of(n)):
-            expected = self.members_[name].predict_proba(tables, pairs)[:, main_index, :k] @ values
-            levels[name] = SystemLevel(self.rubric, self.level_prior).fit(tables, expected)
+        for name in dict.fromkeys(self.parts_[n].member for n in self.weights_ if self.parts_[n].where):
+            levels[name] = Levelled(self.members_[name], self.level_prior, base_name=name).fit_level(tables).level_
         self.level_record_["levels"] = {n: level.state()[0] for n, level in levels.items()}
         return levels
 
@@ -347,7 +342,7 @@ class AutoCalibrator(WeightedMixture):
             self.members_[cover] = fit_questions(
                 make(cover, self.rubric, seed=self.seed), tables, [self.rubric.main.id, *uncovered]
             )
-            self.weights_[cover] = 0.0
+            self.weights_[cover], self.parts_[cover] = 0.0, Part(cover)
 
     def _other_conformals(self, tables: Tables, splits: list[tuple]) -> dict:
         """The interval calibration of each answered question but the main one (``model.auto.intervals=all``):
@@ -364,9 +359,9 @@ class AutoCalibrator(WeightedMixture):
             return fit_questions(self._candidate(name), splits[k][0], [self.rubric.main.id, *questions])
 
         def mixture(base: dict) -> np.ndarray:
-            return self._mixture({n: base[member_of(n)] for n in self.weights_})
+            return self._mixture({n: base[self.parts_[n].member] for n in self.weights_})
 
-        members = {member_of(n): self.members_[member_of(n)] for n in self.weights_}
+        members = {m: self.members_[m] for m in self._members()}
         return other_conformals(self.rubric, others, members, splits, fold_model, mixture)
 
     @property

@@ -11,7 +11,7 @@ from llmrubric.model.core.conformal import Conformal
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap
 from llmrubric.model.core.label_rule import LabelRule
 from llmrubric.model.core.registry import entry, family_of
-from llmrubric.model.core.system_level import levels_from_state, levels_state
+from llmrubric.model.core.system_level import LABELS, Part, levels_from_state, levels_state
 
 FORMAT = "llmrubric-auto/1"
 CONFORMAL = "conformal"  # the tensors of the interval calibrations: conformal.<i>/…
@@ -32,6 +32,7 @@ def auto_state(model) -> tuple[dict, dict[str, torch.Tensor]]:
         "fallback": model.fallback_,
         "system_level": model.level_record_,
         "weights": model.weights_,
+        "parts": {n: model.parts_[n].to_list() for n in model.weights_},
         "inner_cv": model.table_,
         "decision": model.decision_,
         "inner_nll": model.inner_nll_,
@@ -67,6 +68,7 @@ def restored(model, meta: dict, tensors: dict[str, torch.Tensor], source: str):
     """``model`` (constructed with the checkpoint's settings) with the fitted state of ``meta`` and ``tensors``."""
     rubric = model.rubric
     model.weights_, model.table_, model.inner_nll_ = meta["weights"], meta.get("inner_cv", {}), meta.get("inner_nll")
+    model.parts_ = {n: Part(*part) for n, part in meta.get("parts", legacy_parts(meta["weights"])).items()}
     model.decision_ = meta.get("decision")
     model.layout_, model.judges_ = FeatureLayout.from_dict(meta["layout"]), JudgeMap(tuple(meta["judges"]))
     model.train_texts_, model.source_, model.fallback_ = meta.get("train_texts"), source, meta.get("fallback")
@@ -85,6 +87,16 @@ def restored(model, meta: dict, tensors: dict[str, torch.Tensor], source: str):
         except (KeyError, ValueError, RuntimeError) as e:
             raise InputError(f"checkpoint member {name} does not fit its own metadata: {e!r}", file=source) from e
     return model
+
+
+def legacy_parts(weights: dict) -> dict[str, list]:
+    """The parts of a checkpoint saved before they were (issue 48): its weights' labels read back, ``<member>-level``
+    and ``<member>-beyond`` being the member with its level on every system and beyond the range only."""
+    ends = {f"-{label}": where for where, label in LABELS.items()}
+    return {
+        n: next(([n.removesuffix(end), where] for end, where in ends.items() if n.endswith(end)), [n, None])
+        for n in weights
+    }
 
 
 def conformals_from_state(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[str, Conformal]:

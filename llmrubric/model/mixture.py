@@ -1,5 +1,6 @@
-"""Prediction by a fitted weighted mixture of models (``model=auto``'s members): each question's mixture of the
-members that predict it, the system level of the members that have one, and the completion of absent blocks."""
+"""Prediction by a fitted weighted mixture of parts (``model=auto``'s): each question's mixture of the parts that
+predict it, a part being a member alone or wrapped in its system level (:class:`~llmrubric.model.families.levelled.Levelled`),
+and the completion of absent blocks."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.encoding import pairs_of
 from llmrubric.model.core.registry import capabilities
-from llmrubric.model.core.system_level import BEYOND, LEVEL, member_of, with_levels
+from llmrubric.model.core.system_level import Part, level_table
+from llmrubric.model.families.levelled import Levelled
 
 
 class WeightedMixture:
-    """What a fitted mixture predicts from ``members_`` (fitted families by name), ``weights_`` (name → weight;
-    ``<member>-level``/``-beyond``: the member with its system level, weight 0: a member predicting only the
-    questions no weighted member does), ``levels_`` (member → its fitted system level), ``rubric`` and
-    ``source_`` (where it was loaded from, for errors)."""
+    """What a fitted mixture predicts from ``members_`` (fitted families by name), ``parts_`` (label →
+    :class:`~llmrubric.model.core.system_level.Part`: a member alone or with its system level), ``weights_`` (part
+    label → weight; weight 0: a member predicting only the questions no weighted part does), ``levels_`` (member →
+    its fitted system level), ``rubric`` and ``source_`` (where it was loaded from, for errors)."""
 
     @property
     def summaries_(self) -> list[dict]:
@@ -32,8 +34,30 @@ class WeightedMixture:
         predict it (weights renormalised over them); NaN for a question none predicts. ``levels``:
         :meth:`member_levels` of all the texts of the systems, when ``pairs`` are a chunk of them."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
-        base = {n: self.members_[n].predict_proba(tables, pairs) for n in {member_of(w) for w in self.weights_}}
-        return self._mixture(with_levels(self.levels_, self.rubric, base, list(self.weights_), tables, pairs, levels))
+        base = {m: self.members_[m].predict_proba(tables, pairs) for m in self._members()}
+        return self._mixture(self.part_probs(base, tables, pairs, levels))
+
+    def _members(self) -> list[str]:
+        """The members of the weighted parts, each once."""
+        return list(dict.fromkeys(self.parts_[n].member for n in self.weights_))
+
+    def levelled(self, part: Part) -> Levelled:
+        """The member of ``part`` wrapped in its fitted system level (``part.where``)."""
+        return Levelled(
+            self.members_[part.member], where=part.where, base_name=part.member, level=self.levels_[part.member]
+        )
+
+    def part_probs(self, base: dict, tables: Tables, pairs: pd.DataFrame, levels: dict | None = None) -> dict:
+        """Part label → (pairs, questions, options) probabilities of every weighted part, from each member's
+        ``base`` probabilities (``levels``: :meth:`member_levels` of all the texts of the systems)."""
+        out = {}
+        for name in self.weights_:
+            part = self.parts_[name]
+            probs = base[part.member]
+            if part.where is not None and part.member in self.levels_:
+                probs = self.levelled(part).applied(tables, pairs, probs, (levels or {}).get(part.member))
+            out[name] = probs
+        return out
 
     @property
     def answers_(self):
@@ -47,7 +71,7 @@ class WeightedMixture:
     def proba_completed(self, batch, completions: np.ndarray) -> np.ndarray:
         """(draws, pairs, questions, max options): the members' mixture for each completion
         (:mod:`llmrubric.model.core.absent`; every member has the layout of ``batch``)."""
-        probs = {n: self.members_[member_of(n)].proba_completed(batch, completions) for n in self.weights_}
+        probs = {n: self.members_[self.parts_[n].member].proba_completed(batch, completions) for n in self.weights_}
         draws, n_pairs = completions.shape[1], len(batch.pairs)
         flat = self._mixture({n: p.reshape(draws * n_pairs, *p.shape[2:]) for n, p in probs.items()})
         return flat.reshape(draws, n_pairs, *flat.shape[1:])
@@ -86,25 +110,13 @@ class WeightedMixture:
         if not self.levels_:
             return None
         tables_ = levels if levels is not None else self.member_levels(tables, pairs)
-        name = max(self.levels_, key=lambda n: (self.weights_.get(n + LEVEL, 0.0), self.weights_.get(n + BEYOND, 0.0)))
+        weight = {(p.member, p.where): self.weights_[n] for n, p in self.parts_.items() if n in self.weights_}
+        name = max(self.levels_, key=lambda m: (weight.get((m, "all"), 0.0), weight.get((m, "beyond"), 0.0)))
         table = tables_[name]
-        applied = (table.beyond.to_numpy(bool) & (self.weights_.get(name + BEYOND, 0.0) > 0)) | (
-            self.weights_.get(name + LEVEL, 0.0) > 0
+        applied = (table.beyond.to_numpy(bool) & (weight.get((name, "beyond"), 0.0) > 0)) | (
+            weight.get((name, "all"), 0.0) > 0
         )
-        return pd.DataFrame(
-            {
-                "system_id": table.index,
-                "level": table["mean"].to_numpy(),
-                "level_sd": np.sqrt(table["var"].to_numpy()),
-                "level_df": table["df"].to_numpy(),
-                "known": table.known.to_numpy(),
-                "applied": applied,
-                "x": table.x.to_numpy(),
-                "beyond": table.beyond.to_numpy(bool),
-                "centre": table.centre.to_numpy(),
-                "sigma_within": self.levels_[name].sigma_within_,
-            }
-        )
+        return level_table(self.levels_[name], table, applied)
 
     def predict(
         self,

@@ -19,7 +19,6 @@ from llmrubric.model.core.combine import PROB_FLOOR
 from llmrubric.model.core.encoding import question_targets
 from llmrubric.model.core.params import quiet_study, sample_space
 from llmrubric.model.core.registry import capabilities, fit_questions, search_space
-from llmrubric.model.core.system_level import member_of
 
 log = logging.getLogger(__name__)
 
@@ -174,14 +173,16 @@ def point_figures(probs: np.ndarray, answers: np.ndarray, question) -> dict:
     return {"pearson": float(np.corrcoef(expected, observed)[0, 1])}
 
 
-def decision(table: dict, weights: dict, rule: str, rule_cv: dict | None = None) -> dict:
+def decision(table: dict, weights: dict, rule: str, rule_cv: dict | None = None, parts: dict | None = None) -> dict:
     """Why the weights are what they are: the rule (with ``rule=auto`` each rule's cross-validated
     NLL), the winner (``select``) or the weighted members (``stack``), the best candidate with and
-    without the system level, by how much the folds agree, and why any candidate was left out."""
+    without the system level (``parts``: label → :class:`~llmrubric.model.core.system_level.Part`), by how much
+    the folds agree, and why any candidate was left out."""
     fitted = {n: r for n, r in table.items() if "nll" in r}
     ranked = sorted(fitted, key=lambda n: fitted[n]["nll"])
+    levelled = {n for n, part in (parts or {}).items() if part.where is not None}
     best = {
-        kind: next((n for n in ranked if (n != member_of(n)) == with_level), None)
+        kind: next((n for n in ranked if (n in levelled) == with_level), None)
         for kind, with_level in (("with_level", True), ("without_level", False))
     }
     out = {"rule": rule, "ranking": ranked, **{f"best_{k}": v for k, v in best.items()}}

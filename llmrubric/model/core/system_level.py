@@ -498,13 +498,45 @@ class SystemLevel:
         return self
 
 
-LEVEL = "-level"  # the name of a candidate with the system level: ``<candidate>-level``
-BEYOND = "-beyond"  # with the level for new systems beyond the training range only: ``<candidate>-beyond``
+def level_table(level: SystemLevel, table: pd.DataFrame, applied: np.ndarray) -> pd.DataFrame:
+    """Per system of ``table`` (:meth:`SystemLevel.levels`) the main question's level as scoring reports it:
+    ``level``, ``level_sd``, ``level_df``, ``known``, ``applied`` (whether the predictions use it), ``x``,
+    ``beyond`` (a new system whose summary lies outside the training systems' range), ``centre``, ``sigma_within``."""
+    return pd.DataFrame(
+        {
+            "system_id": table.index,
+            "level": table["mean"].to_numpy(),
+            "level_sd": np.sqrt(table["var"].to_numpy()),
+            "level_df": table["df"].to_numpy(),
+            "known": table.known.to_numpy(),
+            "applied": applied,
+            "x": table.x.to_numpy(),
+            "beyond": table.beyond.to_numpy(bool),
+            "centre": table.centre.to_numpy(),
+            "sigma_within": level.sigma_within_,
+        }
+    )
 
 
-def member_of(name: str) -> str:
-    """The candidate of ``<candidate>``, ``<candidate>-level`` or ``<candidate>-beyond``."""
-    return name.removesuffix(LEVEL).removesuffix(BEYOND)
+@dataclass(frozen=True)
+class Part:
+    """One thing ``model=auto`` combines: the candidate ``member`` alone (``where`` None) or wrapped in its system
+    level (:class:`llmrubric.model.families.levelled.Levelled`: ``where`` ``all`` or ``beyond``). Its
+    :attr:`label` names it in the records and weights (``network``, ``network-level``, ``network-beyond``);
+    code reads ``member`` and ``where``, never the label."""
+
+    member: str
+    where: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.member if self.where is None else f"{self.member}-{LABELS[self.where]}"
+
+    def to_list(self) -> list:
+        return [self.member, self.where]
+
+
+LABELS = {"all": "level", "beyond": "beyond"}  # a part's label: ``<member>-<LABELS[where]>``
 
 
 SETTINGS = ("auto", "on", "off")
@@ -542,59 +574,6 @@ def level_plan(rubric: Rubric, tables: Tables, setting: str, prior: LevelPrior |
     if reason:
         return {**record, "reason": f"{reason}: candidates without the system level", **extra}
     return {**record, "compared": True, "reason": f"{len(labelled)} training systems", **extra}
-
-
-def levelled_fold(
-    rubric: Rubric, models: list, splits: list[tuple], pairs: list[pd.DataFrame], probs: list, prior: LevelPrior
-):
-    """(out-of-fold main-question probabilities with the system level, the rows of held-out systems
-    beyond their inner fold's training range, seconds, error) of one candidate: each inner fold's level
-    fitted on its training part from the fold model's in-sample predictions, applied to the fold
-    model's held-out ``probs``."""
-    import time
-
-    start = time.perf_counter()
-    main_index, values = rubric.ids.index(rubric.main.id), np.asarray(rubric.main.values, dtype=float)
-    out, beyond = [], []
-    try:
-        for model, (train, test), held, p in zip(models, splits, pairs, probs):
-            inner, _ = question_targets(train, rubric.main)
-            expected = model.predict_proba(train, inner)[:, main_index, : len(values)] @ values
-            level = SystemLevel(rubric, prior).fit(train, expected)
-            table = level.levels(test, held, p @ values)
-            out.append(level.apply(test, held, p, table))
-            system = held.text_id.astype(str).map(text_system_ids(test, held)).to_numpy()
-            beyond.append(table["beyond"].reindex(system).fillna(False).to_numpy(bool))
-    except NotApplicableError as e:  # too few training systems in an inner fold; anything else is a bug
-        return None, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
-    return np.concatenate(out), np.concatenate(beyond), time.perf_counter() - start, None
-
-
-def with_levels(
-    levels: dict, rubric: Rubric, base: dict, names: list[str], tables: Tables, pairs, fixed: dict | None = None
-) -> dict:
-    """name → (pairs, questions, options) probabilities: a member's own, for ``<member>-level`` its main
-    question with the system level, for ``<member>-beyond`` with the level for the new systems beyond its
-    training systems' range of summaries only (``fixed``: member → :meth:`SystemLevel.levels` of all texts)."""
-    out = {}
-    main_index, k = rubric.ids.index(rubric.main.id), len(rubric.main.options)
-    for name in names:
-        member = member_of(name)
-        probs = base[member]
-        if member in levels and len(pairs) and name != member:
-            level, main = levels[member], probs[:, main_index, :k]
-            table = (fixed or {}).get(member)
-            if table is None:
-                table = level.levels(tables, pairs, main @ level.values)
-            rows = np.ones(len(pairs), bool)
-            if name.endswith(BEYOND):
-                system = pairs.text_id.astype(str).map(text_system_ids(tables, pairs)).to_numpy()
-                rows = table["beyond"].reindex(system).fillna(False).to_numpy(bool)
-            if rows.any():
-                probs = probs.copy()
-                probs[rows, main_index, :k] = level.apply(tables, pairs, main, table)[rows]
-        out[name] = probs
-    return out
 
 
 def levels_state(levels: dict) -> dict[str, torch.Tensor]:

@@ -86,7 +86,11 @@ from llmrubric.evaluation.transfer import grouped_kendall, pair_scores, system_m
 from llmrubric.io.errors import InputError, reports_errors  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import load_tables  # noqa: E402
-from llmrubric.model.auto import build_model, candidate, default_candidates  # noqa: E402
+from llmrubric.model.auto_settings import (  # noqa: E402
+    build_model,
+    candidate,
+    default_candidates,  # noqa: E402
+)
 from llmrubric.model.core.encoding import PAIR, with_round  # noqa: E402
 from llmrubric.model.core.registry import fit_questions, names  # noqa: E402
 from llmrubric.model.core.system_level import t_interval  # noqa: E402

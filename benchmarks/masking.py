@@ -39,7 +39,7 @@ from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import text_folds  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, load_tables  # noqa: E402
-from llmrubric.model.auto import candidate  # noqa: E402
+from llmrubric.model.auto_settings import candidate  # noqa: E402
 from llmrubric.model.core.absent import DRAWS, SEED, batch_of  # noqa: E402
 from llmrubric.model.core.answers import TRANSFORMS, AnswerModel  # noqa: E402
 from llmrubric.model.core.encoding import FeatureLayout, question_targets  # noqa: E402

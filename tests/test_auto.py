@@ -14,7 +14,8 @@ from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.io.errors import InputError, NotApplicableError
 from llmrubric.io.tables import Tables
 from llmrubric.model import auto as auto_module
-from llmrubric.model.auto import AutoCalibrator, default_candidates
+from llmrubric.model.auto import AutoCalibrator
+from llmrubric.model.auto_settings import default_candidates
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.core.combine import rule_scores
 from llmrubric.model.core.combine import weights as _weights

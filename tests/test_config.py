@@ -25,7 +25,8 @@ from llmrubric.config import (
     model_settings,
 )
 from llmrubric.io.errors import InputError
-from llmrubric.model.auto import AutoCalibrator, default_candidates
+from llmrubric.model.auto import AutoCalibrator
+from llmrubric.model.auto_settings import default_candidates
 from llmrubric.model.families.baselines import make_method
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.model.families.network.net import CalibrationNet

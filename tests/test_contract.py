@@ -40,7 +40,7 @@ PROBED = {  # the attributes code probed with hasattr/getattr before the capabil
     "added_judges_",
 }
 SETTING_VALUES = {  # tuples whose strings are a setting's values that happen to be registered names too
-    ("llmrubric/model/auto.py", "FAMILIES"),  # model.family: auto | network
+    ("llmrubric/model/auto_settings.py", "FAMILIES"),  # model.family: auto | network
     ("llmrubric/model/families/network/cumulative.py", "HEADS"),  # model.head: softmax | ordinal | combined
 }
 SMALL = {"ensemble": 1, "auto": {"candidates": ["ridge_judge"], "folds": 2}}  # fast models of every name
@@ -131,7 +131,9 @@ def test_the_probe_and_list_checks_find_a_probe_and_a_list_and_pass_what_is_allo
     )
     assert probes("p.py", tree) == ["p.py:1 hasattr(…, 'fit_many')", "p.py:2 getattr(…, 'fit_many')"]
     assert name_lists("p.py", tree) == ["p.py:4 ['network', 'ridge_judge']", "p.py:6 ['auto', 'network']"]
-    assert name_lists("llmrubric/model/auto.py", tree) == ["llmrubric/model/auto.py:4 ['network', 'ridge_judge']"]
+    assert name_lists("llmrubric/model/auto_settings.py", tree) == [
+        "llmrubric/model/auto_settings.py:4 ['network', 'ridge_judge']"
+    ]
 
 
 def test_nothing_outside_the_families_imports_the_network():

@@ -312,7 +312,7 @@ def _held_out(tables, system):
 def _level_of(rubric, train, test, model="ridge_judge"):
     """(fitted level, levels table of ``test``, the text model's main-question probabilities of ``test``)."""
     from llmrubric.config import group
-    from llmrubric.model.auto import candidate
+    from llmrubric.model.auto_settings import candidate
     from llmrubric.model.core.encoding import question_targets
     from llmrubric.model.core.registry import fit_questions
 

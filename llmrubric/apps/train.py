@@ -111,7 +111,7 @@ def log_choice(run, split: str, choice: dict) -> None:
 def split_models(cfg: DictConfig, rubric, splits, run) -> list:
     """Each split's unfitted model: that of ``model.*`` and ``trainer.*``, or when ``search`` is enabled
     ``search.family`` with the configuration the search selected on the split's training texts."""
-    from llmrubric.model.auto import build_model
+    from llmrubric.model.auto_settings import build_model
 
     if not cfg.search.enabled:
         return [build_model(rubric, dict(cfg.model), dict(cfg.trainer), cfg.seed, auto_group(cfg)) for _ in splits]

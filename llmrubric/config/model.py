@@ -18,7 +18,7 @@ class AutoConfig:
     Attributes:
         candidates: the candidate names (``candidate: true`` in ``conf/presets.yaml``,
             ``registry.names(candidate=True)``; ``network`` is the network of the other ``model.*`` settings);
-            null: the default candidates (``default_candidate`` there; ``llmrubric.model.auto.default_candidates``),
+            null: the default candidates (``default_candidate`` there; ``llmrubric.model.auto_settings.default_candidates``),
             resolved by :class:`llmrubric.model.auto.AutoCalibrator` (the registry is a higher layer than config).
         rule: ``select`` (the candidate with the lowest inner-CV NLL), ``stack`` (non-negative
             weights summing to 1 that maximise the inner-CV likelihood of the main question), ``bb_stack``

@@ -125,7 +125,7 @@ PREDICTION_FORMATS = ("csv", "parquet", "tsv", "jsonl")
 
 def check_settings(cfg: DictConfig) -> Rubric:
     """Every setting of train.py and evaluate.py, checked before any work; an error names the setting."""
-    from llmrubric.model.auto import build_model
+    from llmrubric.model.auto_settings import build_model
     from llmrubric.model.core.label_rule import settings_of
     from llmrubric.model.core.registry import capabilities
     from llmrubric.model.families.baselines import make_method

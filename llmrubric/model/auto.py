@@ -1,29 +1,17 @@
-"""``model=auto``: the model family chosen on the user's own training data by inner cross-validation.
+"""``model=auto``: the model chosen on the user's own training data by inner cross-validation (docs/models.md).
 
-The candidates (the names :mod:`llmrubric.model.core.registry` marks ``candidate``: the calibration
-network, its cumulative-link heads, the cumulative-link mixed model on three kinds of input,
-probabilistic ridge regression, and any family registered as one) are each
-fitted on the inner folds of the training data, grouped by text or by system as the model will be
-used, and scored by the out-of-fold likelihood of the main question's answers. How they are combined
-(:mod:`llmrubric.model.core.combine`): ``rule=select`` (the default) keeps
-the candidate with the lowest inner NLL; ``rule=stack`` fits non-negative weights summing to 1 that
-maximise the out-of-fold log-likelihood of the weighted mixture of the candidates' distributions (a
-super learner; EM on the simplex); ``rule=bb_stack`` averages the stack over Bayesian-bootstrap draws of
-the inner folds; ``rule=auto`` cross-validates select and stack over
-the inner folds, each rule's weights fitted on all inner folds' out-of-fold predictions but one
-fold's and scored on that fold, and stacks only where the folds' mean gain exceeds one standard
-error (:func:`rule_scores`). The candidates with weight are
-then refitted on all the training data; every question's prediction is the weighted mixture of
-the candidates that predict it. A candidate that does not apply to the data (a declared
-:class:`~llmrubric.io.errors.NotApplicableError`, or ``clmm_mean`` with one LLM source per question, which is
-``clmm_own``) is recorded as not applicable (info) with its reason; any other error stops the run; none
-applying is an error. Inner folds never see the texts (or systems) they score, and the
-outer test data are never seen at all. With 3+ training systems each candidate ``X`` is also scored
-as ``X-level``, with the system level of :mod:`llmrubric.model.core.system_level` fitted in each inner
-fold on its training systems (``model.auto.system_level``). With ``model.auto.tune_trials`` N > 0, each
-candidate whose settings declare a search space is first tuned by N Optuna trials (TPE seeded by the
-seed) on the same inner folds, and compared and refitted with its best trial's parameters
-(``inner_cv[name]["tuned"]``: the parameters and every trial's NLL).
+Each candidate (``model.auto.candidates``: the default ones of ``conf/presets.yaml``) is fitted on the inner folds
+of the training data, grouped by text or by system as the model will be used, and scored by the out-of-fold
+likelihood of the main question's answers (:mod:`llmrubric.model.core.inner_cv`); with 3+ training systems each
+is also scored wrapped in its system level (:class:`~llmrubric.model.families.levelled.Levelled`, a
+:class:`~llmrubric.model.core.system_level.Part` with ``where``). The rule (:mod:`llmrubric.model.core.combine`:
+``select``, ``stack``, ``bb_stack``, ``auto``) weighs the parts; the weighted ones are refitted on all the
+training data (:mod:`llmrubric.model.auto_refit`) and every question's prediction is their weighted mixture
+(:mod:`llmrubric.model.mixture`). A candidate that does not apply (a declared
+:class:`~llmrubric.io.errors.NotApplicableError`, or one identical to another on these data) is recorded with
+its reason; any other error stops the run. ``model.auto.tune_trials`` N > 0 first tunes each candidate with a
+search space by N Optuna trials on the same inner folds. Inner folds never see the texts (or systems) they
+score, and the outer test data are never seen at all.
 """
 
 from __future__ import annotations
@@ -40,8 +28,10 @@ from llmrubric.io.integrity import texts_fingerprint
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.auto_checkpoint import FORMAT, auto_state, check_format, restored
+from llmrubric.model.auto_refit import cover, fit_levels, fit_members, question_conformals
+from llmrubric.model.auto_settings import candidate, check_auto, resolved_candidates
 from llmrubric.model.core.checkpoints import load_model, write_checkpoint
-from llmrubric.model.core.combine import RULES, combine, rule_scores
+from llmrubric.model.core.combine import combine, rule_scores
 from llmrubric.model.core.conformal import Conformal
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap
 from llmrubric.model.core.inner_cv import InnerFolds, decision, fit_folds, held_out, point_figures, reason, tune
@@ -53,52 +43,20 @@ from llmrubric.model.core.params import (
     reconfigured,
     under,
 )
-from llmrubric.model.core.question_oof import other_conformals, predicted_questions
 from llmrubric.model.core.registry import (
     Capabilities,
     Setup,
     capabilities,
-    fit_questions,
     make,
-    names,
     register,
-    with_capability,
 )
 from llmrubric.model.core.system_level import LevelPrior, Part, level_plan
-from llmrubric.model.families.levelled import Levelled, fold_levels
+from llmrubric.model.families.levelled import fold_levels
 from llmrubric.model.mixture import WeightedMixture
 
 log = logging.getLogger(__name__)
-GROUPS = ("auto", "text", "system")
-INTERVALS = ("all", "main")  # the questions whose intervals the inner folds calibrate
-FAMILIES = ("auto", "network")  # the values of model.family
 SETTINGS = {"model": ModelConfig, "trainer": TrainConfig}  # model=auto's parameters
 MIN_WEIGHT = 1e-3  # stacking weights below this are dropped (and the rest renormalised)
-
-
-def build_model(rubric: Rubric, model: dict | None = None, trainer: dict | None = None, seed: int = 0, group="text"):
-    """The model of ``model.family``: :class:`AutoCalibrator` (``auto``) or the network (``network``),
-    from :mod:`llmrubric.model.core.registry`. ``group`` resolves ``model.auto.group=auto`` (``text`` or ``system``)."""
-    settings = model_settings(model)
-    if settings["family"] not in FAMILIES:
-        raise InputError(f"{settings['family']!r} is not one of {list(FAMILIES)}", setting="model.family")
-    return make(settings["family"], rubric, settings, trainer, seed, group)
-
-
-def candidate(
-    name: str,
-    rubric: Rubric,
-    model: dict,
-    trainer: TrainConfig,
-    seed: int,
-    group: str = "text",
-    params: dict | None = None,
-):
-    """An unfitted candidate by name (the registry's :func:`~llmrubric.model.core.registry.names` ``(candidate=True)``),
-    fitted for new texts or new systems (``group``), with ``params`` set on it."""
-    if name not in names(candidate=True):
-        raise InputError(f"unknown candidate {name!r}; known: {names(candidate=True)}", setting="model.auto.candidates")
-    return make(name, rubric, model, trainer, seed, group, params=params)
 
 
 class NotApplicable(str):
@@ -226,11 +184,11 @@ class AutoCalibrator(WeightedMixture):
         if stable is not None:
             self.decision_["stability"] = stable
         log.info("model=auto (%s, inner folds by %s): weights %s", self.rule_, self.group, self.weights_)
-        self.members_ = self._fit_members(tables, self._members())
-        self.levels_ = self._fit_levels(tables)
+        self.members_ = fit_members(self, tables, self._members())
+        self.levels_ = fit_levels(self, tables)
         self._refitted = {}
-        self._cover(tables)
-        self.conformals_.update(self._other_conformals(tables, folds.splits))
+        cover(self, tables)
+        self.conformals_.update(question_conformals(self, tables, folds.splits))
         self._folds = {}
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
@@ -303,67 +261,6 @@ class AutoCalibrator(WeightedMixture):
             return f"identical to {twin}: {why}"
         return None
 
-    def _fit_members(self, tables: Tables, weighted: list[str]) -> dict:
-        """The weighted candidates fitted on all of ``tables`` (those refitted already are taken as they are)."""
-        members = {n: self._refitted.get(n) or self._candidate(n) for n in weighted}
-        together = [n for n in weighted if capabilities(members[n]).joint_fit and n not in self._refitted]
-        if together:
-            members[together[0]].fit_many([members[n] for n in together], [tables] * len(together))
-        for name in weighted:
-            if not capabilities(members[name]).joint_fit:
-                fit_questions(members[name], tables)
-        return members
-
-    def _fit_levels(self, tables: Tables) -> dict:
-        """The system level of every member of a weighted part with one, fitted on the member's in-sample
-        predictions (:meth:`Levelled.fit_level`); its parts with the level on every system and beyond the
-        training range only share it."""
-        if not self.level_record_.get("compared"):
-            self.level_record_["levels"] = {}
-            return {}
-        levels = {}
-        for name in dict.fromkeys(self.parts_[n].member for n in self.weights_ if self.parts_[n].where):
-            levels[name] = Levelled(self.members_[name], self.level_prior, base_name=name).fit_level(tables).level_
-        self.level_record_["levels"] = {n: level.state()[0] for n, level in levels.items()}
-        return levels
-
-    def _cover(self, tables: Tables) -> None:
-        """Questions with annotations that no weighted member predicts (a categorical question when
-        only ordinal families have weight) get ``model.auto.cover`` as a member of weight 0: it predicts
-        exactly those questions."""
-        answered = [q for q in self.rubric.ids if q in set(tables.annotations.question_id)]
-        covered = {
-            q for m in self.members_.values() for q in (m.questions_ if capabilities(m).questions else self.rubric.ids)
-        }
-        uncovered = [q for q in answered if q not in covered]
-        cover = self.settings.cover
-        if uncovered and cover not in self.members_:
-            log.info("model=auto: %s predicted by %s (no weighted candidate predicts them)", uncovered, cover)
-            self.members_[cover] = fit_questions(
-                make(cover, self.rubric, seed=self.seed), tables, [self.rubric.main.id, *uncovered]
-            )
-            self.weights_[cover], self.parts_[cover] = 0.0, Part(cover)
-
-    def _other_conformals(self, tables: Tables, splits: list[tuple]) -> dict:
-        """The interval calibration of each answered question but the main one (``model.auto.intervals=all``):
-        the weighted members' fixed mixture out of the inner folds (:mod:`llmrubric.model.core.question_oof`)."""
-        answered = set(tables.annotations.question_id)
-        others = [q for q in self.rubric.ids if q in answered and q != self.rubric.main.id]
-        if self.settings.intervals != "all" or not others:
-            return {}
-
-        def fold_model(name: str, k: int, questions: list[str]):
-            model = (self._folds.get(name) or [None] * len(splits))[k]
-            if model is not None and set(questions) <= set(predicted_questions(model, self.rubric)):
-                return model
-            return fit_questions(self._candidate(name), splits[k][0], [self.rubric.main.id, *questions])
-
-        def mixture(base: dict) -> np.ndarray:
-            return self._mixture({n: base[self.parts_[n].member] for n in self.weights_})
-
-        members = {m: self.members_[m] for m in self._members()}
-        return other_conformals(self.rubric, others, members, splits, fold_model, mixture)
-
     @property
     def conformal_(self) -> Conformal | None:
         """The main question's interval calibration (None: fitted without inner folds)."""
@@ -404,37 +301,6 @@ class AutoCalibrator(WeightedMixture):
         check_format(meta, source)
         self = cls(rubric, meta["model"], meta["trainer"], meta["seed"], meta["group"])
         return restored(self, meta, tensors, source)
-
-
-def default_candidates() -> list[str]:
-    """``model=auto``'s default candidates: the names registered ``default_candidate``, in registration order."""
-    return with_capability("default_candidate")
-
-
-def resolved_candidates(candidates: list[str] | None) -> list[str] | None:
-    """``model.auto.candidates``, None (the shipped setting) being :func:`default_candidates`."""
-    return default_candidates() if candidates is None else candidates
-
-
-def check_auto(settings: AutoConfig) -> None:
-    """``model.auto.*`` in range, each error naming the setting."""
-    if settings.rule not in RULES:
-        raise InputError(f"{settings.rule!r} is not one of {list(RULES)}", setting="model.auto.rule")
-    if settings.intervals not in INTERVALS:
-        raise InputError(f"{settings.intervals!r} is not one of {list(INTERVALS)}", setting="model.auto.intervals")
-    if settings.group not in GROUPS:
-        raise InputError(f"{settings.group!r} is not one of {list(GROUPS)}", setting="model.auto.group")
-    for key, least in (("folds", 2), ("tune_trials", 0), ("bb_draws", 1)):
-        value = getattr(settings, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise InputError(f"{value!r} is not a whole number >= {least}", setting=f"model.auto.{key}")
-    if settings.cover not in names(candidate=True):
-        raise InputError(f"{settings.cover!r} is not a candidate: {names(candidate=True)}", setting="model.auto.cover")
-    chosen, known = list(settings.candidates), names(candidate=True)
-    unknown = [n for n in chosen if n not in known]
-    if unknown or not chosen or len(set(chosen)) != len(chosen):
-        what = f"unknown candidate(s) {unknown}" if unknown else "candidates must be distinct and not empty"
-        raise InputError(f"{what}; known: {known}", setting="model.auto.candidates")
 
 
 def _auto(rubric: Rubric, setup: Setup) -> AutoCalibrator:

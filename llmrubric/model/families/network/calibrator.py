@@ -397,7 +397,7 @@ def checked_settings(settings: dict, rubric: Rubric) -> dict:
     check_model(settings)
     if settings["family"] != "network":
         raise InputError(
-            f"model.family={settings['family']} is not the network; build it with llmrubric.model.auto.build_model",
+            f"model.family={settings['family']} is not the network; build it with llmrubric.model.auto_settings.build_model",
             setting="model.family",
         )
     head = settings["head"]

@@ -308,6 +308,24 @@ def test_every_questions_family_fits_the_questions_it_is_given(rubric, small, na
     assert predicted == [rubric.main.id]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", one_name_per_class("add_judge") + one_name_per_class("member_judge"))
+def test_every_judge_adding_family_learns_a_judge_it_never_saw(rubric, small, name):
+    """``add_judge`` (through ``llmrubric judges add``) and ``member_judge`` (its own, as a ``model=auto`` member)."""
+    from llmrubric.model.judges import add_judge
+
+    train, test = small
+    judge = sorted(train.annotations.judge_id.astype(str).unique())[-1]
+    mine = train.annotations.judge_id.astype(str) == judge
+    model = fitted(name, rubric, Tables(train.annotations[~mine], train.features, train.texts))
+    new = add_judge(model, train, judge) if capabilities(name).add_judge else model.add_judge(train, judge)
+    assert judge in new.judges_.judges and judge not in model.judges_.judges
+    texts = test.text_ids[:5]
+    pairs = pd.DataFrame({"text_id": texts, "judge_id": [judge] * len(texts)})
+    main = new.predict_proba(test, pairs)[:, rubric.ids.index(rubric.main.id), : len(rubric.main.options)]
+    assert np.isfinite(main).all() and np.allclose(main.sum(axis=1), 1.0)
+
+
 def twins(rubric, tables: Tables) -> dict[str, tuple[str, str]]:
     """``same_as`` of every name declaring ``twins`` on ``tables``, where it names one."""
     found = {name: make(name, rubric, SMALL, FAST, 0).same_as(tables) for name in with_capability("twins")}

@@ -38,13 +38,14 @@ from tqdm.auto import tqdm
 
 from llmrubric.config import SearchConfig, settings_error
 from llmrubric.data.splits import text_folds
-from llmrubric.evaluation.metrics import nll, point_metrics
+from llmrubric.evaluation.metrics import point_metrics
 from llmrubric.experiments.tracking import Tracker
 from llmrubric.io.errors import USER_ERRORS, InputError
 from llmrubric.io.files import write_json, write_table
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
-from llmrubric.model.core.encoding import JudgeMap, question_targets
+from llmrubric.model.core.encoding import JudgeMap
+from llmrubric.model.core.inner_cv import InnerFolds, held_out
 from llmrubric.model.core.params import prefixed, quiet_study, sample_space, under
 from llmrubric.model.core.registry import (
     Family,
@@ -133,18 +134,20 @@ def cross_validate(
 
 
 class _FoldData:
-    """The k training/test splits of one set of folds, encoded once for every configuration."""
+    """The k training/test splits of one set of folds (:class:`~llmrubric.model.core.inner_cv.InnerFolds`, whose
+    out-of-fold NLL scores a configuration as ``model=auto``'s inner folds score a candidate), the network's test
+    pairs encoded once for every configuration."""
 
     def __init__(self, rubric: Rubric, tables: Tables, folds: pd.DataFrame):
         self.rubric, self.tables = rubric, tables
         self.judges = JudgeMap.from_annotations(tables.annotations)
-        self.ks = sorted(folds.fold.unique())
-        self.trains = [tables.subset(folds.text_id[folds.fold != k]) for k in self.ks]
-        self.tests = [tables.subset(folds.text_id[folds.fold == k]) for k in self.ks]
+        self.folds = InnerFolds.from_frame(tables, rubric.main, folds)
+        self.trains = self.folds.trains
+        self.tests = [test for _, test in self.folds.splits]
         self._encoded: list | None = None
 
     def calibrators(self, setting: Setting, seed: int) -> list[Family]:
-        return [setting.build(self.rubric, seed) for _ in self.ks]
+        return [setting.build(self.rubric, seed) for _ in self.tests]
 
     def score(self, models: list[Family], frames: bool = True) -> tuple[dict, pd.DataFrame | None]:
         """Pooled held-out metrics of fitted fold models on the main question (and each fold's NLL),
@@ -152,10 +155,11 @@ class _FoldData:
         main = self.rubric.main
         values = np.asarray(main.values, float)
         joint = capabilities(models[0]).joint_fit
-        probs, answers = self._held_out(models) if joint else self._held_out_tables(models)
-        fold_nll = [nll(p, a) for p, a in zip(probs, answers)]
-        p, a = np.concatenate(probs), np.concatenate(answers)
-        metrics = {**point_metrics(values[a], p @ values), "nll": nll(p, a), "n": len(a), "fold_nll": fold_nll}
+        probs = np.concatenate(self._held_out(models) if joint else held_out(models, self.folds, self.rubric))
+        pooled, fold_nll = self.folds.nll(probs)
+        answers = self.folds.answers
+        metrics = {**point_metrics(values[answers], probs @ values), "nll": pooled, "n": len(answers)}
+        metrics["fold_nll"] = fold_nll
         if not frames:
             return metrics, None
         if joint:
@@ -164,28 +168,14 @@ class _FoldData:
             parts = [p[p.question_id == main.id] for p in (m.predict(t) for m, t in zip(models, self.tests))]
         return metrics, pd.concat(parts, ignore_index=True)
 
-    def _held_out(self, models: list[Family]) -> tuple[list, list]:
-        """Each fold's main-question probabilities and answers of its held-out pairs, encoded once (the network)."""
+    def _held_out(self, models: list[Family]) -> list[np.ndarray]:
+        """Each fold's main-question probabilities of its held-out pairs, encoded once (the network)."""
         if self._encoded is None:
             self._encoded = [m.encode(t) for m, t in zip(models, self.tests)]
         q, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
-        probs, answers = [], []
-        for model, data in zip(models, self._encoded):
-            observed = (data.y[:, q] >= 0).numpy()
-            probs.append(model.predict_proba(data)[observed, q, :k])
-            answers.append(data.y[observed, q].numpy())
-        return probs, answers
-
-    def _held_out_tables(self, models: list[Family]) -> tuple[list, list]:
-        """As :meth:`_held_out`, from the test tables (any family)."""
-        q, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
-        probs, answers = [], []
-        for model, test in zip(models, self.tests):
-            pairs, index = question_targets(test, self.rubric.main)
-            keep = index >= 0
-            probs.append(model.predict_proba(test, pairs[keep].reset_index(drop=True))[:, q, :k])
-            answers.append(index[keep])
-        return probs, answers
+        return [
+            model.predict_proba(data)[(data.y[:, q] >= 0).numpy(), q, :k] for model, data in zip(models, self._encoded)
+        ]
 
 
 class Objective:

@@ -43,6 +43,13 @@ class InnerFolds:
         """``k`` inner folds of ``tables`` by ``group``; by system with fewer than :data:`MIN_SYSTEMS` systems
         falls back to folds by text (``strict``: an error naming ``model.auto.group`` instead)."""
         folds, group, fallback = _fold_of_texts(tables, group, k, seed, strict)
+        return cls.from_frame(tables, main, folds, group, fallback)
+
+    @classmethod
+    def from_frame(
+        cls, tables: Tables, main, folds: pd.DataFrame, group: str = "text", fallback: str | None = None
+    ) -> InnerFolds:
+        """The folds of ``folds`` (``text_id``, ``fold``: a search's or a protocol's) of ``tables``."""
         splits = [
             (tables.subset(folds.text_id[folds.fold != f]), tables.subset(folds.text_id[folds.fold == f]))
             for f in sorted(folds.fold.unique())
@@ -67,6 +74,11 @@ class InnerFolds:
     def likelihood(self, probs: np.ndarray) -> np.ndarray:
         """Each held-out answer's probability under ``probs`` (answers, options), floored at :data:`PROB_FLOOR`."""
         return np.clip(probs[np.arange(len(self.answers)), self.answers], PROB_FLOOR, 1.0)
+
+    def nll(self, probs: np.ndarray) -> tuple[float, list[float]]:
+        """The pooled out-of-fold NLL of ``probs`` (answers, options) and each fold's."""
+        loss = -np.log(self.likelihood(probs))
+        return float(loss.mean()), [float(loss[self.fold_of == f].mean()) for f in range(len(self.splits))]
 
 
 def _fold_of_texts(tables: Tables, group: str, k: int, seed: int, strict: bool) -> tuple[pd.DataFrame, str, str | None]:

@@ -124,6 +124,7 @@ AUTO_VARIANTS = {  # the shipped path with these overrides
     "auto_bb": ("model.auto.rule=bb_stack",),
     "auto_bb_nolevel": ("model.auto.rule=bb_stack", "model.auto.system_level=off"),
     "auto_rule_auto": ("model.auto.rule=auto",),
+    "auto_bb_select": ("model.auto.rule=bb_select",),
     "auto_folds3": ("model.auto.folds=3",),
 }
 SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")

@@ -19,7 +19,7 @@ def test_where_one_candidate_wins_every_fold_all_rules_give_it_the_weight():
     rng = np.random.default_rng(0)
     good, bad = rng.uniform(0.4, 0.9, 400), rng.uniform(0.05, 0.3, 400)
     likelihood = np.stack([bad, good], axis=1)
-    for rule in ("select", "stack", "bb_stack"):
+    for rule in ("select", "stack", "bb_stack", "bb_select"):
         assert weights(likelihood, rule, FOLDS, 50, 0)[1] > 0.95, rule
 
 
@@ -56,3 +56,16 @@ def test_the_stability_record_has_each_folds_weights_and_the_draws_spread():
     assert record["by_fold"][2] == {"x": round(float(own[0]), 4), "y": round(float(own[1]), 4)}
     assert sum(record["bootstrap_mean"].values()) == pytest.approx(1.0, abs=1e-3)
     assert all(v >= 0 for v in record["bootstrap_sd"].values())
+
+
+def test_bootstrap_selection_spreads_over_the_folds_winners_only():
+    rng = np.random.default_rng(4)
+    a = np.where(FOLDS < 2, rng.uniform(0.5, 0.6, 400), rng.uniform(0.3, 0.4, 400))  # wins folds 0, 1
+    b = np.where(FOLDS < 2, rng.uniform(0.3, 0.4, 400), rng.uniform(0.5, 0.6, 400))  # wins folds 2, 3
+    c = np.full(400, 0.42)  # never the best of a fold, but a stack's complement of both
+    likelihood = np.stack([a, b, c], axis=1)
+    chosen = weights(likelihood, "bb_select", FOLDS, 400, 0)
+    assert chosen[2] == 0 and 0.3 < chosen[0] < 0.7 and chosen.sum() == pytest.approx(1.0)
+    fitted, record = combine(likelihood, "bb_select", FOLDS, ["a", "b", "c"], 400, 0)
+    np.testing.assert_array_equal(fitted, chosen)
+    assert record["draws"] == 400

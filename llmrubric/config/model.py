@@ -23,7 +23,8 @@ class AutoConfig:
         rule: ``select`` (the candidate with the lowest inner-CV NLL), ``stack`` (non-negative
             weights summing to 1 that maximise the inner-CV likelihood of the main question), ``bb_stack``
             (the stack's weights averaged over Bayesian-bootstrap draws of the inner folds,
-            :mod:`llmrubric.model.core.combine`) or ``auto`` (select or stack, each rule's weights fitted on all
+            :mod:`llmrubric.model.core.combine`), ``bb_select`` (each candidate's share of the Bayesian-bootstrap
+            draws of the inner folds it wins: pseudo-BMA+ in its large-sample limit) or ``auto`` (select or stack, each rule's weights fitted on all
             inner folds but one and scored on that one; ``stack`` where its mean gain per fold exceeds one
             standard error).
         group: inner folds by ``text`` or ``system``; ``auto``: by system under the protocols that

@@ -10,6 +10,11 @@ observed answers, grouped in inner folds.
   winner (few systems, a weak signal) the draws disagree and the average spreads the weight over the candidates
   that won somewhere instead of betting on the pooled optimum of 4-5 groups. The draws' spread is the record of how
   stable the weights are.
+- ``bb_select``: each candidate's share of the Bayesian-bootstrap draws of the inner folds in which it has the
+  lowest NLL: pseudo-BMA+ (Yao et al. 2018; ``loo::loo_model_weights(method = "pseudobma")``) in its large-sample
+  limit, where the exponentiated sums of log-likelihood differences over hundreds of pairs are an argmax. Where
+  the folds agree it is ``select``; where each fold has another winner it spreads the weight over those winners
+  only (never over a candidate no draw prefers, as a stack does for complementarity).
 - ``auto``: :func:`rule_scores`.
 """
 
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-RULES = ("auto", "select", "stack", "bb_stack")
+RULES = ("auto", "select", "stack", "bb_stack", "bb_select")
 PROB_FLOOR = 1e-12
 
 
@@ -44,22 +49,33 @@ def weights(likelihood: np.ndarray, rule: str, fold_of: np.ndarray | None = None
         return out
     if rule == "stack":
         return mixture_weights(likelihood)
+    if rule == "bb_select":
+        return bootstrap_wins(likelihood, fold_of, draws, seed).mean(axis=0)
     return bootstrap_weights(likelihood, fold_of, draws, seed).mean(axis=0)
 
 
 def bootstrap_weights(likelihood: np.ndarray, fold_of: np.ndarray, draws: int, seed: int) -> np.ndarray:
     """(draws, candidates): the stack's weights under ``draws`` Dirichlet(1) weightings of the folds (each fold's
     weight spread evenly over its pairs)."""
-    folds, index = np.unique(fold_of, return_inverse=True)
+    index, draws_ = fold_draws(fold_of, draws, seed)
     sizes = np.bincount(index)
     pooled = mixture_weights(likelihood)
-    rng = np.random.default_rng(seed)
-    return np.array(
-        [
-            mixture_weights(likelihood, (g / sizes)[index], start=pooled)
-            for g in rng.dirichlet(np.ones(len(folds)), size=draws)
-        ]
-    )
+    return np.array([mixture_weights(likelihood, (g / sizes)[index], start=pooled) for g in draws_])
+
+
+def fold_draws(fold_of: np.ndarray, draws: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each pair's fold index, (draws, folds) Dirichlet(1, …, 1) weightings of the folds)."""
+    folds, index = np.unique(fold_of, return_inverse=True)
+    return index, np.random.default_rng(seed).dirichlet(np.ones(len(folds)), size=draws)
+
+
+def bootstrap_wins(likelihood: np.ndarray, fold_of: np.ndarray, draws: int, seed: int) -> np.ndarray:
+    """(draws, candidates): one-hot, the candidate with the lowest NLL under each of the Bayesian-bootstrap
+    weightings of the folds that :func:`bootstrap_weights` draws (each fold's weight on its mean NLL)."""
+    index, g = fold_draws(fold_of, draws, seed)
+    loss = -np.log(likelihood)
+    fold_loss = np.stack([loss[index == f].mean(axis=0) for f in range(g.shape[1])])  # (folds, candidates)
+    return np.eye(likelihood.shape[1])[np.argmin(g @ fold_loss, axis=1)]
 
 
 def combine(
@@ -69,7 +85,7 @@ def combine(
     record; the Bayesian bootstrap runs once for both."""
     several = len(np.unique(fold_of)) > 1 and likelihood.shape[1] > 1
     boot = bootstrap_weights(likelihood, fold_of, draws, seed) if several or rule == "bb_stack" else None
-    fitted = boot.mean(axis=0) if rule == "bb_stack" else weights(likelihood, rule)
+    fitted = boot.mean(axis=0) if rule == "bb_stack" else weights(likelihood, rule, fold_of, draws, seed)
     return fitted, stability(likelihood, fold_of, names, boot) if several else None
 
 

@@ -307,6 +307,7 @@ def figures(
         "pair_nll": m["nll"],
         "not_predicted": m["not_predicted"],
         "seconds": seconds,
+        "per_judge": per_judge(predictions, annotations, rubric.main),
     }
     if groups is not None and predictions.text_id.map(systems).nunique() >= 2:  # fewer: --folds-limit
         answered = predicted_annotations(predictions, annotations, rubric.main)[0]
@@ -327,6 +328,22 @@ def figures(
         out.update(system_rms=None, system_kendall=None, coverage=None)
     out["system_kendall_groups"] = None
     return out
+
+
+def per_judge(predictions: pd.DataFrame, annotations: pd.DataFrame, question) -> dict:
+    """Per rater: pair NLL, the mean predicted (expected) and observed answer and the pairs, so that a gain on
+    one rater that costs another, or a rater's offset the model misses, shows."""
+    pairs = pair_log_likelihood(predictions, annotations, question)
+    pairs["judge"] = [str(key[1]) for key in pairs.key]
+    return {
+        judge: {
+            "pair_nll": float(-part.log_p.mean()),
+            "predicted_mean": float(part.expected.mean()),
+            "observed_mean": float(part.observed.mean()),
+            "pairs": int(len(part)),
+        }
+        for judge, part in pairs.groupby("judge")
+    }
 
 
 def kendall_groups(runs: list[dict], name: str, folds: pd.DataFrame, rubric: Rubric, tables) -> float | None:

@@ -3,6 +3,7 @@
 import json
 import sys
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 from support.paths import ROOT
@@ -44,6 +45,9 @@ def test_a_small_run_writes_the_grouped_kendall_of_every_method(tmp_path):
         assert -1 <= groups[name]["system_kendall_groups"] <= 1
         assert systems[name]["system_kendall_groups"] is None  # one system per held-out group
         assert set(groups["choices"]) == {"0/0", "0/1", "0/2", "1/0", "1/1", "1/2"}  # 3 groups × 2 groupings
+        raters = systems[name]["per_judge"]
+        assert len(raters) > 1 and sum(r["pairs"] for r in raters.values()) > 0
+        assert all(r["pair_nll"] > 0 and np.isfinite(r["predicted_mean"] - r["observed_mean"]) for r in raters.values())
     with pytest.raises(SystemExit) as bad:
         bench.main([*args, "--methods", "nothing", "--out", str(tmp_path / "bad.json")])
     assert bad.value.code == 2 and not (tmp_path / "bad.json").exists()

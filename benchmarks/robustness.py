@@ -1,0 +1,141 @@
+"""Issue 49's robustness grid: the default (``model=auto`` as ``train.py`` builds it) against ridge + rater
+indicators (``ridge_judge``) and the raw line (``raw_linear_system``), leave one system out, across data shapes:
+DialSummEval at full size and reduced (``--systems`` of its 14, ``--texts`` per system, ``--draws`` random draws of
+both), and the shared generator's sets (``--generated``, with and without ``--references 1``).
+
+    .venv/bin/python benchmarks/robustness.py [--cells dialsumm_s6_t20_d0 ...] [--methods auto ridge_judge ...]
+        [--workers 2] [--out benchmarks/results/robustness.json --merge]
+
+Each cell runs ``benchmarks/auto.py`` (``--protocols systems``: its pair and system figures, each rater's pair NLL
+and mean predicted and observed answer, the choices and the seconds per fold) and keeps its rows; the record per
+cell says whether the default's pair NLL is no worse than the better baseline's (the issue's first target) and by
+how much. ``--list`` prints the cells. A reduced DialSumm cell keeps ``S`` systems drawn at random (seed: the draw)
+and ``T`` texts of each (the same dialogues for every system, as in the full set), every table cut to those texts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import auto as auto_bench  # noqa: E402
+
+from benchmarks.common import code_version, exit_code, write_result  # noqa: E402
+from llmrubric.io.errors import InputError  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "robustness.json"
+DIALSUMM = ROOT.parent / "shared" / "data" / "dialsumm"
+DEFAULT, BASELINES = "auto", ("ridge_judge", "raw_linear_system")
+SYSTEMS, TEXTS, DRAWS = (6, 14), (20, 40, 100), 3
+GENERATED = (
+    "multisystem_default",
+    "multisystem_references_s0",
+    "multisystem_references_s1",
+    "multisystem_references_s2",
+)
+TABLES = ("annotations", "features", "texts")
+
+
+def cells() -> list[str]:
+    """Every cell of the grid: DialSumm full and reduced (each draw), then the generator's sets."""
+    reduced = [
+        f"dialsumm_s{s}_t{t}_d{d}"
+        for s, t in itertools.product(SYSTEMS, TEXTS)
+        if (s, t) != (max(SYSTEMS), max(TEXTS))
+        for d in range(DRAWS)
+    ]
+    return ["dialsumm_full", *reduced, *GENERATED]
+
+
+def reduced(source: Path, systems: int, texts: int, draw: int, out: Path) -> Path:
+    """DialSumm cut to ``systems`` systems and ``texts`` dialogues of each, drawn with seed ``draw``, in ``out``."""
+    frames = {name: pd.read_csv(source / f"{name}.csv", dtype={"text_id": str}) for name in TABLES}
+    info = frames["texts"]
+    rng = np.random.default_rng(draw)
+    kept_systems = sorted(rng.choice(sorted(info.system_id.unique()), systems, replace=False))
+    queries = sorted(info.query_id.astype(str).unique())
+    kept_queries = set(rng.choice(queries, min(texts, len(queries)), replace=False))
+    chosen = info[info.system_id.isin(kept_systems) & info.query_id.astype(str).isin(kept_queries)].text_id
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in frames.items():
+        frame[frame.text_id.isin(set(chosen))].to_csv(out / f"{name}.csv", index=False)
+    shutil.copy(source / "rubric.yaml", out / "rubric.yaml")
+    return out
+
+
+def cell_args(cell: str, dialsumm: Path, work: Path) -> list[str]:
+    """``benchmarks/auto.py``'s arguments that select the data of ``cell``."""
+    if cell in GENERATED:
+        return ["--sets", cell]
+    if cell == "dialsumm_full":
+        folder = dialsumm
+    elif cell.startswith("dialsumm_s"):
+        s, t, d = (int(part[1:]) for part in cell.removeprefix("dialsumm_").split("_"))
+        folder = reduced(dialsumm, s, t, d, work / cell)
+    else:
+        raise InputError(f"unknown cell {cell!r}; known: {cells()}", setting="--cells")
+    return ["--data", str(folder), "--rubric", str(folder / "rubric.yaml")]
+
+
+def summary(rows: dict, methods: list[str]) -> dict:
+    """The rows of a cell's methods and whether the default's pair NLL is no worse than the better baseline's."""
+    keep = ("pair_nll", "pair_pearson", "system_rms", "system_kendall", "per_judge", "seconds")
+    out = {m: {k: rows[m].get(k) for k in keep} for m in methods if m in rows}
+    baselines = [out[b]["pair_nll"] for b in BASELINES if b in out]
+    if DEFAULT in out and baselines:
+        margin = min(baselines) - out[DEFAULT]["pair_nll"]
+        out["target"] = {"default_no_worse_than_baselines": bool(margin >= 0), "margin": float(margin)}
+    out["choices"] = {fold: choice.get(DEFAULT, {}).get("weights") for fold, choice in rows.get("choices", {}).items()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", nargs="+", default=None, help="default: every cell (--list)")
+    parser.add_argument("--methods", nargs="+", default=[DEFAULT, *BASELINES])
+    parser.add_argument("--dialsumm", type=Path, default=DIALSUMM)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--list", action="store_true", help="print the cells and stop")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--merge", action="store_true", help="keep the other cells already in --out")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(cells()))
+        return 0
+    chosen = args.cells or cells()
+    unknown = [c for c in chosen if c not in cells()]
+    if unknown:
+        raise InputError(f"unknown cell(s) {unknown}; known: {cells()}", setting="--cells")
+    version = code_version()
+    report = json.loads(args.out.read_text()) if args.merge and args.out.is_file() else {}
+    report.pop("meta", None)
+    with tempfile.TemporaryDirectory(prefix="llmrubric-robustness-") as work:
+        for cell in chosen:
+            out = Path(work) / f"{cell}.json"
+            common = ["--protocols", "systems", "--methods", *args.methods, "--grouping-seeds", "1"]
+            code = auto_bench.main([*cell_args(cell, args.dialsumm, Path(work)), *common,
+                                    "--workers", str(args.workers), "--out", str(out)])  # fmt: skip
+            if code:
+                return code
+            result = json.loads(out.read_text())
+            rows = next(v["systems"] for k, v in result.items() if k != "meta" and "systems" in v)
+            report[cell] = summary(rows, args.methods)
+            print(cell, {m: round(r["pair_nll"], 4) for m, r in report[cell].items() if m in args.methods})
+    write_result(report, args.out, version)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code(main, None))

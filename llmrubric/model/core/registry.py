@@ -351,6 +351,11 @@ def entry(name: str, setting: str | None = None) -> Entry:
     return found
 
 
+def name_with(cls: str, **params) -> str | None:
+    """The first name of class ``cls`` whose preset sets exactly ``params`` (None: no such name)."""
+    return next((n for n, e in _entries().items() if e.cls == cls and e.params == params), None)
+
+
 def preset_params(name: str, rubric: Rubric) -> dict:
     """The parameters the preset ``name`` sets (``"{main}"`` resolved to ``rubric``'s main question)."""
 

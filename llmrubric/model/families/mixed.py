@@ -42,11 +42,12 @@ from llmrubric.model.core.answers import AnswerModel, answers_from_state, answer
 from llmrubric.model.core.columns import column_blocks, text_columns
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, question_targets
 from llmrubric.model.core.params import replaced
-from llmrubric.model.core.registry import Capabilities, register
+from llmrubric.model.core.registry import Capabilities, name_with, register
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.cumulative import interval_log_probs
 
 INPUTS = ("own", "all", "mean")
+CLASS_NAME = "clmm"  # the registered class (its presets clmm_own, clmm_all, clmm_mean: conf/presets.yaml)
 VARIANCE_FLOOR, VARIANCE_CEILING = 1e-4, 100.0
 
 
@@ -138,12 +139,13 @@ class MixedOrdinal:
         return self
 
     def same_as(self, tables: Tables) -> tuple[str, str] | None:
-        """The family this one equals on ``tables`` and why: ``clmm_own`` for ``inputs=mean`` when every
-        question has at most one LLM source (the mean of one source is that source)."""
+        """The name this one equals on ``tables`` and why: the preset with ``inputs=own`` (``clmm_own``) for
+        ``inputs=mean`` when every question has at most one LLM source (the mean of one source is that source)."""
         questions = [b.question_id for b in FeatureLayout.from_features(tables.features, self.rubric).blocks]
-        if self.inputs != "mean" or len(questions) != len(set(questions)):
+        twin = name_with(CLASS_NAME, inputs="own")
+        if self.inputs != "mean" or len(questions) != len(set(questions)) or twin is None:
             return None
-        return "clmm_own", "every question has at most one LLM source"
+        return twin, "every question has at most one LLM source"
 
     def _columns(self, question: Question) -> list[int]:
         """Input columns of ``question``: its own blocks' (``own``, ``mean``) or all; all when it has none."""
@@ -366,7 +368,7 @@ def _update_variances(fit: _QuestionFit, loss) -> None:
 
 CLASS = dict(questions=True, twins=True, absent_blocks=True, member_judge=True)  # the class's capabilities
 register(
-    "clmm",
+    CLASS_NAME,
     lambda rubric, setup: MixedOrdinal(rubric, seed=setup.seed),
     MixedOrdinal,
     capabilities=Capabilities(**CLASS),

@@ -2,7 +2,7 @@
 compared with the same key of ``--before`` (the committed JSON), timings and metadata left out.
 
     .venv/bin/python benchmarks/identity_rows.py --before benchmarks/results/table1.json \
-        --after /tmp/table1.json --name table1 [--out benchmarks/results/identity_rows.json --merge]
+        --after /tmp/table1.json --name table1 [--only REGEX] [--tolerance T] [--out FILE --merge]
 
 Writes, under ``--name``: how many figures were compared and identical (to ``--tolerance``, 0 by default: equal
 as written), each differing figure's path with both values (largest first), and the figures only one file has.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -41,9 +42,13 @@ def leaves(data, path: tuple = ()) -> dict[tuple, float]:
     return {path: float(data)}
 
 
-def compare(before: dict, after: dict, tolerance: float = 0.0) -> dict:
-    """The record of :func:`leaves` of ``after`` against ``before`` (module doc)."""
+def compare(before: dict, after: dict, tolerance: float = 0.0, only: str | None = None) -> dict:
+    """The record of :func:`leaves` of ``after`` against ``before`` (module doc); ``only``: a regular expression
+    a figure's dotted path must contain (the rows of the methods a partial re-run measured)."""
     old, new = leaves(before), leaves(after)
+    if only:
+        pattern = re.compile(only)
+        new = {p: v for p, v in new.items() if pattern.search(".".join(p))}
     shared = [p for p in new if p in old]
     differing = []
     for path in shared:
@@ -52,12 +57,15 @@ def compare(before: dict, after: dict, tolerance: float = 0.0) -> dict:
         if not same:
             differing.append({"path": ".".join(path), "before": a, "after": b, "difference": b - a})
     differing.sort(key=lambda d: -abs(d["difference"]) if math.isfinite(d["difference"]) else -math.inf)
+    finite = [abs(d["difference"]) for d in differing if math.isfinite(d["difference"])]
     return {
         "compared": len(shared),
         "identical": len(shared) - len(differing),
+        "max_difference": max(finite, default=0.0),
         "differing": differing,
         "only_after": sorted(".".join(p) for p in new if p not in old)[:50],
         "tolerance": tolerance,
+        "only": only,
     }
 
 
@@ -67,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=Path, required=True, help="the re-run's result JSON")
     parser.add_argument("--name", required=True, help="the record's key (the benchmark)")
     parser.add_argument("--tolerance", type=float, default=0.0)
+    parser.add_argument("--only", default=None, help="a regular expression the compared figures' paths contain")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--merge", action="store_true", help="keep the other records already in --out")
     args = parser.parse_args(argv)
@@ -78,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             files[role] = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise InputError(f"cannot read a result JSON: {e}", file=str(path)) from None
-    record = compare(files["before"], files["after"], args.tolerance)
+    record = compare(files["before"], files["after"], args.tolerance, args.only)
     record.update(before=str(args.before), after=str(args.after), after_code=files["after"].get("meta", {}))
-    print(f"{args.name}: {record['identical']} of {record['compared']} figures identical")
+    print(f"{args.name}: {record['identical']} of {record['compared']} figures identical, largest difference "
+          f"{record['max_difference']:.3g}")  # fmt: skip
     for d in record["differing"][:10]:
         print(f"  {d['path']}: {d['before']:.6g} -> {d['after']:.6g}")
     report = json.loads(args.out.read_text()) if args.merge and args.out.is_file() else {}

@@ -27,3 +27,5 @@ def test_identity_rows_finds_a_moved_figure_and_skips_timings():
     assert record["differing"] == [{"path": "a.nll", "before": 1.0, "after": 1.25, "difference": 0.25}]
     assert record["only_after"] == ["a.new"]
     assert identity_rows.compare(before, after, tolerance=0.3)["identical"] == 3
+    assert record["max_difference"] == 0.25
+    assert identity_rows.compare(before, after, only=r"\.rows\.")["compared"] == 2

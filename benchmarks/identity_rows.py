@@ -5,7 +5,8 @@ compared with the same key of ``--before`` (the committed JSON), timings and met
         --after /tmp/table1.json --name table1 [--only REGEX] [--tolerance T] [--out FILE --merge]
 
 Writes, under ``--name``: how many figures were compared and identical (to ``--tolerance``, 0 by default: equal
-as written), each differing figure's path with both values (largest first), and the figures only one file has.
+as written), the largest difference, the 50 largest differing figures' paths with both values, and the figures only
+the re-run has.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from benchmarks.common import code_version, exit_code, write_result  # noqa: E40
 from llmrubric.io.errors import InputError  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "identity_rows.json"
+TOP = 50  # the differing figures kept in the record, largest first
 SKIPPED = ("meta", "seconds", "wall", "cpu", "time", "timing", "cost")  # keys whose figures depend on the machine
 
 
@@ -62,7 +64,7 @@ def compare(before: dict, after: dict, tolerance: float = 0.0, only: str | None 
         "compared": len(shared),
         "identical": len(shared) - len(differing),
         "max_difference": max(finite, default=0.0),
-        "differing": differing,
+        "differing": differing[:TOP],
         "only_after": sorted(".".join(p) for p in new if p not in old)[:50],
         "tolerance": tolerance,
         "only": only,

@@ -115,10 +115,7 @@ class Levelled:
         """(the main question's (pairs, options) distributions with the level where it applies, those rows)
         from the base's ``main`` distributions (``table``: :meth:`levels` over all the texts of the systems)."""
         table = self.level_.levels(tables, pairs, main @ self.level_.values) if table is None else table
-        rows = np.ones(len(pairs), bool)
-        if self.where == "beyond":
-            system = pairs.text_id.astype(str).map(text_system_ids(tables, pairs)).to_numpy()
-            rows = table["beyond"].reindex(system).fillna(False).to_numpy(bool)
+        rows = beyond_rows(tables, pairs, table) if self.where == "beyond" else np.ones(len(pairs), bool)
         out = main.copy()
         if rows.any():
             out[rows] = self.level_.apply(tables, pairs, main, table)[rows]
@@ -206,6 +203,12 @@ class Levelled:
         return self
 
 
+def beyond_rows(tables: Tables, pairs: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
+    """Whether each pair's system is new and beyond the training systems' range (``table``: its levels)."""
+    system = pairs.text_id.astype(str).map(text_system_ids(tables, pairs)).to_numpy()
+    return table["beyond"].reindex(system).fillna(False).to_numpy(bool)
+
+
 def fold_levels(
     models: list, splits: list[tuple], pairs: list[pd.DataFrame], probs: list, prior: LevelPrior, name: str
 ):
@@ -220,8 +223,7 @@ def fold_levels(
             levelled = Levelled(model, prior, "all", name).fit_level(train)
             table = levelled.level_.levels(test, held, p @ levelled.level_.values)
             every.append(levelled.applied_main(test, held, p, table)[0])
-            levelled.where = "beyond"
-            beyond.append(levelled.applied_main(test, held, p, table)[1])
+            beyond.append(beyond_rows(test, held, table))
     except NotApplicableError as e:  # too few training systems in an inner fold; anything else is a bug
         return None, None, time.perf_counter() - start, " ".join(str(e).split())[:300]
     return np.concatenate(every), np.concatenate(beyond), time.perf_counter() - start, None

@@ -98,7 +98,7 @@ def test_a_candidate_with_the_level_puts_a_new_systems_mean_at_the_levels_prior(
     model = fit_questions(bench.candidate("ridge_judge", rubric, model_file("auto"), group("trainer", "default"), 0),
                           train, [rubric.main.id])  # fmt: skip
     predictions = bench._main(model.predict(test), rubric)
-    levelled, table = bench.with_system_level(model, predictions, rubric, train, test)
+    levelled, table = bench.with_system_level(model, "ridge_judge", predictions, rubric, train, test)
     probs = levelled[[f"p_{k}" for k in rubric.main.keys]].to_numpy()
     assert probs.min() >= 0 and abs(probs.sum(axis=1) - 1).max() < 1e-9
     values = rubric.main.values

@@ -89,15 +89,18 @@ def cell_args(cell: str, dialsumm: Path, work: Path) -> list[str]:
     return ["--data", str(folder), "--rubric", str(folder / "rubric.yaml")]
 
 
-def summary(rows: dict, methods: list[str]) -> dict:
-    """The rows of a cell's methods and whether the default's pair NLL is no worse than the better baseline's."""
+def summary(rows: dict, methods: list[str], before: dict | None = None, commit: str | None = None) -> dict:
+    """The rows of a cell's methods (over those of ``before``, an earlier run's record of the cell; each row says
+    the ``commit`` it ran at) and whether the default's pair NLL is no worse than the better baseline's."""
     keep = ("pair_nll", "pair_pearson", "system_rms", "system_kendall", "per_judge", "seconds")
-    out = {m: {k: rows[m].get(k) for k in keep} for m in methods if m in rows}
+    out = {m: r for m, r in (before or {}).items() if m not in ("target", "choices")}
+    out |= {m: {**{k: rows[m].get(k) for k in keep}, "commit": commit} for m in methods if m in rows}
     baselines = [out[b]["pair_nll"] for b in BASELINES if b in out]
     if DEFAULT in out and baselines:
         margin = min(baselines) - out[DEFAULT]["pair_nll"]
         out["target"] = {"default_no_worse_than_baselines": bool(margin >= 0), "margin": float(margin)}
-    out["choices"] = {fold: choice.get(DEFAULT, {}).get("weights") for fold, choice in rows.get("choices", {}).items()}
+    choices = {m: {f: c[m]["weights"] for f, c in rows.get("choices", {}).items() if m in c} for m in methods}
+    out["choices"] = {**(before or {}).get("choices", {}), **{m: c for m, c in choices.items() if c}}
     return out
 
 
@@ -131,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                 return code
             result = json.loads(out.read_text())
             rows = next(v["systems"] for k, v in result.items() if k != "meta" and "systems" in v)
-            report[cell] = summary(rows, args.methods)
-            print(cell, {m: round(r["pair_nll"], 4) for m, r in report[cell].items() if m in args.methods})
+            report[cell] = summary(rows, args.methods, report.get(cell), version["commit"])
+            print(cell, {m: round(report[cell][m]["pair_nll"], 4) for m in args.methods if m in report[cell]})
     write_result(report, args.out, version)
     return 0
 

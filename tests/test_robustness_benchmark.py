@@ -38,7 +38,11 @@ def test_the_record_says_whether_the_default_beats_the_better_baseline():
         "raw_linear_system": {"pair_nll": 0.98},
         "choices": {"0/0": {"auto": {"weights": {"network": 1.0}}}},
     }
-    record = bench.summary(rows, ["auto", "ridge_judge", "raw_linear_system"])
+    record = bench.summary(rows, ["auto", "ridge_judge", "raw_linear_system"], commit="abc")
     assert record["target"] == {"default_no_worse_than_baselines": False, "margin": pytest.approx(-0.02)}
-    assert record["choices"] == {"0/0": {"network": 1.0}}
+    assert record["choices"] == {"auto": {"0/0": {"network": 1.0}}} and record["auto"]["commit"] == "abc"
+    more = {"auto_stack": {"pair_nll": 0.97}, "choices": {"0/0": {"auto_stack": {"weights": {"ridge_judge": 1.0}}}}}
+    merged = bench.summary(more, ["auto_stack"], record, "def")
+    assert merged["auto"] == record["auto"] and merged["auto_stack"]["pair_nll"] == 0.97
+    assert set(merged["choices"]) == {"auto", "auto_stack"} and merged["target"] == record["target"]
     assert bench.exit_code(bench.main, ["--cells", "nowhere", "--out", "/dev/null"]) == 2  # one line, exit code 2

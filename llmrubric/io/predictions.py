@@ -46,6 +46,16 @@ def predictions_frame(
     return out[columns + p_cols + ["mean", "var"]]
 
 
+def predicted_frame(
+    rubric: Rubric, pairs: pd.DataFrame, probs: np.ndarray, questions: list[str] | None = None
+) -> pd.DataFrame:
+    """:func:`predictions_frame` of the ``questions`` (every rubric question by default) that ``probs``
+    (pairs, rubric questions, max options) predicts for every pair: a question with a non-finite row is left out."""
+    ids = [q for q in (questions or rubric.ids) if np.isfinite(probs[:, rubric.ids.index(q)]).all()]
+    index = [rubric.ids.index(q) for q in ids]
+    return predictions_frame(pairs, [rubric[q] for q in ids], probs[:, index])
+
+
 def probabilities(predictions: pd.DataFrame, question: Question) -> np.ndarray:
     """(rows, options) probabilities of ``question`` from a predictions table."""
     return predictions[[f"p_{k}" for k in question.keys]].to_numpy(dtype=np.float64)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from llmrubric.io.integrity import check_finite_predictions
-from llmrubric.io.predictions import predictions_frame
+from llmrubric.io.predictions import predicted_frame
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.encoding import pairs_of
 from llmrubric.model.core.registry import capabilities
@@ -128,7 +128,4 @@ class WeightedMixture:
         """Predictions table of the annotated pairs of ``tables`` (or ``pairs``), every predicted
         question (``levels``: as for :meth:`predict_proba`)."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
-        probs = self.predict_proba(tables, pairs, levels)
-        ids = [q for q in (questions or self.rubric.ids) if np.isfinite(probs[:, self.rubric.ids.index(q)]).all()]
-        index = [self.rubric.ids.index(q) for q in ids]
-        return predictions_frame(pairs, [self.rubric[q] for q in ids], probs[:, index])
+        return predicted_frame(self.rubric, pairs, self.predict_proba(tables, pairs, levels), questions)

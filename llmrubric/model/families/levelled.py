@@ -20,7 +20,7 @@ import torch
 
 from llmrubric.config import AutoConfig, model_settings
 from llmrubric.io.errors import InputError, NotApplicableError
-from llmrubric.io.predictions import predictions_frame
+from llmrubric.io.predictions import predicted_frame
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.checkpoints import split_tensors
@@ -149,11 +149,7 @@ class Levelled:
     ) -> pd.DataFrame:
         """Predictions table of ``pairs`` (the annotated ones of ``tables``), the ``questions`` it predicts."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs.reset_index(drop=True)
-        probs = self.predict_proba(tables, pairs, levels)
-        wanted = questions or self.rubric.ids
-        ids = [q for q in wanted if np.isfinite(probs[:, self.rubric.ids.index(q)]).all()]
-        index = [self.rubric.ids.index(q) for q in ids]
-        return predictions_frame(pairs, [self.rubric[q] for q in ids], probs[:, index])
+        return predicted_frame(self.rubric, pairs, self.predict_proba(tables, pairs, levels), questions)
 
     @property
     def judges_(self):

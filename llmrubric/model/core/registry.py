@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -255,7 +256,13 @@ def _class_capabilities(caps: Capabilities) -> dict[str, bool]:
 
 
 def _preset_specs() -> dict[str, dict]:
-    """``conf/presets.yaml`` as written: name → its keys."""
+    """``conf/presets.yaml`` as written: name → its keys (a copy of the file read once)."""
+    return {name: dict(spec) for name, spec in _preset_file().items()}
+
+
+@cache
+def _preset_file() -> dict[str, dict]:
+    """``conf/presets.yaml`` parsed (once a process: every registration checks the places it holds)."""
     import yaml
 
     data = yaml.safe_load(conf_path(PRESETS).read_text()) or {}

@@ -29,7 +29,7 @@ Methods: ``auto`` is the shipped path: :func:`shipped_model` composes the settin
 does (``conf/config.yaml`` with ``model=auto`` through :func:`llmrubric.config.compose`, inner folds
 grouped as the protocol makes ``train.py`` group them) and fits :class:`AutoCalibrator` on each
 outer fold's training data; its predictions and seconds are its own. ``auto_stack`` is the same
-with ``model.auto.rule=stack``, ``auto_bb`` with ``model.auto.rule=bb_stack`` (``auto_bb_nolevel`` also without the system level), ``auto_rule_auto``
+with ``model.auto.rule=stack``, ``auto_bb`` with ``model.auto.rule=bb_stack`` (``auto_bb_nolevel`` also without the system level, ``auto_bb_min5`` with it only from 5 training systems), ``auto_rule_auto``
 with ``model.auto.rule=auto`` (select or stack, chosen by the inner folds), ``auto_folds3`` with ``model.auto.folds=3`` (the
 cheaper inner CV). Then each candidate alone (``network`` is
 ``model=default``), ``mean_of_sources`` and ``raw_linear_system`` (a line through the training
@@ -125,6 +125,7 @@ AUTO_VARIANTS = {  # the shipped path with these overrides
     "auto_bb_nolevel": ("model.auto.rule=bb_stack", "model.auto.system_level=off"),
     "auto_rule_auto": ("model.auto.rule=auto",),
     "auto_bb_select": ("model.auto.rule=bb_select",),
+    "auto_bb_min5": ("model.auto.rule=bb_stack", "model.auto.level_min_systems=5"),
     "auto_folds3": ("model.auto.folds=3",),
 }
 SUFFIXES = (".csv", ".tsv", ".parquet", ".jsonl")

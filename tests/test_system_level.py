@@ -211,6 +211,24 @@ def test_too_few_systems_for_a_level_is_recorded_or_an_error(six, rubric):
     assert error.value.setting == "model.auto.system_level"
 
 
+def test_the_level_waits_for_level_min_systems_training_systems(six, rubric):
+    from llmrubric.model.core.system_level import level_plan
+
+    systems = six.texts.set_index("text_id").system_id
+    four = six.subset(systems.index[systems.isin(sorted(systems.unique())[:4])])
+    assert level_plan(rubric, four, "auto", min_systems=4)["compared"]
+    plan = level_plan(rubric, four, "auto", min_systems=5)
+    assert not plan["compared"] and "needs 5 (model.auto.level_min_systems)" in plan["reason"]
+    with pytest.raises(InputError, match="level_min_systems") as error:
+        level_plan(rubric, four, "on", min_systems=5)
+    assert error.value.setting == "model.auto.system_level"
+    with pytest.raises(InputError) as error:
+        AutoCalibrator(rubric, {**_auto("auto"), "auto": {**_auto("auto")["auto"], "level_min_systems": 2}}, FAST).fit(
+            four
+        )
+    assert error.value.setting == "model.auto.level_min_systems"
+
+
 @pytest.mark.slow
 def test_a_system_without_labels_is_recorded_and_a_text_without_system_refused(six, rubric):
     systems = six.texts.set_index("text_id").system_id

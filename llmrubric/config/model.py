@@ -36,6 +36,8 @@ class AutoConfig:
             ``auto`` compares every candidate with and without it by the inner CV where the training
             data have 3+ systems with labels (else records why not); ``on``: only with it (fewer
             systems are an error); ``off``: never.
+        level_min_systems: the labelled training systems ``system_level=auto`` needs before it compares the
+            level (3 at the least: its inner folds then fit levels on 2); fewer: candidates without it.
         level_summary: the summary ``x_s`` a system's level is regressed on: ``llm`` (the LLM
             sources' mean expected answer of the main question), ``model`` (the text model's mean
             prediction for the system: every rubric has it) or ``auto`` (``llm`` where every labelled
@@ -62,6 +64,7 @@ class AutoConfig:
     group: str = "auto"
     folds: int = 5
     system_level: str = "auto"
+    level_min_systems: int = 3
     level_summary: str = "auto"
     level_slope_sd: float = 5.0
     level_tau_scale: float = 0.25

@@ -125,7 +125,9 @@ class AutoCalibrator(WeightedMixture):
     def fit(self, tables: Tables) -> AutoCalibrator:
         """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``."""
         self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
-        self.level_record_ = level_plan(self.rubric, tables, self.settings.system_level, self.level_prior)
+        self.level_record_ = level_plan(
+            self.rubric, tables, self.settings.system_level, self.level_prior, self.settings.level_min_systems
+        )
         folds = InnerFolds.of(
             tables, self.rubric.main, self.group, self.settings.folds, self.seed, self.settings.group == "system"
         )

@@ -38,7 +38,7 @@ from llmrubric.io.tables import Tables
 from llmrubric.model.core.columns import text_columns
 from llmrubric.model.core.encoding import FeatureLayout, question_targets
 
-MIN_SYSTEMS = 3  # labelled training systems for model.auto to compare a level
+MIN_SYSTEMS = 3  # labelled training systems for model.auto to compare a level, at the least
 MIN_FIT_SYSTEMS = 2  # systems a level is fitted on (an inner fold of 3 training systems has 2)
 NODES = 12  # equal-weight nodes of the level's Student t
 MAX_DF = 1000.0
@@ -542,10 +542,12 @@ LABELS = {"all": "level", "beyond": "beyond"}  # a part's label: ``<member>-<LAB
 SETTINGS = ("auto", "on", "off")
 
 
-def level_plan(rubric: Rubric, tables: Tables, setting: str, prior: LevelPrior | None = None) -> dict:
+def level_plan(
+    rubric: Rubric, tables: Tables, setting: str, prior: LevelPrior | None = None, min_systems: int = MIN_SYSTEMS
+) -> dict:
     """Whether ``model=auto`` compares its candidates with the system level on ``tables``, and why
     (``model.auto.system_level``: ``auto`` where the data allow it, ``on``: only with it, an error
-    where the data do not allow it, ``off``)."""
+    where the data do not allow it, ``off``; ``min_systems``: ``model.auto.level_min_systems``)."""
     if setting not in SETTINGS:
         raise InputError(f"{setting!r} is not one of {list(SETTINGS)}", setting="model.auto.system_level")
     record = {"setting": setting, "compared": False}
@@ -560,9 +562,10 @@ def level_plan(rubric: Rubric, tables: Tables, setting: str, prior: LevelPrior |
         reason = f"the main question {rubric.main.id} is categorical"
     elif systems.empty:
         reason = "the training texts have no system_id"
-    elif len(labelled) < MIN_SYSTEMS:
+    elif len(labelled) < max(min_systems, MIN_SYSTEMS):
         reason = (
-            f"{len(labelled)} training system(s) with labels of {rubric.main.id}; a system level needs {MIN_SYSTEMS}"
+            f"{len(labelled)} training system(s) with labels of {rubric.main.id}; a system level needs "
+            f"{max(min_systems, MIN_SYSTEMS)} (model.auto.level_min_systems)"
         )
     elif (prior or LevelPrior()).summary == "llm" and not (
         tables.features.question_id.astype(str) == rubric.main.id

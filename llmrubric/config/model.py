@@ -37,7 +37,8 @@ class AutoConfig:
             data have 3+ systems with labels (else records why not); ``on``: only with it (fewer
             systems are an error); ``off``: never.
         level_min_systems: the labelled training systems ``system_level=auto`` needs before it compares the
-            level (3 at the least: its inner folds then fit levels on 2); fewer: candidates without it.
+            level (3 at the least: its inner folds then fit levels on 2); fewer: candidates without it
+            (``system_level=on`` needs 3).
         level_summary: the summary ``x_s`` a system's level is regressed on: ``llm`` (the LLM
             sources' mean expected answer of the main question), ``model`` (the text model's mean
             prediction for the system: every rubric has it) or ``auto`` (``llm`` where every labelled

@@ -547,7 +547,8 @@ def level_plan(
 ) -> dict:
     """Whether ``model=auto`` compares its candidates with the system level on ``tables``, and why
     (``model.auto.system_level``: ``auto`` where the data allow it, ``on``: only with it, an error
-    where the data do not allow it, ``off``; ``min_systems``: ``model.auto.level_min_systems``)."""
+    where the data do not allow it, ``off``; ``min_systems``: ``model.auto.level_min_systems``, the
+    training systems ``auto`` needs, ``on`` needing :data:`MIN_SYSTEMS`)."""
     if setting not in SETTINGS:
         raise InputError(f"{setting!r} is not one of {list(SETTINGS)}", setting="model.auto.system_level")
     record = {"setting": setting, "compared": False}
@@ -557,16 +558,15 @@ def level_plan(
     systems = text_system_ids(tables)
     labelled = pairs.text_id[index >= 0].astype(str).map(systems).dropna().unique()
     unlabelled = sorted(set(systems.unique()) - set(labelled))
+    needed = MIN_SYSTEMS if setting == "on" else max(min_systems, MIN_SYSTEMS)
     reason = None
     if not rubric.main.ordered:
         reason = f"the main question {rubric.main.id} is categorical"
     elif systems.empty:
         reason = "the training texts have no system_id"
-    elif len(labelled) < max(min_systems, MIN_SYSTEMS):
-        reason = (
-            f"{len(labelled)} training system(s) with labels of {rubric.main.id}; a system level needs "
-            f"{max(min_systems, MIN_SYSTEMS)} (model.auto.level_min_systems)"
-        )
+    elif len(labelled) < needed:
+        reason = f"{len(labelled)} training system(s) with labels of {rubric.main.id}; a system level needs {needed}"
+        reason += "" if needed == MIN_SYSTEMS else " (model.auto.level_min_systems)"
     elif (prior or LevelPrior()).summary == "llm" and not (
         tables.features.question_id.astype(str) == rubric.main.id
     ).any():

@@ -5,6 +5,7 @@ both), and the shared generator's sets (``--generated``, with and without ``--re
 
     .venv/bin/python benchmarks/robustness.py [--cells dialsumm_s6_t20_d0 ...] [--methods auto ridge_judge ...]
         [--workers 2] [--out benchmarks/results/robustness.json --merge]
+    .venv/bin/python benchmarks/robustness.py --combine RUN.json ... [--out benchmarks/results/robustness.json]
 
 Each cell runs ``benchmarks/auto.py`` (``--protocols systems``: its pair and system figures, each rater's pair NLL
 and mean predicted and observed answer, the choices and the seconds per fold) and keeps its rows; the record per
@@ -93,14 +94,25 @@ def summary(rows: dict, methods: list[str], before: dict | None = None, commit: 
     """The rows of a cell's methods (over those of ``before``, an earlier run's record of the cell; each row says
     the ``commit`` it ran at) and whether the default's pair NLL is no worse than the better baseline's."""
     keep = ("pair_nll", "pair_pearson", "system_rms", "system_kendall", "per_judge", "seconds")
-    out = {m: r for m, r in (before or {}).items() if m not in ("target", "choices")}
-    out |= {m: {**{k: rows[m].get(k) for k in keep}, "commit": commit} for m in methods if m in rows}
-    baselines = [out[b]["pair_nll"] for b in BASELINES if b in out]
-    if DEFAULT in out and baselines:
-        margin = min(baselines) - out[DEFAULT]["pair_nll"]
-        out["target"] = {"default_no_worse_than_baselines": bool(margin >= 0), "margin": float(margin)}
+    new = {m: {**{k: rows[m].get(k) for k in keep}, "commit": commit} for m in methods if m in rows}
     choices = {m: {f: c[m]["weights"] for f, c in rows.get("choices", {}).items() if m in c} for m in methods}
-    out["choices"] = {**(before or {}).get("choices", {}), **{m: c for m, c in choices.items() if c}}
+    return combined({**new, "choices": {m: c for m, c in choices.items() if c}}, before)
+
+
+def combined(record: dict, before: dict | None = None) -> dict:
+    """A cell's ``record`` over ``before`` (its rows and choices replace theirs by method) with the targets: for the
+    default (``target``) and for every variant of it (``targets``), whether its pair NLL is no worse than the better
+    baseline's and by how much."""
+    rows = {m: r for m, r in (before or {}).items() if m not in ("target", "targets", "choices")}
+    rows |= {m: r for m, r in record.items() if m not in ("target", "targets", "choices")}
+    out = {**rows, "choices": {**(before or {}).get("choices", {}), **record.get("choices", {})}}
+    baselines = [rows[b]["pair_nll"] for b in BASELINES if b in rows]
+    if baselines:
+        margins = {m: min(baselines) - r["pair_nll"] for m, r in rows.items() if m.startswith(DEFAULT)}
+        out["targets"] = {m: {"no_worse_than_baselines": bool(v >= 0), "margin": float(v)} for m, v in margins.items()}
+        if DEFAULT in margins:
+            margin = margins[DEFAULT]
+            out["target"] = {"default_no_worse_than_baselines": bool(margin >= 0), "margin": float(margin)}
     return out
 
 
@@ -113,10 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the cells and stop")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--merge", action="store_true", help="keep the other cells already in --out")
+    parser.add_argument("--combine", nargs="+", type=Path, help="merge these runs' records into --out and stop")
     args = parser.parse_args(argv)
     if args.list:
         print("\n".join(cells()))
         return 0
+    if args.combine:
+        return combine_runs(args.combine, args.out)
     chosen = args.cells or cells()
     unknown = [c for c in chosen if c not in cells()]
     if unknown:
@@ -137,6 +152,21 @@ def main(argv: list[str] | None = None) -> int:
             report[cell] = summary(rows, args.methods, report.get(cell), version["commit"])
             print(cell, {m: round(report[cell][m]["pair_nll"], 4) for m in args.methods if m in report[cell]})
     write_result(report, args.out, version)
+    return 0
+
+
+def combine_runs(runs: list[Path], out: Path) -> int:
+    """Merge other runs' records (each written by this script with another ``--out``) into ``out``, cell by cell
+    and method by method: every row keeps the commit it ran at; ``meta.combined`` lists each run's commit."""
+    report = json.loads(out.read_text())
+    meta = report.pop("meta")
+    for run in runs:
+        record = json.loads(run.read_text())
+        ran = record.pop("meta")
+        for cell, rows in record.items():
+            report[cell] = combined(rows, report.get(cell))
+        meta.setdefault("combined", []).append({"commit": ran["commit"], "dirty": ran["dirty"], "cells": list(record)})
+    out.write_text(json.dumps({**report, "meta": meta}, indent=2) + "\n")
     return 0
 
 

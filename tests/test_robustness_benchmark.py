@@ -45,4 +45,23 @@ def test_the_record_says_whether_the_default_beats_the_better_baseline():
     merged = bench.summary(more, ["auto_stack"], record, "def")
     assert merged["auto"] == record["auto"] and merged["auto_stack"]["pair_nll"] == 0.97
     assert set(merged["choices"]) == {"auto", "auto_stack"} and merged["target"] == record["target"]
+    assert merged["targets"]["auto_stack"] == {"no_worse_than_baselines": True, "margin": pytest.approx(0.01)}
     assert bench.exit_code(bench.main, ["--cells", "nowhere", "--out", "/dev/null"]) == 2  # one line, exit code 2
+
+
+def test_other_runs_combine_into_the_record_cell_by_cell(tmp_path):
+    import json
+
+    base = {"c": {"auto": {"pair_nll": 1.0, "commit": "a"}, "ridge_judge": {"pair_nll": 1.1}}, "meta": {"commit": "a"}}
+    run = {
+        "c": {"auto_x": {"pair_nll": 1.2, "commit": "b"}, "choices": {"auto_x": {}}},
+        "d": {},
+        "meta": {"commit": "b", "dirty": False},
+    }
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert bench.main(["--combine", str(tmp_path / "run.json"), "--out", str(tmp_path / "base.json")]) == 0
+    out = json.loads((tmp_path / "base.json").read_text())
+    assert out["c"]["auto"]["commit"] == "a" and out["c"]["auto_x"]["commit"] == "b" and "d" in out
+    assert out["c"]["targets"]["auto_x"] == {"no_worse_than_baselines": False, "margin": pytest.approx(-0.1)}
+    assert out["c"]["target"]["margin"] == pytest.approx(0.1) and out["meta"]["combined"][0]["commit"] == "b"

@@ -28,9 +28,13 @@ real sets are reported, never used to decide.
 Methods: ``auto`` is the shipped path: :func:`shipped_model` composes the settings as ``train.py``
 does (``conf/config.yaml`` with ``model=auto`` through :func:`llmrubric.config.compose`, inner folds
 grouped as the protocol makes ``train.py`` group them) and fits :class:`AutoCalibrator` on each
-outer fold's training data; its predictions and seconds are its own. ``auto_stack`` is the same
-with ``model.auto.rule=stack``, ``auto_bb`` with ``model.auto.rule=bb_stack`` (``auto_bb_nolevel`` also without the system level, ``auto_bb_min5`` with it only from 5 training systems), ``auto_rule_auto``
-with ``model.auto.rule=auto`` (select or stack, chosen by the inner folds), ``auto_folds3`` with ``model.auto.folds=3`` (the
+outer fold's training data; its predictions and seconds are its own (``rule=bb_stack``, the level compared from 5
+training systems). ``auto_select`` is the same with ``model.auto.rule=select`` and the level from 3 training
+systems (the default before issue 49), ``auto_stack`` with ``model.auto.rule=stack``, ``auto_bb`` with
+``model.auto.rule=bb_stack`` (these three and the next two with the level from 3 training systems, as when they
+were first measured; ``auto_bb_nolevel`` without the system level, ``auto_bb_min5`` the default's settings named),
+``auto_rule_auto`` with ``model.auto.rule=auto`` (select or stack, chosen by the inner folds), ``auto_bb_select``
+with ``model.auto.rule=bb_select``, ``auto_folds3`` with ``model.auto.folds=3`` (the
 cheaper inner CV). Then each candidate alone (``network`` is
 ``model=default``), ``mean_of_sources`` and ``raw_linear_system`` (a line through the training
 systems' means of the raw LLM answers, each new system placed on it); named with ``--methods`` only,
@@ -120,11 +124,12 @@ PROTOCOLS = ("systems", "system_groups", "cv", "holdout")
 BASELINES = ("mean_of_sources", "raw_linear_system")
 AUTO_VARIANTS = {  # the shipped path with these overrides
     "auto": (),
-    "auto_stack": ("model.auto.rule=stack",),
-    "auto_bb": ("model.auto.rule=bb_stack",),
+    "auto_select": ("model.auto.rule=select", "model.auto.level_min_systems=3"),  # the default before 49
+    "auto_stack": ("model.auto.rule=stack", "model.auto.level_min_systems=3"),
+    "auto_bb": ("model.auto.rule=bb_stack", "model.auto.level_min_systems=3"),
     "auto_bb_nolevel": ("model.auto.rule=bb_stack", "model.auto.system_level=off"),
-    "auto_rule_auto": ("model.auto.rule=auto",),
-    "auto_bb_select": ("model.auto.rule=bb_select",),
+    "auto_rule_auto": ("model.auto.rule=auto", "model.auto.level_min_systems=3"),
+    "auto_bb_select": ("model.auto.rule=bb_select", "model.auto.level_min_systems=3"),
     "auto_bb_min5": ("model.auto.rule=bb_stack", "model.auto.level_min_systems=5"),
     "auto_folds3": ("model.auto.folds=3",),
 }
@@ -513,16 +518,16 @@ def _holds(key: str, value: float, bound: float, strict: bool) -> bool:
 
 
 def rule_decision(report: dict) -> dict:
-    """Pair NLL of ``rule=select`` (the shipped ``auto``) and ``rule=stack`` on every design set and
-    protocol measured, and which rule had the lower NLL on more of them."""
+    """Pair NLL of the shipped ``auto`` and of ``auto_select`` (the default before issue 49) on every design set
+    and protocol measured, and on how many the shipped rule was lower or equal."""
     rows = {
-        f"{s}/{p}": {"select": figures_["auto"]["pair_nll"], "stack": figures_["auto_stack"]["pair_nll"]}
+        f"{s}/{p}": {"default": figures_["auto"]["pair_nll"], "select": figures_["auto_select"]["pair_nll"]}
         for s in DESIGN_SETS
         for p, figures_ in report.get(s, {}).items()
-        if "auto" in figures_ and "auto_stack" in figures_
+        if "auto" in figures_ and "auto_select" in figures_
     }
-    wins = sum(r["select"] <= r["stack"] for r in rows.values())
-    return {"protocols": rows, "select_lower_or_equal": wins, "of": len(rows)}
+    wins = sum(r["default"] <= r["select"] for r in rows.values())
+    return {"protocols": rows, "default_lower_or_equal": wins, "of": len(rows)}
 
 
 def _args_tuple(args) -> tuple:
@@ -649,7 +654,7 @@ def run(args, sets: list[str]) -> int:
         for protocol, figures_ in report.get(name, {}).items()
     }
     print(
-        f"rule: select had the lower or equal pair NLL on {report['rule']['select_lower_or_equal']} of {report['rule']['of']}"
+        f"rule: the default had the lower or equal pair NLL on {report['rule']['default_lower_or_equal']} of {report['rule']['of']}"
     )
     report["targets_issue41"] = {
         f"{name}/systems": level_targets(report[name]["systems"])

@@ -129,9 +129,9 @@ def test_a_new_family_is_an_auto_candidate_an_evaluate_method_and_round_trips(
     round_trip("test_prior", rubric, small, tmp_path)
     assert isinstance(make_method("test_prior", rubric), Prior)
     assert expand_baselines(["test_prior"], rubric, train.features) == (["test_prior"], {})
-    model_settings = {**SMALL_AUTO, "auto": {**SMALL_AUTO["auto"], "candidates": ["test_prior", "ridge_judge"]}}
-    auto = AutoCalibrator(rubric, model_settings, FAST).fit(train)
-    assert auto.level_record_["compared"], auto.level_record_  # 3+ training systems: each also with a level
+    chosen = {"candidates": ["test_prior", "ridge_judge"], "level_min_systems": 3}
+    auto = AutoCalibrator(rubric, {**SMALL_AUTO, "auto": {**SMALL_AUTO["auto"], **chosen}}, FAST).fit(train)
+    assert auto.level_record_["compared"], auto.level_record_  # 4 training systems: each also with a level
     assert set(auto.table_) == {f"{n}{s}" for n in ("test_prior", "ridge_judge") for s in ("", "-level", "-beyond")}
     assert auto.table_["test_prior"]["nll"] > 0
     auto.weights_ = {"test_prior": 1.0}  # the member loads through the registry whatever the inner CV chose

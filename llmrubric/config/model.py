@@ -20,10 +20,10 @@ class AutoConfig:
             ``registry.names(candidate=True)``; ``network`` is the network of the other ``model.*`` settings);
             null: the default candidates (``default_candidate`` there; ``llmrubric.model.auto_settings.default_candidates``),
             resolved by :class:`llmrubric.model.auto.AutoCalibrator` (the registry is a higher layer than config).
-        rule: ``select`` (the candidate with the lowest inner-CV NLL), ``stack`` (non-negative
-            weights summing to 1 that maximise the inner-CV likelihood of the main question), ``bb_stack``
-            (the stack's weights averaged over Bayesian-bootstrap draws of the inner folds,
-            :mod:`llmrubric.model.core.combine`), ``bb_select`` (each candidate's share of the Bayesian-bootstrap
+        rule: ``bb_stack`` (the default: the stack's weights averaged over Bayesian-bootstrap draws of the inner
+            folds, :mod:`llmrubric.model.core.combine`), ``select`` (the candidate with the lowest inner-CV NLL),
+            ``stack`` (non-negative weights summing to 1 that maximise the inner-CV likelihood of the main
+            question), ``bb_select`` (each candidate's share of the Bayesian-bootstrap
             draws of the inner folds it wins: pseudo-BMA+ in its large-sample limit) or ``auto`` (select or stack, each rule's weights fitted on all
             inner folds but one and scored on that one; ``stack`` where its mean gain per fold exceeds one
             standard error).
@@ -38,7 +38,8 @@ class AutoConfig:
             systems are an error); ``off``: never.
         level_min_systems: the labelled training systems ``system_level=auto`` needs before it compares the
             level (3 at the least: its inner folds then fit levels on 2); fewer: candidates without it
-            (``system_level=on`` needs 3).
+            (``system_level=on`` needs 3). 5: the inner folds fit each level on 4 systems or more; on 4 training
+            systems (DS1..DS5) levels fitted on 3 took stacking weight they lost on the outer test.
         level_summary: the summary ``x_s`` a system's level is regressed on: ``llm`` (the LLM
             sources' mean expected answer of the main question), ``model`` (the text model's mean
             prediction for the system: every rubric has it) or ``auto`` (``llm`` where every labelled
@@ -61,11 +62,11 @@ class AutoConfig:
     """
 
     candidates: list[str] | None = None
-    rule: str = "select"
+    rule: str = "bb_stack"
     group: str = "auto"
     folds: int = 5
     system_level: str = "auto"
-    level_min_systems: int = 3
+    level_min_systems: int = 5
     level_summary: str = "auto"
     level_slope_sd: float = 5.0
     level_tau_scale: float = 0.25

@@ -1,12 +1,13 @@
-"""``model=auto``: the model chosen on the user's own training data by inner cross-validation (docs/models.md).
+"""``model=auto``: the candidates combined on the user's own training data by inner cross-validation (docs/models.md).
 
 Each candidate (``model.auto.candidates``: the default ones of ``conf/presets.yaml``) is fitted on the inner folds
 of the training data, grouped by text or by system as the model will be used, and scored by the out-of-fold
-likelihood of the main question's answers (:mod:`llmrubric.model.core.inner_cv`); with 3+ training systems each
-is also scored wrapped in its system level (:class:`~llmrubric.model.families.levelled.Levelled`, a
-:class:`~llmrubric.model.core.system_level.Part` with ``where``). The rule (:mod:`llmrubric.model.core.combine`:
-``select``, ``stack``, ``bb_stack``, ``auto``) weighs the parts; the weighted ones are refitted on all the
-training data (:mod:`llmrubric.model.auto_refit`) and every question's prediction is their weighted mixture
+likelihood of the main question's answers (:mod:`llmrubric.model.core.inner_cv`); with
+``model.auto.level_min_systems`` (5) labelled training systems each is also scored wrapped in its system level
+(:class:`~llmrubric.model.families.levelled.Levelled`, a :class:`~llmrubric.model.core.system_level.Part` with
+``where``). The rule (:mod:`llmrubric.model.core.combine`: ``bb_stack`` by default, ``select``, ``stack``,
+``bb_select``, ``auto``) weighs the parts; the weighted ones are refitted on all the training data
+(:mod:`llmrubric.model.auto_refit`) and every question's prediction is their weighted mixture
 (:mod:`llmrubric.model.mixture`). A candidate that does not apply (a declared
 :class:`~llmrubric.io.errors.NotApplicableError`, or one identical to another on these data) is recorded with
 its reason; any other error stops the run. ``model.auto.tune_trials`` N > 0 first tunes each candidate with a

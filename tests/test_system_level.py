@@ -221,9 +221,7 @@ def test_the_level_waits_for_level_min_systems_training_systems(six, rubric):
     assert not plan["compared"] and "needs 5 (model.auto.level_min_systems)" in plan["reason"]
     assert level_plan(rubric, four, "on", min_systems=5)["compared"]  # on: the level wherever it can be fitted
     with pytest.raises(InputError) as error:
-        AutoCalibrator(rubric, {**_auto("auto"), "auto": {**_auto("auto")["auto"], "level_min_systems": 2}}, FAST).fit(
-            four
-        )
+        AutoCalibrator(rubric, _auto("auto", level_min_systems=2), FAST).fit(four)
     assert error.value.setting == "model.auto.level_min_systems"
 
 

@@ -34,8 +34,8 @@ class AutoConfig:
             earlier run; benchmarks/README.md).
         system_level: the system level with partial pooling (:mod:`llmrubric.model.core.system_level`):
             ``auto`` compares every candidate with and without it by the inner CV where the training
-            data have 3+ systems with labels (else records why not); ``on``: only with it (fewer
-            systems are an error); ``off``: never.
+            data have ``level_min_systems`` systems with labels (else records why not); ``on``: only with
+            it (fewer than 3 systems are an error); ``off``: never.
         level_min_systems: the labelled training systems ``system_level=auto`` needs before it compares the
             level (3 at the least: its inner folds then fit levels on 2); fewer: candidates without it
             (``system_level=on`` needs 3). 5: the inner folds fit each level on 4 systems or more; on 4 training

@@ -158,16 +158,27 @@ def main(argv: list[str] | None = None) -> int:
 def combine_runs(runs: list[Path], out: Path) -> int:
     """Merge other runs' records (each written by this script with another ``--out``) into ``out``, cell by cell
     and method by method: every row keeps the commit it ran at; ``meta.combined`` lists each run's commit."""
-    report = json.loads(out.read_text())
+    report = run_record(out)
     meta = report.pop("meta")
     for run in runs:
-        record = json.loads(run.read_text())
+        record = run_record(run)
         ran = record.pop("meta")
         for cell, rows in record.items():
             report[cell] = combined(rows, report.get(cell))
         meta.setdefault("combined", []).append({"commit": ran["commit"], "dirty": ran["dirty"], "cells": list(record)})
     out.write_text(json.dumps({**report, "meta": meta}, indent=2) + "\n")
     return 0
+
+
+def run_record(path: Path) -> dict:
+    """A record this script wrote (its cells and ``meta``), or one error naming the file."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"cannot read a robustness record: {e}", file=str(path)) from None
+    if not isinstance(record, dict) or not isinstance(record.get("meta"), dict) or "commit" not in record["meta"]:
+        raise InputError("not a robustness record (no meta.commit)", file=str(path))
+    return record
 
 
 if __name__ == "__main__":

@@ -65,3 +65,9 @@ def test_other_runs_combine_into_the_record_cell_by_cell(tmp_path):
     assert out["c"]["auto"]["commit"] == "a" and out["c"]["auto_x"]["commit"] == "b" and "d" in out
     assert out["c"]["targets"]["auto_x"] == {"no_worse_than_baselines": False, "margin": pytest.approx(-0.1)}
     assert out["c"]["target"]["margin"] == pytest.approx(0.1) and out["meta"]["combined"][0]["commit"] == "b"
+    before = (tmp_path / "base.json").read_text()
+    (tmp_path / "other.json").write_text(json.dumps({"c": {}}))
+    for wrong in ("nowhere.json", "other.json"):
+        args = ["--combine", str(tmp_path / "run.json"), str(tmp_path / wrong), "--out", str(tmp_path / "base.json")]
+        assert bench.exit_code(bench.main, args) == 2
+    assert (tmp_path / "base.json").read_text() == before  # nothing written

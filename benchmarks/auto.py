@@ -536,7 +536,9 @@ def _args_tuple(args) -> tuple:
 
 def cost(args) -> dict:
     """Fit seconds (process time, one thread) of model=auto (the shipped path, 5 and 3 inner folds) and
-    model=default on whole sets, inner folds by system."""
+    model=default on whole sets, inner folds by system; ``<variant>_phases``: the wall seconds of each phase of
+    the fit and of each candidate's inner CV (its decision record), ``<variant>_network_inner_ratio``: the network
+    candidate's inner folds and refit against model=default alone."""
     single_threaded()
     import lightning_fabric  # noqa: F401  imported by the first network fit: not charged to either model
 
@@ -550,9 +552,12 @@ def cost(args) -> dict:
         out[set_name] = {"default_seconds": network}
         for name in ("auto", "auto_folds3"):
             start = time.process_time()
-            shipped_model(rubric, "systems", AUTO_VARIANTS[name]).fit(tables)
+            choice = shipped_model(rubric, "systems", AUTO_VARIANTS[name]).fit(tables).choice()
             seconds = time.process_time() - start
             out[set_name].update({f"{name}_seconds": seconds, f"{name}_ratio": seconds / network})
+            inner = {n: r["seconds"] for n, r in choice["inner_cv"].items() if "seconds" in r}
+            out[set_name][f"{name}_phases"] = {**choice["decision"]["seconds"], "candidates": inner}
+            out[set_name][f"{name}_network_inner_ratio"] = inner["network"] / network
             print(
                 f"cost {set_name}: default {network:.1f} s, {name} {seconds:.1f} s ({seconds / network:.1f}x)",
                 flush=True,

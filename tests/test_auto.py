@@ -81,6 +81,11 @@ def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp
     assert scored and all(np.isfinite(row["nll"]) for row in scored.values())
     assert all(model.parts_[n].where == "beyond" for n in set(model.table_) - set(scored))  # no fold's range changed
     assert model.val_nll_ <= min(row["nll"] for row in model.table_.values() if "nll" in row) + 1e-9
+    seconds = model.decision_["seconds"]  # each phase of the fit: the candidates' inner CV within its own
+    assert list(seconds) == ["tuning", "inner_cv", "refit", "other_questions_intervals"]
+    assert min(seconds.values()) >= 0 and seconds["tuning"] < 0.01  # no tuning trials
+    alone = [row["seconds"] for n, row in scored.items() if model.parts_[n].where is None]
+    assert 0 < sum(alone) <= seconds["inner_cv"]
     probs = model.predict_proba(test)
     assert probs.shape[1] == len(rubric.questions)
     for q, question in enumerate(rubric.questions):
@@ -90,6 +95,7 @@ def test_auto_fits_predicts_saves_and_loads_every_question(sources3, rubric, tmp
     model.save(tmp_path / "auto.safetensors")
     loaded = load_model(tmp_path / "auto.safetensors")
     assert isinstance(loaded, AutoCalibrator) and loaded.weights_ == model.weights_
+    assert loaded.decision_["seconds"] == seconds
     np.testing.assert_allclose(loaded.predict_proba(test), probs, atol=1e-6)
 
 

@@ -124,7 +124,8 @@ class AutoCalibrator(WeightedMixture):
         return reconfigured(self, self._configure, model, trainer)
 
     def fit(self, tables: Tables) -> AutoCalibrator:
-        """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``."""
+        """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``; the
+        decision record's ``seconds`` says how long each phase took (:meth:`_phase_seconds`)."""
         self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
         self.level_record_ = level_plan(
             self.rubric, tables, self.settings.system_level, self.level_prior, self.settings.level_min_systems
@@ -134,8 +135,10 @@ class AutoCalibrator(WeightedMixture):
         )
         self.group, self.fallback_ = folds.group, folds.fallback
         main, answers, fold_of = self.rubric.main, folds.answers, folds.fold_of
+        clock = [time.perf_counter()]
         if self.settings.tune_trials:
             self.tuned_ = self._tuned(folds)
+        clock.append(time.perf_counter())
         self.table_, self.parts_, likelihood, oof = {}, {}, {}, {}
         for part, probs, seconds, error in self._inner_predictions(folds, tables):
             name = part.label
@@ -187,16 +190,29 @@ class AutoCalibrator(WeightedMixture):
         if stable is not None:
             self.decision_["stability"] = stable
         log.info("model=auto (%s, inner folds by %s): weights %s", self.rule_, self.group, self.weights_)
+        clock.append(time.perf_counter())
         self.members_ = fit_members(self, tables, self._members())
         self.levels_ = fit_levels(self, tables)
         self._refitted = {}
         cover(self, tables)
+        clock.append(time.perf_counter())
         self.conformals_.update(question_conformals(self, tables, folds.splits))
         self._folds = {}
+        clock.append(time.perf_counter())
+        self.decision_["seconds"] = self._phase_seconds(clock)
         self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
         self.train_texts_ = texts_fingerprint(tables.text_ids)
         return self
+
+    @staticmethod
+    def _phase_seconds(clock: list[float]) -> dict[str, float]:
+        """Wall seconds of each phase of :meth:`fit` from its ``clock`` readings: the tuning (0 without
+        ``model.auto.tune_trials``), the candidates' inner CV and the weights (the network's refit on all the
+        data included: it trains with its folds), the refit of the other weighted members with their levels,
+        and the other questions' interval calibration (``model.auto.intervals=all``)."""
+        phases = ("tuning", "inner_cv", "refit", "other_questions_intervals")
+        return {name: end - start for name, start, end in zip(phases, clock, clock[1:])}
 
     def _inner_predictions(self, folds: InnerFolds, tables: Tables):
         """(part, out-of-fold main-question probabilities (pairs, options), seconds, error) of every candidate

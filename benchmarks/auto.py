@@ -44,8 +44,9 @@ others), ``system_rms``, ``system_kendall`` and the shift intervals' ``coverage`
 (:func:`llmrubric.evaluation.transfer.system_metrics`; system protocols only), ``system_kendall_groups``
 (``system_groups`` only: the Kendall within each held-out group, averaged over every group of
 ``--grouping-seeds`` groupings of the systems, each grouping with its own fitted models,
-:func:`llmrubric.evaluation.transfer.grouped_kendall`; every other figure is the first grouping's)
-and ``seconds`` (fit and predict time summed over the first grouping's outer folds, one thread).
+:func:`llmrubric.evaluation.transfer.grouped_kendall`; every other figure is the first grouping's),
+``seconds`` (fit and predict time summed over the first grouping's outer folds, one thread) and
+``fold_seconds`` (each of those folds').
 Each set and protocol also gets the paired bootstrap (``--draws``, texts resampled within systems)
 of ``auto`` minus the best single method by pair NLL (``vs_best``), and ``choices``: what ``auto``
 chose in each outer fold (its weights and inner-CV table, and the stack's weights). ``rule``
@@ -450,6 +451,7 @@ def summarise(set_name: str, protocol: str, results: list[dict], args) -> dict:
         out[name] = figures(
             predictions, float(sum(s for _, s in parts)), rubric, test_tables, systems, groups, level_table
         )
+        out[name]["fold_seconds"] = [float(s) for _, s in parts]
         if protocol == "system_groups":
             out[name]["system_kendall_groups"] = kendall_groups(results, name, folds, rubric, tables)
         per_pair[name] = pair_log_likelihood(predictions, test_tables.annotations, rubric.main)

@@ -93,7 +93,7 @@ def cell_args(cell: str, dialsumm: Path, work: Path) -> list[str]:
 def summary(rows: dict, methods: list[str], before: dict | None = None, commit: str | None = None) -> dict:
     """The rows of a cell's methods (over those of ``before``, an earlier run's record of the cell; each row says
     the ``commit`` it ran at) and whether the default's pair NLL is no worse than the better baseline's."""
-    keep = ("pair_nll", "pair_pearson", "system_rms", "system_kendall", "per_judge", "seconds")
+    keep = ("pair_nll", "pair_pearson", "system_rms", "system_kendall", "per_judge", "seconds", "fold_seconds")
     new = {m: {**{k: rows[m].get(k) for k in keep}, "commit": commit} for m in methods if m in rows}
     choices = {m: {f: c[m]["weights"] for f, c in rows.get("choices", {}).items() if m in c} for m in methods}
     return combined({**new, "choices": {m: c for m, c in choices.items() if c}}, before)

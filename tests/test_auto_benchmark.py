@@ -45,6 +45,7 @@ def test_a_small_run_writes_the_grouped_kendall_of_every_method(tmp_path):
         assert -1 <= groups[name]["system_kendall_groups"] <= 1
         assert systems[name]["system_kendall_groups"] is None  # one system per held-out group
         assert set(groups["choices"]) == {"0/0", "0/1", "0/2", "1/0", "1/1", "1/2"}  # 3 groups × 2 groupings
+        assert len(groups[name]["fold_seconds"]) == 3 and sum(groups[name]["fold_seconds"]) == groups[name]["seconds"]
         raters = systems[name]["per_judge"]
         assert len(raters) > 1 and sum(r["pairs"] for r in raters.values()) > 0
         assert all(r["pair_nll"] > 0 and np.isfinite(r["predicted_mean"] - r["observed_mean"]) for r in raters.values())

@@ -124,8 +124,7 @@ class AutoCalibrator(WeightedMixture):
         return reconfigured(self, self._configure, model, trainer)
 
     def fit(self, tables: Tables) -> AutoCalibrator:
-        """Inner CV of every candidate, the weights, then the weighted candidates refitted on ``tables``; the
-        decision record's ``seconds`` says how long each phase took (:meth:`_phase_seconds`)."""
+        """Inner CV of every candidate, the weights, the weighted ones refitted on ``tables``; each phase timed."""
         self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
         self.level_record_ = level_plan(
             self.rubric, tables, self.settings.system_level, self.level_prior, self.settings.level_min_systems

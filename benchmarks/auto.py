@@ -448,10 +448,9 @@ def summarise(set_name: str, protocol: str, results: list[dict], args) -> dict:
         level_parts = [r.get("levels", {}).get(name) for r in first_runs]
         level_parts = [t for t in level_parts if t is not None and len(t)]
         level_table = pd.concat(level_parts) if level_parts else None
-        out[name] = figures(
-            predictions, float(sum(s for _, s in parts)), rubric, test_tables, systems, groups, level_table
-        )
-        out[name]["fold_seconds"] = [float(s) for _, s in parts]
+        fold_seconds = [float(s) for _, s in parts]
+        out[name] = figures(predictions, sum(fold_seconds), rubric, test_tables, systems, groups, level_table)
+        out[name]["fold_seconds"] = fold_seconds
         if protocol == "system_groups":
             out[name]["system_kendall_groups"] = kendall_groups(results, name, folds, rubric, tables)
         per_pair[name] = pair_log_likelihood(predictions, test_tables.annotations, rubric.main)

@@ -44,7 +44,7 @@ SPECS = {
     ),
     "features": TableSpec(
         ("text_id", "source", "question_id", "option", "prob"),
-        (),
+        ("samples",),
         ("text_id", "source", "question_id", "option"),
         (
             ("text_id", "string id; NA is an error"),
@@ -57,6 +57,12 @@ SPECS = {
                 f"(unnormalised) or, an API's rounded log-probabilities, at most 1 + {API_SUM_TOLERANCE:g} (renormalised to 1, "
                 "counted in a warning); an absent block, or a block of 2+ options that are all 0, is missing (marginalised when predicting, counted in a warning); "
                 "a one-option block is a value, 0 included; NA is an error",
+            ),
+            (
+                "samples",
+                "int >= 1, the number of parsed answers a sampled or reasoned block was counted from (its `prob` "
+                "are the answer counts over it); one value per block; NA: a distribution read otherwise (logprobs, "
+                "a verbalized distribution)",
             ),
         ),
     ),

@@ -1,9 +1,11 @@
-"""benchmarks/common.py: every benchmark result records the commit it measured and whether the tree was dirty."""
+"""benchmarks/common.py: every benchmark result records the commit it measured and whether the tree was dirty;
+benchmarks/README.md keeps its shape: short, sections by question, every results file read by a page."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -87,3 +89,49 @@ def test_every_benchmark_that_writes_a_result_writes_it_through_write_result():
         if uses:
             others[path.name] = uses
     assert others == {}
+
+
+BENCHMARKS_README = ROOT / "benchmarks" / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"
+README_MAX_LINES = 650  # the results page answers questions with current figures; history lives in git
+ISSUE_HEADING = re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)
+
+
+def _headings(text: str) -> list[str]:
+    """The Markdown headings of a text, outside fenced code blocks."""
+    found, fence = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        elif not fence and re.match(r"#{1,6} ", line):
+            found.append(line)
+    return found
+
+
+def test_the_results_page_stays_short():
+    lines = BENCHMARKS_README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"benchmarks/README.md has {len(lines)} lines (at most {README_MAX_LINES}): one section per question with "
+        "its current figures; the history of a default goes to the 'what was tried' list, old results to git"
+    )
+
+
+def test_no_heading_of_the_results_page_names_an_issue():
+    named = [h for h in _headings(BENCHMARKS_README.read_text(encoding="utf-8")) if ISSUE_HEADING.search(h)]
+    assert named == [], f"benchmarks/README.md: headings name an issue (head a section by its question): {named}"
+
+
+def test_headings_are_found_and_issue_headings_caught():
+    text = "# Title\n```bash\n# Issue 3: a comment in code\n```\n## Issue 49: the default\n### Intervals\n"
+    assert _headings(text) == ["# Title", "## Issue 49: the default", "### Intervals"]
+    assert [h for h in _headings(text) if ISSUE_HEADING.search(h)] == ["## Issue 49: the default"]
+
+
+def test_every_results_file_is_read_by_a_section_or_a_doc():
+    """A file under benchmarks/results that no page names is a leftover: delete it (git keeps it)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), BENCHMARKS_README]
+    text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
+    files = [path for path in sorted(RESULTS.rglob("*")) if path.is_file()]
+    assert files, "no results files found"
+    unread = [str(path.relative_to(RESULTS)) for path in files if path.name not in text]
+    assert unread == [], f"benchmarks/results files that no section or doc reads: {unread}"

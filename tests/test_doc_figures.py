@@ -25,8 +25,9 @@ def test_every_marked_figure_is_its_json_value():
 
 
 def test_the_docs_mark_their_figures():
+    """The parser finds the markers the docs hold (a broken pattern would check nothing)."""
     found = _all_markers()
-    assert len(found) >= 1000, f"only {len(found)} markers found"
+    assert len(found) >= 500, f"only {len(found)} markers found"
     for name in ("docs/limitations.md", "docs/models.md", "docs/ir.md", "benchmarks/README.md"):
         assert any(m.where.startswith(f"{name}:") for m in found), f"no marker in {name}"
 

@@ -17,7 +17,7 @@ class AdaptiveConfig:
         min_gain: stop when the best expected variance reduction per unit cost is below this
             (squared score units; 0: stop only at the budget or when no block is left; 0.001, the
             largest threshold within 0.005 pair NLL of the best budget on the synthetic and simulated
-            sets at ad57d93, benchmarks/README.md, issue 34).
+            sets at ad57d93; docs/adaptive.md).
         cost: ``calls`` (each block costs 1) or ``tokens`` (a block costs its prompt's length in
             characters over the mean prompt length of the text's blocks).
         draws: the answer model's guesses of a block's answer that each expected reduction averages over.

@@ -31,7 +31,7 @@ class AutoConfig:
             score unseen systems (``systems``, ``system_groups``), else by text.
         folds: inner folds (by system: at most one per training system); 3 takes 0.61–0.91 × the
             time of 5 but lost up to 0.006 pair NLL on the missing-blocks design set at eee7a00 (0.017 in an
-            earlier run; benchmarks/README.md).
+            earlier run).
         system_level: the system level with partial pooling (:mod:`llmrubric.model.core.system_level`):
             ``auto`` compares every candidate with and without it by the inner CV where the training
             data have ``level_min_systems`` systems with labels (else records why not); ``on``: only with

@@ -16,6 +16,7 @@ import pandas as pd
 from llmrubric.io.contracts import API_SUM_TOLERANCE, NA_ANSWERS, PROB_TOLERANCE, SPECS
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric, option_key
+from llmrubric.io.rubric_arg import as_rubric
 
 log = logging.getLogger(__name__)
 
@@ -439,11 +440,12 @@ def require_features(annotations: pd.DataFrame, features: pd.DataFrame, drop: bo
 def load_tables(
     annotations: str | Path,
     features: str | Path,
-    rubric: Rubric,
+    rubric: Rubric | str | Path,
     texts: str | Path | None = None,
     drop_unfeatured: bool = False,
 ) -> Tables:
-    """Read and validate the canonical tables from files."""
+    """Read and validate the canonical tables from files; ``rubric``: a :class:`Rubric` or a rubric YAML's path."""
+    rubric = as_rubric(rubric)
     ann = validate_annotations(read_table(annotations, "annotations"), rubric)
     feat = validate_features(read_table(features, "features"), rubric)
     ann = require_features(ann, feat, drop_unfeatured)

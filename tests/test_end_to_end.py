@@ -32,6 +32,11 @@ def test_demo_train_then_evaluate(tmp_path):
     assert "| llm_rubric |" in evaluated.stdout
     metrics = json.loads((tmp_path / "metrics.json").read_text())["methods"]
     assert metrics["llm_rubric"]["pearson"] > metrics["expected_llm"]["pearson"]
+    main = metrics["llm_rubric"]["intervals"]  # metrics.md lists the main question's interval, as metrics.json has it
+    assert (
+        f"- intervals of Q0 (main question, nominal 0.90): coverage {main['coverage']:.3f}, mean width "
+        f"{main['width']:.3f} ({main['pairs']} pairs)"
+    ) in (tmp_path / "metrics.md").read_text()
     predictions = pd.read_csv(tmp_path / "predictions.csv")
     assert set(predictions.question_id) == {f"Q{i}" for i in range(9)}
     folds = pd.read_csv(tmp_path / "folds.csv")

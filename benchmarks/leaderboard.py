@@ -23,8 +23,9 @@ streamed to Parquet) for time and peak RSS. Writes ``benchmarks/results/leaderbo
 ``--build-only`` times ``llmrubric leaderboard build`` as a user runs it (a fresh process each repeat), with its
 density plot and with ``--no-plot``, on the 14 systems of DialSummEval (``--dialsumm``, 1,400 summaries, 3 raters;
 the predictions of ``ridge_judge`` fitted on them, every question) at the shipped settings; then, in this process,
-the plot alone and its bands' KDEs against the ``scipy.stats.gaussian_kde`` loop they replace (the same curves,
-the largest difference). Writes ``benchmarks/results/leaderboard_build.json``.
+the plot alone and its bands' KDEs against the ``scipy.stats.gaussian_kde`` loop they replace (on the first 200
+curves: their time and the largest difference). CPU seconds are the figures (wall seconds beside them: on a shared
+machine they include the wait for a core). Writes ``benchmarks/results/leaderboard_build.json``.
 """
 
 from __future__ import annotations

@@ -98,7 +98,8 @@ def _is_na(values: pd.Series) -> np.ndarray:
 
 
 def check_columns(df: pd.DataFrame, kind: str) -> pd.DataFrame:
-    """Required columns present and non-null; id columns as stripped strings.
+    """Required columns present and non-null (but those the spec's ``na_allowed`` lets be NA); id columns as
+    stripped strings.
 
     NA in a ``na_absent`` column (the annotations' ``answer``) makes the row absent: it is
     dropped, counted in ``df.attrs["absent_rows"]`` and in a warning.
@@ -115,7 +116,7 @@ def check_columns(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     absent = np.zeros(len(df), dtype=bool)
     for column in spec.na_absent:
         absent |= _is_na(df[column])
-    for column in spec.required:
+    for column in (c for c in spec.required if c not in spec.na_allowed):
         null = df[column].isna().to_numpy() & ~absent
         if null.any():
             raise InputError(

@@ -83,7 +83,8 @@ def test_a_categorical_questions_mean_is_na_as_the_docs_say_and_its_predictions_
     assert "| mean | yes | float, the expected answer on an ordered question; NA on a categorical question" in (
         schema_show()
     )
-    assert "`mean`, `var` are NA on a categorical question" in table_rows(DATA, "## The tables")["predictions"]
+    for path, heading in ((DATA, "## The tables"), (README, "## Table contracts")):
+        assert "`mean`, `var` are NA on a categorical question" in table_rows(path, heading)["predictions"], path
 
 
 def parser_commands() -> set[str]:

@@ -1,6 +1,7 @@
 """System leaderboards on the LLM-Rubric release (paper Tables 4–5), calibrated vs raw LLM.
 
     .venv/bin/python benchmarks/leaderboard.py [--seeds 5] [--bootstrap 1000] [--data ../shared/data/llm-rubric]
+    .venv/bin/python benchmarks/leaderboard.py --build-only [--repeats 3] [--dialsumm ../shared/data/dialsumm]
 
 - real: train on all synthetic dialogues, score the real DS1–DS3 dialogues;
 - synthetic: 5-fold CV by dialogue (``text_folds``, fold seed 0), each fold's dialogues
@@ -18,6 +19,13 @@ streamed to Parquet) for time and peak RSS. Writes ``benchmarks/results/leaderbo
 ``--read-only`` times only reading and validating that replicated features table (1.5M rows;
 ``read_table`` + ``validate_features``, each repeat in a fresh process) and writes
 ``benchmarks/results/read_validate.json``.
+
+``--build-only`` times ``llmrubric leaderboard build`` as a user runs it (a fresh process each repeat), with its
+density plot and with ``--no-plot``, on the 14 systems of DialSummEval (``--dialsumm``, 1,400 summaries, 3 raters;
+the predictions of ``ridge_judge`` fitted on them, every question) at the shipped settings; then, in this process,
+the plot alone and its bands' KDEs against the ``scipy.stats.gaussian_kde`` loop they replace (on the first 200
+curves: their time and the largest difference). CPU seconds are the figures (wall seconds beside them: on a shared
+machine they include the wait for a core). Writes ``benchmarks/results/leaderboard_build.json``.
 """
 
 from __future__ import annotations
@@ -166,10 +174,21 @@ def main() -> None:
     parser.add_argument(
         "--read-only", action="store_true", help="only time reading + validating the scoring benchmark's features table"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="--read-only: fresh processes timed")
+    parser.add_argument("--repeats", type=int, default=3, help="--read-only, --build-only: fresh processes timed")
+    parser.add_argument(
+        "--build-only", action="store_true", help="only time `leaderboard build` with and without its plot (DialSumm)"
+    )
+    parser.add_argument("--dialsumm", default=str(ROOT.parent / "shared" / "data" / "dialsumm"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    if args.build_only:
+        from leaderboard_build import build_speed
+
+        build_speed(
+            args.dialsumm, args.repeats, args.out or str(ROOT / "benchmarks" / "results" / "leaderboard_build.json")
+        )
+        return
     if args.read_only:
         read_validate_speed(
             args.data, args.pairs, args.repeats, args.out or str(ROOT / "benchmarks" / "results" / "read_validate.json")

@@ -17,6 +17,7 @@ from llmrubric.evaluation.metrics import evaluate
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 
 pytestmark = pytest.mark.slow  # every test trains through the Hydra apps or on the shared release
+SETUP = ROOT / "docs" / "setup.md"  # its demo block: what `make demo` prints
 # the system protocols' tests check evaluate's system figures, not what model=auto chooses (test_auto.py,
 # test_system_level.py): two candidates on three inner folds
 SYSTEM_FIGURES_ONLY = ["model.auto.candidates=[network,ridge_judge]", "model.auto.folds=3"]
@@ -32,6 +33,17 @@ def test_demo_train_then_evaluate(tmp_path):
     assert "| llm_rubric |" in evaluated.stdout
     metrics = json.loads((tmp_path / "metrics.json").read_text())["methods"]
     assert metrics["llm_rubric"]["pearson"] > metrics["expected_llm"]["pearson"]
+    printed = evaluated.stdout.splitlines()
+    shown = SETUP.read_text(encoding="utf-8").split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
+    assert shown[0] in printed  # docs/setup.md's header, and its baselines' rows (not trained as the demo trains)
+    assert [r for r in shown if r.startswith("| ") and not r.startswith(("| llm_rubric ", "| method "))] == [
+        r for r in printed if r.startswith("| ") and not r.startswith(("| llm_rubric ", "| method "))
+    ]
+    main = metrics["llm_rubric"]["intervals"]  # metrics.md lists the main question's interval, as metrics.json has it
+    assert (
+        f"- intervals of Q0 (main question, nominal 0.90): coverage {main['coverage']:.3f}, mean width "
+        f"{main['width']:.3f} ({main['pairs']} pairs)"
+    ) in (tmp_path / "metrics.md").read_text()
     predictions = pd.read_csv(tmp_path / "predictions.csv")
     assert set(predictions.question_id) == {f"Q{i}" for i in range(9)}
     folds = pd.read_csv(tmp_path / "folds.csv")

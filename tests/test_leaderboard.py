@@ -1,6 +1,7 @@
 """Leaderboards: hand-computed scores, bootstrap, paired tests, PPI, rank correlation, files."""
 
 import json
+import logging
 import math
 
 import numpy as np
@@ -152,7 +153,8 @@ def test_texts_without_system_are_an_error(small):
 
 
 @pytest.mark.slow
-def test_leaderboard_command_writes_tables_and_plot(small, tmp_path):
+def test_leaderboard_command_writes_tables_and_plot(small, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="llmrubric.scoring.leaderboard.writing")
     small.to_csv(tmp_path / "pred.csv", index=False)
     (tmp_path / "rubric.yaml").write_text("name: t\nquestions:\n  - {id: Q, main: true, options: [1, 2, 3, 4]}\n")
     ann = pd.DataFrame(
@@ -192,6 +194,8 @@ def test_leaderboard_command_writes_tables_and_plot(small, tmp_path):
     assert (out / "density.png").read_bytes()[:4] == b"\x89PNG" and "| 1 | A | 3.000" in (
         out / "leaderboard.md"
     ).read_text()
+    said = [r.getMessage() for r in caplog.records if "density.png" in r.getMessage()]
+    assert said == ["drawing density.png: 2 systems, bands over 100 bootstrap replicates (--no-plot skips it)"]
     pd.DataFrame({"system": ["A", "C"], "score": [1, 2]}).to_csv(tmp_path / "other.csv", index=False)
     assert (
         main(
@@ -213,6 +217,24 @@ def test_leaderboard_command_writes_tables_and_plot(small, tmp_path):
         == 2
     )
     assert not (tmp_path / "none").exists()
+
+
+def test_the_density_bands_are_scipy_gaussian_kde_of_each_sample_computed_at_once(monkeypatch):
+    """Means of drawn answers (a few distinct values, as the bootstrap's), continuous values, and samples with no
+    KDE (one value, or one distinct value), in several blocks."""
+    from llmrubric.scoring.leaderboard import plots
+
+    rng = np.random.default_rng(0)
+    samples = [rng.integers(1, 6, (n, 3)).mean(axis=1) for n in (50, 49, 2)] + [rng.normal(3, 1, 40)]
+    samples += [np.array([2.0]), np.full(7, 3.0), np.array([1.0, 1.0, 5.0])]
+    grid = np.linspace(0.5, 5.5, 200)
+    monkeypatch.setattr(plots, "KDE_CELLS", 2 * 50 * len(grid))  # blocks of 2 samples at most
+    curves = plots.kde_curves(samples, grid)
+    for sample, curve in zip(samples, curves):
+        if len(np.unique(sample)) < 2:
+            assert curve is None
+        else:
+            assert np.allclose(curve, stats.gaussian_kde(sample)(grid), rtol=1e-10, atol=1e-12)
 
 
 def test_human_leaderboard_of_the_real_release_matches_paper_table_5(llm_rubric_data, rubric):

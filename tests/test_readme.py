@@ -29,7 +29,36 @@ SCRIPTS = ("train.py", "evaluate.py")
 CHECKOUT = (*SCRIPTS, "conf")  # what the commands name in the repository
 QUICK = ["trainer=fast", "++model.ensemble=1", "model.auto.folds=3"]  # added to train.py and evaluate.py
 SIMULATED = ROOT / "data" / "simulated"
+SNIPPET_TEXTS_PER_SYSTEM = 20  # the README's first snippet runs on these many texts of each simulated system
 TEXTS_PER_SYSTEM, NEW_PER_SYSTEM = 10, 3  # annotated texts to train on, new texts to score (4 systems each)
+
+
+def first_snippet() -> str:
+    """The README's first ``python`` block, as written."""
+    text = README.read_text(encoding="utf-8")
+    return text.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_the_first_snippet_runs_as_written_on_the_embedded_data(tmp_path, monkeypatch):
+    """Its code unchanged, run where a newcomer runs it (a checkout's root: ``conf/``, ``data/simulated/``), on the
+    first ``SNIPPET_TEXTS_PER_SYSTEM`` texts of each system of the embedded data (all 300 take minutes)."""
+    (tmp_path / "conf").symlink_to(ROOT / "conf")
+    data = tmp_path / "data" / "simulated"
+    data.mkdir(parents=True)
+    texts = pd.read_csv(SIMULATED / "texts.csv").groupby("system_id").head(SNIPPET_TEXTS_PER_SYSTEM)
+    texts.to_csv(data / "texts.csv", index=False)
+    for name in ("annotations", "features"):
+        table = pd.read_csv(SIMULATED / f"{name}.csv")
+        table[table.text_id.isin(texts.text_id)].to_csv(data / f"{name}.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    names = {}
+    exec(compile(first_snippet(), str(README), "exec"), names)
+    tables, predictions = names["tables"], names["predictions"]
+    assert set(tables.texts.text_id) == set(texts.text_id)
+    pairs = tables.annotations[["text_id", "judge_id"]].drop_duplicates()
+    assert set(predictions.question_id) == set(names["rubric"].ids)
+    assert len(predictions[predictions.question_id == "Q0"]) == len(pairs)
+    assert sum(names["model"].weights_.values()) == pytest.approx(1.0)
 
 
 def quickstart() -> list[list[str]]:

@@ -132,10 +132,7 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     )
     notes += "".join(f"\n- model=auto, {split}: weights {_rounded(c['weights'])}" for split, c in choices.items())
     notes += "".join(f"\n- llm_rubric, {split}: label rule {_rule_note(r)}" for split, r in rules.items())
-    notes += "".join(
-        f"\n- intervals of {q}: coverage {f['coverage']:.3f}, mean width {f['width']:.3f} ({f['pairs']} pairs)"
-        for q, f in intervals.get("other_questions", {}).items()
-    )
+    notes += interval_notes(intervals, rubric.main.id)
     write_json(
         {
             "experiment": cfg.name,
@@ -154,6 +151,18 @@ def evaluate_checkpoints(cfg: DictConfig, rubric, splits) -> dict:
     write_text(f"# {header}\n\n{table}\n" + (f"{notes}\n" if notes else ""), run_dir / "metrics.md")
     print(f"\n{header}\n{table}\n{notes}\nwritten to {run_dir}/")
     return metrics
+
+
+def interval_notes(intervals: dict, main: str) -> str:
+    """metrics.md's lines of the held-out intervals (:func:`interval_figures`): the main question's, then the others'."""
+    if not intervals:
+        return ""
+    figures = {main: intervals, **intervals.get("other_questions", {})}
+    names = {q: q for q in figures} | {main: f"{main} (main question, nominal {intervals['nominal']:.2f})"}
+    return "".join(
+        f"\n- intervals of {names[q]}: coverage {f['coverage']:.3f}, mean width {f['width']:.3f} ({f['pairs']} pairs)"
+        for q, f in figures.items()
+    )
 
 
 def interval_figures(cfg: DictConfig, predictions: pd.DataFrame, annotations: pd.DataFrame, rubric) -> dict:

@@ -40,6 +40,7 @@ from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.files import json_text, write_folder
 from llmrubric.io.rubric import Rubric
+from llmrubric.io.rubric_arg import as_rubric
 from llmrubric.io.tables import Tables, validate_annotations, validate_features
 
 DEFAULT_RUBRIC = conf_path("rubric", "llm_rubric.yaml")
@@ -110,7 +111,7 @@ def simulate(
     n_texts: int = 300,
     n_judges: int = 12,
     judges_per_text: int = 3,
-    rubric: Rubric | None = None,
+    rubric: Rubric | str | Path | None = None,
     systems: dict | None = None,
     sources: tuple[dict, ...] = DEFAULT_SOURCES,
     text_sd: float = 1.0,
@@ -122,7 +123,7 @@ def simulate(
     default; ``sources``: the LLM sources (see :data:`SHIFT_SOURCES`); ``text_sd``: spread of a
     text's latent quality around its system's mean; ``judge_spread``: sd of the log factor by
     which each judge stretches its cut points (0: none drawn)."""
-    rubric = rubric or Rubric.load(DEFAULT_RUBRIC)
+    rubric = as_rubric(DEFAULT_RUBRIC if rubric is None else rubric)
     systems = systems or SYSTEMS
     questions = [f"Q{i}" for i in range(9)]
     _check_settings(rubric, questions, n_texts, n_judges, judges_per_text, sources)

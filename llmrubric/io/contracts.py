@@ -22,6 +22,7 @@ class TableSpec:
     ids: tuple[str, ...] = ()
     columns: tuple[tuple[str, str], ...] = ()
     na_absent: tuple[str, ...] = ()  # NA in these columns: the row is absent (dropped, counted, warned)
+    na_allowed: tuple[str, ...] = ()  # required columns whose cells may be NA (a categorical question's mean)
 
 
 SPECS = {
@@ -89,8 +90,8 @@ SPECS = {
                 "p_<option>",
                 "float in [0, 1], one column per option; a question's columns sum to 1 (± 1e-3); NA: not an option of that question",
             ),
-            ("mean", "float, the expected answer; NA is an error"),
-            ("var", "float, the variance of the distribution; NA is an error"),
+            ("mean", "float, the expected answer on an ordered question; NA on a categorical question (no scale)"),
+            ("var", "float, the variance of the answer's distribution; NA where `mean` is"),
             ("system_id", "string id; NA: system unknown"),
             ("round", "string; NA: round 1"),
             (
@@ -100,7 +101,8 @@ SPECS = {
             (
                 "lo",
                 "float, the lower end of the answer's conformal interval at the coverage asked (`coverage`, default "
-                "0.9) on the question the model is calibrated on (the main question, model=auto); NA on other questions",
+                "0.9) on a question the model has a calibration of (model=auto: every question answered, "
+                "`model.auto.intervals`); NA on other questions",
             ),
             ("hi", "float, the upper end of that interval; NA where `lo` is"),
             (
@@ -109,6 +111,55 @@ SPECS = {
                 "calibrated question is categorical; NA on other questions (the column only then)",
             ),
         ),
+        na_allowed=("mean", "var"),
+    ),
+    "scores": TableSpec(  # written by `llmrubric score texts` (llmrubric.scoring.scores.SCORE_COLUMNS, in this order)
+        (
+            "text_id",
+            "system_id",
+            "question_id",
+            "mean",
+            "lo",
+            "hi",
+            "max",
+            "quantile",
+            "judges",
+            "status",
+            "missing_blocks",
+        ),
+        (),
+        ("text_id", "system_id", "question_id"),
+        (
+            ("text_id", "string id; NA is an error"),
+            ("system_id", "string id; NA: system unknown"),
+            ("question_id", "string, an ordered rubric question (a categorical question has no judge-free score)"),
+            (
+                "mean",
+                "float, the judge-free score: the mean over the trusted judges of each judge's expected answer; "
+                "NA where the text has no features (status no_features)",
+            ),
+            (
+                "lo",
+                "float, the lower end of the mean's conformal interval at the coverage asked (`--coverage`, default "
+                "0.9) on a question the model has a calibration of (model=auto: every question answered, "
+                "`model.auto.intervals`); NA on other questions, for a model without one, and where `mean` is NA",
+            ),
+            ("hi", "float, the upper end of that interval; NA where `lo` is"),
+            ("max", "float, the largest of the trusted judges' expected answers; NA where `mean` is"),
+            (
+                "quantile",
+                "float, the `--quantile` (default 0.9) quantile of the trusted judges' expected answers; NA where "
+                "`mean` is",
+            ),
+            ("judges", "int, the number of trusted judges the score is over; 0 where the text has no features"),
+            (
+                "status",
+                "string: `ok`; `masked`, some feature blocks absent and marginalised (named in `missing_blocks`); "
+                "`no_features`, not scored",
+            ),
+            ("missing_blocks", "string, the absent feature blocks, `;`-separated; empty: none; `all`: no features"),
+        ),
+        na_allowed=("system_id", "mean", "lo", "hi", "max", "quantile", "missing_blocks"),
     ),
 }
 

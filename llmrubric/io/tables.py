@@ -16,6 +16,7 @@ import pandas as pd
 from llmrubric.io.contracts import API_SUM_TOLERANCE, NA_ANSWERS, PROB_TOLERANCE, SPECS
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric, option_key
+from llmrubric.io.rubric_arg import as_rubric
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,8 @@ def _is_na(values: pd.Series) -> np.ndarray:
 
 
 def check_columns(df: pd.DataFrame, kind: str) -> pd.DataFrame:
-    """Required columns present and non-null; id columns as stripped strings.
+    """Required columns present and non-null (but those the spec's ``na_allowed`` lets be NA); id columns as
+    stripped strings.
 
     NA in a ``na_absent`` column (the annotations' ``answer``) makes the row absent: it is
     dropped, counted in ``df.attrs["absent_rows"]`` and in a warning.
@@ -114,7 +116,7 @@ def check_columns(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     absent = np.zeros(len(df), dtype=bool)
     for column in spec.na_absent:
         absent |= _is_na(df[column])
-    for column in spec.required:
+    for column in (c for c in spec.required if c not in spec.na_allowed):
         null = df[column].isna().to_numpy() & ~absent
         if null.any():
             raise InputError(
@@ -439,11 +441,12 @@ def require_features(annotations: pd.DataFrame, features: pd.DataFrame, drop: bo
 def load_tables(
     annotations: str | Path,
     features: str | Path,
-    rubric: Rubric,
+    rubric: Rubric | str | Path,
     texts: str | Path | None = None,
     drop_unfeatured: bool = False,
 ) -> Tables:
-    """Read and validate the canonical tables from files."""
+    """Read and validate the canonical tables from files; ``rubric``: a :class:`Rubric` or a rubric YAML's path."""
+    rubric = as_rubric(rubric)
     ann = validate_annotations(read_table(annotations, "annotations"), rubric)
     feat = validate_features(read_table(features, "features"), rubric)
     ann = require_features(ann, feat, drop_unfeatured)

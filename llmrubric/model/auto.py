@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from llmrubric.config import AutoConfig, ModelConfig, TrainConfig, model_setting
 from llmrubric.io.errors import InputError, NotApplicableError
 from llmrubric.io.integrity import texts_fingerprint
 from llmrubric.io.rubric import Rubric
+from llmrubric.io.rubric_arg import as_rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.auto_checkpoint import FORMAT, auto_state, check_format, restored
 from llmrubric.model.auto_refit import cover, fit_levels, fit_members, question_conformals
@@ -68,7 +70,7 @@ class AutoCalibrator(WeightedMixture):
     """The estimator of ``model=auto`` (module doc); fit, predict, save and load like :class:`NetworkCalibrator`.
 
     Args:
-        rubric: questions and scales.
+        rubric: questions and scales (a :class:`Rubric` or a rubric YAML's path).
         model: ``model.*`` settings (:class:`llmrubric.config.ModelConfig`); ``model.auto`` holds
             the candidates, rule, grouping and inner folds, the rest are the network candidate's.
         trainer: optimisation settings of the network candidates.
@@ -80,8 +82,8 @@ class AutoCalibrator(WeightedMixture):
     family = "auto"  # the registry name of the family fitted (checkpoints and metrics.json say it)
     FORMAT = FORMAT
 
-    def __init__(self, rubric: Rubric, model=None, trainer=None, seed: int = 0, group: str = "text"):
-        self.rubric, self.seed, self.group_for = rubric, seed, group
+    def __init__(self, rubric: Rubric | str | Path, model=None, trainer=None, seed: int = 0, group: str = "text"):
+        self.rubric, self.seed, self.group_for = as_rubric(rubric), seed, group
         self.source_, self.added_judges_ = "<model>", []  # the checkpoint it was loaded from, the judges added
         self.tuned_ = {}  # candidate → its tuning (fit)
         self.conformals_: dict[str, Conformal] = {}  # question id → its interval calibration, the main one first

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -37,6 +38,7 @@ import torch
 from llmrubric.config import conf_path, model_overrides
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
+from llmrubric.io.rubric_arg import as_rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core import params as params_module
 from llmrubric.model.core.params import NoSettings
@@ -376,7 +378,7 @@ def preset_params(name: str, rubric: Rubric) -> dict:
 
 def make(
     name: str,
-    rubric: Rubric,
+    rubric: Rubric | str | Path,
     model: dict | None = None,
     trainer=None,
     seed: int = 0,
@@ -391,6 +393,7 @@ def make(
     (:func:`param_names`) set on it (:meth:`Family.set_params`): ``params`` win over all.
     ``make(name, rubric, params=m.get_params())`` builds a model equal to ``m``."""
     found = entry(name, setting)
+    rubric = as_rubric(rubric)
     source = name.partition("/")[2] or None
     model = {**(model or {}), **(model_overrides(found.model) if found.model else {})}
     params = {**preset_params(name.partition("/")[0], rubric), **(params or {})}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pandas as pd
@@ -10,6 +11,7 @@ from llmrubric.io.files import write_json, write_table, write_text
 from llmrubric.scoring.leaderboard.board import LeaderboardResult
 from llmrubric.scoring.leaderboard.plots import density_plot
 
+log = logging.getLogger(__name__)
 LABEL_HEADS = {"classical": "classical", "ppi": "PPI", "ppi_pp": "PPI++", "active_ppi_pp": "active PPI++"}
 
 
@@ -114,6 +116,12 @@ def write(
             {r["system"]: rank_range(r["rank_low"], r["rank_high"]) for r in result.board.to_dict("records")}
             if "rank_low" in result.board.columns
             else None
+        )
+        bands = max((len(r) for r in result.boot["text_scores"].values()), default=0)
+        log.info(
+            "drawing density.png: %d systems, bands over %d bootstrap replicates (--no-plot skips it)",
+            len(result.systems),
+            bands,
         )
         paths["plot"] = density_plot(result.systems, result.boot, out_dir / "density.png", title, ranks=ranks)
     return paths

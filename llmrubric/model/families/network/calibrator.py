@@ -23,6 +23,7 @@ from llmrubric.io.guards import check_range
 from llmrubric.io.integrity import check_finite_predictions, texts_fingerprint
 from llmrubric.io.predictions import predictions_frame
 from llmrubric.io.rubric import Rubric
+from llmrubric.io.rubric_arg import as_rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.absent import CompletionBatch, marginal_proba
 from llmrubric.model.core.answers import AnswerModel
@@ -100,7 +101,7 @@ class NetworkCalibrator:
     (:func:`llmrubric.config.group`).
 
     Args:
-        rubric: questions and answer scales; its main question is finetuned.
+        rubric: questions and answer scales (a :class:`Rubric` or a rubric YAML's path); its main question is finetuned.
         model: a :class:`ModelConfig` or a dict of some of its fields (the rest default): network
             settings (``h1, h2, personalize, inputs, input_dropout``; see :class:`CalibrationNet`),
             ``ensemble``: the number of networks (seeds spawned from ``seed``: :attr:`seeds`, each with its
@@ -125,7 +126,7 @@ class NetworkCalibrator:
 
     def __init__(
         self,
-        rubric: Rubric,
+        rubric: Rubric | str | Path,
         model: dict | ModelConfig | None = None,
         trainer: dict | TrainConfig | None = None,
         seed: int = 0,
@@ -135,7 +136,7 @@ class NetworkCalibrator:
         llm_features: bool = True,
         group: str = "text",
     ):
-        self.rubric, self.group, self.seed = rubric, group, seed
+        self.rubric, self.group, self.seed = as_rubric(rubric), group, seed
         self._configure(model, trainer, feature_questions, drop_questions, pair_features, llm_features)
         self.nets_: list[CalibrationNet] = []  # the trained ensemble (empty until fitted or loaded)
         self.answers_: AnswerModel | None = None  # fitted by fit (None in an old checkpoint, or with pair features)

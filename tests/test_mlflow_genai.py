@@ -1,0 +1,154 @@
+"""Calibrated judges inside MLflow's GenAI evaluation, end to end against a real MLflow tracking server
+(SQLite store, started by the test): an application's traces with several raters' HUMAN feedback and an
+LLM judge's LLM_JUDGE distributions → ``llmrubric import mlflow`` → ``train.py`` → the calibrated scorer
+in ``mlflow.genai.evaluate`` → ``llmrubric score texts --log-to-traces`` → the scores read back."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from support.mlflow_server import start_server, stop_server
+from support.settings import FAST_OVERRIDES, SIMULATED, TABLES
+
+from llmrubric.apps.train import train_app
+from llmrubric.cli import main as cli
+from llmrubric.config import compose
+from llmrubric.io.tables import read_table
+from llmrubric.mlflow_genai.read import read_traces, search_traces
+from llmrubric.mlflow_genai.scorer import CalibratedScorer
+from llmrubric.mlflow_genai.write import SCORE_NAME
+
+pytestmark = [pytest.mark.mlflow_server, pytest.mark.slow]
+N_TEXTS = 16  # the simulated data's first texts: enough for a fast train
+EXPERIMENT = "support-bot"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mlflow-genai")
+    process, url = start_server(tmp)
+    before = mlflow.get_tracking_uri()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", url)
+        patch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        mlflow.set_tracking_uri(url)
+        yield url, tmp
+    mlflow.set_tracking_uri(before)
+    stop_server(process)
+
+
+def app_traces(experiment_id: str) -> dict[str, str]:
+    """The application's traces (one per simulated text, its system as the tag ``app_version``), each with
+    its raters' HUMAN feedback and the LLM judge's LLM_JUDGE feedback (its distribution in the metadata)."""
+    texts = pd.read_csv(SIMULATED / "texts.csv", dtype=str).sort_values("text_id").head(N_TEXTS)
+    annotations = pd.read_csv(SIMULATED / "annotations.csv", dtype=str)
+    features = pd.read_csv(SIMULATED / "features.csv", dtype={"text_id": str, "option": str})
+    client, ids = mlflow.MlflowClient(), {}
+    for text_id, system in zip(texts.text_id, texts.system_id):
+        span = client.start_trace(
+            "chat",
+            inputs={"question": f"conversation {text_id}"},
+            tags={"app_version": system},
+            experiment_id=experiment_id,
+        )
+        client.end_trace(span.trace_id, outputs={"answer": f"the assistant's turns of {text_id}"})
+        ids[text_id] = span.trace_id
+    mlflow.flush_trace_async_logging()
+    for row in annotations[annotations.text_id.isin(ids)].itertuples():
+        mlflow.log_feedback(
+            trace_id=ids[row.text_id],
+            name=row.question_id,
+            value=int(row.answer),
+            source=mlflow.entities.AssessmentSource(source_type="HUMAN", source_id=f"{row.judge_id}@example.com"),
+        )
+    for (text_id, qid), block in features[features.text_id.isin(ids)].groupby(["text_id", "question_id"]):
+        dist = dict(zip(block.option, block.prob))
+        mlflow.log_feedback(
+            trace_id=ids[text_id],
+            name=qid,
+            value=int(max(dist, key=dist.get)),
+            source=mlflow.entities.AssessmentSource(source_type="LLM_JUDGE", source_id="simulated-llm"),
+            metadata={"distribution": json.dumps(dist)},
+        )
+    return ids
+
+
+def train(tables, run_dir):
+    data = [f"data.train.{t}='{tables / f'{t}.parquet'}'" for t in TABLES]
+    small = ["++model.ensemble=1", "model.auto.candidates=[network]", "baselines=[]", "logger.experiment=llmrubric"]
+    train_app(compose("config", ["experiment=demo", *FAST_OVERRIDES, *small, *data, f"run_dir='{run_dir}'"]))
+    return run_dir / "fold0.safetensors"
+
+
+def test_traces_in_calibrated_scores_out(server, tmp_path, rubric):
+    url, _ = server
+    experiment_id = mlflow.MlflowClient().create_experiment(EXPERIMENT)
+    ids = app_traces(experiment_id)
+    tables = tmp_path / "tables"
+    assert (
+        cli(["import", "mlflow", "--experiment", EXPERIMENT, "--system-tag", "app_version", "--out-dir", str(tables)])
+        == 0
+    )
+    annotations = read_table(tables / "annotations.parquet", "annotations")
+    given = pd.read_csv(SIMULATED / "annotations.csv", dtype=str)
+    given = given[given.text_id.isin(ids)]
+    assert len(annotations) == len(given) and annotations.judge_id.nunique() == given.judge_id.nunique() > 1
+    assert set(annotations.judge_id) == {f"{j}@example.com" for j in given.judge_id}
+    assert (annotations.groupby(["text_id", "question_id"]).judge_id.nunique() > 1).any()  # several raters per trace
+    checkpoint = train(tables, tmp_path / "run")
+
+    mlflow.set_experiment(
+        experiment_id=experiment_id
+    )  # evaluate in the traces' experiment: their feedback goes with them
+    traces = search_traces(mlflow.MlflowClient(), EXPERIMENT)
+    scorer = CalibratedScorer(checkpoint=str(checkpoint))
+    result = mlflow.genai.evaluate(data=traces, scorers=[scorer])
+    scores = tmp_path / "scores.csv"
+    assert (
+        cli(
+            [
+                "score",
+                "texts",
+                str(checkpoint),
+                str(tables / "features.parquet"),
+                "--texts",
+                str(tables / "texts.parquet"),
+                "--out",
+                str(scores),
+                "--log-to-traces",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    table = pd.read_csv(scores, dtype={"text_id": str})
+    main = table[table.question_id == rubric.main.id].set_index("text_id")
+    trace_text = read_table(tables / "texts.parquet", "texts").set_index("trace_id").text_id
+    assert result.metrics[f"llmrubric/{rubric.main.id}/mean"] == pytest.approx(main["mean"].mean(), abs=1e-6)
+
+    back = search_traces(mlflow.MlflowClient(), EXPERIMENT)
+    name = SCORE_NAME.format(question=rubric.main.id)
+    for trace in back:
+        mine = [a for a in trace.info.assessments if a.name == name and a.source.source_type == "CODE"]
+        assert len(mine) == 2 and {a.source.source_id for a in mine} == {
+            "fold0.safetensors"
+        }  # evaluate's, score texts'
+        want = main.loc[trace_text[trace.info.trace_id]]
+        for a in mine:
+            assert a.feedback.value == pytest.approx(want["mean"], abs=1e-6)
+            assert float(a.metadata["lo"]) == pytest.approx(want["lo"]) and float(a.metadata["hi"]) == pytest.approx(
+                want["hi"]
+            )
+        from_evaluate = next(a for a in mine if "distribution" in a.metadata)
+        dist = json.loads(from_evaluate.metadata["distribution"])
+        assert list(dist) == list(rubric.main.keys) and math.isclose(sum(dist.values()), 1, abs_tol=1e-4)
+        assert np.dot([float(k) for k in dist], list(dist.values())) == pytest.approx(want["mean"], abs=1e-3)
+        assert "fold0.safetensors" in from_evaluate.rationale and "90% interval" in from_evaluate.rationale
+    again = read_traces(back, rubric, system_tag="app_version")
+    assert len(again.annotations) == len(annotations)  # the scores written back are not read as feedback
+    assert again.counts["code_feedback"] == 2 * len(table.dropna(subset=["mean"]))

@@ -52,9 +52,7 @@ def register(subparsers) -> None:
         action="store_true",
         help="also log each score as CODE feedback on its MLflow trace (--texts of `llmrubric import mlflow`: trace_id)",
     )
-    s.add_argument(
-        "--tracking-uri", dest="tracking_uri", help="MLflow store of --log-to-traces (default: MLFLOW_TRACKING_URI)"
-    )
+    s.add_argument("--tracking-uri", dest="tracking_uri", help="MLflow store (default: MLFLOW_TRACKING_URI)")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(run=run_score)
 

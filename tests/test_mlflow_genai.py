@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import mlflow
 import numpy as np
@@ -24,7 +25,7 @@ from llmrubric.mlflow_genai.scorer import CalibratedScorer
 from llmrubric.mlflow_genai.write import SCORE_NAME
 
 pytestmark = [pytest.mark.mlflow_server, pytest.mark.slow]
-N_TEXTS = 16  # the simulated data's first texts: enough for a fast train
+N_TEXTS = 12  # the simulated data's first texts: enough for a fast train
 EXPERIMENT = "support-bot"
 
 
@@ -59,23 +60,35 @@ def app_traces(experiment_id: str) -> dict[str, str]:
         client.end_trace(span.trace_id, outputs={"answer": f"the assistant's turns of {text_id}"})
         ids[text_id] = span.trace_id
     mlflow.flush_trace_async_logging()
-    for row in annotations[annotations.text_id.isin(ids)].itertuples():
-        mlflow.log_feedback(
-            trace_id=ids[row.text_id],
-            name=row.question_id,
-            value=int(row.answer),
-            source=mlflow.entities.AssessmentSource(source_type="HUMAN", source_id=f"{row.judge_id}@example.com"),
+    human = [
+        dict(
+            trace_id=ids[r.text_id],
+            name=r.question_id,
+            value=int(r.answer),
+            source=source("HUMAN", f"{r.judge_id}@example.com"),
         )
+        for r in annotations[annotations.text_id.isin(ids)].itertuples()
+    ]
+    judge = []
     for (text_id, qid), block in features[features.text_id.isin(ids)].groupby(["text_id", "question_id"]):
         dist = dict(zip(block.option, block.prob))
-        mlflow.log_feedback(
-            trace_id=ids[text_id],
-            name=qid,
-            value=int(max(dist, key=dist.get)),
-            source=mlflow.entities.AssessmentSource(source_type="LLM_JUDGE", source_id="simulated-llm"),
-            metadata={"distribution": json.dumps(dist)},
+        value = int(max(dist, key=dist.get))
+        judge.append(
+            dict(
+                trace_id=ids[text_id],
+                name=qid,
+                value=value,
+                source=source("LLM_JUDGE", "simulated-llm"),
+                metadata={"distribution": json.dumps(dist)},
+            )
         )
+    with ThreadPoolExecutor(8) as pool:  # as an application's raters and judge do: concurrently
+        list(pool.map(lambda kwargs: mlflow.log_feedback(**kwargs), human + judge))
     return ids
+
+
+def source(kind: str, source_id: str):
+    return mlflow.entities.AssessmentSource(source_type=kind, source_id=source_id)
 
 
 def train(tables, run_dir):
@@ -106,7 +119,7 @@ def test_traces_in_calibrated_scores_out(server, tmp_path, rubric):
         experiment_id=experiment_id
     )  # evaluate in the traces' experiment: their feedback goes with them
     traces = search_traces(mlflow.MlflowClient(), EXPERIMENT)
-    scorer = CalibratedScorer(checkpoint=str(checkpoint))
+    scorer = CalibratedScorer(checkpoint=str(checkpoint), questions=[rubric.main.id])
     result = mlflow.genai.evaluate(data=traces, scorers=[scorer])
     scores = tmp_path / "scores.csv"
     assert (
@@ -151,4 +164,5 @@ def test_traces_in_calibrated_scores_out(server, tmp_path, rubric):
         assert "fold0.safetensors" in from_evaluate.rationale and "90% interval" in from_evaluate.rationale
     again = read_traces(back, rubric, system_tag="app_version")
     assert len(again.annotations) == len(annotations)  # the scores written back are not read as feedback
-    assert again.counts["code_feedback"] == 2 * len(table.dropna(subset=["mean"]))
+    assert again.counts["code_feedback"] == len(back) + len(table.dropna(subset=["mean"]))  # evaluate's + score texts'
+    assert result.metrics.keys() == {f"llmrubric/{rubric.main.id}/mean"}

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+from mlflow.genai import label_schemas, review_queues
 from support.mlflow_server import start_server, stop_server
 from support.settings import FAST_OVERRIDES, SIMULATED, TABLES
 
@@ -98,71 +100,90 @@ def train(tables, run_dir):
     return run_dir / "fold0.safetensors"
 
 
-def test_traces_in_calibrated_scores_out(server, tmp_path, rubric):
-    url, _ = server
+def ok(*argv: str) -> None:
+    assert cli([str(a) for a in argv]) == 0, argv
+
+
+@pytest.fixture(scope="module")
+def trained(server, tmp_path_factory):
+    """The application's traces imported (``llmrubric import mlflow``) and a checkpoint trained on them."""
+    tmp = tmp_path_factory.mktemp("trained")
     experiment_id = mlflow.MlflowClient().create_experiment(EXPERIMENT)
     ids = app_traces(experiment_id)
-    tables = tmp_path / "tables"
-    assert (
-        cli(["import", "mlflow", "--experiment", EXPERIMENT, "--system-tag", "app_version", "--out-dir", str(tables)])
-        == 0
-    )
-    annotations = read_table(tables / "annotations.parquet", "annotations")
+    tables = tmp / "tables"
+    ok("import", "mlflow", "--experiment", EXPERIMENT, "--system-tag", "app_version", "--out-dir", tables)
+    checkpoint = train(tables, tmp / "run")
+    return SimpleNamespace(experiment_id=experiment_id, ids=ids, tables=tables, checkpoint=checkpoint)
+
+
+def test_several_raters_feedback_becomes_several_judges(trained):
+    annotations = read_table(trained.tables / "annotations.parquet", "annotations")
     given = pd.read_csv(SIMULATED / "annotations.csv", dtype=str)
-    given = given[given.text_id.isin(ids)]
+    given = given[given.text_id.isin(trained.ids)]
     assert len(annotations) == len(given) and annotations.judge_id.nunique() == given.judge_id.nunique() > 1
     assert set(annotations.judge_id) == {f"{j}@example.com" for j in given.judge_id}
     assert (annotations.groupby(["text_id", "question_id"]).judge_id.nunique() > 1).any()  # several raters per trace
-    checkpoint = train(tables, tmp_path / "run")
+    texts = read_table(trained.tables / "texts.parquet", "texts")
+    assert set(texts.trace_id) == set(trained.ids.values()) and texts.system_id.notna().all()
 
-    mlflow.set_experiment(
-        experiment_id=experiment_id
-    )  # evaluate in the traces' experiment: their feedback goes with them
+
+def test_calibrated_scores_through_evaluate_and_written_back(trained, tmp_path, rubric):
+    mlflow.set_experiment(experiment_id=trained.experiment_id)  # the traces' experiment: their feedback goes along
     traces = search_traces(mlflow.MlflowClient(), EXPERIMENT)
-    scorer = CalibratedScorer(checkpoint=str(checkpoint), questions=[rubric.main.id])
+    scorer = CalibratedScorer(checkpoint=str(trained.checkpoint), questions=[rubric.main.id])
     result = mlflow.genai.evaluate(data=traces, scorers=[scorer])
     scores = tmp_path / "scores.csv"
-    assert (
-        cli(
-            [
-                "score",
-                "texts",
-                str(checkpoint),
-                str(tables / "features.parquet"),
-                "--texts",
-                str(tables / "texts.parquet"),
-                "--out",
-                str(scores),
-                "--log-to-traces",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    tables = trained.tables
+    ok("score", "texts", trained.checkpoint, tables / "features.parquet", "--texts", tables / "texts.parquet",
+       "--out", scores, "--log-to-traces", "--no-progress")  # fmt: skip
     table = pd.read_csv(scores, dtype={"text_id": str})
     main = table[table.question_id == rubric.main.id].set_index("text_id")
+    assert result.metrics == {f"llmrubric/{rubric.main.id}/mean": pytest.approx(main["mean"].mean(), abs=1e-6)}
     trace_text = read_table(tables / "texts.parquet", "texts").set_index("trace_id").text_id
-    assert result.metrics[f"llmrubric/{rubric.main.id}/mean"] == pytest.approx(main["mean"].mean(), abs=1e-6)
-
     back = search_traces(mlflow.MlflowClient(), EXPERIMENT)
     name = SCORE_NAME.format(question=rubric.main.id)
     for trace in back:
         mine = [a for a in trace.info.assessments if a.name == name and a.source.source_type == "CODE"]
-        assert len(mine) == 2 and {a.source.source_id for a in mine} == {
-            "fold0.safetensors"
-        }  # evaluate's, score texts'
+        assert len(mine) == 2 and {a.source.source_id for a in mine} == {"fold0.safetensors"}  # evaluate's, ours
         want = main.loc[trace_text[trace.info.trace_id]]
         for a in mine:
             assert a.feedback.value == pytest.approx(want["mean"], abs=1e-6)
-            assert float(a.metadata["lo"]) == pytest.approx(want["lo"]) and float(a.metadata["hi"]) == pytest.approx(
-                want["hi"]
-            )
+            assert (float(a.metadata["lo"]), float(a.metadata["hi"])) == pytest.approx((want["lo"], want["hi"]))
         from_evaluate = next(a for a in mine if "distribution" in a.metadata)
         dist = json.loads(from_evaluate.metadata["distribution"])
         assert list(dist) == list(rubric.main.keys) and math.isclose(sum(dist.values()), 1, abs_tol=1e-4)
         assert np.dot([float(k) for k in dist], list(dist.values())) == pytest.approx(want["mean"], abs=1e-3)
         assert "fold0.safetensors" in from_evaluate.rationale and "90% interval" in from_evaluate.rationale
     again = read_traces(back, rubric, system_tag="app_version")
-    assert len(again.annotations) == len(annotations)  # the scores written back are not read as feedback
-    assert again.counts["code_feedback"] == len(back) + len(table.dropna(subset=["mean"]))  # evaluate's + score texts'
-    assert result.metrics.keys() == {f"llmrubric/{rubric.main.id}/mean"}
+    assert len(again.annotations) == len(read_table(tables / "annotations.parquet", "annotations"))  # not feedback
+    assert again.counts["code_feedback"] == len(back) + len(table.dropna(subset=["mean"]))  # evaluate's + ours
+
+
+def test_the_labelling_loop_through_a_review_queue(trained, tmp_path, rubric):
+    tables = trained.tables
+    predictions = tmp_path / "predictions.parquet"
+    ok("score", "texts", trained.checkpoint, tables / "features.parquet", "--texts", tables / "texts.parquet",
+       "--out", tmp_path / "scores.csv", "--predictions", predictions, "--no-progress")  # fmt: skip
+    ok("label", "suggest", predictions, "--texts", tables / "texts.parquet", "--budget", 1, "--out",
+       tmp_path / "draws.csv", "--queue", "to-label", "--experiment", EXPERIMENT, "--reviewers", "eve@example.com")  # fmt: skip
+    drawn = pd.read_csv(tmp_path / "draws.csv", dtype={"text_id": str})
+    drawn = set(drawn[drawn.draws > 0].text_id)
+    schemas = {s.name: s for s in label_schemas.list_label_schemas(experiment_id=trained.experiment_id)}
+    assert set(schemas) >= set(rubric.ids) and schemas[rubric.main.id].input.options == [
+        o.label for o in rubric.main.options
+    ]
+    queue = review_queues.get_review_queue(name="to-label", experiment_id=trained.experiment_id)
+    assert queue.users == ["eve@example.com"] and set(queue.schema_ids) == {schemas[q].schema_id for q in rubric.ids}
+    texts = read_table(tables / "texts.parquet", "texts").set_index("text_id")
+    queued = [i.item_id for i in review_queues.list_review_queue_items(queue.queue_id)]
+    assert sorted(queued) == sorted(texts.trace_id[list(drawn)])
+    for trace_id in queued:  # the reviewer answers the main question in the review UI: HUMAN feedback on the trace
+        mlflow.log_feedback(trace_id=trace_id, name=rubric.main.id, value=rubric.main.options[-1].label,
+                            source=source("HUMAN", "eve@example.com"))  # fmt: skip
+    out = tmp_path / "answers"
+    ok("import", "mlflow", "--experiment", EXPERIMENT, "--queue", "to-label", "--system-tag", "app_version",
+       "--out-dir", out)  # fmt: skip
+    answers = read_table(out / "annotations.parquet", "annotations")
+    eve = answers[answers.judge_id == "eve@example.com"]
+    assert set(read_table(out / "texts.parquet", "texts").trace_id) == set(queued)
+    assert sorted(eve.text_id) == sorted(drawn) and set(eve.answer) == {rubric.main.keys[-1]}

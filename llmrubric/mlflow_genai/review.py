@@ -2,7 +2,7 @@
 
 :func:`queue_texts` creates (or reuses) one ``feedback`` label schema per rubric question (name: the
 question id, the assessment name reviewers' answers are stored under; a single-choice input of the
-question's option labels; the prompt as the instruction) and a custom review queue with those schemas,
+question's option labels, or keys where a label is too long; the prompt as the instruction) and a custom review queue with those schemas,
 and attaches the chosen traces. Reviewers' answers are ``HUMAN`` feedback on the traces, read back by
 ``llmrubric import mlflow --queue``. Review queues and label schemas are in MLflow's tracking store
 (SQL stores and servers, MLflow >= 3.14); on Databricks they route to its review app instead.
@@ -17,12 +17,22 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Question, Rubric
 
 PAGE = 500
+MAX_OPTION_CHARS = 64  # MLflow's limit on an InputCategorical option
 
 
 def schema_options(question: Question) -> list[str]:
-    """The choices a reviewer sees: the option labels, or the option keys where labels repeat."""
+    """The choices a reviewer sees: the option labels, or the option keys where labels repeat or are longer
+    than MLflow allows (the labels are then in the instruction, :func:`schema_instruction`)."""
     labels = [o.label.strip() for o in question.options]
-    return labels if len(set(labels)) == len(labels) else list(question.keys)
+    fits = len(set(labels)) == len(labels) and max(map(len, labels)) <= MAX_OPTION_CHARS
+    return labels if fits else list(question.keys)
+
+
+def schema_instruction(question: Question) -> str:
+    """The question's prompt, with the scale (key: label) where the choices are the option keys."""
+    if schema_options(question) != list(question.keys) or all(o.label.strip() == o.key for o in question.options):
+        return question.prompt
+    return question.prompt + "\n" + "\n".join(f"{o.key}: {o.label.strip()}" for o in question.options)
 
 
 def rubric_schemas(rubric: Rubric, experiment_id: str) -> list[str]:
@@ -36,7 +46,7 @@ def rubric_schemas(rubric: Rubric, experiment_id: str) -> list[str]:
                 q.id,
                 type="feedback",
                 input=label_schemas.InputCategorical(options=schema_options(q)),
-                instruction=q.prompt,
+                instruction=schema_instruction(q),
                 experiment_id=experiment_id,
             )
         else:

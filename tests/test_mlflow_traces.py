@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import mlflow
 import pytest
 from mlflow.entities import AssessmentSource
+from support.paths import ROOT
+from support.settings import FAST
 
 from llmrubric.cli import main as run_cli
+from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables, read_table
-from llmrubric.mlflow_genai.read import DISTRIBUTION_KEY, read_traces, search_traces
+from llmrubric.mlflow_genai.read import DISTRIBUTION_KEY, read_traces, search_traces, trace_text_id
+from llmrubric.mlflow_genai.scorer import CalibratedScorer
 from llmrubric.mlflow_genai.write import log_tables
+from llmrubric.model.core.checkpoints import load_model
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.scoring.scores import score_texts
 
 pytestmark = pytest.mark.slow
 
@@ -96,3 +104,42 @@ def test_tables_logged_as_traces_read_back_the_same(simulated, rubric):
     merged = got.features.merge(part.features, on=fkey, suffixes=("", "_given"))
     assert len(merged) == len(part.features) and (merged.prob - merged.prob_given).abs().max() < 1e-12
     assert dict(zip(got.texts.text_id, got.texts.system_id)) == dict(zip(part.texts.text_id, part.texts.system_id))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(simulated, rubric, tmp_path_factory):
+    model = NetworkCalibrator(rubric, {"ensemble": 1}, FAST).fit(simulated)
+    return model.save(tmp_path_factory.mktemp("scorer") / "calibrator.safetensors")
+
+
+def test_the_scorer_is_the_score_command_under_a_thread_pool(simulated, rubric, checkpoint, tmp_path):
+    keep = sorted(simulated.texts.text_id)[:6]
+    name, eid = new_experiment()
+    log_tables(eid, simulated.subset(keep), rubric)
+    traces = search_traces(mlflow.MlflowClient(), name)
+    scorer = CalibratedScorer(checkpoint=str(checkpoint), questions=["Q0", "Q1"])
+    with ThreadPoolExecutor(4) as pool:  # as evaluate's pool calls it
+        together = list(pool.map(lambda t: scorer(trace=t), traces))
+    want = score_texts(
+        load_model(checkpoint), simulated.features[simulated.features.text_id.isin(keep)], questions=["Q0", "Q1"]
+    )
+    want = want.scores.set_index(["text_id", "question_id"])["mean"]
+    close = lambda value, key: value == pytest.approx(want[key], abs=1e-6)  # float32 batches of one text or six
+    for trace, feedbacks in zip(traces, together):
+        text_id = trace_text_id(trace)
+        assert [f.name for f in feedbacks] == ["llmrubric/Q0", "llmrubric/Q1"]
+        for f in feedbacks:
+            assert close(f.value, (text_id, f.name.split("/")[1]))
+            assert f.source.source_type == "CODE" and f.source.source_id == "calibrator.safetensors"
+            assert "calibrator.safetensors" in f.rationale and "90% interval" in f.rationale
+    given = CalibratedScorer(checkpoint=str(checkpoint), features=str(ROOT / "data" / "simulated" / "features.csv"))
+    assert close(given(inputs={"text_id": keep[0]})[0].value, (keep[0], "Q0"))
+
+
+def test_a_trace_without_judge_feedback_is_a_scorer_error_not_a_value(rubric, checkpoint):
+    name, eid = new_experiment()
+    a = trace(eid, "q", "r", "v1")
+    feedback(a, "Q0", 3, "HUMAN", "ann@x")
+    [bare] = search_traces(mlflow.MlflowClient(), name)
+    with pytest.raises(InputError, match=f"text {a!r} has no LLM answer distributions"):
+        CalibratedScorer(checkpoint=str(checkpoint))(trace=bare)

@@ -9,7 +9,8 @@ interval and the predicted distribution in the metadata, a rationale naming the 
 coverage. The checkpoint is loaded once; prediction holds a lock, so evaluate's thread pool may
 call the scorer concurrently. A row without features of the checkpoint is a scorer error (MLflow
 records it on the row), never a value. Evaluate's metrics then hold ``llmrubric/<question>/mean``,
-the calibrated system score of the rows scored.
+the calibrated system score of the rows scored (``<name>/<question>``: the scorer's ``name``, so that
+two checkpoints' scorers do not collide).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import probabilities
 from llmrubric.io.tables import read_table, validate_features
 from llmrubric.mlflow_genai.read import CODE, read_traces, trace_text_id
-from llmrubric.mlflow_genai.write import SCORE_NAME
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.scoring.intervals import DEFAULT_COVERAGE
 from llmrubric.scoring.scores import score_texts
@@ -107,7 +107,7 @@ class CalibratedScorer(Scorer):
             "status": row.status,
         }
         return Feedback(
-            name=SCORE_NAME.format(question=row.question_id),
+            name=f"{self.name}/{row.question_id}",
             value=float(row.mean),
             source=AssessmentSource(source_type=CODE, source_id=Path(self.checkpoint).name),
             rationale=(

@@ -19,7 +19,7 @@ GRAMMAR = {
     "label": ["suggest"],
     "judges": ["add"],
     "ir": ["qrels", "trec-eval", "nuggets", "grounded-qa"],
-    "import": ["workbench", "nuggetizer"],
+    "import": ["workbench", "nuggetizer", "mlflow"],
     "rubric": ["plan"],
     "schema": ["show"],
 }

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import mlflow
 import pytest
 from omegaconf import OmegaConf
+from support.mlflow_server import start_server, stop_server
 from support.postgres_server import free_port
 from support.settings import small_demo
 
@@ -23,47 +21,6 @@ from llmrubric.apps.train import train_app
 from llmrubric.experiments.tracking import Tracker, TrackingError
 
 SPACE = {"trainer.lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True}}
-
-
-def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-        "--backend-store-uri",
-        f"sqlite:///{tmp / 'server.db'}",
-        "--artifacts-destination",
-        str(tmp / "artifacts"),
-    ]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline and server.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return server, url
-        except OSError:
-            time.sleep(0.5)
-    stop_server(server)
-    pytest.fail(f"mlflow server did not come up on {url}")
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    import os
-    import signal
-
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGKILL)  # the server and its workers
-    server.wait()
 
 
 @pytest.fixture(scope="module")

@@ -94,6 +94,11 @@ def test_evaluate_run_logs_test_metrics_and_tables(logged, tmp_path):
     for name in ("rmse", "pearson", "spearman", "kendall", "nll"):
         assert run.data.metrics[f"test/{name}"] == pytest.approx(model[name]), name
     assert run.data.metrics["test/per_judge/rmse"] == pytest.approx(model["per_judge"]["rmse"])
+    assert model["judges"] and all(  # each rater's agreement, named by its id
+        run.data.metrics[f"test/judges/{judge}/{m}"] == pytest.approx(figures[m], nan_ok=True)
+        for judge, figures in model["judges"].items()
+        for m in ("kappa", "qwk", "alpha", "rmse")
+    )
     assert {a.path for a in logged.client.list_artifacts(run.info.run_id)} >= {
         "predictions.csv",
         "metrics.json",

@@ -1,10 +1,13 @@
-"""``llmrubric import workbench | nuggetizer``: the IR ecosystem's files → this project's tables.
+"""``llmrubric import workbench | nuggetizer | mlflow``: the IR ecosystem's files and MLflow's traces → this
+project's tables.
 
 ``workbench``: the RUBRIC workbench's graded passages (JSONL or .jsonl.gz), with ``--qrels``, →
 features, texts, annotations (and ``--summaries``: the self-rating summary blocks to train on);
 ``nuggetizer``: the AutoNuggetizer's nuggets and assignments → test bank, texts, assignments and
 ``nugget_support`` features. Settings: ``imports.*`` of ``conf/ir/default.yaml`` (or ``--config``).
-Everything is read and checked before the first file is written.
+``mlflow``: an MLflow experiment's traces (HUMAN feedback → annotations, LLM_JUDGE feedback → features,
+request + response → texts; :mod:`llmrubric.mlflow_genai.read`). Everything is read and checked before the
+first file is written.
 """
 
 from __future__ import annotations
@@ -34,6 +37,16 @@ def register(subparsers) -> None:
     n.add_argument("--source", dest="nuggetizer_source", help="features source of the assignments")
     _common(n)
     n.set_defaults(run=run_nuggetizer)
+
+    m = sub.add_parser("mlflow", help="an MLflow experiment's traces and their feedback → annotations, features, texts")
+    m.add_argument("--experiment", required=True, help="MLflow experiment (name or id) whose traces are read")
+    m.add_argument("--rubric", help="rubric YAML the feedback answers (default: conf/rubric/llm_rubric.yaml)")
+    m.add_argument("--tracking-uri", dest="tracking_uri", help="tracking store (default: MLFLOW_TRACKING_URI)")
+    m.add_argument("--system-tag", dest="system_tag", help="trace tag holding the system: texts get system_id")
+    m.add_argument("--queue", help="read only the traces of this review queue (`llmrubric label suggest --queue`)")
+    m.add_argument("--out-dir", required=True, help="folder of the tables written")
+    m.add_argument("--format", choices=FORMATS, default="parquet", help="tables' file format (default: parquet)")
+    m.set_defaults(run=run_mlflow)
 
 
 def _common(p) -> None:
@@ -111,4 +124,35 @@ def run_nuggetizer(args) -> int:
     written.append(str(write_bank(bank, out / "bank.jsonl")))
     vital = sum(i.importance == "vital" for i in bank)
     print(f"{_counts({'nuggets': len(bank), 'vital': vital, **counts})} → {', '.join(written)}")
+    return 0
+
+
+def run_mlflow(args) -> int:
+    import mlflow
+
+    from llmrubric.config import conf_path
+    from llmrubric.io.rubric import Rubric
+    from llmrubric.io.tables import validate_annotations, validate_features
+    from llmrubric.mlflow_genai.read import experiment_id, read_traces, search_traces
+    from llmrubric.mlflow_genai.review import queue_trace_ids
+
+    rubric = Rubric.load(args.rubric or conf_path() / "rubric" / "llm_rubric.yaml")
+    out = check_writable_dir(args.out_dir, "--out-dir")
+    if args.tracking_uri:
+        mlflow.set_tracking_uri(args.tracking_uri)
+    client = mlflow.MlflowClient()
+    wanted = queue_trace_ids(experiment_id(client, args.experiment), args.queue) if args.queue else None
+    got = read_traces(search_traces(client, args.experiment, wanted), rubric, args.system_tag)
+    if got.texts.empty:
+        raise InputError(f"experiment {args.experiment!r} has no traces", setting="--experiment")
+    where = f"MLflow experiment {args.experiment}"
+    tables = {"texts": got.texts}
+    if len(got.features):
+        got.features.attrs["source"] = where
+        tables["features"] = validate_features(got.features, rubric)
+    if len(got.annotations):
+        got.annotations.attrs["source"] = where
+        tables["annotations"] = validate_annotations(got.annotations, rubric)
+    written = _write(out, args.format, tables)
+    print(f"{_counts(got.counts)} → {', '.join(written)}")
     return 0

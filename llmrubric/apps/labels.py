@@ -35,6 +35,10 @@ def register(subparsers) -> None:
     s.add_argument("--floor", type=float)
     s.add_argument("--seed", type=int)
     s.add_argument("--round")
+    s.add_argument("--queue", help="also put the drawn texts into this MLflow review queue (texts need trace_id)")
+    s.add_argument("--experiment", help="MLflow experiment of the traces (with --queue)")
+    s.add_argument("--reviewers", nargs="+", help="users assigned to the review queue (with --queue)")
+    s.add_argument("--tracking-uri", dest="tracking_uri", help="MLflow store (default: MLFLOW_TRACKING_URI)")
     s.set_defaults(run=run_suggest)
 
     judges = add_noun(subparsers, "judges", "judges of a trained calibrator")
@@ -89,11 +93,45 @@ def run_suggest(args) -> int:
             row=int(row),
             column="text_id",
         )
+    check_queue(args, texts)
     table = lab.suggest(texts, uncertainty, budget, floor, seed, str(settings["round"]))
+    queued = queue_drawn(args, table, texts, rubric)  # before the file: a queue that cannot be made leaves none
     write_table(table, out)
     drawn = table[table.draws > 0].groupby("system_id").size()
-    print(json.dumps({"out": str(out), "budget": budget, "floor": floor, "texts_to_label": drawn.to_dict()}))
+    print(json.dumps({"out": str(out), "budget": budget, "floor": floor, "texts_to_label": drawn.to_dict(), **queued}))
     return 0
+
+
+def check_queue(args, texts) -> None:
+    """``--queue`` needs ``--experiment`` and texts with a ``trace_id`` (those of ``llmrubric import mlflow``)."""
+    if not args.queue:
+        return
+    if not args.experiment:
+        raise InputError("--queue needs --experiment (the MLflow experiment of the traces)", setting="--queue")
+    if "trace_id" not in texts.columns or texts.trace_id.isna().any():
+        raise InputError(
+            "--queue needs a trace_id for every text (the texts of `llmrubric import mlflow`)",
+            file=str(args.texts),
+            column="trace_id",
+        )
+
+
+def queue_drawn(args, table, texts, rubric) -> dict:
+    """The drawn texts' traces into the review queue ``--queue`` (with the rubric's label schemas); {} without."""
+    if not args.queue:
+        return {}
+    import mlflow
+
+    from llmrubric.mlflow_genai.read import experiment_id
+    from llmrubric.mlflow_genai.review import queue_texts
+
+    if args.tracking_uri:
+        mlflow.set_tracking_uri(args.tracking_uri)
+    traces = dict(zip(texts.text_id.astype(str), texts.trace_id.astype(str)))
+    drawn = [traces[t] for t in table[table.draws > 0].text_id.astype(str)]
+    eid = experiment_id(mlflow.MlflowClient(), args.experiment)
+    queue_id = queue_texts(eid, args.queue, rubric, drawn, args.reviewers)
+    return {"queue": args.queue, "queue_id": queue_id, "queued_traces": len(drawn)}
 
 
 def run_add_judge(args) -> int:

@@ -46,6 +46,13 @@ def register(subparsers) -> None:
         help="pooled: one conformal threshold for all judges (default); judge: each judge's own (coverage per judge)",
     )
     s.add_argument("--chunk-texts", dest="chunk_texts", type=int)
+    s.add_argument(
+        "--log-to-traces",
+        dest="log_to_traces",
+        action="store_true",
+        help="also log each score as CODE feedback on its MLflow trace (--texts of `llmrubric import mlflow`: trace_id)",
+    )
+    s.add_argument("--tracking-uri", dest="tracking_uri", help="MLflow store (default: MLFLOW_TRACKING_URI)")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(run=run_score)
 
@@ -123,6 +130,7 @@ def run_score(args) -> int:
     model = load_model(args.checkpoint)
     features = validate_features(read_table(args.features, "features"), model.rubric)
     texts = read_table(args.texts, "texts") if args.texts else None
+    trace_ids = _trace_ids(args, texts)
     result = score_texts(
         model,
         features,
@@ -140,8 +148,34 @@ def run_score(args) -> int:
     if result.levels is not None:  # a model with a system level: `leaderboard build --levels`
         write_table(result.levels, out.with_name(out.stem + ".levels.csv"))
     write_json(result.summary, summary)
+    if trace_ids is not None:
+        from llmrubric.mlflow_genai.write import log_scores
+
+        result.summary["logged_to_traces"] = log_scores(
+            result.scores, trace_ids, args.checkpoint, progress=not args.no_progress
+        )
     print(json.dumps(json_safe({k: v for k, v in result.summary.items() if k != "judges"})))
     return 0
+
+
+def _trace_ids(args, texts) -> dict[str, str] | None:
+    """text id → MLflow trace id for ``--log-to-traces`` (the texts table's ``trace_id``); None without the flag."""
+    if not args.log_to_traces:
+        return None
+    if texts is None or "trace_id" not in texts.columns:
+        raise InputError(
+            "--log-to-traces needs --texts with a trace_id column (the texts of `llmrubric import mlflow`)",
+            setting="--log-to-traces",
+        )
+    if args.tracking_uri:
+        import mlflow
+
+        mlflow.set_tracking_uri(args.tracking_uri)
+    missing = texts.trace_id.isna().to_numpy()
+    if missing.any():
+        row = int(texts.index[missing.argmax()])
+        raise InputError("a text to log to its trace has no trace_id", file=str(args.texts), row=row, column="trace_id")
+    return dict(zip(texts.text_id.astype(str), texts.trace_id.astype(str)))
 
 
 def run_leaderboard(args) -> int:

@@ -119,7 +119,10 @@ def align(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Questi
 
 
 def evaluate(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Question, per_judge: bool = True) -> dict:
-    """Pooled metrics over all annotated pairs, plus (``per_judge``) the mean of per-judge metrics."""
+    """Pooled metrics over all annotated pairs, plus (``per_judge``) the mean of per-judge metrics and
+    ``judges``: each judge's own (``n`` pairs; RMSE, κ, quadratic κ and α of the predicted labels, or the
+    accuracy of a categorical question), keyed by judge id, for the judges with :data:`MIN_JUDGE_PAIRS` pairs.
+    An LLM baseline's (``argmax_llm``) figures are the raw LLM judge's agreement with each judge."""
     merged = align(predictions, annotations, question)
     index = pd.Index(question.keys).get_indexer(merged.answer)
     probs = probabilities(merged, question)
@@ -130,17 +133,33 @@ def evaluate(predictions: pd.DataFrame, annotations: pd.DataFrame, question: Que
     else:
         point = lambda rows: {"accuracy": float(np.mean(probs[rows].argmax(axis=1) == index[rows]))}
     out = point(slice(None)) if question.ordered else categorical_metrics(probs, index)
+    labels = predicted_labels(merged, question, probs) if question.ordered else None
     if question.ordered:
-        out.update(label_metrics(index, predicted_labels(merged, question, probs), question.values))
+        out.update(label_metrics(index, labels, question.values))
     out["nll"] = nll(probs, index)
     out["n"] = int(len(merged))
     if not per_judge:
         return out
-    per_judge = [point(rows) for rows in merged.groupby("judge_id").indices.values() if len(rows) >= MIN_JUDGE_PAIRS]
+    groups = {str(j): rows for j, rows in merged.groupby("judge_id").indices.items() if len(rows) >= MIN_JUDGE_PAIRS}
+    per_judge = {j: point(rows) for j, rows in groups.items()}
     names = ("rmse", "pearson", "spearman", "kendall") if question.ordered else ("accuracy",)
-    out["per_judge"] = {m: _nanmean([j[m] for j in per_judge]) for m in names}
+    out["per_judge"] = {m: _nanmean([j[m] for j in per_judge.values()]) for m in names}
     out["per_judge"]["judges"] = len(per_judge)
+    out["judges"] = {
+        j: {
+            "n": int(len(rows)),
+            **_judge_figures(per_judge[j], index[rows], None if labels is None else labels[rows], question),
+        }
+        for j, rows in groups.items()
+    }
     return out
+
+
+def _judge_figures(point: dict, answers: np.ndarray, labels: np.ndarray | None, question: Question) -> dict:
+    """One judge's figures for :func:`evaluate`'s ``judges``: RMSE and the label metrics (ordered), else accuracy."""
+    if labels is None:
+        return {"accuracy": point["accuracy"]}
+    return {"rmse": point["rmse"], **label_metrics(answers, labels, question.values)}
 
 
 def _nanmean(values: list[float]) -> float:

@@ -45,6 +45,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -172,9 +173,11 @@ def flatten(config: Any, prefix: str = "") -> dict[str, str]:
 def metric_keys(values: Mapping, prefix: str, suffix: str | None = None) -> dict[str, float]:
     """Numbers of a nested mapping as ``prefix/key[/subkey][/suffix]`` metric keys (others dropped):
     ``metric_keys({"rmse": 0.6, "per_judge": {"rmse": 0.5}}, "test", "ridge")`` →
-    ``{"test/rmse/ridge": 0.6, "test/per_judge/rmse/ridge": 0.5}``."""
+    ``{"test/rmse/ridge": 0.6, "test/per_judge/rmse/ridge": 0.5}``; characters MLflow refuses in a key
+    (a rater's e-mail address as a judge id: ``@``) become ``_``."""
     out = {}
     for key, value in values.items():
+        key = re.sub(r"[^\w\-. /]", "_", str(key))
         if isinstance(value, Mapping):
             out.update(metric_keys(value, f"{prefix}/{key}", suffix))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -1,0 +1,145 @@
+"""MLflow traces ⇄ tables on the session's temporary SQLite store (``llmrubric.mlflow_genai``): HUMAN
+feedback → annotations, LLM_JUDGE feedback → features, request + response → texts, and back."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import mlflow
+import pytest
+from mlflow.entities import AssessmentSource
+from support.paths import ROOT
+from support.settings import FAST
+
+from llmrubric.cli import main as run_cli
+from llmrubric.io.errors import InputError
+from llmrubric.io.tables import Tables, read_table
+from llmrubric.mlflow_genai.read import DISTRIBUTION_KEY, read_traces, search_traces, trace_text_id
+from llmrubric.mlflow_genai.scorer import CalibratedScorer
+from llmrubric.mlflow_genai.write import log_tables
+from llmrubric.model.core.checkpoints import load_model
+from llmrubric.model.families.network.calibrator import NetworkCalibrator
+from llmrubric.scoring.scores import score_texts
+
+pytestmark = pytest.mark.slow
+
+
+def new_experiment() -> tuple[str, str]:
+    name = f"traces-{uuid.uuid4().hex[:8]}"
+    return name, mlflow.MlflowClient().create_experiment(name)
+
+
+def trace(experiment_id: str, request: str, response: str, system: str) -> str:
+    client = mlflow.MlflowClient()
+    span = client.start_trace("chat", inputs={"question": request}, tags={"app": system}, experiment_id=experiment_id)
+    client.end_trace(span.trace_id, outputs={"answer": response})
+    mlflow.flush_trace_async_logging()
+    return span.trace_id
+
+
+def feedback(trace_id: str, name: str, value, kind: str, source: str, **kwargs) -> None:
+    mlflow.log_feedback(
+        trace_id=trace_id, name=name, value=value, source=AssessmentSource(source_type=kind, source_id=source), **kwargs
+    )
+
+
+def test_feedback_of_several_raters_and_a_judge_become_the_three_tables(rubric):
+    name, eid = new_experiment()
+    a = trace(eid, "How do I reset it?", "Hold the button for 5 s.", "v1")
+    b = trace(eid, "Is it waterproof?", "Yes [1].", "v2")
+    feedback(a, "Q0", 3, "HUMAN", "ann@x")
+    feedback(a, "satisfaction", 4, "HUMAN", "bob@x")  # the question's name stands for its id
+    feedback(a, "Q0", 2, "HUMAN", "bob@x")  # bob's later answer replaces his earlier one
+    feedback(a, "Q0", 2, "LLM_JUDGE", "gpt", metadata={DISTRIBUTION_KEY: json.dumps({"1": 0.1, "2": 0.7, "3": 0.2})})
+    feedback(b, "Q1", "Likely.", "HUMAN", "ann@x")  # an option's label
+    feedback(b, "Q0", 4, "LLM_JUDGE", "gpt")  # no distribution: a point mass
+    feedback(b, "tone", "ok", "HUMAN", "ann@x")  # not a rubric question
+    feedback(b, "llmrubric/Q0", 3.1, "CODE", "fold0.safetensors")  # a score written back
+    got = read_traces(search_traces(mlflow.MlflowClient(), name), rubric, system_tag="app")
+    ann = got.annotations.set_index(["text_id", "judge_id", "question_id"]).answer
+    assert ann.to_dict() == {(a, "ann@x", "Q0"): "3", (a, "bob@x", "Q0"): "2", (b, "ann@x", "Q1"): "4"}
+    probs = got.features.set_index(["text_id", "source", "question_id", "option"]).prob.sort_index()
+    assert probs[(a, "gpt", "Q0")].to_dict() == {"1": 0.1, "2": 0.7, "3": 0.2, "4": 0.0}
+    assert probs[(b, "gpt", "Q0")].to_dict() == {"1": 0.0, "2": 0.0, "3": 0.0, "4": 1.0}
+    texts = got.texts.set_index("text_id")
+    assert texts.loc[a, "text"] == "How do I reset it?\nHold the button for 5 s." and texts.loc[b, "system_id"] == "v2"
+    assert (got.counts["replaced"], got.counts["other_feedback"], got.counts["code_feedback"]) == (1, 1, 1)
+
+
+def test_import_mlflow_writes_the_tables_and_an_off_scale_value_is_one_error(rubric, tmp_path, capsys):
+    name, eid = new_experiment()
+    a = trace(eid, "q", "r", "v1")
+    feedback(a, "Q0", 3, "HUMAN", "ann@x")
+    feedback(a, "Q0", 2, "LLM_JUDGE", "gpt")
+    out = tmp_path / "tables"
+    assert run_cli(["import", "mlflow", "--experiment", name, "--system-tag", "app", "--out-dir", str(out)]) == 0
+    assert read_table(out / "annotations.parquet", "annotations").answer.tolist() == ["3"]
+    assert read_table(out / "texts.parquet", "texts").system_id.tolist() == ["v1"]
+    feedback(a, "Q1", 7, "HUMAN", "bob@x")
+    bad = tmp_path / "bad"
+    assert run_cli(["import", "mlflow", "--experiment", name, "--out-dir", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == f"error: trace {a}, assessment 'Q1' (HUMAN 'bob@x'): value 7 is not an option of Q1 ['1', '2', '3', '4']"
+    )
+    assert not bad.exists()
+
+
+def test_tables_logged_as_traces_read_back_the_same(simulated, rubric):
+    keep = sorted(simulated.texts.text_id)[:3]
+    part = Tables(
+        simulated.annotations[simulated.annotations.text_id.isin(keep)],
+        simulated.features[simulated.features.text_id.isin(keep)],
+        simulated.texts[simulated.texts.text_id.isin(keep)],
+    )
+    name, eid = new_experiment()
+    log_tables(eid, part, rubric)
+    got = read_traces(search_traces(mlflow.MlflowClient(), name), rubric, system_tag="system_id")
+    key = ["text_id", "judge_id", "question_id"]
+    want = part.annotations[key + ["answer"]].sort_values(key).reset_index(drop=True)
+    assert got.annotations.sort_values(key).reset_index(drop=True).equals(want)
+    fkey = ["text_id", "source", "question_id", "option"]
+    merged = got.features.merge(part.features, on=fkey, suffixes=("", "_given"))
+    assert len(merged) == len(part.features) and (merged.prob - merged.prob_given).abs().max() < 1e-12
+    assert dict(zip(got.texts.text_id, got.texts.system_id)) == dict(zip(part.texts.text_id, part.texts.system_id))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(simulated, rubric, tmp_path_factory):
+    model = NetworkCalibrator(rubric, {"ensemble": 1}, FAST).fit(simulated)
+    return model.save(tmp_path_factory.mktemp("scorer") / "calibrator.safetensors")
+
+
+def test_the_scorer_is_the_score_command_under_a_thread_pool(simulated, rubric, checkpoint, tmp_path):
+    keep = sorted(simulated.texts.text_id)[:6]
+    name, eid = new_experiment()
+    log_tables(eid, simulated.subset(keep), rubric)
+    traces = search_traces(mlflow.MlflowClient(), name)
+    scorer = CalibratedScorer(checkpoint=str(checkpoint), questions=["Q0", "Q1"])
+    with ThreadPoolExecutor(4) as pool:  # as evaluate's pool calls it
+        together = list(pool.map(lambda t: scorer(trace=t), traces))
+    want = score_texts(
+        load_model(checkpoint), simulated.features[simulated.features.text_id.isin(keep)], questions=["Q0", "Q1"]
+    )
+    want = want.scores.set_index(["text_id", "question_id"])["mean"]
+    close = lambda value, key: value == pytest.approx(want[key], abs=1e-6)  # float32 batches of one text or six
+    for trace, feedbacks in zip(traces, together):
+        text_id = trace_text_id(trace)
+        assert [f.name for f in feedbacks] == ["llmrubric/Q0", "llmrubric/Q1"]
+        for f in feedbacks:
+            assert close(f.value, (text_id, f.name.split("/")[1]))
+            assert f.source.source_type == "CODE" and f.source.source_id == "calibrator.safetensors"
+            assert "calibrator.safetensors" in f.rationale and "90% interval" in f.rationale
+    given = CalibratedScorer(checkpoint=str(checkpoint), features=str(ROOT / "data" / "simulated" / "features.csv"))
+    assert close(given(inputs={"text_id": keep[0]})[0].value, (keep[0], "Q0"))
+
+
+def test_a_trace_without_judge_feedback_is_a_scorer_error_not_a_value(rubric, checkpoint):
+    name, eid = new_experiment()
+    a = trace(eid, "q", "r", "v1")
+    feedback(a, "Q0", 3, "HUMAN", "ann@x")
+    [bare] = search_traces(mlflow.MlflowClient(), name)
+    with pytest.raises(InputError, match=f"text {a!r} has no LLM answer distributions"):
+        CalibratedScorer(checkpoint=str(checkpoint))(trace=bare)

@@ -163,9 +163,9 @@ def command_settings(
         try:
             settings = OmegaConf.merge(settings, layer)
         except OmegaConfBaseException as e:
-            message = str(getattr(e, "msg", None) or e).splitlines()[0]
-            key = getattr(e, "full_key", None) or None
-            raise InputError(message, file=str(source) if source else None, setting=key) from None
+            error = settings_error(e)
+            message = str(error)[len(f"setting {error.setting}: ") :] if error.setting else str(error)
+            raise InputError(message, file=str(source) if source else None, setting=error.setting) from None
     return OmegaConf.to_container(settings, resolve=True)
 
 

@@ -74,6 +74,7 @@ def test_every_example_of_the_doc_is_produced_here():
     assert sorted(doc_examples()) == sorted(EXAMPLES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", list(EXAMPLES))
 def test_the_example_is_the_message_printed(example, tmp_path, capsys, monkeypatch):
     entry, args, files = EXAMPLES[example]

@@ -38,11 +38,11 @@ def run_app(task, name: str, argv: list[str] | None = None) -> None:
     register_configs()
     try:
         argv = rubric_files(argv)
-        plain = not any(a.startswith("-") or a.startswith("hydra.run.dir=") for a in argv)
-        cfg = compose("config", argv) if plain else None
+        cfg = None if any(a.startswith("-") for a in argv) else compose("config", argv)
     except InputError as e:
         sys.exit(report(e))
-    staging = Path(tempfile.mkdtemp(prefix=f"llmrubric-{name}-")) if cfg is not None else None
+    own_dir = any(a.startswith("hydra.run.dir=") for a in argv)  # the user's choice of Hydra's folder is kept
+    staging = Path(tempfile.mkdtemp(prefix=f"llmrubric-{name}-")) if cfg is not None and not own_dir else None
     saved = sys.argv
     sys.argv = [name, *argv, f"hydra.job.name={name}", *([f"hydra.run.dir={staging}"] if staging else [])]
     try:

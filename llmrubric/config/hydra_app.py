@@ -20,6 +20,11 @@ from llmrubric.config.rubric_files import rubric_files
 from llmrubric.io.errors import InputError, report
 
 HELP_FLAGS = ("--help", "-h")
+APP_SUMMARIES = {
+    "train": "Train the calibrators of an experiment; write their checkpoints and folds to run_dir.",
+    "evaluate": "Evaluate an experiment's checkpoints and baselines on held-out texts; write predictions and metrics "
+    "to run_dir.",
+}
 HIDDEN_GROUPS = ("schemas", "hydra")  # the typed defaults of each group and Hydra's own: not the user's choices
 
 
@@ -107,6 +112,8 @@ def app_help(name: str) -> str:
     return "\n".join(
         [
             f"usage: llmrubric {name} [key=value ...]   (python {name}.py [key=value ...]: the same)",
+            "",
+            APP_SUMMARIES.get(name, ""),
             "",
             "config groups (group=option; rubric= also takes a path to a rubric YAML file):",
             *groups,

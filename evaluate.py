@@ -1,6 +1,6 @@
 """``python evaluate.py [overrides…]``: the same as ``llmrubric evaluate`` (:mod:`llmrubric.apps.evaluate`)."""
 
-from llmrubric.apps.evaluate import main
+from llmrubric.apps.commands import launch
 
 if __name__ == "__main__":
-    main()
+    launch("evaluate")

@@ -1,6 +1,6 @@
 """``python train.py [overrides…]``: the same as ``llmrubric train`` (:mod:`llmrubric.apps.train`)."""
 
-from llmrubric.apps.train import main
+from llmrubric.apps.commands import launch
 
 if __name__ == "__main__":
-    main()
+    launch("train")

@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 
-from llmrubric.apps.commands import add_hydra_app, add_noun
+from llmrubric.apps.commands import CommandParser, add_hydra_app, add_noun, describe
 from llmrubric.io.errors import USER_ERRORS, report
 
 COMMAND_MODULES = (
@@ -46,10 +46,8 @@ HYDRA_APPS = (  # llmrubric <name> [overrides…]: the Hydra apps behind train.p
 
 def build_parser() -> argparse.ArgumentParser:
     """The root parser; a command module that fails to import is an error, never a missing noun."""
-    parser = argparse.ArgumentParser(
-        prog="llmrubric", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="noun", required=True)
+    parser = CommandParser(prog="llmrubric", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="noun", required=True, help="the command (its --help: its verbs)")
     for module in COMMAND_MODULES:
         try:
             commands = importlib.import_module(module)
@@ -57,10 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
             raise RuntimeError(f"cannot load the commands of {module}: {e}") from e
         commands.register(sub)
     for name, help in HYDRA_APPS:
-        add_hydra_app(sub, name, help, f"llmrubric.apps.{name}")
+        add_hydra_app(sub, name, help)
     schema = add_noun(sub, "schema", "the table contracts that the validators check")
     show = schema.add_parser("show", help="print the columns, types and what NA means of every table")
     show.set_defaults(run=_show_schema)
+    describe(parser)
     return parser
 
 

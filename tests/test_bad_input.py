@@ -4,7 +4,8 @@ Every case runs an entry point in-process (``llmrubric`` through :func:`llmrubri
 ``train.py`` / ``evaluate.py`` through ``runpy`` as ``__main__``, so Hydra parses the
 overrides as on the command line) and asserts: exit code 2, a single ``error:`` line naming
 what is wrong (file, row, column or setting), no traceback, and no file written or changed
-in the case's folder (Hydra's own ``hydra/`` config copy and ``*.log`` of the invocation excepted).
+in the case's folder (Hydra's own ``hydra/`` config copy and ``*.log`` included: they are staged and moved
+into ``run_dir`` only when the run succeeds).
 """
 
 from __future__ import annotations
@@ -703,7 +704,12 @@ CASES = [
     Case("train-lr-zero", "train.py", train("trainer.lr=0"), ("trainer.lr", "outside")),
     Case("train-h1-negative", "train.py", train("model.h1=-5"), ("model.h1", "-5")),
     Case("train-batch-size-zero", "train.py", train("trainer.batch_size=0"), ("trainer.batch_size",)),
-    Case("train-batch-size-fraction", "train.py", train("trainer.batch_size=2.5"), ("trainer.batch_size", "Integer")),
+    Case(
+        "train-batch-size-fraction",
+        "train.py",
+        train("trainer.batch_size=2.5"),
+        ("trainer.batch_size", "not an integer"),
+    ),
     Case("train-ensemble-zero", "train.py", train("model.ensemble=0"), ("model.ensemble",)),
     Case("train-input-dropout-1", "train.py", train("model.input_dropout=1"), ("model.input_dropout",)),
     Case("train-val-fraction-1.5", "train.py", train("trainer.val_fraction=1.5"), ("trainer.val_fraction",)),

@@ -75,10 +75,10 @@ def test_named_configs_override_the_defaults_they_name(rubric):
     "override, needles",
     [
         ("trainer.lr=abc", ("setting trainer.lr", "'abc'")),
-        ("model.h1=2.5", ("setting model.h1", "Integer")),
+        ("model.h1=2.5", ("setting model.h1", "'2.5' is not an integer")),
         ("model.colour=red", ("setting model.colour", "not in 'ModelConfig'")),
-        ("model=nope", ("model/nope",)),
-        ("model.auto.tune_trials=two", ("setting model.auto.tune_trials", "Integer")),
+        ("model=nope", ("setting model", "'nope' is not an option", "options: auto, combined")),
+        ("model.auto.tune_trials=two", ("setting model.auto.tune_trials", "not an integer")),
     ],
 )
 def test_a_bad_override_names_the_setting(override, needles):

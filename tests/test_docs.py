@@ -205,8 +205,11 @@ def _app_config(script: Path) -> tuple[str | None, str]:
 
     sources = [script.read_text(encoding="utf-8")]
     for node in ast.walk(ast.parse(sources[0])):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("llmrubric."):
-            spec = importlib.util.find_spec(node.module)
+        module = node.module if isinstance(node, ast.ImportFrom) else None
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "launch" and node.args:  # launch("train")
+            module = f"llmrubric.apps.{ast.literal_eval(node.args[0])}"
+        if (module or "").startswith("llmrubric."):
+            spec = importlib.util.find_spec(module)
             sources.append(Path(spec.origin).read_text(encoding="utf-8"))
     names = {"CONF_PATH": config.CONF_PATH}
     for source in sources:
@@ -230,6 +233,9 @@ def compose_app():
     from hydra import compose, initialize_config_dir, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    from llmrubric.config import register_configs
+
+    register_configs()  # as the apps' start does (llmrubric.config.hydra_app.run_app)
     imported, active, composed = set(), {"source": None, "context": None}, {}
 
     def close():

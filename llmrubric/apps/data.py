@@ -15,7 +15,7 @@ def register(subparsers) -> None:
     sub = add_noun(subparsers, "data", "get, simulate and summarise data sets")
 
     fetch = sub.add_parser("fetch", help="download a data set and verify its checksums")
-    fetch.add_argument("dataset", choices=["llm-rubric"])
+    fetch.add_argument("dataset", choices=["llm-rubric"], help="the data set: llm-rubric (the paper's release)")
     fetch.add_argument("dest", type=Path, metavar="DEST", help="folder to put the files in (created if missing)")
     fetch.add_argument(
         "--base-url", default=UPSTREAM_BASE_URL, help="repository root to download from (default: %(default)s)"
@@ -28,11 +28,13 @@ def register(subparsers) -> None:
     fetch.set_defaults(run=_fetch)
 
     simulate = sub.add_parser("simulate", help="write the simulated data set (llmrubric.data.simulate)")
-    simulate.add_argument("dest", type=Path, metavar="DEST")
-    simulate.add_argument("--seed", type=int, default=0)
-    simulate.add_argument("--texts", type=int, default=300)
-    simulate.add_argument("--judges", type=int, default=12)
-    simulate.add_argument("--judges-per-text", type=int, default=3)
+    simulate.add_argument("dest", type=Path, metavar="DEST", help="folder to write the tables to (created if missing)")
+    simulate.add_argument("--seed", type=int, default=0, help="seed of the simulation (default: %(default)s)")
+    simulate.add_argument("--texts", type=int, default=300, help="texts to simulate (default: %(default)s)")
+    simulate.add_argument("--judges", type=int, default=12, help="human judges (default: %(default)s)")
+    simulate.add_argument(
+        "--judges-per-text", type=int, default=3, help="judges who annotate each text (default: %(default)s)"
+    )
     simulate.add_argument(
         "--shift-systems",
         type=int,
@@ -46,7 +48,9 @@ def register(subparsers) -> None:
     summary.add_argument(
         "--llm-rubric", type=Path, required=True, metavar="ROOT", help="folder written by `data fetch llm-rubric`"
     )
-    summary.add_argument("--split", choices=["synthetic", "real"], required=True)
+    summary.add_argument(
+        "--split", choices=["synthetic", "real"], required=True, help="the release's synthetic or real dialogues"
+    )
     summary.add_argument("--rubric", type=Path, default=None, help="rubric YAML (default: conf/rubric/llm_rubric.yaml)")
     summary.set_defaults(run=_summary)
 

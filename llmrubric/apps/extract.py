@@ -42,7 +42,11 @@ def register(subparsers) -> None:
 def add_features_verb(sub) -> None:
     """``extract features``: its inputs and outputs, then the settings it shares with the config."""
     p = sub.add_parser(
-        "features", help="texts (+ rubric or test bank) → features table, cached and resumable", description=__doc__
+        "features",
+        help="texts (+ rubric or test bank) → features table, cached and resumable",
+        description="Ask an LLM each rubric question (or test-bank item) about each text and write the "
+        "probability of every answer option: the features table that calibrators read. Results are cached "
+        "(SQLite) and resumed; settings come from --config and the flags override them.",
     )
     p.add_argument("texts", help="texts table (text_id, text, …): .jsonl/.csv/.tsv/.parquet")
     p.add_argument("--out", required=True, help="features table to write (.parquet/.csv/.tsv/.jsonl)")
@@ -54,8 +58,12 @@ def add_features_verb(sub) -> None:
         metavar="KEY=VALUE",
         help="Hydra override of the config (repeatable)",
     )
-    p.add_argument("--rubric")
-    p.add_argument("--family", choices=["likert", "self_rating", "nugget_support", "answer_quality"])
+    p.add_argument("--rubric", help="likert family: the rubric YAML whose questions are asked")
+    p.add_argument(
+        "--family",
+        choices=["likert", "self_rating", "nugget_support", "answer_quality"],
+        help="what is asked: the rubric's questions (likert) or the items of a test bank (default: likert)",
+    )
     p.add_argument("--bank", help="test bank JSONL (item families)")
     p.add_argument(
         "--bank-errors",
@@ -64,8 +72,12 @@ def add_features_verb(sub) -> None:
         help="a malformed bank line: error, or skip and record",
     )
     p.add_argument("--template", help="template name under conf/prompts/ (default: the family's)")
-    p.add_argument("--backend", choices=["transformers", "openai"])
-    p.add_argument("--model")
+    p.add_argument(
+        "--backend",
+        choices=["transformers", "openai"],
+        help="transformers: a local model (HF folder or .gguf); openai: an OpenAI-compatible server",
+    )
+    p.add_argument("--model", help="an HF model folder, a .gguf file, or the server's model name")
     p.add_argument("--source", help="source name in the features table (default: model name + template)")
     add_run_flags(p)
     add_setting_flags(p)
@@ -76,7 +88,7 @@ def add_run_flags(p) -> None:
     """How ``extract features`` runs: cache, progress, shards and their launcher."""
     p.add_argument("--cache", help="SQLite result store (default: <out>.cache.sqlite)")
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--cached-only",
         action="store_true",
@@ -139,10 +151,43 @@ def add_setting_flags(p) -> None:
     p.add_argument("--injection-patterns", help="YAML file of patterns (default conf/injection/default.yaml)")
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
         flag = "--" + key.replace("_", "-")
+        backend = next(name for name, keys in BACKEND_KEYS.items() if key in keys)
+        help = f"{backend} backend: {BACKEND_HELP[key]} (docs/extract.md)"
         if key in ("prefix_reuse", "chat_template", "whitespace_continuation"):
-            p.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None)
+            p.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None, help=help)
         else:
-            p.add_argument(flag, dest=key, default=None, type=_number)
+            p.add_argument(flag, dest=key, default=None, type=_number, help=help)
+
+
+BACKEND_HELP = {  # the help line of each backend setting's flag (``--gguf-file``: the key gguf_file)
+    "gguf_file": "the .gguf file inside a model folder or repository",
+    "device": "cpu, cuda, cuda:N or mps (default: the best available)",
+    "dtype": "the weights' dtype (float32, bfloat16, float16; default: the model's on a GPU, float32 on a CPU)",
+    "threads": "CPU threads (default: the CPUs the process may use)",
+    "batch_size": "prompts per forward pass",
+    "prefix_batch_size": "shared prompt prefixes per forward pass (default: 1 on a CPU, batch_size on a GPU)",
+    "prefix_reuse": "reuse the cached keys and values of a prompt prefix shared by several questions",
+    "max_length": "most tokens of a prompt (default: the model's context)",
+    "overflow": "a text longer than the context: truncate (cut it) or refuse (record it, ask nothing)",
+    "label_prefix": "the text before an answer label (default: the chat template's, or one space)",
+    "chat_template": "ask through the model's chat template",
+    "gguf_cache": "folder that keeps what a .gguf load built (default ~/.cache/llmrubric/gguf; null: off)",
+    "base_url": "the server's URL (several: a list, requests spread over them)",
+    "endpoint": "chat or completions",
+    "api_key_env": "environment variable that holds the API key",
+    "azure_api_version": "Azure OpenAI: the api-version of its URLs",
+    "top_logprobs": "alternatives asked per answer position (at least the number of options)",
+    "concurrency": "requests in flight per endpoint",
+    "max_retries": "retries of a failed request",
+    "timeout": "seconds a request may take",
+    "backoff": "seconds before the first retry (doubled at each further one)",
+    "max_backoff": "most seconds between retries",
+    "pause_after": "failures in a row after which an endpoint is paused",
+    "pause": "seconds an endpoint is first paused (doubled at each further pause)",
+    "max_pause": "most seconds an endpoint is paused",
+    "whitespace_continuation": "completions: ask once more after a likely whitespace token that carries no label",
+    "whitespace_min_prob": "completions: the probability from which a whitespace token is continued",
+}
 
 
 def add_bank_verb(sub) -> None:
@@ -150,14 +195,29 @@ def add_bank_verb(sub) -> None:
     b.add_argument(
         "queries", help="table with query_id, query (and passages: passage text rows with query_id for nuggets)"
     )
-    b.add_argument("--kind", choices=["question", "nugget"], default="question")
+    b.add_argument(
+        "--kind",
+        choices=["question", "nugget"],
+        default="question",
+        help="question: questions an answer should address; nugget: facts from --passages (default: question)",
+    )
     b.add_argument("--passages", help="texts table (text_id, query_id, text) for nuggetization")
-    b.add_argument("--n", type=int, default=10)
-    b.add_argument("--config")
-    b.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE")
-    b.add_argument("--backend", choices=["transformers", "openai"])
-    b.add_argument("--model")
-    b.add_argument("--out", required=True)
+    b.add_argument("--n", type=int, default=10, help="questions to generate per query (--kind question; default: 10)")
+    b.add_argument("--config", help="a conf/extract/*.yaml file naming the backend and model; flags override it")
+    b.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        help="Hydra override of the config (repeatable)",
+    )
+    b.add_argument(
+        "--backend",
+        choices=["transformers", "openai"],
+        help="transformers: a local model (HF folder or .gguf); openai: an OpenAI-compatible server",
+    )
+    b.add_argument("--model", help="the generating model: an HF model folder, a .gguf file, or the server's model name")
+    b.add_argument("--out", required=True, help="test bank JSONL to write (edit it by hand before extracting)")
     b.set_defaults(run=run_bank)
 
 
@@ -169,7 +229,12 @@ def add_summaries_verb(sub) -> None:
         "the only blocks of the table written (llmrubric.extract.summaries).",
     )
     m.add_argument("features", help="features table with the family's per-item blocks (question_id <family>:<item_id>)")
-    m.add_argument("--family", required=True, choices=["self_rating", "nugget_support", "answer_quality"])
+    m.add_argument(
+        "--family",
+        required=True,
+        choices=["self_rating", "nugget_support", "answer_quality"],
+        help="the item family whose per-item blocks are summarised",
+    )
     m.add_argument("--bank", help="test bank JSONL: nugget importance for .vital_support")
     m.add_argument("--out", required=True, help="summary features table to write (.parquet/.csv/.tsv/.jsonl)")
     m.set_defaults(run=run_summaries)

@@ -54,7 +54,7 @@ def _common(p) -> None:
     p.add_argument("--text", action="store_true", help="keep the passage / answer text in the texts table")
     p.add_argument("--format", choices=FORMATS, help="tables' file format (default: parquet)")
     p.add_argument("--config", help="settings YAML (default: conf/ir/default.yaml)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _settings(args, *keys: str) -> dict:

@@ -33,15 +33,15 @@ def register(subparsers) -> None:
     e = sub.add_parser(
         "trec-eval", help="evaluate TREC runs on qrels (ir-measures), Rubric-Cover@k, verification analyses"
     )
-    e.add_argument("--qrels", required=True)
+    e.add_argument("--qrels", required=True, help="TREC qrels file the runs are evaluated on")
     e.add_argument("--runs", nargs="+", required=True, help="TREC run files (the file stem names the run)")
     _grade_inputs(e, required=False)
     e.add_argument("--bank", help="test bank JSONL: the items of each query for Rubric-Cover, and known queries")
     e.add_argument("--judgments", help="human qrels: spurious items, uncovered relevant passages, agreement")
-    e.add_argument("--measures", nargs="+")
-    e.add_argument("--threshold", type=float)
-    e.add_argument("--cover-k", dest="cover_k", type=int)
-    e.add_argument("--out-dir", required=True)
+    e.add_argument("--measures", nargs="+", metavar="MEASURE", help="ir-measures names (default: nDCG@10 AP RR P@10)")
+    e.add_argument("--threshold", type=float, help="a grade at least this counts as covering (default 4)")
+    e.add_argument("--cover-k", dest="cover_k", type=int, help="the k of Rubric-Cover@k (default 10)")
+    e.add_argument("--out-dir", required=True, help="folder of the evaluation tables (created if missing)")
     e.set_defaults(run=run_trec_eval)
 
     n = sub.add_parser("nuggets", help="AutoNuggetizer All/Vital strict and partial scores per answer and per run")
@@ -51,9 +51,14 @@ def register(subparsers) -> None:
     src.add_argument("--assignments", help="table text_id, item_id, label (support / partial_support / not_support)")
     src.add_argument("--features", help="extracted nugget_support distributions (expected values)")
     n.add_argument("--source", help="features source to use when there are several")
-    n.add_argument("--config")
-    n.add_argument("--partial-weight", dest="partial_weight", type=float)
-    n.add_argument("--out-dir", required=True)
+    n.add_argument("--config", help="settings YAML (default: conf/ir/default.yaml)")
+    n.add_argument(
+        "--partial-weight",
+        dest="partial_weight",
+        type=float,
+        help="credit of partial_support in the partial scores, in [0, 1] (default 0.5)",
+    )
+    n.add_argument("--out-dir", required=True, help="folder of the score tables (created if missing)")
     n.set_defaults(run=run_nuggets)
 
     g = sub.add_parser("grounded-qa", help="retrieval, citation, answer-quality, evidence and combined scores")
@@ -62,9 +67,14 @@ def register(subparsers) -> None:
     g.add_argument("--features", help="extracted answer_quality distributions of the answers (text_id = question id)")
     g.add_argument("--failures", help="the extractor's failures table (reasons of missing judgments)")
     g.add_argument("--docs", help="folder of <doc_id>.json documents with a 'sentences' list")
-    g.add_argument("--config")
-    g.add_argument("--lambda", dest="lam", type=float)
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--config", help="settings YAML (default: conf/ir/default.yaml)")
+    g.add_argument(
+        "--lambda",
+        dest="lam",
+        type=float,
+        help="combined = lambda × answer + (1 - lambda) × evidence, in [0, 1] (default 0.5)",
+    )
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--out", required=True, help="results JSON (summary and per-question results)")
     g.set_defaults(run=run_grounded_qa)
 
@@ -75,9 +85,17 @@ def _grade_inputs(p, required: bool = True) -> None:
     p.add_argument("--texts", help="texts table: text_id, query_id (+ doc_id) of the graded passages")
     p.add_argument("--source", help="features source to use when there are several")
     p.add_argument("--config", help="settings YAML (default: conf/ir/default.yaml)")
-    p.add_argument("--grade", choices=["argmax", "expected"])
-    p.add_argument("--rule", choices=["max", "at_least_m"])
-    p.add_argument("--m", type=int)
+    p.add_argument(
+        "--grade",
+        choices=["argmax", "expected"],
+        help="an item's grade: its distribution's most likely or expected grade (default argmax)",
+    )
+    p.add_argument(
+        "--rule",
+        choices=["max", "at_least_m"],
+        help="a passage's label: the highest grade of its items (max, default) or the m-th highest (at_least_m)",
+    )
+    p.add_argument("--m", type=int, help="the m of --rule at_least_m (default 1)")
     p.set_defaults(grades_required=required)
 
 

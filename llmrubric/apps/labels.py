@@ -22,7 +22,10 @@ def register(subparsers) -> None:
     s = label.add_parser(
         "suggest",
         help="draw the texts of each system to label, with probabilities that grow with the model's uncertainty",
-        description=__doc__,
+        description="Choose which texts of new systems humans label next: each system's texts are drawn with "
+        "probabilities that grow with the model's predicted variance, and the probabilities are written for "
+        "active PPI++ intervals (leaderboard build --sampling). Settings come from conf/labels/default.yaml "
+        "(or --config); flags override them.",
     )
     s.add_argument("predictions", help="predictions table of the new systems' texts (with var)")
     s.add_argument("--texts", required=True, help="texts table (text_id, system_id): the texts to choose from")
@@ -30,11 +33,19 @@ def register(subparsers) -> None:
     s.add_argument("--out", required=True, help="sampling-probability file: one row per text (prob, draws)")
     s.add_argument("--rubric", help="rubric YAML of the predictions (default: conf/rubric/llm_rubric.yaml)")
     s.add_argument("--config", help="settings YAML (default: conf/labels/default.yaml)")
-    s.add_argument("--trusted-judges", dest="trusted_judges", nargs="+")
-    s.add_argument("--question")
-    s.add_argument("--floor", type=float)
-    s.add_argument("--seed", type=int)
-    s.add_argument("--round")
+    s.add_argument(
+        "--trusted-judges",
+        dest="trusted_judges",
+        nargs="+",
+        metavar="JUDGE",
+        help="the judges whose predictions the variance is over (default: every judge of the predictions)",
+    )
+    s.add_argument("--question", help="whose predicted variance ranks the texts (default: the main question)")
+    s.add_argument(
+        "--floor", type=float, help="share of each draw spread uniformly over the system's texts (default 0.2)"
+    )
+    s.add_argument("--seed", type=int, help="seed of the draws; give each round its own (default 0)")
+    s.add_argument("--round", help="the round the drawn texts are labelled in, the annotations' round (default 1)")
     s.add_argument("--queue", help="also put the drawn texts into this MLflow review queue (texts need trace_id)")
     s.add_argument("--experiment", help="MLflow experiment of the traces (with --queue)")
     s.add_argument("--reviewers", nargs="+", help="users assigned to the review queue (with --queue)")
@@ -43,7 +54,11 @@ def register(subparsers) -> None:
 
     judges = add_noun(subparsers, "judges", "judges of a trained calibrator")
     a = judges.add_parser(
-        "add", help="fit a new judge's own parameters from a few annotations, shared ones frozen", description=__doc__
+        "add",
+        help="fit a new judge's own parameters from a few annotations, shared ones frozen",
+        description="Add a judge to a trained calibrator without retraining: its own parameters are fitted from "
+        "a few of its annotations, the shared ones frozen, and a new checkpoint is written. Settings come from "
+        "conf/labels/default.yaml (or --config); flags override them.",
     )
     a.add_argument("checkpoint", help="calibrator checkpoint (.safetensors)")
     a.add_argument("annotations", help="the new judge's annotations")
@@ -52,7 +67,12 @@ def register(subparsers) -> None:
     a.add_argument("--judge", help="judge id to add (default: the one judge of the annotations)")
     a.add_argument("--texts", help="texts table of the annotated texts")
     a.add_argument("--config", help="settings YAML (default: conf/labels/default.yaml)")
-    a.add_argument("--min-annotations", dest="min_annotations", type=int)
+    a.add_argument(
+        "--min-annotations",
+        dest="min_annotations",
+        type=int,
+        help="fewest answers of the main question the judge is fitted from (default 5)",
+    )
     a.add_argument("--l2", help="L2 on the new judge's parameters: a number, or cv (see conf/labels/default.yaml)")
     a.set_defaults(run=run_add_judge)
 

@@ -23,7 +23,11 @@ def register(subparsers) -> None:
     p = sub.add_parser(
         "plan",
         help="simulate the adaptive rubric on a features table: calls and quality per budget",
-        description=__doc__,
+        description="Simulate the adaptive rubric on a features table before paying for calls: for each budget "
+        "(calls per text), the blocks it would ask and the expected quality of the main score (its expected "
+        "standard deviation, its RMSE and Pearson against the score with every block; with --annotations the "
+        "main question's pair NLL and Pearson); a last row applies the stop rule (min_gain). Settings: the "
+        "adaptive section of an extract config (--config), flags over it.",
     )
     p.add_argument("features", help="features table with every block of the texts (.csv/.tsv/.parquet/.jsonl)")
     p.add_argument("--calibrator", required=True, help="calibrator checkpoint trained on such features")

@@ -19,9 +19,14 @@ CONF = conf_path()
 
 
 def register(subparsers) -> None:
+    """``llmrubric score texts`` and the ``leaderboard`` verbs."""
     score = add_noun(subparsers, "score", "judge-free scores of new texts from a trained calibrator")
     s = score.add_parser(
-        "texts", help="score new texts with a trained calibrator (judge-free scores)", description=__doc__
+        "texts",
+        help="score new texts with a trained calibrator (judge-free scores)",
+        description="Score new texts with a trained calibrator: for each text and question, the judge-free "
+        "score over the trusted judges (mean, max, quantile) with its conformal interval lo/hi. Settings come "
+        "from conf/scoring/default.yaml (or --config); flags override them.",
     )
     s.add_argument("checkpoint", help="calibrator checkpoint (.safetensors)")
     s.add_argument("features", help="features table of the new texts")
@@ -33,9 +38,21 @@ def register(subparsers) -> None:
         "--predictions", help="also write the predictions table of every (text, trusted judge, question) here"
     )
     s.add_argument("--config", help="settings YAML (default: conf/scoring/default.yaml)")
-    s.add_argument("--trusted-judges", dest="trusted_judges", nargs="+")
-    s.add_argument("--questions", nargs="+")
-    s.add_argument("--quantile", type=float)
+    s.add_argument(
+        "--trusted-judges",
+        dest="trusted_judges",
+        nargs="+",
+        metavar="JUDGE",
+        help="the judges whose answers a score is over (default: every judge the checkpoint knows)",
+    )
+    s.add_argument(
+        "--questions", nargs="+", metavar="QUESTION", help="questions to score (default: every ordered question)"
+    )
+    s.add_argument(
+        "--quantile",
+        type=float,
+        help="the judge-free quantile over the trusted judges, beside mean and max (default 0.9)",
+    )
     s.add_argument(
         "--coverage", type=float, help="coverage of the conformal intervals lo/hi (default 0.9; docs/scoring.md)"
     )
@@ -45,7 +62,12 @@ def register(subparsers) -> None:
         choices=["pooled", "judge"],
         help="pooled: one conformal threshold for all judges (default); judge: each judge's own (coverage per judge)",
     )
-    s.add_argument("--chunk-texts", dest="chunk_texts", type=int)
+    s.add_argument(
+        "--chunk-texts",
+        dest="chunk_texts",
+        type=int,
+        help="texts scored at a time: memory grows with this times the trusted judges (default 4096)",
+    )
     s.add_argument(
         "--log-to-traces",
         dest="log_to_traces",
@@ -53,15 +75,24 @@ def register(subparsers) -> None:
         help="also log each score as CODE feedback on its MLflow trace (--texts of `llmrubric import mlflow`: trace_id)",
     )
     s.add_argument("--tracking-uri", dest="tracking_uri", help="MLflow store (default: MLFLOW_TRACKING_URI)")
-    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(run=run_score)
 
+    add_leaderboard_verbs(subparsers)
+
+
+def add_leaderboard_verbs(subparsers) -> None:
+    """``llmrubric leaderboard build | correlate``."""
     board = add_noun(subparsers, "leaderboard", "system leaderboards and their rank correlations")
     b = board.add_parser(
-        "build", help="system leaderboard with bootstrap intervals, paired tests, PPI and a density plot"
+        "build",
+        help="system leaderboard with bootstrap intervals, paired tests, PPI and a density plot",
+        description="Rank systems by their texts' predicted scores, with bootstrap intervals, paired tests "
+        "and, with human labels, classical, PPI and PPI++ intervals; writes the tables and a density plot "
+        "(--no-plot: none). Settings come from conf/scoring/default.yaml (or --config); flags override them.",
     )
     b.add_argument("predictions", help="predictions table (from `llmrubric score texts --predictions` or evaluate.py)")
-    b.add_argument("--out-dir", required=True)
+    b.add_argument("--out-dir", required=True, help="folder of the leaderboard tables and plot (created if missing)")
     b.add_argument("--rubric", help="rubric YAML of the predictions (default: conf/rubric/llm_rubric.yaml)")
     b.add_argument("--texts", help="texts table with system_id (and query_id to pair systems by query)")
     b.add_argument(
@@ -83,19 +114,40 @@ def register(subparsers) -> None:
         help="<scores>.levels.csv of `llmrubric score texts` with a model that has a system level: ranks by the level and adds its interval",
     )
     b.add_argument("--config", help="settings YAML (default: conf/scoring/default.yaml)")
-    b.add_argument("--question")
-    b.add_argument("--trusted-judges", dest="trusted_judges", nargs="+")
-    b.add_argument("--bootstrap", type=int)
-    b.add_argument("--seed", type=int)
-    b.add_argument("--alpha", type=float)
-    b.add_argument("--missing-systems", dest="missing_systems", choices=["error", "drop"])
-    b.add_argument("--no-plot", action="store_true")
+    b.add_argument("--question", help="the question systems are ranked by (default: the rubric's main question)")
+    b.add_argument(
+        "--trusted-judges",
+        dest="trusted_judges",
+        nargs="+",
+        metavar="JUDGE",
+        help="the judges whose predictions a system's score is over (default: every judge of the predictions)",
+    )
+    b.add_argument("--bootstrap", type=int, help="bootstrap replicates of the intervals (default 1000)")
+    b.add_argument("--seed", type=int, help="seed of the bootstrap (default 0)")
+    b.add_argument("--alpha", type=float, help="the intervals are 1 - alpha (default 0.05)")
+    b.add_argument(
+        "--missing-systems",
+        dest="missing_systems",
+        choices=["error", "drop"],
+        help="a system absent from --reference: an error (default) or dropped with a warning",
+    )
+    b.add_argument("--no-plot", action="store_true", help="skip the density plot (its seconds)")
     b.set_defaults(run=run_leaderboard)
 
-    r = board.add_parser("correlate", help="Spearman and Kendall tau between two leaderboard files")
+    r = board.add_parser(
+        "correlate",
+        help="Spearman and Kendall tau between two leaderboard files",
+        description="Spearman and Kendall tau between the system scores of two leaderboard files.",
+    )
     r.add_argument("a", help="leaderboard file with system (or system_id) and score columns")
     r.add_argument("b", help="the other leaderboard file")
-    r.add_argument("--missing-systems", dest="missing_systems", choices=["error", "drop"], default="error")
+    r.add_argument(
+        "--missing-systems",
+        dest="missing_systems",
+        choices=["error", "drop"],
+        default="error",
+        help="a system in only one of the files: an error (default) or dropped with a warning",
+    )
     r.set_defaults(run=run_rank_correlation)
 
 

@@ -10,8 +10,10 @@ hyperparameter search minimises. Logs an MLflow run (``logger=none``: off): conf
 ``val/nll/<split>`` and per-epoch histories, the checkpoints and folds as artifacts.
 
 The run directory changes as a whole: folds and checkpoints are written to a staging folder
-and moved into ``run_dir`` only when every model is trained, so a failed or interrupted
-training leaves the previous run intact (checkpoints also carry their training texts'
+(in ``run_dir``, or in its nearest existing parent when it does not exist yet) and moved into
+``run_dir`` only when every model is trained, so a failed or interrupted training leaves the
+previous run intact (and creates no ``run_dir``; Hydra's record of the run is staged likewise,
+:mod:`llmrubric.config.hydra_app`) (checkpoints also carry their training texts'
 fingerprint, which evaluate.py checks against the folds).
 """
 
@@ -43,8 +45,7 @@ log = logging.getLogger("train")
 def train_app(cfg: DictConfig) -> float:
     checked_once(cfg)
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=run_dir, prefix=".train-", suffix=".tmp"))
+    staging = Path(tempfile.mkdtemp(dir=existing_folder(run_dir), prefix=".train-", suffix=".tmp"))
     try:
         score = train(cfg, run_dir, staging)
     finally:
@@ -127,9 +128,19 @@ def auto_group(cfg: DictConfig) -> str:
     return "system" if cfg.protocol in SYSTEM_PROTOCOLS else "text"
 
 
+def existing_folder(run_dir: Path) -> Path:
+    """``run_dir`` if it exists, else its nearest existing parent: where the staging folder goes, on the file
+    system of ``run_dir``, which is created only when the run succeeds."""
+    folder = run_dir.absolute()
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
 def commit(staging: Path, run_dir: Path, checkpoints: list[str]) -> None:
     """Move the staged folds and checkpoints into ``run_dir``; the folds of a previous run
     that used none (a given test set) are removed, so nothing stale remains beside them."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     for name in checkpoints:
         os.replace(staging / name, run_dir / name)
     if (staging / FOLDS_FILE).is_file():

@@ -20,6 +20,7 @@ the Python API (:func:`group`) all read settings through it, and a bad override 
 
 from llmrubric.config.data import MISSING, DataConfig
 from llmrubric.config.extract import AdaptiveConfig, ExtractConfig
+from llmrubric.config.hydra_app import app_help, run_app
 from llmrubric.config.ir import AutograderConfig, ImportsConfig, IRConfig, NuggetsConfig
 from llmrubric.config.labels import JudgesConfig, LabelsConfig, SuggestConfig
 from llmrubric.config.loader import (
@@ -30,7 +31,6 @@ from llmrubric.config.loader import (
     group,
     load_file,
     register_configs,
-    run_app,
     settings_error,
 )
 from llmrubric.config.logger import LoggerConfig
@@ -81,6 +81,7 @@ __all__ = [
     "SearchConfig",
     "SuggestConfig",
     "TrainConfig",
+    "app_help",
     "command_settings",
     "compose",
     "conf_path",

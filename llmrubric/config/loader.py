@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
-import sys
+import re
 from pathlib import Path
+
+import yaml
 
 from llmrubric.config.data import DataConfig
 from llmrubric.config.extract import ExtractConfig
@@ -14,10 +16,12 @@ from llmrubric.config.logger import LoggerConfig
 from llmrubric.config.model import ModelConfig
 from llmrubric.config.paths import CONF_PACKAGE, VERSION_BASE, conf_path
 from llmrubric.config.report import ReportConfig
+from llmrubric.config.rubric_files import rubric_files
 from llmrubric.config.scoring import ScoringConfig
 from llmrubric.config.search import SearchConfig
 from llmrubric.config.trainer import TrainConfig
-from llmrubric.io.errors import InputError, report
+from llmrubric.io.errors import InputError, yaml_error
+from llmrubric.io.guards import did_you_mean
 
 GROUP_SCHEMAS = {
     "data": DataConfig,
@@ -55,7 +59,7 @@ def compose(
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir, initialize_config_module
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
@@ -65,7 +69,11 @@ def compose(
         context = initialize_config_module(CONF_PACKAGE, version_base=VERSION_BASE)
     try:
         with context:
-            return hydra_compose(config_name=config_name, overrides=list(overrides))
+            return hydra_compose(config_name=config_name, overrides=rubric_files(overrides))
+    except yaml.YAMLError as e:  # a file of the search path (conf/rubric/mine.yaml) that is not YAML
+        raise yaml_error(e) from None
+    except MissingConfigException as e:
+        raise choice_error(e) from None
     except OmegaConfBaseException as e:
         raise settings_error(e) from None
     except HydraException as e:
@@ -73,17 +81,42 @@ def compose(
         raise (settings_error(cause) if cause is not None else InputError(" ".join(str(e).split()))) from None
 
 
+TYPE_NAMES = {"Float": "a number", "Integer": "an integer", "Boolean": "true or false", "String": "a string"}
+
+
 def settings_error(e: Exception) -> InputError:
-    """An OmegaConf validation error as an :class:`InputError` naming the setting."""
+    """An OmegaConf validation error as an :class:`InputError` naming the setting: a value of the wrong type
+    (``'abc' is not a number``), an unknown key with the key meant where one is close."""
+    from omegaconf import DictConfig
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
     message = str(getattr(e, "msg", None) or e).splitlines()[0]
+    wrong_type = re.fullmatch(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", message)
+    if wrong_type and wrong_type.group(2) in TYPE_NAMES:
+        message = f"'{wrong_type.group(1)}' is not {TYPE_NAMES[wrong_type.group(2)]}"
+    parent = getattr(e, "parent_node", None)
+    if isinstance(e, ConfigAttributeError | ConfigKeyError) and isinstance(parent, DictConfig):
+        message += did_you_mean(getattr(e, "key", None), [k for k in parent.keys() if k != "hydra"])
     key = getattr(e, "full_key", None)
     return InputError(message, setting=key) if key else InputError(message)
+
+
+def choice_error(e) -> InputError:
+    """Hydra's missing option of a config group (``model=forest``) as one line naming the group, the options
+    closest to the one given and every option (not Hydra's search path)."""
+    group, _, option = str(e.missing_cfg_file).rpartition("/")
+    options = [o for o in (e.options or []) if o != "default" or group != "model"]
+    if not group or not options:
+        return InputError(f"no config {e.missing_cfg_file!r}")
+    return InputError(
+        f"{option!r} is not an option of {group}{did_you_mean(option, options, 3)} (options: {', '.join(options)})",
+        setting=group,
+    )
 
 
 def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = (), what: str = "settings file") -> dict:
     """A settings file of the user's (``--config``) composed like the shipped ones, as a plain dict:
     its ``defaults`` list may name files of its folder, ``overrides`` apply on top."""
-    import yaml
     from omegaconf import OmegaConf
 
     path = Path(path)
@@ -92,7 +125,7 @@ def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = (), wha
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise InputError(f"not valid YAML: {' '.join(str(e).split())}", file=str(path)) from None
+        raise yaml_error(e, str(path)) from None
     if not isinstance(data, dict | None):
         raise InputError(f"a {what} must be a YAML mapping (key: value lines)", file=str(path))
     try:
@@ -130,9 +163,9 @@ def command_settings(
         try:
             settings = OmegaConf.merge(settings, layer)
         except OmegaConfBaseException as e:
-            message = str(getattr(e, "msg", None) or e).splitlines()[0]
-            key = getattr(e, "full_key", None) or None
-            raise InputError(message, file=str(source) if source else None, setting=key) from None
+            error = settings_error(e)
+            message = str(error)[len(f"setting {error.setting}: ") :] if error.setting else str(error)
+            raise InputError(message, file=str(source) if source else None, setting=error.setting) from None
     return OmegaConf.to_container(settings, resolve=True)
 
 
@@ -154,24 +187,3 @@ def group(name: str, option: str = "default", overrides: list[str] | tuple[str, 
 
     cfg = compose("config", [f"{name}={option}", *(f"{name}.{o}" for o in overrides)])
     return OmegaConf.to_container(cfg[name], resolve=True)
-
-
-def run_app(task, name: str, argv: list[str] | None = None) -> None:
-    """Run the Hydra app ``task`` (a ``hydra.main`` function) as ``llmrubric <name> argv…``.
-
-    Plain overrides are composed first, so that a bad one is one ``error:`` line (exit 2) like
-    every other bad setting; Hydra's flags (``--cfg job``, ``--multirun``, ``--help``) pass through.
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    register_configs()
-    if not any(a.startswith("-") for a in argv):
-        try:
-            compose("config", argv)
-        except InputError as e:
-            sys.exit(report(e))
-    saved = sys.argv
-    sys.argv = [name, *argv, f"hydra.job.name={name}"]
-    try:
-        task()
-    finally:
-        sys.argv = saved

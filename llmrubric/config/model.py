@@ -183,7 +183,13 @@ def model_overrides(name: str) -> dict:
     only default is the schema)."""
     import yaml
 
-    data = yaml.safe_load(conf_path("model", f"{name}.yaml").read_text()) or {}
+    from llmrubric.io.errors import yaml_error
+
+    path = conf_path("model", f"{name}.yaml")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:  # a user's file of conf/model/
+        raise yaml_error(e, str(path)) from None
     return {k: v for k, v in data.items() if k != "defaults"}
 
 

@@ -56,7 +56,9 @@ class Split:
 
 def load_rubric(cfg: DictConfig) -> Rubric:
     rubric = Rubric.from_dict(
-        OmegaConf.to_container(cfg.rubric, resolve=True), source=f"rubric={cfg.rubric.get('name', '?')}"
+        OmegaConf.to_container(cfg.rubric, resolve=True),
+        source=f"rubric={cfg.rubric.get('name', '?')}",
+        warn_main=not cfg.get("main_question"),
     )
     return rubric.with_main(cfg.main_question) if cfg.get("main_question") else rubric
 

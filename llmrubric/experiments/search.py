@@ -365,8 +365,12 @@ SCHEMA_RACE = ("already exists", "UNIQUE constraint failed", "duplicate key")
 
 
 def _open_storage(url: str, beat: int, attempts: int = 5) -> optuna.storages.RDBStorage:
-    """The study storage; workers that open a new database at the same moment race to create its
-    schema, and the loser, finding the tables made by the other, opens it again."""
+    """The study storage (a SQLite file's folder created); workers that open a new database at the same moment
+    race to create its schema, and the loser, finding the tables made by the other, opens it again."""
+
+    database = make_url(url).database if url.startswith("sqlite") else None
+    if database and database != ":memory:":  # the study store resumes a search: its folder (run_dir) is made for it
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
 
     def open_it() -> optuna.storages.RDBStorage:
         return RDBStorage(url, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue)

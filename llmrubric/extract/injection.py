@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from llmrubric.config import conf_path
-from llmrubric.io.errors import InputError
+from llmrubric.io.errors import InputError, yaml_error
 
 DEFAULT_PATTERNS = conf_path("injection", "default.yaml")
 
@@ -27,7 +27,7 @@ class InjectionDetector:
         try:
             data = yaml.safe_load(self.path.read_text())
         except yaml.YAMLError as e:
-            raise InputError(f"not valid YAML: {' '.join(str(e).split())}", file=str(self.path)) from None
+            raise yaml_error(e, str(self.path)) from None
         patterns = data.get("patterns") if isinstance(data, dict) else None
         if not isinstance(patterns, list) or not patterns:
             raise InputError("needs 'patterns:', a non-empty list of regular expressions", file=str(self.path))

@@ -17,7 +17,7 @@ class InputError(ValueError):
         *,
         file: str | None = None,
         row: int | None = None,
-        column: str | None = None,
+        column: str | int | None = None,
         setting: str | None = None,
         line: int | None = None,
     ):
@@ -50,6 +50,22 @@ class JobFailed(RuntimeError):
 
 
 USER_ERRORS = (InputError, TrainingDiverged, JobFailed)
+
+
+def yaml_error(error: Exception, file: str | None = None) -> InputError:
+    """A PyYAML syntax error as one :class:`InputError` naming the file, line and column (1-based) of the problem,
+    and where the construct it breaks began (``while parsing a flow mapping at line 2, column 13``)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or " ".join(str(error).split())
+    context, start = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context and start is not None:
+        problem += f" ({context} at line {start.line + 1}, column {start.column + 1})"
+    elif context:
+        problem += f" ({context})"
+    where = file or (getattr(mark, "name", None) if mark is not None else None)
+    if mark is None:
+        return InputError(f"not valid YAML: {problem}", file=where)
+    return InputError(f"not valid YAML: {problem}", file=where, line=mark.line + 1, column=mark.column + 1)
 
 
 def report(error: BaseException) -> int:

@@ -3,6 +3,7 @@ overwrite neither each other nor an input."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from pathlib import Path
@@ -38,10 +39,21 @@ def check_range(
 
 
 def check_choice(name: str, value, choices) -> str:
-    """``value`` if it is one of ``choices``, else an error naming the setting and the choices."""
+    """``value`` if it is one of ``choices``, else an error naming the setting, the choice meant and the choices."""
     if value not in choices:
-        raise InputError(f"{value!r} is not one of {list(choices)}", setting=name)
+        raise InputError(f"{value!r} is not one of {list(choices)}{did_you_mean(value, choices)}", setting=name)
     return value
+
+
+def closest(name, names, n: int = 1) -> list[str]:
+    """The names of ``names`` closest to ``name`` (:func:`difflib.get_close_matches`), best first; [] when none is close."""
+    return difflib.get_close_matches(str(name), [str(x) for x in names], n=n, cutoff=0.6)
+
+
+def did_you_mean(name, names, n: int = 1) -> str:
+    """``"; did you mean 'main'?"`` (the names closest to ``name``), or "" when none is close."""
+    near = closest(name, names, n)
+    return f"; did you mean {' or '.join(repr(x) for x in near)}?" if near else ""
 
 
 def check_writable_dir(path: str | Path, name: str = "output folder") -> Path:

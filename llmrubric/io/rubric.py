@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -9,7 +10,23 @@ from typing import Any
 
 import yaml
 
-from llmrubric.io.errors import InputError
+from llmrubric.io.errors import InputError, yaml_error
+from llmrubric.io.guards import did_you_mean
+
+log = logging.getLogger(__name__)
+RUBRIC_KEYS = ("name", "questions")
+QUESTION_KEYS = ("id", "name", "prompt", "main", "applicable_if", "ordered", "options", "llm_options")
+OPTION_KEYS = ("value", "label")
+_warned: set[str] = set()  # the rubrics whose missing main question was reported (once per process)
+
+
+def check_keys(data: dict, known: tuple[str, ...], where: str) -> None:
+    """An error naming the first key of ``data`` that is not one of ``known``, and the key meant where one is close."""
+    for key in data:
+        if key not in known:
+            raise InputError(
+                f"{where}: unknown key {key!r}{did_you_mean(key, known)} (the keys are {', '.join(known)})"
+            )
 
 
 def option_key(value: Any) -> str:
@@ -146,66 +163,96 @@ class Rubric:
         }
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "<memory>") -> Rubric:
+    def from_dict(cls, data: dict, source: str = "<memory>", warn_main: bool = True) -> Rubric:
+        """The rubric of a parsed YAML mapping; an unknown key is an error naming it (and the key meant).
+        Without a question marked ``main: true`` the first is the main question, said once in a warning
+        (``warn_main=False``: the caller names the main question itself)."""
         if not isinstance(data, dict) or not data.get("questions"):
             raise InputError(f"{source}: a rubric needs a non-empty 'questions' list")
-        questions = []
-        for n, q in enumerate(data["questions"], start=1):
-            where = f"{source}: question {n}"
-            if "id" not in q:
-                raise InputError(f"{where} has no 'id'")
-            raw_options = q.get("options") or []
-            if not raw_options:
-                raise InputError(f"{where} ({q['id']}) has no options")
-            options = []
-            for o in raw_options:
-                if isinstance(o, dict):
-                    if "value" not in o:
-                        raise InputError(f"{where} ({q['id']}): option {o} has no 'value'")
-                    if (
-                        "label" in o
-                        and not isinstance(o["label"], (str, int, float))
-                        or isinstance(o.get("label"), bool)
-                        or len(o) > 2
-                    ):
-                        raise InputError(
-                            f"{where} ({q['id']}): option {o} is not {{value, label}} with a text label; "
-                            "quote labels that contain commas or start with yes/no"
-                        )
-                    options.append(Option(o["value"], str(o.get("label", o["value"]))))
-                else:
-                    options.append(Option(o, str(o)))
-            keys = [o.key for o in options]
-            if len(set(keys)) != len(keys):
-                raise InputError(f"{where} ({q['id']}): duplicate option values {keys}")
-            llm = tuple(option_key(v) for v in q.get("llm_options", [o.value for o in options]))
-            numeric = all(o.numeric is not None and math.isfinite(o.numeric) for o in options)
-            ordered = q.get("ordered", numeric)
-            if not isinstance(ordered, bool):
-                raise InputError(f"{where} ({q['id']}): 'ordered' must be true or false, got {ordered!r}")
-            if ordered and not numeric:
-                raise InputError(
-                    f"{where} ({q['id']}): ordered options need numeric values, got {[o.value for o in options]}"
-                )
-            questions.append(
-                Question(
-                    id=str(q["id"]),
-                    prompt=str(q.get("prompt", "")).strip(),
-                    options=tuple(options),
-                    llm_options=llm,
-                    name=str(q.get("name", "")),
-                    main=bool(q.get("main", False)),
-                    applicable_if=q.get("applicable_if"),
-                    ordered=ordered,
-                )
+        check_keys(data, RUBRIC_KEYS, source)
+        if not isinstance(data["questions"], list):
+            raise InputError(f"{source}: 'questions' must be a list of questions (- id: ... lines)")
+        questions = tuple(_question(q, f"{source}: question {n}") for n, q in enumerate(data["questions"], start=1))
+        if warn_main and len(questions) > 1 and not any(q.main for q in questions) and source not in _warned:
+            _warned.add(source)
+            log.warning(
+                "%s: no question has main: true, so the first, %s, is the main question (mark the one meant)",
+                source,
+                questions[0].id,
             )
-        return cls(str(data.get("name", Path(source).stem)), tuple(questions), source)
+        return cls(str(data.get("name", Path(source).stem)), questions, source)
 
     @classmethod
     def load(cls, path: str | Path) -> Rubric:
-        path = Path(path)
-        if not path.is_file():
-            raise InputError(f"{path}: rubric file not found")
-        with path.open() as f:
-            data = yaml.safe_load(f)
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(read_rubric(path), str(path))
+
+
+def read_rubric(path: str | Path) -> dict:
+    """The parsed YAML of a rubric file; a missing file, bytes that are not UTF-8 or a YAML syntax error is one
+    :class:`InputError` naming the file (and the line and column)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: rubric file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text (byte {e.start})", file=str(path)) from None
+    except yaml.YAMLError as e:
+        raise yaml_error(e, str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a rubric must be a YAML mapping with a 'questions' list")
+    return data
+
+
+def _question(q, where: str) -> Question:
+    """One question of a rubric mapping (``where``: the rubric and the question's number, for errors)."""
+    if not isinstance(q, dict):
+        raise InputError(f"{where} is not a mapping (id: ..., options: ... lines)")
+    if "id" not in q:
+        raise InputError(f"{where} has no 'id'")
+    where = f"{where} ({q['id']})"
+    check_keys(q, QUESTION_KEYS, where)
+    raw_options = q.get("options") or []
+    if not raw_options:
+        raise InputError(f"{where} has no options")
+    options = [_option(o, where) for o in raw_options]
+    keys = [o.key for o in options]
+    if len(set(keys)) != len(keys):
+        raise InputError(f"{where}: duplicate option values {keys}")
+    llm = tuple(option_key(v) for v in q.get("llm_options", [o.value for o in options]))
+    numeric = all(o.numeric is not None and math.isfinite(o.numeric) for o in options)
+    ordered = q.get("ordered", numeric)
+    if not isinstance(ordered, bool):
+        raise InputError(f"{where}: 'ordered' must be true or false, got {ordered!r}")
+    if ordered and not numeric:
+        raise InputError(f"{where}: ordered options need numeric values, got {[o.value for o in options]}")
+    main = q.get("main", False)
+    if not isinstance(main, bool):
+        raise InputError(f"{where}: 'main' must be true or false, got {main!r}")
+    return Question(
+        id=str(q["id"]),
+        prompt=str(q.get("prompt", "")).strip(),
+        options=tuple(options),
+        llm_options=llm,
+        name=str(q.get("name", "")),
+        main=main,
+        applicable_if=q.get("applicable_if"),
+        ordered=ordered,
+    )
+
+
+def _option(o, where: str) -> Option:
+    """One answer option: a ``{value, label}`` mapping with a text label, or a bare value."""
+    if not isinstance(o, dict):
+        return Option(o, str(o))
+    if "value" not in o:
+        raise InputError(f"{where}: option {o} has no 'value'")
+    label = o.get("label", o["value"])
+    split = any(key not in OPTION_KEYS and value is None for key, value in o.items())  # an unquoted comma
+    if "label" in o and (split or not isinstance(label, (str, int, float)) or isinstance(label, bool)):
+        raise InputError(
+            f"{where}: option {o} is not {{value, label}} with a text label; "
+            "quote labels that contain commas or start with yes/no"
+        )
+    check_keys(o, OPTION_KEYS, f"{where}: option {o}")
+    return Option(o["value"], str(label))

@@ -38,16 +38,19 @@ def read_raw(path: str | Path) -> pd.DataFrame:
 def _parse(path: Path) -> pd.DataFrame:
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     try:
-        if suffix in (".csv", ".csv.gz"):
-            return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
-        if suffix in (".tsv", ".tsv.gz"):
-            return pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, na_values=[""])
+        if suffix in (".csv", ".csv.gz", ".tsv", ".tsv.gz"):
+            sep = "\t" if suffix.startswith(".tsv") else ","
+            df = pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False, na_values=[""])
+            _check_header(path, sep)
+            return df
         if suffix == ".parquet":
             return pd.read_parquet(path)
         if suffix in (".jsonl", ".jsonl.gz"):
             return pd.read_json(path, lines=True, dtype=False)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
+    except InputError:
+        raise
     except (ValueError, OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot be parsed: {' '.join(str(e).split())}", file=str(path)) from e
     except Exception as e:  # pyarrow and parser errors of a damaged file
@@ -55,10 +58,25 @@ def _parse(path: Path) -> pd.DataFrame:
     raise InputError(f"unknown table format {suffix!r} (use .csv, .tsv, .parquet or .jsonl)", file=str(path))
 
 
+def _check_header(path: Path, sep: str) -> None:
+    """A CSV/TSV header that names a column twice is an error (pandas would read the second as ``<name>.1``)."""
+    import csv
+    import gzip
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
+        header = next(csv.reader(f, delimiter=sep), [])
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise InputError(f"the header names the column(s) {twice} more than once", file=str(path), line=1)
+
+
 def read_nonempty(path: str | Path, what: str, empty: str | None = None) -> pd.DataFrame:
     """:func:`read_raw` of a file that must exist (``<what> file not found``) and hold rows
     (``empty``, by default ``the <what> table is empty``)."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"a folder where the {what} file should be", file=str(path))
     if not path.is_file():
         raise InputError(f"{what} file not found", file=str(path))
     df = read_raw(path)

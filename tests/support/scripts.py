@@ -46,10 +46,10 @@ def run_script(script: str, overrides: list[str]) -> int:
 
 
 def snapshot(folder: Path) -> dict:
-    """Every file under ``folder`` (but Hydra's config copy and logs): content hash and mode."""
+    """Every file under ``folder``, Hydra's config copy and logs included (a failed run writes none of them):
+    content hash and mode."""
     out = {}
     for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder)
-        if path.is_file() and rel.parts[0] != "hydra" and "hydra" not in rel.parts[:-1] and path.suffix != ".log":
-            out[str(rel)] = (hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mode)
+        if path.is_file():
+            out[str(path.relative_to(folder))] = (hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mode)
     return out

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from llmrubric.config import conf_path, model_overrides
-from llmrubric.io.errors import InputError
+from llmrubric.io.errors import InputError, yaml_error
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.rubric_arg import as_rubric
 from llmrubric.io.tables import Tables
@@ -267,7 +267,11 @@ def _preset_file() -> dict[str, dict]:
     """``conf/presets.yaml`` parsed (once a process: every registration checks the places it holds)."""
     import yaml
 
-    data = yaml.safe_load(conf_path(PRESETS).read_text()) or {}
+    path = conf_path(PRESETS)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:  # a user's edit of conf/presets.yaml
+        raise yaml_error(e, str(path)) from None
     return {str(name): dict(spec or {}) for name, spec in data.items()}
 
 

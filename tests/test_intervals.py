@@ -65,7 +65,7 @@ def test_an_overconfident_model_is_corrected_to_nominal_coverage():
     model_cal, model_test = sharpened(truth_cal, 4), sharpened(truth_test, 4)  # far too sure of itself
     naive = covered(*interval(VALUES, model_test, 0.05), y_test)  # its own central 90 %
     assert naive < 0.82
-    question = Rubric.from_dict({"questions": [{"id": "q", "text": "q", "options": [1, 2, 3, 4, 5]}]})["q"]
+    question = Rubric.from_dict({"questions": [{"id": "q", "prompt": "q", "options": [1, 2, 3, 4, 5]}]})["q"]
     cal = Conformal.fit(question, model_cal, y_cal, np.arange(len(y_cal)).astype(str))
     for nominal in (0.8, 0.9, 0.95):
         lo, hi = cal.pair_intervals(question, model_test, nominal)
@@ -83,7 +83,7 @@ def test_an_overconfident_classifier_gets_prediction_sets_at_nominal_coverage():
     y = draw(truth, rng)
     model = sharpened(truth, 4)
     question = Rubric.from_dict(
-        {"questions": [{"id": "c", "text": "c", "options": ["a", "b", "c", "d"], "ordered": False}]}
+        {"questions": [{"id": "c", "prompt": "c", "options": ["a", "b", "c", "d"], "ordered": False}]}
     )["c"]
     cal = Conformal.fit(question, model[:3000], y[:3000], np.arange(3000).astype(str))
     assert not cal.ordered and len(cal.texts) == 0 and len(cal.pairs) == 3000
@@ -97,7 +97,7 @@ def test_an_overconfident_classifier_gets_prediction_sets_at_nominal_coverage():
 
 def test_by_judge_each_judge_is_covered_where_one_threshold_covers_only_on_average():
     rng = np.random.default_rng(2)
-    question = Rubric.from_dict({"questions": [{"id": "q", "text": "q", "options": [1, 2, 3, 4, 5]}]})["q"]
+    question = Rubric.from_dict({"questions": [{"id": "q", "prompt": "q", "options": [1, 2, 3, 4, 5]}]})["q"]
     truth = {"steady": ordinal(12000, rng, 0.6), "noisy": ordinal(12000, rng, 1.6)}
     model = {j: ordinal_like(p) for j, p in truth.items()}  # the model gives both judges the steady spread
     y = {j: draw(p, rng) for j, p in truth.items()}
@@ -290,7 +290,7 @@ def test_a_model_without_a_calibration_gets_no_interval(simulated, rubric):
 
 
 def test_coverage_by_group_counts_each_groups_pairs_and_flags_under_coverage_beyond_chance():
-    question = Rubric.from_dict({"questions": [{"id": "q", "text": "q", "options": [1, 2, 3, 4, 5]}]})["q"]
+    question = Rubric.from_dict({"questions": [{"id": "q", "prompt": "q", "options": [1, 2, 3, 4, 5]}]})["q"]
     texts = [f"t{i}" for i in range(6)]
     probs = np.tile([0.1, 0.2, 0.4, 0.2, 0.1], (6, 1))  # mean 3, every interval [2, 4]
     predictions = pd.DataFrame({"text_id": texts, "judge_id": "j", "question_id": "q"}).assign(

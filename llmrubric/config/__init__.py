@@ -21,7 +21,7 @@ the Python API (:func:`group`) all read settings through it, and a bad override 
 from llmrubric.config.data import MISSING, DataConfig
 from llmrubric.config.extract import AdaptiveConfig, ExtractConfig
 from llmrubric.config.ir import AutograderConfig, ImportsConfig, IRConfig, NuggetsConfig
-from llmrubric.config.labels import JudgesConfig, LabelsConfig, SuggestConfig
+from llmrubric.config.labels import JudgesConfig, LabelsConfig, PlanConfig, SuggestConfig
 from llmrubric.config.loader import (
     GROUP_SCHEMAS,
     OPEN_GROUPS,
@@ -79,6 +79,7 @@ __all__ = [
     "ReportConfig",
     "ScoringConfig",
     "SearchConfig",
+    "PlanConfig",
     "SuggestConfig",
     "TrainConfig",
     "command_settings",

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from llmrubric.io.errors import InputError
 from llmrubric.scoring import label_plan as plan
@@ -35,6 +36,7 @@ def shipped_widths(rng, f, k, sigma, prior_var, reps=300, prior_mean=3.0):
     return np.array(out)
 
 
+@pytest.mark.slow
 def test_the_planned_k_reaches_the_width_in_the_asked_share_of_draws_and_one_label_less_does_not():
     rng = np.random.default_rng(0)
     f, sys_ = system(rng)
@@ -47,6 +49,7 @@ def test_the_planned_k_reaches_the_width_in_the_asked_share_of_draws_and_one_lab
     assert fewer < hit
 
 
+@pytest.mark.slow
 def test_the_mean_half_width_formula_matches_the_leaderboards_interval():
     rng = np.random.default_rng(1)
     f, sys_ = system(rng)
@@ -68,6 +71,7 @@ def test_more_labels_for_a_narrower_width_a_wider_prior_or_a_larger_residual():
     assert plan.labels_for_width(0.01, sys_, 0.49, ALPHA) is None
 
 
+@pytest.mark.slow
 def test_the_difference_plan_detects_the_difference_with_the_asked_power():
     rng = np.random.default_rng(3)
     n, sigma, delta = 100, 0.7, 0.5
@@ -138,6 +142,7 @@ def plan_cli(path, *extra):
     return main([*args, "--texts", str(path / "texts.csv"), *extra])
 
 
+@pytest.mark.slow
 def test_label_plan_plans_the_new_system_from_the_checkpoints_level(levelled_run, capsys):
     path, new = levelled_run
     assert plan_cli(path, "--width", "0.5", "--difference", "0.6", "--out", str(path / "plan.csv")) == 0
@@ -158,9 +163,33 @@ def test_label_plan_plans_the_new_system_from_the_checkpoints_level(levelled_run
     ]
 
 
+@pytest.mark.slow
 def test_label_plan_without_a_target_or_with_a_bad_one_is_a_one_line_error(levelled_run, capsys):
     path, _ = levelled_run
     assert plan_cli(path) == 2
     assert "--width" in capsys.readouterr().err
     assert plan_cli(path, "--width", "-1") == 2
     assert "--width" in capsys.readouterr().err
+
+
+def test_a_mixture_of_residual_variances_plans_for_the_larger_ones_and_scales_by_predicted_variance():
+    one = plan.sample_variance_quantile(np.array([0.25]), 10, 0.9)
+    assert one == pytest.approx(0.25 * stats.chi2.ppf(0.9, 9) / 9)
+    mixed = plan.sample_variance_quantile(np.array([0.16, 0.25, 0.64]), 10, 0.9)
+    assert one < mixed < 0.64 * stats.chi2.ppf(0.9, 9) / 9
+    # the new system's model is twice as unsure as the training systems' on average: twice their residual variance
+    scaled = plan.scaled_variances([0.2, 0.3], [0.5, 0.5], 1.0)
+    np.testing.assert_allclose(scaled, [0.4, 0.6])
+    rng = np.random.default_rng(5)
+    _, sys_ = system(rng)
+    assert plan.labels_for_width(0.5, sys_, [0.3, 0.7], ALPHA) > plan.labels_for_width(0.5, sys_, 0.3, ALPHA)
+
+
+def test_from_the_transport_floor_on_the_plan_is_for_ppi_pp_alone():
+    rng = np.random.default_rng(6)
+    _, sys_ = system(rng)
+    alone = plan.SystemPlanInput("S", sys_.texts, sys_.var_f, math.inf)
+    for k in (12, 30):
+        checked = plan.planned_width(k, sys_, 0.49, ALPHA, "student", 0.9, checked_from=10)
+        assert checked == pytest.approx(plan.planned_width(k, alone, 0.49, ALPHA, "student", 0.9))
+        assert checked > plan.planned_width(k, sys_, 0.49, ALPHA, "student", 0.9)

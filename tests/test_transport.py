@@ -84,6 +84,7 @@ def board_inputs(rng, n=40):
     return pred, pd.Series(labels), levels, truth
 
 
+@pytest.mark.slow
 def test_a_failed_system_falls_back_to_the_ppi_pp_interval_of_its_labels_and_the_board_says_so(tmp_path):
     pred, labels, levels, _ = board_inputs(np.random.default_rng(2))
     levels.to_csv(tmp_path / "levels.csv", index=False)
@@ -122,6 +123,7 @@ def test_a_failed_system_falls_back_to_the_ppi_pp_interval_of_its_labels_and_the
     assert posterior.level > board.at["A", "level"] and posterior.level_low != pytest.approx(ppi["low"])
 
 
+@pytest.mark.slow
 def test_leaderboard_build_checks_transport_by_default_and_refuses_a_bad_margin(tmp_path, capsys):
     pred, labels, levels, _ = board_inputs(np.random.default_rng(3))
     pred.to_csv(tmp_path / "pred.csv", index=False)

@@ -25,6 +25,8 @@ ASSUMPTIONS = (
     "estimator: the system level's prior updated by PPI++ (ppi_py, power-tuned lambda = 1 / (1 + k / (N - k)), "
     "variance lambda^2 var f / (N - k) + var(Y - lambda f) / k); PPI++ alone for a system without a level",
     "Student's small-sample widening as the leaderboard applies it ({small_sample})",
+    "from {checked_from} labels on, planned for PPI++ alone: the interval the leaderboard's transport check falls "
+    "back to when a system's labels do not show its level holds",
     "width: met in {assurance:.0%} of draws (the residual variance at its chi-square quantile, normal residuals)",
     "difference: two-sided test at alpha = {alpha:g} of two systems' estimates (independent labels), "
     "power {power:.0%}, at the residual variance's mean",
@@ -81,11 +83,14 @@ def run_plan(args) -> int:
         row = int(texts.index[texts.system_id.isna().to_numpy().argmax()]) if "system_id" in texts.columns else None
         raise InputError("every text needs a system_id", file=str(args.texts), row=row, column="system_id")
     scores, levels = system_scores(model, features, texts, args.trusted_judges)
-    sd, source = residual_sd(settings["residual_sd"], args.annotations, model.rubric, scores, levels)
-    plan = system_plan(scores, levels, sd**2, args, alpha, board["small_sample"], assurance, power)
+    sigma2, source = residual_variances(settings["residual_sd"], args.annotations, model.rubric, scores, levels)
+    checked_from = board["transport_min_labels"]
+    plan = system_plan(scores, levels, sigma2, args, (alpha, board["small_sample"], assurance, power, checked_from))
     if args.out:
         write_table(plan["table"], Path(args.out))
+    sd = float(np.sqrt(np.mean(np.concatenate([np.atleast_1d(v) for v in sigma2.values()]))))
     words = {"sd": sd, "source": source, "small_sample": board["small_sample"], "assurance": assurance}
+    words["checked_from"] = checked_from
     summary = {
         "alpha": alpha,
         "assumptions": [a.format(**words, alpha=alpha, power=power) for a in ASSUMPTIONS],
@@ -99,26 +104,33 @@ def run_plan(args) -> int:
 
 
 def system_scores(model, features, texts, judges) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """``text_id, system_id, f`` (the judge-free score of the main question, as ``score texts`` writes it) of the
-    scored texts, and the levels table (None: the model has no system level)."""
+    """``text_id, system_id, f`` (the judge-free score of the main question, as ``score texts`` writes it) and
+    ``predicted_var`` (the trusted judges' mean predicted variance) of the scored texts, and the levels table (None:
+    the model has no system level)."""
     from llmrubric.scoring.scores import score_texts
 
     main = model.rubric.main.id
-    result = score_texts(model, features, texts, judges=judges, questions=[main])
+    result = score_texts(model, features, texts, judges=judges, questions=[main], keep_predictions=True)
     scores = result.scores[(result.scores.question_id == main)].dropna(subset=["mean"])
     scores = scores.assign(system_id=scores.system_id.astype(str), text_id=scores.text_id.astype(str))
+    pred = result.predictions[result.predictions.question_id == main]
+    predicted = pred.groupby(pred.text_id.astype(str))["var"].mean()
+    scores = scores.assign(predicted_var=scores.text_id.map(predicted).to_numpy(float))
     levels = result.levels.set_index(result.levels.system_id.astype(str)) if result.levels is not None else None
-    return scores[["text_id", "system_id", "mean"]].rename(columns={"mean": "f"}), levels
+    return scores[["text_id", "system_id", "mean", "predicted_var"]].rename(columns={"mean": "f"}), levels
 
 
-def residual_sd(given, annotations_path, rubric, scores: pd.DataFrame, levels) -> tuple[float, str]:
-    """The residual SD and where it came from: ``--residual-sd``, pilot labels, or the checkpoint's level."""
+def residual_variances(given, annotations_path, rubric, scores: pd.DataFrame, levels) -> tuple:
+    """system → its residual variances, and where they came from: ``--residual-sd``; pilot labels (when two
+    systems have 5 or more: each pilot system's variance scaled to the new system by their mean predicted variances,
+    :func:`llmrubric.scoring.label_plan.scaled_variances`; else one pooled); or the checkpoint's level."""
     from llmrubric.io.tables import read_table, validate_annotations
     from llmrubric.scoring import leaderboard as lb
-    from llmrubric.scoring.label_plan import residual_variance
+    from llmrubric.scoring.label_plan import residual_variance, scaled_variances, system_residual_variances
 
+    systems = sorted(scores.system_id.unique())
     if given is not None:
-        return check_range("--residual-sd", given, 0), "given (--residual-sd)"
+        return dict.fromkeys(systems, check_range("--residual-sd", given, 0) ** 2), "given (--residual-sd)"
     if annotations_path:
         annotations = validate_annotations(read_table(annotations_path, "annotations"), rubric)
         labels = lb.human_labels(annotations, rubric.main)
@@ -129,20 +141,36 @@ def residual_sd(given, annotations_path, rubric, scores: pd.DataFrame, levels) -
                 file=str(annotations_path),
                 column="text_id",
             )
-        sigma2, n = residual_variance(pilot.text_id.map(labels).to_numpy(), pilot.f.to_numpy(), pilot.system_id)
-        return math.sqrt(sigma2), f"pilot labels of {n} texts (--annotations), each system's offset removed"
+        y, f = pilot.text_id.map(labels).to_numpy(), pilot.f.to_numpy()
+        each = system_residual_variances(y, f, pilot.system_id)
+        if len(each) >= 2:
+            counts = pilot.groupby("system_id").size()
+            used = sorted(counts.index[counts >= 5])
+            predicted = scores.groupby("system_id").predicted_var.mean()
+            scaled = {s: scaled_variances(each, predicted[used].to_numpy(), predicted[s]) for s in systems}
+            return scaled, (
+                f"pilot labels of {len(pilot)} texts of {len(used)} systems (--annotations): each system's residual "
+                "variance, scaled to the new system by the model's mean predicted variance of their texts"
+            )
+        sigma2, n = residual_variance(y, f, pilot.system_id)
+        return dict.fromkeys(
+            systems, sigma2
+        ), f"pilot labels of {n} texts (--annotations), each system's offset removed"
     if levels is not None and len(levels):
-        return float(levels.sigma_within.iloc[0]), "the checkpoint's system level: sigma_within of its training labels"
+        sigma = float(levels.sigma_within.iloc[0])
+        return dict.fromkeys(systems, sigma**2), "the checkpoint's system level: sigma_within of its training labels"
     raise InputError(
         "the checkpoint has no system level to read the residual SD from: give --residual-sd or pilot --annotations",
         setting="--residual-sd",
     )
 
 
-def system_plan(scores, levels, sigma2, args, alpha, small_sample, assurance, power) -> dict:
-    """The plan table (one row per new system) and the difference plan over every pair of systems."""
+def system_plan(scores, levels, sigma2, args, how: tuple) -> dict:
+    """The plan table (one row per new system) and the difference plan over every pair of systems; ``how``:
+    ``alpha, small_sample, assurance, power, checked_from``."""
     from llmrubric.scoring import label_plan as lp
 
+    alpha, small_sample, assurance, power, checked_from = how
     rows, inputs = [], {}
     for system, part in scores.groupby("system_id", sort=True):
         level = levels.loc[system] if levels is not None and system in levels.index else None
@@ -151,19 +179,18 @@ def system_plan(scores, levels, sigma2, args, alpha, small_sample, assurance, po
         inputs[system] = lp.SystemPlanInput(system, len(part), float(np.var(part.f.to_numpy())), prior_var)
         row = {"system": system, "texts": len(part), "known": known, "prior_sd": math.sqrt(prior_var)}
         if args.width is not None:
-            k = (
-                None
-                if known
-                else lp.labels_for_width(args.width, inputs[system], sigma2, alpha, small_sample, assurance)
-            )
-            width = lp.planned_width(k, inputs[system], sigma2, alpha, small_sample, assurance)
+            how_wide = (sigma2[system], alpha, small_sample, assurance, checked_from)
+            k = None if known else lp.labels_for_width(args.width, inputs[system], *how_wide)
+            width = lp.planned_width(k, inputs[system], *how_wide)
             row.update(k_width=k, planned_width=width)
         rows.append(row)
     out: dict = {"table": pd.DataFrame(rows)}
     new = [s for s in inputs if not math.isinf(inputs[s].prior_var) or levels is None]
     if args.difference is not None and len(new) >= 2:
         pairs = {
-            (a, b): lp.labels_for_difference(args.difference, inputs[a], inputs[b], sigma2, alpha, power, small_sample)
+            (a, b): lp.labels_for_difference(
+                args.difference, inputs[a], inputs[b], sigma2[a], alpha, power, small_sample, sigma2[b], checked_from
+            )
             for a, b in itertools.combinations(new, 2)
         }
         worst = max(pairs, key=lambda p: math.inf if pairs[p] is None else pairs[p])

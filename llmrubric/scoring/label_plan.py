@@ -13,7 +13,11 @@ Assumptions (each one printed by ``llmrubric label plan``):
 - Student's small-sample widening, as the leaderboard applies it: the PPI++ half-width times t_{k−1}/z, and the
   posterior's half-width (prior precision plus the labels' precision) times t_{k−1}/z again;
 - the width target is met with probability ``assurance``: the sample variance of Y − λf over k labels is taken at
-  its ``assurance`` quantile σ_r² χ²_{assurance, k−1} / (k − 1) (normal residuals), not at its mean;
+  its ``assurance`` quantile σ_r² χ²_{assurance, k−1} / (k − 1) (normal residuals), not at its mean; with several
+  residual variances (one per training system: a new system's is one of them, each as likely), at the
+  ``assurance`` quantile of their mixture;
+- from the transport check's floor of labels on (``checked_from``) the plan is for PPI++ alone, the interval the
+  leaderboard falls back to when the check fails (never narrower than the posterior);
 - a difference ``delta`` between two systems is detected by the two-sided test at ``alpha`` of their estimates'
   difference (independent labels, variances added) with probability ``power``:
   ``(t_{k−1, 1−alpha/2} + t_{k−1, power}) · sqrt(se_a² + se_b²) <= delta``, each se at the residual variance's mean.
@@ -28,6 +32,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from llmrubric.io.errors import InputError
@@ -59,16 +64,34 @@ def student_factor(k: int, alpha: float, small_sample: str = "student") -> float
     return float(stats.t.ppf(1 - alpha / 2, k - 1) / stats.norm.ppf(1 - alpha / 2))
 
 
+def sample_variance_quantile(variances: np.ndarray, k: int, quantile: float) -> float:
+    """The ``quantile`` of the sample variance of k normal residuals whose variance is one of ``variances``, each as
+    likely: q with mean_s P(σ_s² χ²_{k−1} / (k − 1) <= q) = quantile."""
+    v = np.asarray(variances, float)
+    if len(v) == 1 or np.ptp(v) == 0:
+        return float(v[0] * stats.chi2.ppf(quantile, k - 1) / (k - 1))
+
+    def short(q: float) -> float:
+        return float(np.mean(stats.chi2.cdf((k - 1) * q / v, k - 1)) - quantile)
+
+    from scipy.optimize import brentq
+
+    return float(brentq(short, 1e-12, v.max() * stats.chi2.ppf(quantile, k - 1) / (k - 1) * 2 + 1e-9))
+
+
 def label_variance(
-    k: int, system: SystemPlanInput, sigma2: float, alpha: float, small_sample: str, quantile: float | None
+    k: int, system: SystemPlanInput, sigma2, alpha: float, small_sample: str, quantile: float | None
 ) -> float:
     """The variance the leaderboard reads off the PPI++ interval of k labels (Student-widened); the residual
-    variance at its ``quantile`` over draws of the k labels (None: its mean)."""
+    variance at its ``quantile`` over draws of the k labels (None: its mean). ``sigma2``: one residual variance,
+    or several (module doc)."""
     n = system.texts
     lm = lam(k, n)
-    residual = sigma2 + (1 - lm) ** 2 * system.var_f
-    if quantile is not None:
-        residual *= stats.chi2.ppf(quantile, k - 1) / (k - 1)
+    residuals = np.atleast_1d(np.asarray(sigma2, float)) + (1 - lm) ** 2 * system.var_f
+    if quantile is None:
+        residual = float(residuals.mean())
+    else:
+        residual = sample_variance_quantile(residuals, k, quantile)
     bessel = k / (k - 1) if small_sample == "student" else 1.0  # the leaderboard's sqrt(k/(k-1)) on ddof-0 spreads
     variance = bessel * lm**2 * system.var_f / (n - k) + residual / k
     return variance * student_factor(k, alpha, small_sample) ** 2
@@ -77,7 +100,7 @@ def label_variance(
 def posterior_half_width(
     k: int,
     system: SystemPlanInput,
-    sigma2: float,
+    sigma2: float | np.ndarray,
     alpha: float = 0.05,
     small_sample: str = "student",
     quantile: float | None = None,
@@ -93,13 +116,22 @@ def posterior_half_width(
 
 
 def planned_width(
-    k: int | None, system: SystemPlanInput, sigma2: float, alpha: float, small_sample: str, assurance: float
+    k: int | None,
+    system: SystemPlanInput,
+    sigma2: float | np.ndarray,
+    alpha: float,
+    small_sample: str,
+    assurance: float | None,
+    checked_from: int | None = None,
 ) -> float:
-    """The width k labels reach with probability ``assurance``: the prior's own at k = 0, NaN for None."""
+    """The width k labels reach with probability ``assurance`` (None: at the residual variance's mean): the prior's
+    own at k = 0, NaN for None; PPI++ alone from ``checked_from`` labels on (:func:`labels_for_width`)."""
     if k is None:
         return math.nan
     if k == 0:
         return float(2 * stats.norm.ppf(1 - alpha / 2) * math.sqrt(system.prior_var))
+    if checked_from is not None and k >= checked_from:
+        system = SystemPlanInput(system.system, system.texts, system.var_f, math.inf)
     return 2 * posterior_half_width(k, system, sigma2, alpha, small_sample, assurance)
 
 
@@ -110,18 +142,21 @@ def candidate_ks(system: SystemPlanInput) -> range:
 def labels_for_width(
     width: float,
     system: SystemPlanInput,
-    sigma2: float,
+    sigma2: float | np.ndarray,
     alpha: float = 0.05,
     small_sample: str = "student",
     assurance: float = 0.9,
+    checked_from: int | None = None,
 ) -> int | None:
     """The fewest labels k whose interval is at most ``width`` wide with probability ``assurance``; 0 when the
-    prior's interval alone is (``z·sd`` at most ``width``); None when no k up to N − 2 reaches it."""
+    prior's interval alone is (``z·sd`` at most ``width``); None when no k up to N − 2 reaches it.
+    ``checked_from``: from this many labels on the leaderboard's transport check may replace the posterior by
+    PPI++ alone (:mod:`llmrubric.scoring.transport`), so from there k is planned for PPI++ alone (never narrower)."""
     check_plan(width, sigma2, alpha, assurance)
     if math.isfinite(system.prior_var) and 2 * stats.norm.ppf(1 - alpha / 2) * math.sqrt(system.prior_var) <= width:
         return 0
     for k in candidate_ks(system):
-        if 2 * posterior_half_width(k, system, sigma2, alpha, small_sample, assurance) <= width:
+        if planned_width(k, system, sigma2, alpha, small_sample, assurance, checked_from) <= width:
             return k
     return None
 
@@ -130,26 +165,31 @@ def labels_for_difference(
     delta: float,
     a: SystemPlanInput,
     b: SystemPlanInput,
-    sigma2: float,
+    sigma2: float | np.ndarray,
     alpha: float = 0.05,
     power: float = 0.8,
     small_sample: str = "student",
+    sigma2_b: float | np.ndarray | None = None,
+    checked_from: int | None = None,
 ) -> int | None:
     """The fewest labels k per system (the same k for both) at which the difference ``delta`` of their means is
-    detected at ``alpha`` with probability ``power`` (module doc); None when no k reaches it."""
+    detected at ``alpha`` with probability ``power`` (module doc); None when no k reaches it. ``sigma2_b``: b's
+    residual variance when it differs from a's; ``checked_from``: as :func:`labels_for_width`."""
     check_plan(delta, sigma2, alpha, power)
     z = stats.norm.ppf(1 - alpha / 2)
+    variances = (sigma2, sigma2 if sigma2_b is None else sigma2_b)
     for k in range(MIN_K, min(a.texts, b.texts) - MIN_UNLABELLED + 1):
-        se = [posterior_half_width(k, s, sigma2, alpha, small_sample) / z for s in (a, b)]
+        widths = [planned_width(k, s, v, alpha, small_sample, None, checked_from) for s, v in zip((a, b), variances)]
         crit = stats.t.ppf(1 - alpha / 2, k - 1) + stats.t.ppf(power, k - 1)
-        if crit * math.hypot(*se) <= delta:
+        if crit * math.hypot(*(w / (2 * z) for w in widths)) <= delta:
             return k
     return None
 
 
 def residual_variance(labels: np.ndarray, scores: np.ndarray, systems: np.ndarray) -> tuple[float, int]:
     """σ² of labels around calibrated scores: the variance of Y − f about each system's own mean (pooled over
-    systems, each system's mean removed, ``n − systems`` degrees of freedom), and the number of labels."""
+    systems, each system's mean removed, ``n − systems`` degrees of freedom), and the number of labels.
+    :func:`system_residual_variances` keeps one per system."""
     y, f, s = np.asarray(labels, float), np.asarray(scores, float), np.asarray(systems)
     residual = y - f
     centred = np.concatenate([residual[s == g] - residual[s == g].mean() for g in np.unique(s)])
@@ -159,10 +199,26 @@ def residual_variance(labels: np.ndarray, scores: np.ndarray, systems: np.ndarra
     return float(np.sum(centred**2) / dof), len(centred)
 
 
-def check_plan(target: float, sigma2: float, alpha: float, probability: float) -> None:
+def system_residual_variances(labels, scores, systems, min_labels: int = 5) -> np.ndarray:
+    """One residual variance (ddof 1) of Y − f per system with at least ``min_labels`` labels."""
+    frame = pd.DataFrame({"r": np.asarray(labels, float) - np.asarray(scores, float), "s": np.asarray(systems)})
+    sizes = frame.groupby("s").r.size()
+    return frame[frame.s.isin(sizes.index[sizes >= min_labels])].groupby("s").r.var(ddof=1).to_numpy(float)
+
+
+def scaled_variances(variances, predicted: np.ndarray, new_predicted: float) -> np.ndarray:
+    """A new system's residual variances from the training (or pilot) systems': each system's ratio of its residual
+    variance to its mean predicted variance (the calibrator's own, of the trusted judges' answers), times the new
+    system's mean predicted variance (a system whose answers the model is less sure of gets a larger residual)."""
+    v, p = np.asarray(variances, float), np.asarray(predicted, float)
+    return v / np.maximum(p, 1e-12) * float(new_predicted)
+
+
+def check_plan(target: float, sigma2, alpha: float, probability: float) -> None:
     if not (math.isfinite(target) and target > 0):
         raise InputError(f"the target must be a positive number, not {target!r}", setting="--width/--difference")
-    if not (math.isfinite(sigma2) and sigma2 >= 0):
+    v = np.atleast_1d(np.asarray(sigma2, float))
+    if not (len(v) and np.isfinite(v).all() and (v >= 0).all()):
         raise InputError(f"the residual variance must be >= 0, not {sigma2!r}", setting="--residual-sd")
     if not 0 < alpha < 1:
         raise InputError(f"alpha must be in (0, 1), not {alpha!r}", setting="--alpha")

@@ -189,6 +189,11 @@ def test_from_the_transport_floor_on_the_plan_is_for_ppi_pp_alone():
     rng = np.random.default_rng(6)
     _, sys_ = system(rng)
     alone = plan.SystemPlanInput("S", sys_.texts, sys_.var_f, math.inf)
+    # a prior that alone is narrow enough is not trusted unchecked: the transport floor at least
+    assert plan.labels_for_width(0.9, sys_, 0.49, ALPHA) == 0
+    assert plan.labels_for_width(0.9, sys_, 0.49, ALPHA, checked_from=10) >= 10
+    wide = plan.SystemPlanInput("S", sys_.texts, sys_.var_f, math.inf)
+    assert plan.labels_for_width(2.0, wide, 0.49, ALPHA, checked_from=10) < 10  # no level: nothing to check
     for k in (12, 30):
         checked = plan.planned_width(k, sys_, 0.49, ALPHA, "student", 0.9, checked_from=10)
         assert checked == pytest.approx(plan.planned_width(k, alone, 0.49, ALPHA, "student", 0.9))

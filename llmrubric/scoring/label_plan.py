@@ -17,7 +17,8 @@ Assumptions (each one printed by ``llmrubric label plan``):
   residual variances (one per training system: a new system's is one of them, each as likely), at the
   ``assurance`` quantile of their mixture;
 - from the transport check's floor of labels on (``checked_from``) the plan is for PPI++ alone, the interval the
-  leaderboard falls back to when the check fails (never narrower than the posterior);
+  leaderboard falls back to when the check fails (never narrower than the posterior), and a system with a level
+  gets at least that floor (fewer labels, or none, would trust the level's prior without checking it);
 - a difference ``delta`` between two systems is detected by the two-sided test at ``alpha`` of their estimates'
   difference (independent labels, variances added) with probability ``power``:
   ``(t_{k−1, 1−alpha/2} + t_{k−1, power}) · sqrt(se_a² + se_b²) <= delta``, each se at the residual variance's mean.
@@ -135,8 +136,8 @@ def planned_width(
     return 2 * posterior_half_width(k, system, sigma2, alpha, small_sample, assurance)
 
 
-def candidate_ks(system: SystemPlanInput) -> range:
-    return range(MIN_K, system.texts - MIN_UNLABELLED + 1)
+def candidate_ks(system: SystemPlanInput, at_least: int | None = None) -> range:
+    return range(max(MIN_K, at_least or 0), system.texts - MIN_UNLABELLED + 1)
 
 
 def labels_for_width(
@@ -151,11 +152,13 @@ def labels_for_width(
     """The fewest labels k whose interval is at most ``width`` wide with probability ``assurance``; 0 when the
     prior's interval alone is (``z·sd`` at most ``width``); None when no k up to N − 2 reaches it.
     ``checked_from``: from this many labels on the leaderboard's transport check may replace the posterior by
-    PPI++ alone (:mod:`llmrubric.scoring.transport`), so from there k is planned for PPI++ alone (never narrower)."""
+    PPI++ alone (:mod:`llmrubric.scoring.transport`), so from there k is planned for PPI++ alone (never narrower);
+    and a system with a level gets at least that many: fewer would trust its prior unchecked (k = 0 included)."""
     check_plan(width, sigma2, alpha, assurance)
-    if math.isfinite(system.prior_var) and 2 * stats.norm.ppf(1 - alpha / 2) * math.sqrt(system.prior_var) <= width:
-        return 0
-    for k in candidate_ks(system):
+    if checked_from is None and math.isfinite(system.prior_var):
+        if 2 * stats.norm.ppf(1 - alpha / 2) * math.sqrt(system.prior_var) <= width:
+            return 0
+    for k in candidate_ks(system, checked_from if math.isfinite(system.prior_var) else None):
         if planned_width(k, system, sigma2, alpha, small_sample, assurance, checked_from) <= width:
             return k
     return None

@@ -19,8 +19,9 @@ The transport check (issue 61, :mod:`llmrubric.scoring.transport`, on by default
 tests each new system's labels against its level: PASS (or fewer than ``transport_min_labels`` labels) keeps the
 posterior; FAIL or INCONCLUSIVE replaces it by the PPI++ interval of the labels alone, the prior left out.
 ``benchmarks/labels.py`` chose its defaults (the margin: each system's own prior half-width; 10 labels at least)
-on the simulated and synthetic sets: at k = 10 they cost coverage 0.007 and 0.018 there, and on DialSumm they
-lift the worst system's coverage (``level_transport``).
+on the simulated and synthetic sets (``benchmarks/results/labels_transport_training.json``: at k = 10 coverage
+0.897 and 0.956 against the posterior's 0.915 and 0.963, RMS 0.104 and 0.115 against 0.094 and 0.110); on
+DialSumm they lift the worst system's coverage at k = 10 from 0.746 (B) to 0.878 (``level_transport``).
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ sys.path.insert(0, str(ROOT))
 from common import code_version, exit_code, llm_rubric_default, write_result  # noqa: E402
 from intervals import DATA as DIALSUMM  # noqa: E402
 from intervals import load as load_dialsumm  # noqa: E402
+from label_planning import cje_figures, cje_module, plan_figures, shipped_transport  # noqa: E402
 
 from llmrubric import Levelled, NetworkCalibrator  # noqa: E402
 from llmrubric.config import group, load_file  # noqa: E402
@@ -95,17 +96,18 @@ from llmrubric.io.predictions import probabilities  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, read_table  # noqa: E402
 from llmrubric.model.core.encoding import question_targets  # noqa: E402
+from llmrubric.model.core.system_level import source_means  # noqa: E402
 from llmrubric.model.judges import add_judge  # noqa: E402
 from llmrubric.scoring import labels as lab  # noqa: E402
 from llmrubric.scoring.leaderboard import shift_half_width  # noqa: E402
-from llmrubric.scoring.levels import level_posterior  # noqa: E402
+from llmrubric.scoring.levels import level_posterior, level_with_labels  # noqa: E402
 
 KS = (0, 5, 10, 20, 40)
 JUDGE_KS = (5, 10, 20, 50)
 SETS = ("simulated_shift", "llm_rubric_synthetic", "dialsumm")
 DEFAULT_SETS = SETS[:2]  # dialsumm runs when asked for, into its own result (--out)
 OUT = ROOT / "benchmarks" / "results"
-LEVEL_METHODS = ("level", "level_ppi_pp", "level_ppi_pp_student")
+LEVEL_METHODS = ("level", "level_ppi_pp", "level_ppi_pp_student", "level_transport")
 MIN_UNLABELLED = 5  # a system enters k's figures when it has at least k + 5 labelled texts
 
 
@@ -212,6 +214,7 @@ def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float,
         prior = float(g.prior_mean.iloc[0]), float(g.prior_var.iloc[0])
         sigma = within_sd(systems, name)
         q = lab.sampling_probabilities(g.u.to_numpy(), floor)
+        check = shipped_transport(alpha)
         for _ in range(reps):
             chosen = np.zeros(len(g), bool)
             chosen[rng.choice(len(g), k, replace=False)] = True
@@ -221,6 +224,14 @@ def draw_intervals(systems: dict, k: int, reps: int, floor: float, alpha: float,
             outs["level"] = level_rule(*prior, y, f, chosen, sigma, alpha)
             outs["level_ppi_pp"] = level_posterior(*prior, outs["ppi_pp"], k, alpha, "normal")
             outs["level_ppi_pp_student"] = level_posterior(*prior, outs["ppi_pp"], k, alpha, "student")
+            shipped = level_with_labels(
+                y[chosen], f[chosen], f[~chosen], prior[0], math.sqrt(prior[1]), alpha, small, check
+            )
+            outs["level_transport"] = {
+                "estimate": shipped["level"],
+                "low": shipped["level_low"],
+                "high": shipped["level_high"],
+            }
             for m, o in outs.items():
                 out[m]["system"].append(name)
                 out[m]["hit"].append(o["low"] <= truth <= o["high"])
@@ -318,6 +329,24 @@ def interval_figures(
     return figures, match
 
 
+def planning_figures(rubric: Rubric, tables: Tables, texts: pd.DataFrame, args, alpha: float, small: str) -> tuple:
+    """Issue 61 (``benchmarks/label_planning.py``): the planner's hit rate, and CJE beside the shipped interval
+    (``{"missing": ...}`` when cje-eval is not installed)."""
+    systems = {s: g for s, g in texts.groupby("system_id")}
+    sigmas = {s: within_sd(systems, s) for s in systems}
+    plan = None if args.no_plan else plan_figures(systems, sigmas, alpha, small, args.assurance, args.plan_reps, 1)
+    if args.no_cje:
+        return plan, None
+    if cje_module() is None:
+        print("CJE is missing: pip install -e '.[bench]' (cje-eval) to run it beside the shipped interval", flush=True)
+        return plan, {"missing": "cje-eval is not installed (pip install -e '.[bench]')"}
+    judge = pd.Series(source_means(tables, rubric, list(texts.text_id)), index=texts.index)
+    with_judge = {s: g.assign(judge=judge[g.index]) for s, g in texts.groupby("system_id")}
+    values = np.asarray(rubric.main.values, float)
+    ks = tuple(k for k in args.ks if k > 0)
+    return plan, cje_figures(with_judge, ks, args.cje_reps, alpha, small, (values.min(), values.max()), 2)
+
+
 def nll(model, tables: Tables, rubric: Rubric) -> float:
     """Mean NLL of the annotated main answers of ``tables``."""
     pred = model.predict(tables, questions=[rubric.main.id])
@@ -393,6 +422,22 @@ def judge_add_figures(
     return out
 
 
+def print_planning(name: str, plan: dict | None, cje: dict | None, seconds: float) -> None:
+    """The planner's hit rates and CJE beside the shipped interval, as tables."""
+    print(f"{name}: plan and CJE in {seconds:.0f} s", flush=True)
+    for width, row in (plan or {}).get("by_width", {}).items():
+        print(
+            f"  plan width {width}: hit {row['hit']} (worst system {row['worst_hit']}), with one pooled SD "
+            f"{row['hit_pooled']} (worst {row['worst_hit_pooled']}), mean k {row['k_mean']}, unreachable {row['unreachable']}",
+            flush=True,
+        )
+    for k, methods in (cje or {}).get("by_k", {}).items():
+        for method, v in methods.items():
+            print(f"  k={k} {method}: " + ", ".join(f"{c} {x}" for c, x in v.items()), flush=True)
+    for k, table in (cje or {}).get("transport_verdicts", {}).items():
+        print(f"  k={k} transport (ours / CJE): {table}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; bad input is one line on stderr and exit code 2."""
     return exit_code(run, argv)
@@ -415,6 +460,11 @@ def run(argv: list[str] | None) -> int:
     parser.add_argument("--no-judges", action="store_true", help="skip the judge-add part")
     parser.add_argument("--ks", nargs="+", type=int, default=list(KS[1:]), help="labelled texts per system")
     parser.add_argument("--no-match", action="store_true", help="skip labels_to_match_classical_at_40")
+    parser.add_argument("--no-plan", action="store_true", help="skip the label planner's hit rate (issue 61)")
+    parser.add_argument("--no-cje", action="store_true", help="skip CJE side by side (issue 61)")
+    parser.add_argument("--plan-reps", type=int, default=200, help="draws per system and target width of the plan")
+    parser.add_argument("--cje-reps", type=int, default=100, help="draws per system and k of CJE side by side")
+    parser.add_argument("--assurance", type=float, default=0.9, help="the plan's assurance (conf/labels plan)")
     parser.add_argument(
         "--judge-models",
         nargs="+",
@@ -448,7 +498,7 @@ def run(argv: list[str] | None) -> int:
     sets = [s for s in args.sets if s not in folders or Path(folders[s]).is_dir()]
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    report: dict = {"intervals": {}, "labels_to_match_classical_at_40": {}, "judge_add": {}}
+    report: dict = {"intervals": {}, "labels_to_match_classical_at_40": {}, "judge_add": {}, "plan": {}, "cje": {}}
     started, version = time.perf_counter(), code_version()
     for name in sets:
         rubric, tables = load_set(name, args)
@@ -474,6 +524,9 @@ def run(argv: list[str] | None) -> int:
                 flush=True,
             )
         print(f"labels to match classical at 40: {match}", flush=True)
+        t0 = time.perf_counter()
+        report["plan"][name], report["cje"][name] = planning_figures(rubric, tables, texts, args, alpha, small)
+        print_planning(name, report["plan"][name], report["cje"][name], time.perf_counter() - t0)
     if not args.no_judges:
         rubric, tables = load_set("simulated_shift", args)
         report["judge_add_by_model"] = {}
@@ -492,6 +545,10 @@ def run(argv: list[str] | None) -> int:
         "small_sample": small,
         "judges": args.judges,
         "draws": args.draws,
+        "plan_reps": args.plan_reps,
+        "cje_reps": args.cje_reps,
+        "assurance": args.assurance,
+        "cje_version": getattr(cje_module(), "__version__", None),
         "sets": sets,
         "seconds": time.perf_counter() - started,
         "cpus": os.cpu_count(),

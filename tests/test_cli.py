@@ -16,7 +16,7 @@ GRAMMAR = {
     "extract": ["features", "bank", "summaries"],
     "score": ["texts"],
     "leaderboard": ["build", "correlate"],
-    "label": ["suggest"],
+    "label": ["suggest", "plan"],
     "judges": ["add"],
     "ir": ["qrels", "trec-eval", "nuggets", "grounded-qa"],
     "import": ["workbench", "nuggetizer", "mlflow"],

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from llmrubric.apps.commands import add_noun, section_settings
+from llmrubric.apps.label_plan import add_plan_parser
 from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range
@@ -51,6 +52,7 @@ def register(subparsers) -> None:
     s.add_argument("--reviewers", nargs="+", help="users assigned to the review queue (with --queue)")
     s.add_argument("--tracking-uri", dest="tracking_uri", help="MLflow store (default: MLFLOW_TRACKING_URI)")
     s.set_defaults(run=run_suggest)
+    add_plan_parser(label)
 
     judges = add_noun(subparsers, "judges", "judges of a trained calibrator")
     a = judges.add_parser(

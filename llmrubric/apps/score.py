@@ -113,6 +113,7 @@ def add_leaderboard_verbs(subparsers) -> None:
         "--levels",
         help="<scores>.levels.csv of `llmrubric score texts` with a model that has a system level: ranks by the level and adds its interval",
     )
+    add_transport_flags(b)
     b.add_argument("--config", help="settings YAML (default: conf/scoring/default.yaml)")
     b.add_argument("--question", help="the question systems are ranked by (default: the rubric's main question)")
     b.add_argument(
@@ -149,6 +150,23 @@ def add_leaderboard_verbs(subparsers) -> None:
         help="a system in only one of the files: an error (default) or dropped with a warning",
     )
     r.set_defaults(run=run_rank_correlation)
+
+
+def add_transport_flags(b) -> None:
+    """The transport check's flags of ``leaderboard build`` (``--levels --annotations``)."""
+    b.add_argument(
+        "--transport-margin",
+        dest="transport_margin",
+        type=float,
+        help="with --levels --annotations: the largest error of a system's level its labels may show and PASS "
+        "(label scale; default: each system's own prior half-width); FAIL / INCONCLUSIVE fall back to PPI++",
+    )
+    b.add_argument(
+        "--transport-min-labels",
+        dest="transport_min_labels",
+        type=int,
+        help="fewest labels of a system for the transport check (default 10)",
+    )
 
 
 def run_score(args) -> int:
@@ -285,6 +303,7 @@ def run_leaderboard(args) -> int:
         small_sample=board["small_sample"],
         sampling_rule=f"active, drawn by {args.sampling} (inverse-probability weighted)" if args.sampling else None,
         levels=levels,
+        transport=transport_settings(board),
     )
     extra = rank_correlations(args, result, annotations, question, texts, board["missing_systems"])
     paths = lb.write(result, args.out_dir, plot=not args.no_plot, extra=extra)
@@ -298,7 +317,7 @@ def run_leaderboard(args) -> int:
 def leaderboard_settings(args) -> dict:
     """``leaderboard.*`` of the scoring settings with the flags of ``leaderboard build``, checked; and
     ``judges``, the trusted judges."""
-    keys = ("question", "bootstrap", "seed", "alpha", "missing_systems")
+    keys = ("question", "bootstrap", "seed", "alpha", "missing_systems", "transport_margin", "transport_min_labels")
     settings = command_settings(
         "scoring",
         args.config,
@@ -314,7 +333,19 @@ def leaderboard_settings(args) -> dict:
         raise InputError(f"{board['missing_systems']!r} is not error or drop", setting="missing_systems")
     if board["small_sample"] not in ("student", "normal"):
         raise InputError(f"{board['small_sample']!r} is not student or normal", setting="leaderboard.small_sample")
+    if board["transport_margin"] is not None:
+        board["transport_margin"] = check_range("--transport-margin", board["transport_margin"], 0, open_low=True)
+    board["transport_min_labels"] = check_range(
+        "--transport-min-labels", board["transport_min_labels"], 2, integer=True
+    )
     return board
+
+
+def transport_settings(board: dict):
+    """The transport check of ``--levels --annotations`` (:mod:`llmrubric.scoring.transport`), at the board's alpha."""
+    from llmrubric.scoring.transport import TransportSettings
+
+    return TransportSettings(board["transport_margin"], board["alpha"], board["transport_min_labels"])
 
 
 def human_labels(args, rubric, question, predictions, texts, judges) -> tuple:

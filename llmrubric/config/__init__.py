@@ -22,7 +22,7 @@ from llmrubric.config.data import MISSING, DataConfig
 from llmrubric.config.extract import AdaptiveConfig, ExtractConfig
 from llmrubric.config.hydra_app import app_help, run_app
 from llmrubric.config.ir import AutograderConfig, ImportsConfig, IRConfig, NuggetsConfig
-from llmrubric.config.labels import JudgesConfig, LabelsConfig, SuggestConfig
+from llmrubric.config.labels import JudgesConfig, LabelsConfig, PlanConfig, SuggestConfig
 from llmrubric.config.loader import (
     GROUP_SCHEMAS,
     OPEN_GROUPS,
@@ -79,6 +79,7 @@ __all__ = [
     "ReportConfig",
     "ScoringConfig",
     "SearchConfig",
+    "PlanConfig",
     "SuggestConfig",
     "TrainConfig",
     "app_help",

@@ -43,9 +43,28 @@ class JudgesConfig:
 
 
 @dataclass
+class PlanConfig:
+    """``llmrubric label plan`` (:mod:`llmrubric.scoring.label_plan`).
+
+    Attributes:
+        assurance: the share of draws of the k labels whose interval must be at most the target width.
+        power: the probability of detecting the stated difference between two systems.
+        alpha: intervals and the test are at 1 - alpha; None: the leaderboard's (scoring ``leaderboard.alpha``).
+        residual_sd: the SD of labels around the calibrated scores within a system; None: from pilot labels
+            (``--annotations``), else the checkpoint's system level (``sigma_within``).
+    """
+
+    assurance: float = 0.9
+    power: float = 0.8
+    alpha: float | None = None
+    residual_sd: float | None = None
+
+
+@dataclass
 class LabelsConfig:
     """Human labels of new systems and new judges (``conf/labels/``, ``--config``); the leaderboard's
     label intervals take their alpha and small_sample from :class:`LeaderboardConfig`."""
 
     suggest: SuggestConfig = field(default_factory=SuggestConfig)
     judges: JudgesConfig = field(default_factory=JudgesConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)

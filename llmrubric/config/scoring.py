@@ -18,6 +18,11 @@ class LeaderboardConfig:
         missing_systems: a system absent from the reference leaderboard: ``error`` or ``drop`` (warned).
         small_sample: label intervals (classical, PPI, PPI++): ``student`` widens ppi_py's normal
             interval to Student's t_{k-1} with Bessel's correction (k labels); ``normal`` keeps the library's.
+        transport_margin: the transport check of ``--levels --annotations`` (:mod:`llmrubric.scoring.transport`):
+            the largest error of a new system's level that its labels may show and PASS (label scale); None: each
+            system's own prior half-width z_{1-alpha/2}·level_sd. FAIL and INCONCLUSIVE replace the system's level
+            interval by the PPI++ interval of its labels alone.
+        transport_min_labels: fewest labels of a system for the check (fewer: ``too few labels``, not checked).
     """
 
     question: str | None = None
@@ -28,6 +33,8 @@ class LeaderboardConfig:
     band_replicates: int = 200
     missing_systems: str = "error"
     small_sample: str = "student"
+    transport_margin: float | None = None
+    transport_min_labels: int = 10
 
 
 @dataclass

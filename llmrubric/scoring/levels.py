@@ -14,6 +14,14 @@ rule (``level_ppi_pp_student``) on the simulated and synthetic sets: coverage �
 k = 10, narrower than PPI++ alone, where the update by ``mean(y − f)`` of variance
 ``sigma_within²/k`` covered 0.92 on the synthetic set. A training system's level already holds its
 training labels and is kept.
+
+The transport check (issue 61, :mod:`llmrubric.scoring.transport`, on by default with ``--levels --annotations``)
+tests each new system's labels against its level: PASS (or fewer than ``transport_min_labels`` labels) keeps the
+posterior; FAIL or INCONCLUSIVE replaces it by the PPI++ interval of the labels alone, the prior left out.
+``benchmarks/labels.py`` chose its defaults (the margin: each system's own prior half-width; 10 labels at least)
+on the simulated and synthetic sets (``benchmarks/results/labels_transport_training.json``: at k = 10 coverage
+0.897 and 0.956 against the posterior's 0.915 and 0.963, RMS 0.104 and 0.115 against 0.094 and 0.110); on
+DialSumm they lift the worst system's coverage at k = 10 from 0.746 (B) to 0.878 (``level_transport``).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from llmrubric.io.system_values import read_system_values
 from llmrubric.io.tables import read_nonempty
 from llmrubric.scoring.labels import uniform_interval
 from llmrubric.scoring.ranks import by_score
+from llmrubric.scoring.transport import FALLS_BACK, TOO_FEW, TransportSettings, transport_check
 
 
 def read_levels(path: str | Path) -> pd.DataFrame:
@@ -75,10 +84,14 @@ def with_level_intervals(
     labels: pd.Series | None,
     alpha: float = 0.05,
     small_sample: str = "student",
+    transport: TransportSettings | None = None,
 ) -> pd.DataFrame:
     """``board`` with ``level, level_low, level_high``, ``level_labels`` (the labels the level used:
     0 for a training system or fewer than 2) and ``beyond`` (a new system outside the training systems' range),
-    ranked by level (module doc)."""
+    ranked by level (module doc). With ``transport``, each new system with labels is checked
+    (:mod:`llmrubric.scoring.transport`: ``transport``, ``transport_residual``, ``_low``, ``_high``, ``_margin``) and a
+    FAIL or INCONCLUSIVE replaces its interval by the PPI++ interval of its labels alone; ``level_interval`` says
+    which interval each system has."""
     missing = sorted(set(board.system) - set(levels.index))
     if missing:
         raise InputError(f"systems {missing} are not in the levels table", column="system_id")
@@ -86,27 +99,58 @@ def with_level_intervals(
     rows = []
     for data in systems:
         row = levels.loc[data.system]
-        mean, sd, k = float(row.level), float(row.level_sd), 0
+        mean, sd = float(row.level), float(row.level_sd)
         df = float(row.get("level_df", math.inf))
         half = z * sd if not math.isfinite(df) else stats.t.ppf(1 - alpha / 2, df) * sd * math.sqrt((df - 2) / df)
-        low, high = mean - half, mean + half
+        out = {"level": mean, "level_low": mean - half, "level_high": mean + half, "level_labels": 0}
+        out["level_interval"] = "training system: its level" if row.known else "the level's prior (no labels)"
         if labels is not None and not row.known:
-            scores = pd.Series(data.text_scores(), index=data.text_ids)
-            labelled = labels.reindex(data.text_ids).dropna()
-            if len(labelled) >= 2:
-                k = len(labelled)
-                rest = scores.drop(labelled.index)
-                ppi = uniform_interval("ppi_pp", labelled, scores.reindex(labelled.index), rest, alpha, small_sample)
-                posterior = level_posterior(mean, sd**2, ppi, k, alpha, small_sample)
-                mean, low, high = posterior["estimate"], posterior["low"], posterior["high"]
-        rows.append(
-            {
-                "system": data.system,
-                "level": mean,
-                "level_low": low,
-                "level_high": high,
-                "level_labels": k,
-                "beyond": bool(row.get("beyond", False)) and not row.known,
-            }
-        )
+            out.update(labelled_level(data, labels, mean, sd, alpha, small_sample, transport))
+        rows.append({"system": data.system, **out, "beyond": bool(row.get("beyond", False)) and not row.known})
     return by_score(board.drop(columns="rank").merge(pd.DataFrame(rows), on="system", how="left"), "level")
+
+
+def labelled_level(data, labels: pd.Series, mean: float, sd: float, alpha, small_sample, transport) -> dict:
+    """A new system's level updated by its labels (2 or more), checked by ``transport`` (None: not checked)."""
+    scores = pd.Series(data.text_scores(), index=data.text_ids)
+    labelled = labels.reindex(data.text_ids).dropna()
+    if len(labelled) < 2:
+        return {}
+    queries = None
+    if data.query_ids is not None:
+        queries = pd.Series(data.query_ids, index=data.text_ids).reindex(labelled.index).to_numpy()
+    rest = scores.drop(labelled.index).to_numpy()
+    y, f = labelled.to_numpy(float), scores.reindex(labelled.index).to_numpy()
+    return level_with_labels(y, f, rest, mean, sd, alpha, small_sample, transport, queries)
+
+
+def level_with_labels(
+    y: np.ndarray,
+    f: np.ndarray,
+    rest: np.ndarray,
+    mean: float,
+    sd: float,
+    alpha: float = 0.05,
+    small_sample: str = "student",
+    transport: TransportSettings | None = None,
+    queries: np.ndarray | None = None,
+) -> dict:
+    """The leaderboard's level interval of a new system from k labels ``y`` of texts scored ``f`` (``rest``: the
+    scores of its other texts) and its prior ``mean``, ``sd``: the prior updated by PPI++ (:func:`level_posterior`),
+    checked by ``transport`` against the labels (module doc of :mod:`llmrubric.scoring.transport`)."""
+    k = len(y)
+    ppi = uniform_interval("ppi_pp", y, f, rest, alpha, small_sample)
+    posterior = level_posterior(mean, sd**2, ppi, k, alpha, small_sample)
+    out = {"level": posterior["estimate"], "level_low": posterior["low"], "level_high": posterior["high"]}
+    out.update(level_labels=k, level_interval="the level updated by PPI++ of its labels")
+    if transport is None:
+        return out
+    calibrated = f - np.nanmean(np.concatenate([f, rest])) + mean
+    check = transport_check(y, calibrated, transport.margin_of(sd), transport.alpha, transport.min_labels, queries)
+    out.update({f"transport_{c}": check[c] for c in ("residual", "low", "high", "margin")}, transport=check["verdict"])
+    if check["verdict"] in FALLS_BACK:
+        out.update(level=ppi["estimate"], level_low=ppi["low"], level_high=ppi["high"])
+        out["level_interval"] = f"PPI++ of its labels alone (transport {check['verdict']}: the level's prior left out)"
+    elif check["verdict"] == TOO_FEW:
+        out["level_interval"] += " (transport unchecked: too few labels)"
+    return out

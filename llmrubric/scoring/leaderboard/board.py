@@ -41,6 +41,7 @@ def build(
     small_sample: str = "student",
     sampling_rule: str | None = None,
     levels: pd.DataFrame | None = None,
+    transport=None,
 ) -> LeaderboardResult:
     """Leaderboard, pairwise comparisons, label intervals (:func:`label_intervals`: with human
     ``labels`` drawn uniformly, or the ``draws`` of active sampling, :func:`check_sampling`) and
@@ -51,7 +52,9 @@ def build(
     level intervals at alpha / K (Bonferroni: the replicates do not carry the level); with ``shift_errors`` also
     ``shift_rank_low, shift_rank_high`` from the shift intervals at alpha / K (:func:`with_shift_interval`); with
     labels (or draws) also ``label_rank_low, label_rank_high``, the ranks of the human means from the PPI++ (active
-    PPI++) intervals at alpha / K (:func:`label_rank_intervals`)."""
+    PPI++) intervals at alpha / K (:func:`label_rank_intervals`). With ``levels``, ``labels`` and ``transport``
+    (:class:`llmrubric.scoring.transport.TransportSettings`) each labelled new system's level is checked against its
+    labels, and a FAIL or INCONCLUSIVE replaces its level interval (:func:`llmrubric.scoring.levels.with_level_intervals`)."""
     from llmrubric.scoring.labels import DESCRIPTIONS
 
     systems, judges = system_data(predictions, question, texts, judges)
@@ -81,12 +84,9 @@ def build(
         board = with_shift_interval(board, shift_errors, alpha)
         ranks["shift_rank"] = "Bonferroni: the shift intervals at alpha / K"
     if levels is not None:  # ranked by the system level (llmrubric.scoring.levels)
-        from llmrubric.scoring.levels import with_level_intervals
-
-        joint = with_level_intervals(board, levels, systems, labels, alpha / len(systems), small_sample)
-        board = with_level_intervals(board, levels, systems, labels, alpha, small_sample)
-        board = level_ranks(board, joint)
+        board, check = level_board(board, levels, systems, labels, alpha, small_sample, transport)
         ranks["rank"] = "Bonferroni: the level intervals at alpha / K"
+        label_settings.update(check)
     settings = {
         "question": question.id,
         "judges": judges,
@@ -103,6 +103,19 @@ def build(
         **label_settings,
     }
     return LeaderboardResult(board, comparisons, boot, systems, settings)
+
+
+def level_board(board, levels, systems, labels, alpha, small_sample, transport) -> tuple[pd.DataFrame, dict]:
+    """``board`` ranked by level with its intervals and ranks, and the transport check's settings and verdicts."""
+    from llmrubric.scoring.levels import with_level_intervals
+
+    checked = transport if labels is not None else None
+    joint = with_level_intervals(board, levels, systems, labels, alpha / len(systems), small_sample, checked)
+    board = level_ranks(with_level_intervals(board, levels, systems, labels, alpha, small_sample, checked), joint)
+    if checked is None:
+        return board, {}
+    verdicts = board.set_index("system").get("transport", pd.Series(dtype=object)).dropna()
+    return board, {"transport_check": {"rule": checked.describe(), "verdicts": verdicts.to_dict()}}
 
 
 def level_ranks(board: pd.DataFrame, joint: pd.DataFrame) -> pd.DataFrame:

@@ -23,7 +23,7 @@ def density_plot(
 
     The band is pointwise over the kept bootstrap replicates (resampled texts and judges,
     answers drawn from the predicted distributions), as the LLM-Rubric dashboard suggests.
-    ``ranks`` (system → rank interval as text) goes into each system's legend entry.
+    ``ranks`` (system → text, e.g. its rank interval and transport verdict) goes into each system's legend entry.
     """
     import matplotlib
 
@@ -38,7 +38,7 @@ def density_plot(
     for s in systems:
         scores = s.text_scores()
         curve = kde_curves([scores[~np.isnan(scores)]], grid)[0]
-        held = f", ranks {ranks[s.system]}" if s.system in (ranks or {}) else ""
+        held = f", {ranks[s.system]}" if (ranks or {}).get(s.system) else ""
         label = f"{s.system} (n={len(s.text_ids)}{held})"
         line = (
             ax.axvline(float(np.nanmean(scores)), label=label)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from llmrubric.io.files import write_json, write_table, write_text
@@ -29,6 +30,7 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
     head += ["shift interval"] if "shift_low" in extra else []
     head += ["shift ranks"] if "shift_rank_low" in extra else []
     head += ["level [interval]"] if "level" in extra else []
+    head += ["transport"] if "transport" in board.columns else []
     head += (["k"] if methods else []) + [f"{LABEL_HEADS[m]} [interval]" for m in methods]
     head += ["label ranks"] if "label_rank_low" in extra else []
     head += ["human"] if "human" in extra else []
@@ -48,6 +50,8 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
             cells.append(rank_range(r["shift_rank_low"], r["shift_rank_high"]))
         if "level" in extra:
             cells.append(f"{r['level']:.3f} [{r['level_low']:.3f}, {r['level_high']:.3f}]")
+        if "transport" in board.columns:
+            cells.append(transport_cell(r))
         if methods:
             cells.append(str(r["labelled"]))
         cells += [f"{r[m]:.3f} [{r[m + '_low']:.3f}, {r[m + '_high']:.3f}]" for m in methods]
@@ -77,6 +81,9 @@ def markdown(board: pd.DataFrame, title: str = "", settings: dict | None = None)
             "†: the LLMs' answers put this new system beyond the training systems' range: its level and intervals "
             "extrapolate (the LLMs may misjudge it as a whole); label a few of its texts (--annotations).",
         ]
+    check = (settings or {}).get("transport_check")
+    if check:
+        lines += ["", f"transport: {check['rule']}; the level interval of each system: its level_interval column."]
     info = (settings or {}).get("label_intervals")
     if info:
         level = f"{100 * (1 - info['alpha']):g} %"
@@ -113,10 +120,18 @@ def write(
     }
     if plot:
         ranks = (
-            {r["system"]: rank_range(r["rank_low"], r["rank_high"]) for r in result.board.to_dict("records")}
+            {r["system"]: "ranks " + rank_range(r["rank_low"], r["rank_high"]) for r in result.board.to_dict("records")}
             if "rank_low" in result.board.columns
             else None
         )
+        if "transport" in result.board.columns:  # the plot's legend says which systems were checked, and the verdict
+            verdicts = result.board.set_index("system").transport.dropna()
+            ranks = {
+                s: "; ".join(
+                    x for x in ((ranks or {}).get(s), f"transport {verdicts[s]}" if s in verdicts else None) if x
+                )
+                for s in result.board.system
+            }
         bands = max((len(r) for r in result.boot["text_scores"].values()), default=0)
         log.info(
             "drawing density.png: %d systems, bands over %d bootstrap replicates (--no-plot skips it)",
@@ -125,6 +140,20 @@ def write(
         )
         paths["plot"] = density_plot(result.systems, result.boot, out_dir / "density.png", title, ranks=ranks)
     return paths
+
+
+def transport_cell(r: dict) -> str:
+    """A system's transport verdict with its mean residual's interval and margin (``-`` for a system not checked)."""
+    verdict = r.get("transport")
+    if not isinstance(verdict, str):
+        return "-"
+    if not np.isfinite(r.get("transport_low", np.nan)):
+        return verdict
+    fallback = " → PPI++" if verdict in ("FAIL", "INCONCLUSIVE") else ""
+    return (
+        f"{verdict}{fallback}: residual {r['transport_residual']:+.3f} "
+        f"[{r['transport_low']:+.3f}, {r['transport_high']:+.3f}] vs ±{r['transport_margin']:.3f}"
+    )
 
 
 def rank_range(low, high) -> str:

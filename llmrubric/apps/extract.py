@@ -75,6 +75,11 @@ def add_features_verb(sub) -> None:
 def add_run_flags(p) -> None:
     """How ``extract features`` runs: cache, progress, shards and their launcher."""
     p.add_argument("--cache", help="SQLite result store (default: <out>.cache.sqlite)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the requests, prompt and output tokens and their cost (price.prompt, price.output); write nothing",
+    )
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
@@ -137,6 +142,11 @@ def add_setting_flags(p) -> None:
         help="mark blocks whose text matches an injection pattern as possible_injection (default off)",
     )
     p.add_argument("--injection-patterns", help="YAML file of patterns (default conf/injection/default.yaml)")
+    p.add_argument(
+        "--mode",
+        choices=["logprob", "sampled", "verbalized", "reasoned"],
+        help="how a block is read: the answer token's logprobs (default) or a server's generated answers (docs/extract.md)",
+    )
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
         flag = "--" + key.replace("_", "-")
         if key in ("prefix_reuse", "chat_template", "whitespace_continuation"):
@@ -227,7 +237,10 @@ def run(args) -> int:
             raise InputError(f"shard {settings['shard']} holds none of the {len(texts)} texts", setting="--shard")
         texts = texts[mine]
     tasks, skipped, rubric, template, importance, bank_warnings = _tasks(settings, texts)
-    source = settings.get("source") or f"{Path(str(settings['model'])).name}/{template.name}"
+    source = settings.get("source") or default_source(settings, template.name)
+    if settings.get("dry_run"):
+        print(json.dumps({source: dry_run(settings, tasks)}))
+        return 0
     cache_path = Path(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
     if settings.get("shards") is not None:
         launcher = launcher_settings(settings.get("launcher") or "local", settings.get("launcher_overrides") or [])
@@ -280,6 +293,26 @@ def run(args) -> int:
     write_table(features, out)
     print(json.dumps(summary))
     return 0
+
+
+def default_source(settings: dict, template: str) -> str:
+    """Model name + template, + ``:<mode>`` for a mode other than logprob (blocks of several modes share a table)."""
+    mode = settings.get("mode") or "logprob"
+    return f"{Path(str(settings['model'])).name}/{template}" + (f":{mode}" if mode != "logprob" else "")
+
+
+def dry_run(settings: dict, tasks) -> dict:
+    """The cost plan of ``tasks`` (:func:`llmrubric.extract.cost.plan`), counted by the settings' tokenizer (the
+    transformers backend's model by default) or estimated."""
+    from llmrubric.extract.cost import TokenCounter, load_tokenizer, plan
+
+    path = settings.get("tokenizer") or (settings["model"] if settings["backend"] == "transformers" else None)
+    counter = None
+    if path:
+        server = settings["backend"] == "openai"
+        chat = settings.get("endpoint", "chat") == "chat" if server else bool(settings.get("chat_template"))
+        counter = TokenCounter(load_tokenizer(path), chat, settings.get("system_prompt"))
+    return plan(tasks, settings, counter)
 
 
 def check_adaptive(settings: dict) -> None:

@@ -48,7 +48,7 @@ def cli(argv: list[str]) -> dict:
 
 
 def run(args) -> dict:
-    texts = llm_rubric_real_texts(args.data)
+    texts = llm_rubric_real_texts(Path(args.data) / "real" / "real_data.json")
     texts = texts.assign(order=texts.text_id.map(lambda t: hashlib.sha256(str(t).encode()).hexdigest()))
     texts = texts.sort_values("order").head(args.dialogues)[["text_id", "text"]]
     with tempfile.TemporaryDirectory() as tmp, LlamaServer(Path(tmp) / "server.log") as server:

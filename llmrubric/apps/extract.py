@@ -222,7 +222,10 @@ def run(args) -> int:
     from llmrubric.extract.summaries import summarise
 
     settings = _settings(args)
-    check_adaptive(settings)
+    if settings.get("dry_run") and (settings.get("adaptive_extraction") or settings.get("shards") is not None):
+        raise InputError("--dry-run plans a plain extraction: leave out --adaptive and --shards", setting="--dry-run")
+    if not settings.get("dry_run"):
+        check_adaptive(settings)
     detector = make_detector(settings["detect_injection"], settings["injection_patterns"])
     shard = parse_shard(settings["shard"]) if settings.get("shard") else None
     if settings.get("shards") is not None and (shard or settings.get("cached_only")):

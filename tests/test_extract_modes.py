@@ -45,6 +45,8 @@ def task(text_id="t1", qid="Q0"):
         ("12", (None, "outside_options")),
         ("Maybe.", (None, "outside_options")),
         ("The answer depends on the user", (None, "unparseable")),
+        ("1 + 1 = 2", (None, "unparseable")),
+        ("3 - likely", (2, "parsed")),
         ("", (None, "unparseable")),
     ],
 )

@@ -81,6 +81,13 @@ def add_run_flags(p) -> None:
         help="print the requests, prompt and output tokens and their cost (price.prompt, price.output); write nothing",
     )
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
+    p.add_argument(
+        "--track",
+        metavar="URI",
+        nargs="?",
+        const="",
+        help="log the run's requests, tokens and statuses to an MLflow run (URI: the tracking store; default the project's)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--cached-only",
@@ -291,11 +298,26 @@ def run(args) -> int:
     }
     write_table(result.failures, failures_path)
     write_json(summary, out.with_name(out.stem + ".summary.json"))
+    if settings.get("track") is not None:
+        track(summary, settings, source)
     if features.empty:
         raise InputError(f"no features were obtained (all prompts failed); see {failures_path}", file=str(out))
     write_table(features, out)
     print(json.dumps(summary))
     return 0
+
+
+def track(summary: dict, settings: dict, source: str) -> None:
+    """The run's counts as an MLflow run ``extract <source>`` (experiment ``llmrubric-extract``): the source, mode,
+    model and backend as parameters, every number of the summary (requests, tokens, statuses) as a metric."""
+    from llmrubric.experiments.tracking import Tracker
+
+    tracker = Tracker("llmrubric-extract", settings["track"] or None)
+    with tracker.run(f"extract {source}", tags={"job": "extract", "source": source}) as run:
+        run.log_params({"source": source, "mode": settings.get("mode") or "logprob", "model": settings["model"]})
+        run.log_params({"backend": settings["backend"]})
+        numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        run.log_metrics({**numbers, **{f"answers.{k}": v for k, v in summary.get("answers", {}).items()}})
 
 
 def default_source(settings: dict, template: str) -> str:

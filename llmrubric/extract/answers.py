@@ -26,6 +26,7 @@ ANSWER_STATUSES = (
 )
 FINAL_LINE = re.compile(r"answer\s*[:：]", re.IGNORECASE)
 WORD = re.compile(r"[A-Za-z0-9_]+")
+AFTER_LABEL = re.compile(r"\s*(?:$|[^\W\d_]|[.,:;!?)\]*_`'\"\-–—(])")  # a letter or punctuation: not "1 + 1 = 2"
 
 
 def refused(choice: dict) -> bool:
@@ -36,16 +37,18 @@ def refused(choice: dict) -> bool:
 
 def choose(text: str, labels: Sequence[str]) -> tuple[int | None, str]:
     """The option a short answer names: (its index, ``parsed``) when the answer, stripped of spaces, quotes and
-    markup, starts with a label (the longest that fits) followed by no letter or digit; else (None,
-    ``outside_options`` when its first word is a number or a single word, ``unparseable`` otherwise)."""
+    markup, starts with a label (the longest that fits) followed by its end, a space and a word, or punctuation
+    (``"3"``, ``"3. Likely"``, ``"**3**"``; not ``"1 + 1 = 2"`` nor ``"12"``); else (None, ``outside_options`` when
+    its first word is a number or a single word, ``unparseable`` otherwise)."""
     answer = text.strip().lstrip("*_`'\"([ ").casefold()
     for i in sorted(range(len(labels)), key=lambda i: -len(labels[i])):
         label = labels[i].strip().casefold()
-        if label and answer.startswith(label) and not answer[len(label) : len(label) + 1].isalnum():
+        rest = answer[len(label) :]
+        if label and answer.startswith(label) and not rest[:1].isalnum() and AFTER_LABEL.match(rest):
             return i, "parsed"
     word = WORD.match(answer)
     if word and (word.group().isdigit() or answer[word.end() :].strip(" .!*_`'\")]") == ""):
-        return None, "outside_options"
+        return None, "outside_options" if AFTER_LABEL.match(answer[word.end() :]) else "unparseable"
     return None, "unparseable"
 
 

@@ -121,6 +121,7 @@ def test_a_mode_prompt_is_the_family_prompt_then_its_instruction():
 
 def test_a_sampled_block_keeps_its_record_in_the_cache_and_writes_samples(tmp_path):
     detail = {"mode": "sampled", "samples": 3, "counts": {"1": 0, "2": 1, "3": 2, "4": 0}, "answers": ["3", "2", "3"]}
+    detail["statuses"] = {"parsed": 3, "unparseable": 1}
     sampled = Result(task("a"), {"1": 0.0, "2": 1 / 3, "3": 2 / 3, "4": 0.0}, detail=detail)
     logprob = Result(task("b"), {"1": 0.1, "2": 0.2, "3": 0.3, "4": 0.4})
     cache = ResultCache(tmp_path / "c.sqlite")
@@ -133,7 +134,9 @@ def test_a_sampled_block_keeps_its_record_in_the_cache_and_writes_samples(tmp_pa
     features = validate_features(ex.features)
     samples = features.groupby("text_id").samples.agg(["min", "max", lambda s: s.isna().all()])
     assert samples.loc["a", "min"] == samples.loc["a", "max"] == 3 and samples.loc["b"].iloc[2]
-    assert ex.summary["mean_samples"] == 3
+    assert ex.summary["mean_samples"] == 3 and ex.summary["answers"] == {"parsed": 3, "unparseable": 1}
+    assert ex.failures[["text_id", "status"]].values.tolist() == [["a", "unparsed_answers"]]
+    assert ex.failures.reason[0] == "1 of 4 answers named no option ({'unparseable': 1})"
 
 
 class _Cached:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -79,7 +80,9 @@ def test_the_three_modes_answer_through_the_cli_and_their_features_train_and_sco
         assert summary["done"] >= 1 and summary["requests"] >= asked and summary["output_tokens"] > 0, summary
         assert sum(summary["answers"].values()) >= asked and summary["prompt_tokens"] > 0
         failures = pd.read_csv(tmp_path / f"{mode}.failures.csv")
-        assert len(failures) == 3 - summary["done"] and failures.status.map(summary.get).gt(0).all()
+        absent = failures[failures.status != "unparsed_answers"]  # the rest are present blocks that lost answers
+        assert len(absent) == 3 - summary["done"] and absent.status.map(summary.get).gt(0).all()
+        assert len(failures) - len(absent) == summary["unparsed_answers"]
         features = pd.read_csv(out)
         assert set(features.source) == {f"smollm2/llm_rubric:{mode}"}
         if mode == "verbalized":
@@ -97,7 +100,8 @@ def test_the_three_modes_answer_through_the_cli_and_their_features_train_and_sco
     predicted = model.predict(data)
     probs = predicted[[f"p_{v}" for v in range(1, 5)]].to_numpy()
     assert len(predicted) == len(data.annotations) > 0 and set(predicted.text_id) <= set(texts.text_id)
-    assert abs(probs.sum(axis=1) - 1).max() < 1e-6 and predicted["mean"].between(1, 4).all()
+    # a value a judge never gave in these few texts has no probability (NaN); the rest sum to 1
+    assert abs(np.nansum(probs, axis=1) - 1).max() < 1e-6 and predicted["mean"].between(1, 4).all()
 
 
 def task(prompt: str, labels=("1", "2", "3", "4")) -> Task:

@@ -229,16 +229,9 @@ def run(args) -> int:
     from llmrubric.extract.summaries import summarise
 
     settings = _settings(args)
-    if settings.get("dry_run") and (settings.get("adaptive_extraction") or settings.get("shards") is not None):
-        raise InputError("--dry-run plans a plain extraction: leave out --adaptive and --shards", setting="--dry-run")
-    if not settings.get("dry_run"):
-        check_adaptive(settings)
+    check_run_flags(settings)
     detector = make_detector(settings["detect_injection"], settings["injection_patterns"])
     shard = parse_shard(settings["shard"]) if settings.get("shard") else None
-    if settings.get("shards") is not None and (shard or settings.get("cached_only")):
-        raise InputError("--shards runs every shard: leave out --shard and --cached-only", setting="--shards")
-    if settings.get("shards") is None and (settings.get("launcher") or settings.get("launcher_overrides")):
-        raise InputError("--launcher and --launcher-set go with --shards N", setting="--launcher")
     out = Path(settings["out"])
     texts = read_table(settings["texts"], "texts")
     if shard and "text_id" in texts.columns:
@@ -305,6 +298,18 @@ def run(args) -> int:
     write_table(features, out)
     print(json.dumps(summary))
     return 0
+
+
+def check_run_flags(settings: dict) -> None:
+    """Flags that do not go together: a dry run plans a plain extraction; shards and their launcher."""
+    if settings.get("dry_run") and (settings.get("adaptive_extraction") or settings.get("shards") is not None):
+        raise InputError("--dry-run plans a plain extraction: leave out --adaptive and --shards", setting="--dry-run")
+    if not settings.get("dry_run"):
+        check_adaptive(settings)
+    if settings.get("shards") is not None and (settings.get("shard") or settings.get("cached_only")):
+        raise InputError("--shards runs every shard: leave out --shard and --cached-only", setting="--shards")
+    if settings.get("shards") is None and (settings.get("launcher") or settings.get("launcher_overrides")):
+        raise InputError("--launcher and --launcher-set go with --shards N", setting="--launcher")
 
 
 def track(summary: dict, settings: dict, source: str) -> None:

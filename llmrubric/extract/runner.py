@@ -37,7 +37,8 @@ MODE_STATUSES = (
 @dataclass
 class Extraction:
     """``features``: canonical table; ``failures``: one row per block that is not in it
-    (failed, incomplete, not_applicable) or carries a warning (truncated; low_label_mass: the
+    (failed, incomplete, not_applicable, the statuses of the modes without logprobs) or carries a warning
+    (unparsed_answers: a sampled block some of whose answers named no option; truncated; low_label_mass: the
     labels' total probability is below ``min_label_mass``; possible_injection: the injection
     detector matched the text; such a block stays in the features)."""
 
@@ -110,6 +111,7 @@ def extract(
         "low_label_mass": int(s.get("low_label_mass", 0)),
         "possible_injection": int(s.get("possible_injection", 0)) if detector else None,
         **{status: int(s.get(status, 0)) for status in MODE_STATUSES},
+        "unparsed_answers": int(s.get("unparsed_answers", 0)),
         **label_mass_quantiles(results.values()),
         **answer_counts(results.values()),
         "requests": requests,
@@ -218,6 +220,10 @@ def assemble(
             continue
         if r.warning:
             failures.append({**where, "status": "truncated", "reason": r.warning})
+        lost = {k: n for k, n in r.detail.get("statuses", {}).items() if k != "parsed"}
+        if lost:
+            reason = f"{sum(lost.values())} of {sum(r.detail['statuses'].values())} answers named no option ({lost})"
+            failures.append({**where, "status": "unparsed_answers", "reason": reason})
         mass = label_mass(r)
         if mass is not None and mass < min_label_mass:
             failures.append(

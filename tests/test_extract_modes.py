@@ -136,7 +136,7 @@ def test_a_sampled_block_keeps_its_record_in_the_cache_and_writes_samples(tmp_pa
     assert samples.loc["a", "min"] == samples.loc["a", "max"] == 3 and samples.loc["b"].iloc[2]
     assert ex.summary["mean_samples"] == 3 and ex.summary["answers"] == {"parsed": 3, "unparseable": 1}
     assert ex.failures[["text_id", "status"]].values.tolist() == [["a", "unparsed_answers"]]
-    assert ex.failures.reason[0] == "1 of 4 answers named no option ({'unparseable': 1})"
+    assert ex.failures.reason[0] == "1 of 4 answers were not read ({'unparseable': 1})"
 
 
 class _Cached:

@@ -59,6 +59,7 @@ def cli_args(server, texts, rubric, out) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # about 15 requests of up to 40 tokens, some under a grammar, then a training
 def test_the_three_modes_answer_through_the_cli_and_their_features_train_and_score(
     server, shared_root, rubric, tmp_path, capsys
 ):

@@ -222,7 +222,7 @@ def assemble(
             failures.append({**where, "status": "truncated", "reason": r.warning})
         lost = {k: n for k, n in r.detail.get("statuses", {}).items() if k != "parsed"}
         if lost:
-            reason = f"{sum(lost.values())} of {sum(r.detail['statuses'].values())} answers named no option ({lost})"
+            reason = f"{sum(lost.values())} of {sum(r.detail['statuses'].values())} answers were not read ({lost})"
             failures.append({**where, "status": "unparsed_answers", "reason": reason})
         mass = label_mass(r)
         if mass is not None and mass < min_label_mass:

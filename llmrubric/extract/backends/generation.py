@@ -98,9 +98,11 @@ def request_seed(seed: int, task: Task, request: int) -> int:
 
 
 def answer_schema(labels) -> dict:
+    """A number per label, every label required (no ``minimum``/``maximum``: not every strict structured output
+    takes them; :func:`llmrubric.extract.answers.verbalized` checks the values)."""
     return {
         "type": "object",
-        "properties": {label: {"type": "number", "minimum": 0, "maximum": 1} for label in labels},
+        "properties": {label: {"type": "number"} for label in labels},
         "required": list(labels),
         "additionalProperties": False,
     }

@@ -109,9 +109,9 @@ def task(prompt: str, labels=("1", "2", "3", "4")) -> Task:
     return Task("t", "q", prompt, tuple(labels), tuple(labels), "t", "h", text_hash(prompt, *labels))
 
 
-def read(server, tasks, mode, **settings):
+def read(server, tasks, mode, cache=None, **settings):
     backend = OpenAIBackend("smollm2", server.url, api_key_env=None, concurrency=1, mode=mode, **settings)
-    return extract(tasks, backend, ResultCache(None), f"s:{mode}", progress=False)
+    return extract(tasks, backend, cache if cache is not None else ResultCache(None), f"s:{mode}", progress=False)
 
 
 LARGEST = "Which is the largest: '1', '2', '3' or '4'? Only print it.\nAnswer:"  # SmolLM2's greedy answer: 1
@@ -134,11 +134,14 @@ def test_each_failure_the_weak_model_can_be_brought_to_is_counted_never_a_value(
 
 def test_a_confident_judge_stops_early_and_one_that_never_parses_stops_at_the_maximum(server):
     """tolerance 0.15 with four options: five equal answers (Dirichlet(6, 1, 1, 1): every sd at most 0.149)."""
-    confident = read(
-        server, [task(LARGEST)], "sampled", samples=10, samples_per_request=1, tolerance=0.15, temperature=0
-    )
+    cache = ResultCache(None)
+    settings = {"samples": 10, "samples_per_request": 1, "tolerance": 0.15, "temperature": 0}
+    confident = read(server, [task(LARGEST)], "sampled", cache, **settings)
     assert confident.summary["requests"] == 5 and confident.summary["mean_samples"] == 5
     assert confident.features.prob.max() == 1.0 and confident.features.samples.eq(5).all()
+    again = read(server, [task(LARGEST)], "sampled", cache, **settings)  # resumed: the block comes from the cache
+    assert again.summary["cached"] == 1 and again.summary["requests"] == 0
+    pd.testing.assert_frame_equal(again.features, confident.features)
     lost = read(
         server, [task("Write one sentence about the sea.")], "sampled", samples=3, tolerance=0.15, temperature=0
     )

@@ -87,7 +87,19 @@ def add_features_verb(sub) -> None:
 def add_run_flags(p) -> None:
     """How ``extract features`` runs: cache, progress, shards and their launcher."""
     p.add_argument("--cache", help="SQLite result store (default: <out>.cache.sqlite)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the requests, prompt and output tokens and their cost (price.prompt, price.output); write nothing",
+    )
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
+    p.add_argument(
+        "--track",
+        metavar="URI",
+        nargs="?",
+        const="",
+        help="log the run's requests, tokens and statuses to an MLflow run (URI: the tracking store; default the project's)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--cached-only",
@@ -149,6 +161,11 @@ def add_setting_flags(p) -> None:
         help="mark blocks whose text matches an injection pattern as possible_injection (default off)",
     )
     p.add_argument("--injection-patterns", help="YAML file of patterns (default conf/injection/default.yaml)")
+    p.add_argument(
+        "--mode",
+        choices=["logprob", "sampled", "verbalized", "reasoned"],
+        help="how a block is read: the answer token's logprobs (default) or a server's generated answers (docs/extract.md)",
+    )
     for key in sorted({k for keys in BACKEND_KEYS.values() for k in keys}):
         flag = "--" + key.replace("_", "-")
         backend = next(name for name, keys in BACKEND_KEYS.items() if key in keys)
@@ -187,6 +204,14 @@ BACKEND_HELP = {  # the help line of each backend setting's flag (``--gguf-file`
     "max_pause": "most seconds an endpoint is paused",
     "whitespace_continuation": "completions: ask once more after a likely whitespace token that carries no label",
     "whitespace_min_prob": "completions: the probability from which a whitespace token is continued",
+    "samples": "sampled, reasoned: answers per block (with tolerance: the most)",
+    "samples_per_request": "answers per request (the server's n; 1 for servers without n)",
+    "tolerance": "sampled, reasoned: stop a block once every option's posterior sd is at most this",
+    "temperature": "the sampling temperature (default: 1; verbalized 0)",
+    "max_tokens": "output tokens per answer (default: sampled 8, verbalized 200, reasoned 512)",
+    "sum_tolerance": "verbalized: how far from 1 the probabilities may sum (then renormalised)",
+    "structured_output": "verbalized: json_schema, json_object (llama.cpp) or none",
+    "seed": "seeds each request of a block",
 }
 
 
@@ -277,13 +302,9 @@ def run(args) -> int:
     from llmrubric.extract.summaries import summarise
 
     settings = _settings(args)
-    check_adaptive(settings)
+    check_run_flags(settings)
     detector = make_detector(settings["detect_injection"], settings["injection_patterns"])
     shard = parse_shard(settings["shard"]) if settings.get("shard") else None
-    if settings.get("shards") is not None and (shard or settings.get("cached_only")):
-        raise InputError("--shards runs every shard: leave out --shard and --cached-only", setting="--shards")
-    if settings.get("shards") is None and (settings.get("launcher") or settings.get("launcher_overrides")):
-        raise InputError("--launcher and --launcher-set go with --shards N", setting="--launcher")
     out = Path(settings["out"])
     texts = read_table(settings["texts"], "texts")
     if shard and "text_id" in texts.columns:
@@ -292,7 +313,10 @@ def run(args) -> int:
             raise InputError(f"shard {settings['shard']} holds none of the {len(texts)} texts", setting="--shard")
         texts = texts[mine]
     tasks, skipped, rubric, template, importance, bank_warnings = _tasks(settings, texts)
-    source = settings.get("source") or f"{Path(str(settings['model'])).name}/{template.name}"
+    source = settings.get("source") or default_source(settings, template.name)
+    if settings.get("dry_run"):
+        print(json.dumps({source: dry_run(settings, tasks)}))
+        return 0
     cache_path = Path(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
     if settings.get("shards") is not None:
         launcher = launcher_settings(settings.get("launcher") or "local", settings.get("launcher_overrides") or [])
@@ -340,11 +364,58 @@ def run(args) -> int:
     }
     write_table(result.failures, failures_path)
     write_json(summary, out.with_name(out.stem + ".summary.json"))
+    if settings.get("track") is not None:
+        track(summary, settings, source)
     if features.empty:
         raise InputError(f"no features were obtained (all prompts failed); see {failures_path}", file=str(out))
     write_table(features, out)
     print(json.dumps(summary))
     return 0
+
+
+def check_run_flags(settings: dict) -> None:
+    """Flags that do not go together: a dry run plans a plain extraction; shards and their launcher."""
+    if settings.get("dry_run") and (settings.get("adaptive_extraction") or settings.get("shards") is not None):
+        raise InputError("--dry-run plans a plain extraction: leave out --adaptive and --shards", setting="--dry-run")
+    if not settings.get("dry_run"):
+        check_adaptive(settings)
+    if settings.get("shards") is not None and (settings.get("shard") or settings.get("cached_only")):
+        raise InputError("--shards runs every shard: leave out --shard and --cached-only", setting="--shards")
+    if settings.get("shards") is None and (settings.get("launcher") or settings.get("launcher_overrides")):
+        raise InputError("--launcher and --launcher-set go with --shards N", setting="--launcher")
+
+
+def track(summary: dict, settings: dict, source: str) -> None:
+    """The run's counts as an MLflow run ``extract <source>`` (experiment ``llmrubric-extract``): the source, mode,
+    model and backend as parameters, every number of the summary (requests, tokens, statuses) as a metric."""
+    from llmrubric.experiments.tracking import Tracker
+
+    tracker = Tracker("llmrubric-extract", settings["track"] or None)
+    with tracker.run(f"extract {source}", tags={"job": "extract", "source": source}) as run:
+        run.log_params({"source": source, "mode": settings.get("mode") or "logprob", "model": settings["model"]})
+        run.log_params({"backend": settings["backend"]})
+        numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        run.log_metrics({**numbers, **{f"answers.{k}": v for k, v in summary.get("answers", {}).items()}})
+
+
+def default_source(settings: dict, template: str) -> str:
+    """Model name + template, + ``:<mode>`` for a mode other than logprob (blocks of several modes share a table)."""
+    mode = settings.get("mode") or "logprob"
+    return f"{Path(str(settings['model'])).name}/{template}" + (f":{mode}" if mode != "logprob" else "")
+
+
+def dry_run(settings: dict, tasks) -> dict:
+    """The cost plan of ``tasks`` (:func:`llmrubric.extract.cost.plan`), counted by the settings' tokenizer (the
+    transformers backend's model by default) or estimated."""
+    from llmrubric.extract.cost import TokenCounter, load_tokenizer, plan
+
+    path = settings.get("tokenizer") or (settings["model"] if settings["backend"] == "transformers" else None)
+    counter = None
+    if path:
+        server = settings["backend"] == "openai"
+        chat = settings.get("endpoint", "chat") == "chat" if server else bool(settings.get("chat_template"))
+        counter = TokenCounter(load_tokenizer(path), chat, settings.get("system_prompt"))
+    return plan(tasks, settings, counter)
 
 
 def check_adaptive(settings: dict) -> None:

@@ -35,6 +35,15 @@ class AdaptiveConfig:
 
 
 @dataclass
+class PriceConfig:
+    """What a dry run prices tokens at (``--dry-run``): per million prompt and output tokens, in the user's
+    currency; None: no cost is printed."""
+
+    prompt: float | None = None
+    output: float | None = None
+
+
+@dataclass
 class ExtractConfig:
     """The settings every extract config shares (``conf/extract/``, ``--config``); the backends' own
     keys (:data:`llmrubric.extract.backends.BACKEND_KEYS`) come from the config file or flags.
@@ -49,6 +58,12 @@ class ExtractConfig:
         detect_injection: True: blocks whose text matches a pattern are marked ``possible_injection``.
         injection_patterns: None: ``conf/injection/default.yaml``.
         adaptive: the adaptive rubric's settings (:class:`AdaptiveConfig`; used with ``--adaptive``).
+        mode: how a block's distribution is read: ``logprob`` (the answer token's probabilities), or, from a
+            server's generated text, ``sampled``, ``verbalized``, ``reasoned`` (docs/extract.md; their settings are
+            the openai backend's keys).
+        price: per-token prices for ``--dry-run``'s cost (:class:`PriceConfig`).
+        tokenizer: a local model (HF folder or .gguf) whose tokenizer counts a dry run's prompt tokens; None: the
+            model's own for the transformers backend, an estimate (4 characters a token) for a server.
     """
 
     backend: str = "transformers"
@@ -61,3 +76,6 @@ class ExtractConfig:
     detect_injection: bool = False
     injection_patterns: str | None = None
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    mode: str = "logprob"
+    price: PriceConfig = field(default_factory=PriceConfig)
+    tokenizer: str | None = None

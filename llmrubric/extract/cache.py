@@ -1,7 +1,9 @@
 """On-disk result store (SQLite): one row per result, committed as it arrives.
 
 Keyed by (model id, template hash, prompt hash, question id). Results with status ``ok`` or
-``incomplete`` are final; ``failed`` ones are kept for the report and retried on the next run.
+``incomplete`` are final; ``failed`` ones are kept for the report and retried on the next run. A result's
+``detail`` (the record of a sampled, verbalized or reasoned block: counts, statuses, raw answers) is a JSON
+row of the table ``details`` under the same key.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ CREATE TABLE IF NOT EXISTS results (
     PRIMARY KEY (model_id, template_hash, key, question_id)
 )
 """
+DETAILS = """
+CREATE TABLE IF NOT EXISTS details (
+    model_id TEXT NOT NULL, template_hash TEXT NOT NULL, key TEXT NOT NULL, question_id TEXT NOT NULL,
+    detail TEXT NOT NULL, PRIMARY KEY (model_id, template_hash, key, question_id)
+)
+"""
 FINAL = ("ok", "incomplete")
 
 
@@ -36,17 +44,19 @@ class ResultCache:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute(SCHEMA)
+        self.db.execute(DETAILS)
         self.db.commit()
 
     def get(self, model_id: str, task: Task) -> Result | None:
         row = self.db.execute(
-            "SELECT status, probs, reason, warning, prompt_tokens, computed_tokens FROM results "
+            "SELECT status, probs, reason, warning, prompt_tokens, computed_tokens, detail FROM results "
+            "LEFT JOIN details USING (model_id, template_hash, key, question_id) "
             "WHERE model_id=? AND template_hash=? AND key=? AND question_id=?",
             (model_id, task.template_hash, task.key, task.question_id),
         ).fetchone()
         if row is None:
             return None
-        status, probs, reason, warning, prompt_tokens, computed_tokens = row
+        status, probs, reason, warning, prompt_tokens, computed_tokens, detail = row
         return Result(
             task,
             json.loads(probs) if probs else None,
@@ -55,6 +65,7 @@ class ResultCache:
             prompt_tokens or 0,
             computed_tokens or 0,
             warning or "",
+            json.loads(detail) if detail else {},
         )
 
     def put(self, model_id: str, result: Result) -> None:
@@ -76,6 +87,13 @@ class ResultCache:
                 time.time(),
             ),
         )
+        where = (model_id, t.template_hash, t.key, t.question_id)
+        if result.detail:
+            self.db.execute("INSERT OR REPLACE INTO details VALUES (?,?,?,?,?)", (*where, json.dumps(result.detail)))
+        else:
+            self.db.execute(
+                "DELETE FROM details WHERE model_id=? AND template_hash=? AND key=? AND question_id=?", where
+            )
         self.db.commit()
 
     def merge(self, path: str | Path, keep: Callable[[str], bool] | None = None) -> int:
@@ -84,6 +102,13 @@ class ResultCache:
         self.db.create_function("keep_text", 1, keep or (lambda text_id: True), deterministic=True)
         self.db.execute("ATTACH DATABASE ? AS other", (str(path),))
         try:
+            if self.db.execute("SELECT 1 FROM other.sqlite_master WHERE name='details'").fetchone():
+                self.db.execute(  # before the results: the main store's statuses say which rows are replaced
+                    "INSERT OR REPLACE INTO details SELECT d.* FROM other.details d JOIN other.results o "
+                    "USING (model_id, template_hash, key, question_id) LEFT JOIN main.results m "
+                    "ON m.model_id = d.model_id AND m.template_hash = d.template_hash AND m.key = d.key "
+                    f"AND m.question_id = d.question_id WHERE keep_text(o.text_id) AND (m.status IS NULL OR m.status NOT IN {FINAL!r})"
+                )
             added = self.db.execute(
                 "INSERT OR REPLACE INTO results SELECT o.* FROM other.results o LEFT JOIN main.results m "
                 "ON m.model_id = o.model_id AND m.template_hash = o.template_hash AND m.key = o.key "

@@ -22,12 +22,23 @@ from llmrubric.io.tables import validate_features
 
 log = logging.getLogger(__name__)
 FAILURE_COLUMNS = ["text_id", "source", "question_id", "status", "reason"]
+# a block of a mode without logprobs that is absent: no answer named an option, no valid distribution, no answer in time
+MODE_STATUSES = (
+    "outside_options",
+    "unparseable",
+    "refusal",
+    "truncated_reasoning",
+    "invalid_json",
+    "invalid_probabilities",
+    "timeout",
+)
 
 
 @dataclass
 class Extraction:
     """``features``: canonical table; ``failures``: one row per block that is not in it
-    (failed, incomplete, not_applicable) or carries a warning (truncated; low_label_mass: the
+    (failed, incomplete, not_applicable, the statuses of the modes without logprobs) or carries a warning
+    (unparsed_answers: a sampled block some of whose answers named no option; truncated; low_label_mass: the
     labels' total probability is below ``min_label_mass``; possible_injection: the injection
     detector matched the text; such a block stays in the features)."""
 
@@ -72,7 +83,7 @@ def extract(
         disable=not progress,
         dynamic_ncols=True,
     )
-    computed_tokens = prompt_tokens = 0
+    computed_tokens = prompt_tokens = requests = output_tokens = 0
     start = time.perf_counter()
     try:
         for r in backend.score(todo if compute else []):
@@ -80,6 +91,8 @@ def extract(
             results[(r.task.template_hash, r.task.key, r.task.question_id)] = r
             computed_tokens += r.computed_tokens
             prompt_tokens += r.prompt_tokens
+            requests += r.detail.get("requests", 1)
+            output_tokens += r.detail.get("output_tokens", 0)
             bar.update(1)
     finally:
         bar.close()
@@ -97,11 +110,19 @@ def extract(
         "truncated": int(s.get("truncated", 0)),
         "low_label_mass": int(s.get("low_label_mass", 0)),
         "possible_injection": int(s.get("possible_injection", 0)) if detector else None,
+        **{status: int(s.get(status, 0)) for status in MODE_STATUSES},
+        "unparsed_answers": int(s.get("unparsed_answers", 0)),
         **label_mass_quantiles(results.values()),
+        **answer_counts(results.values()),
+        "requests": requests,
         "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
         "computed_tokens": computed_tokens,
         "llm_seconds": llm_seconds,
     }
+    stats = getattr(backend, "stats", None)
+    if compute and stats and "output_tokens" in stats:  # a server's count: retries and continuations included
+        extraction.summary.update({k: stats[k] for k in ("requests", "retries", "output_tokens")})
     warn(extraction.summary, source, min_label_mass)
     log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
     return extraction
@@ -123,6 +144,19 @@ def warn(summary: dict, source: str, min_label_mass: float) -> None:
             source,
             summary["possible_injection"],
         )
+
+
+def answer_counts(results) -> dict:
+    """The answers behind the sampled, verbalized or reasoned blocks: per answer status (parsed, unparseable,
+    ...) and the mean number of parsed answers per sampled block (None without such blocks)."""
+    statuses: dict[str, int] = defaultdict(int)
+    samples = []
+    for r in results:
+        for status, n in r.detail.get("statuses", {}).items():
+            statuses[status] += n
+        if r.status == "ok" and "samples" in r.detail:
+            samples.append(r.detail["samples"])
+    return {"answers": dict(statuses), "mean_samples": float(np.mean(samples)) if samples else None}
 
 
 def label_mass(r: Result) -> float | None:
@@ -149,7 +183,9 @@ def merge(tasks: Sequence[Task], results: Sequence[Result | None]) -> Result | N
     if len(results) == 1:
         return results[0]
     probs = {o: sum(r.probs[o] for r in results) / len(results) for o in tasks[0].options}
-    return Result(tasks[0], probs, "ok", "", warning=next((r.warning for r in results if r.warning), ""))
+    samples = [r.detail["samples"] for r in results if "samples" in r.detail]
+    detail = {"samples": sum(samples)} if samples else {}
+    return Result(tasks[0], probs, "ok", "", warning=next((r.warning for r in results if r.warning), ""), detail=detail)
 
 
 def assemble(
@@ -184,6 +220,10 @@ def assemble(
             continue
         if r.warning:
             failures.append({**where, "status": "truncated", "reason": r.warning})
+        lost = {k: n for k, n in r.detail.get("statuses", {}).items() if k != "parsed"}
+        if lost:
+            reason = f"{sum(lost.values())} of {sum(r.detail['statuses'].values())} answers were not read ({lost})"
+            failures.append({**where, "status": "unparsed_answers", "reason": reason})
         mass = label_mass(r)
         if mass is not None and mass < min_label_mass:
             failures.append(
@@ -193,8 +233,12 @@ def assemble(
                     "reason": f"label mass {mass:.3g} below min_label_mass {min_label_mass:g}",
                 }
             )
-        rows.extend({**where, "option": o, "prob": r.probs[o]} for o in block[0].options)
-    features = pd.DataFrame(rows, columns=["text_id", "source", "question_id", "option", "prob"])
+        samples = {"samples": r.detail["samples"]} if "samples" in r.detail else {}
+        rows.extend({**where, "option": o, "prob": r.probs[o], **samples} for o in block[0].options)
+    columns = ["text_id", "source", "question_id", "option", "prob"]
+    features = pd.DataFrame(rows, columns=columns + (["samples"] if any("samples" in row for row in rows) else []))
+    if "samples" in features.columns:
+        features["samples"] = features["samples"].astype("Int64")
     if len(features):
         features.index = pd.RangeIndex(1, len(features) + 1)
         features.attrs["source"] = f"<features {source}>"

@@ -27,7 +27,7 @@ from llmrubric.io.errors import InputError, JobFailed
 from llmrubric.io.rubric import Rubric
 
 log = logging.getLogger(__name__)
-COUNTS = ("prompts", "cached", "computed", "prompt_tokens", "computed_tokens")
+COUNTS = ("prompts", "cached", "computed", "requests", "prompt_tokens", "output_tokens", "computed_tokens")
 
 
 def shard_of(text_id: str, n: int) -> int:

@@ -33,7 +33,10 @@ class Result:
 
     ``probs`` maps option key → probability, or → None where the mass is unknown (an
     option absent from an API's top logprobs). ``status`` is ``ok``, ``incomplete``
-    (some mass unknown) or ``failed`` (``probs`` is None and ``reason`` says why).
+    (some mass unknown) or ``failed`` (``probs`` is None and ``reason`` says why); the modes without
+    logprobs add ``unparseable``, ``invalid_json`` and ``timeout`` (docs/extract.md). ``detail`` holds a
+    sampled, verbalized or reasoned block's record: answer counts, ``samples``, per-answer statuses,
+    requests, output tokens and the raw answers (kept in the cache for inspection).
     """
 
     task: Task
@@ -43,3 +46,4 @@ class Result:
     prompt_tokens: int = 0
     computed_tokens: int = 0
     warning: str = ""
+    detail: dict = field(default_factory=dict)

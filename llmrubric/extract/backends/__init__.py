@@ -36,6 +36,14 @@ BACKEND_KEYS = {
         "max_pause",
         "whitespace_continuation",
         "whitespace_min_prob",
+        "samples",
+        "samples_per_request",
+        "tolerance",
+        "temperature",
+        "max_tokens",
+        "sum_tolerance",
+        "structured_output",
+        "seed",
     ),
 }
 
@@ -57,6 +65,15 @@ def make_backend_from(settings: dict) -> Backend:
     """The backend that extraction ``settings`` (``backend``, ``model`` and that backend's keys) name."""
     name = settings["backend"]
     kwargs = {k: settings[k] for k in BACKEND_KEYS[name] if settings.get(k) is not None}
+    mode = settings.get("mode") or "logprob"
+    if name == "transformers" and mode != "logprob":
+        raise InputError(
+            f"mode {mode!r} reads generated answers from a server: use backend openai (conf/extract/openai.yaml, "
+            "vllm.yaml, llama_cpp.yaml); the transformers backend reads logprobs only",
+            setting="mode",
+        )
+    if name == "openai":
+        kwargs["mode"] = mode
     if name == "transformers":
         try:
             return make_backend(name, path=settings["model"], **kwargs)

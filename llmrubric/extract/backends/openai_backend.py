@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from llmrubric.extract.backends.base import Backend
+from llmrubric.extract.backends.generation import ModeReader, ModeSettings
 from llmrubric.extract.tasks import Result, Task
 from llmrubric.io.errors import InputError
 
@@ -239,6 +240,8 @@ class OpenAIBackend(Backend):
         concurrency: requests in flight per endpoint.
         max_retries, timeout, backoff, max_backoff: retries per request; seconds.
         pause_after, pause, max_pause: failures in a row that pause an endpoint; seconds.
+        mode, mode_settings: ``logprob`` (the default), or ``sampled``, ``verbalized``, ``reasoned`` with the
+            settings of :class:`~llmrubric.extract.backends.generation.ModeSettings` (read from generated text).
     """
 
     def __init__(
@@ -260,6 +263,8 @@ class OpenAIBackend(Backend):
         system_prompt: str | None = None,
         whitespace_continuation: bool = True,
         whitespace_min_prob: float = 0.05,
+        mode: str = "logprob",
+        **mode_settings,
     ):
         if endpoint not in ("chat", "completions"):
             raise InputError(f"endpoint must be 'chat' or 'completions', not {endpoint!r}")
@@ -274,11 +279,15 @@ class OpenAIBackend(Backend):
         self.system_prompt = system_prompt
         self.whitespace_continuation = bool(whitespace_continuation) and endpoint == "completions"
         self.whitespace_min_prob = float(whitespace_min_prob)
-        self.stats = {"requests": 0, "retries": 0}
+        self.stats = {"requests": 0, "retries": 0, "prompt_tokens": 0, "output_tokens": 0}
         self._lock = threading.Lock()
+        self.mode = ModeSettings(mode, **mode_settings)
+        self.reader = ModeReader(self, self.mode) if mode != "logprob" else None
 
     @property
     def model_id(self) -> str:
+        if self.reader is not None:
+            return f"openai:{self.base_url}|{self.model}|{self.endpoint}|sys={self.system_prompt!r}|{self.mode.mode}{self.mode.key()}"
         ws = f"|ws{self.whitespace_min_prob:g}" if self.whitespace_continuation else ""
         return (
             f"openai:{self.base_url}|{self.model}|{self.endpoint}|top{self.top_logprobs}|sys={self.system_prompt!r}{ws}"
@@ -329,9 +338,16 @@ class OpenAIBackend(Backend):
             self.stats["requests"] += 1
             self.stats["retries"] += int(retry)
 
+    def _add_usage(self, response) -> None:
+        """The tokens of an answered request, from its ``usage`` field (the run summary's figures)."""
+        usage = (response.get("usage") if isinstance(response, dict) else None) or {}
+        with self._lock:
+            self.stats["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+            self.stats["output_tokens"] += int(usage.get("completion_tokens") or 0)
+
     def _attempt(self, body: dict, endpoint: Endpoint) -> tuple[dict | None, str, float | None, bool]:
-        """One request to ``endpoint``: (its top logprobs with ``"prompt_tokens"``, or None; the error; its
-        Retry-After; whether the error is final, i.e. not worth a retry)."""
+        """One request to ``endpoint``: (its response, or None; the error; its Retry-After; whether the error is
+        final, i.e. not worth a retry). A timeout's error starts with ``timeout:``."""
         try:
             response = self._post(body, endpoint.url)
         except urllib.error.HTTPError as e:
@@ -349,32 +365,17 @@ class OpenAIBackend(Backend):
             json.JSONDecodeError,
         ) as e:  # refused, dropped, timed out, cut short
             error = f"{type(e).__name__} from {endpoint.url}: {getattr(e, 'reason', e)}"
+            if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
+                error = f"timeout: no answer within {self.timeout:g} s ({error})"
             self.pool.release(endpoint, ok=False, reason=error)
             return None, error, None, False
         self.pool.release(endpoint, ok=True)
-        try:
-            top = self._top(response)
-        except (KeyError, IndexError, TypeError, AttributeError) as e:
-            setting = "top_logprobs with logprobs: true" if self.endpoint == "chat" else "logprobs"
-            return (
-                None,
-                f"the response of {self._url(endpoint.url)} has no token logprobs ({type(e).__name__}: {e}); the "
-                f"request asked for them ({setting} = {self.top_logprobs}): does this server return logprobs?",
-                None,
-                True,
-            )
-        tokens = response.get("usage") or {}
-        return (
-            {"top": top, "prompt_tokens": int(tokens.get("prompt_tokens") or 0), "url": endpoint.url},
-            "",
-            None,
-            False,
-        )
+        self._add_usage(response)
+        return response, "", None, False
 
-    def _fetch(self, task: Task, prompt: str) -> tuple[dict | None, str]:
-        """The top logprobs after ``prompt``, with retries on the least busy live endpoint: (answer, '') or
-        (None, why). An attempt while every endpoint is paused fails at once (and waits its back-off)."""
-        body = self._body(prompt)
+    def send(self, task: Task, body: dict) -> tuple[dict | None, str]:
+        """POST ``body`` with retries on the least busy live endpoint: (the response with ``"url"``, '') or (None,
+        why). An attempt while every endpoint is paused fails at once (and waits its back-off)."""
         last, previous = "", None
         for attempt in range(self.max_retries + 1):
             endpoint = self.pool.acquire(avoid=previous)
@@ -383,9 +384,9 @@ class OpenAIBackend(Backend):
                 last = f"every endpoint is paused after failing (last: {self.pool.last_failure})"
             else:
                 self._count(retry=attempt > 0)
-                answer, last, retry_after, final = self._attempt(body, endpoint)
-                if answer is not None:
-                    return answer, ""
+                response, last, retry_after, final = self._attempt(body, endpoint)
+                if response is not None:
+                    return {**response, "url": endpoint.url}, ""
                 if final:
                     return None, last
                 previous = endpoint
@@ -399,8 +400,28 @@ class OpenAIBackend(Backend):
                 time.sleep(delay)
         return None, f"{last} (after {self.max_retries + 1} attempts)"
 
+    def _fetch(self, task: Task, prompt: str) -> tuple[dict | None, str]:
+        """The top logprobs after ``prompt`` (with ``"prompt_tokens"`` and ``"url"``): (answer, '') or (None, why)."""
+        response, error = self.send(task, self._body(prompt))
+        if response is None:
+            return None, error
+        try:
+            top = self._top(response)
+        except (KeyError, IndexError, TypeError, AttributeError) as e:
+            setting = "top_logprobs with logprobs: true" if self.endpoint == "chat" else "logprobs"
+            return (
+                None,
+                f"the response of {self._url(response['url'])} has no token logprobs ({type(e).__name__}: {e}); the "
+                f"request asked for them ({setting} = {self.top_logprobs}): does this server return logprobs?",
+            )
+        tokens = response.get("usage") or {}
+        return {"top": top, "prompt_tokens": int(tokens.get("prompt_tokens") or 0), "url": response["url"]}, ""
+
     def request(self, task: Task) -> Result:
-        """One task (and its whitespace continuations); never raises for a server or network failure."""
+        """One task (and its whitespace continuations, or its mode's requests); never raises for a server or network
+        failure."""
+        if self.reader is not None:
+            return self.reader.read(task)
         answer, error = self._fetch(task, task.prompt)
         if answer is None:
             return Result(task, None, "failed", error)
@@ -451,7 +472,7 @@ class OpenAIBackend(Backend):
         if not tasks:
             return
         widest = max(tasks, key=lambda t: len(t.labels))
-        if self.top_logprobs < len(widest.labels):
+        if self.reader is None and self.top_logprobs < len(widest.labels):
             raise InputError(
                 f"extract setting top_logprobs: {self.top_logprobs} is fewer than the {len(widest.labels)} options of "
                 f"question {widest.question_id!r}: the mass of the others would be unknown; ask for at least "

@@ -1,0 +1,113 @@
+"""Does ``extract features --dry-run`` count the prompt tokens a real run pays for (issue 58: within 5 % on the
+LLM-Rubric release)? On ``--dialogues`` real LLM-Rubric dialogues (the first by sha256 of text_id: chosen
+without labels or lengths) × their applicable rubric questions, through the CLI a user runs, against llama.cpp's
+real server with SmolLM2-135M-Instruct (``conf/extract/llama_cpp.yaml``):
+
+- the dry run with the served model's tokenizer (``tokenizer:``, the config's default) and without one (the
+  estimate of 4 characters a token), in the modes ``logprob``, ``verbalized`` and ``reasoned`` (their prompts
+  differ by the mode's instruction);
+- the real run in ``logprob`` mode: its summary's ``prompt_tokens``, the sum of the server's ``usage``.
+
+    nice -n 10 .venv/bin/python benchmarks/dry_run_tokens.py [--dialogues 8] [--out benchmarks/results/dry_run_tokens.json]
+
+Needs llama-cpp-python (optional group ``server``), the GGUF (``make setup``) and the release (``../shared/data``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import RESULTS, ROOT, code_version, llm_rubric_default, write_result
+
+from llmrubric.cli import main
+from llmrubric.extract.adapters import llm_rubric_real_texts
+
+sys.path.insert(0, str(ROOT / "tests"))
+from support.llama_server import LlamaServer, unavailable  # noqa: E402
+
+CONFIG = ROOT / "conf" / "extract" / "llama_cpp.yaml"
+RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
+
+
+def cli(argv: list[str]) -> dict:
+    """``llmrubric ARGV`` and the JSON object its last output line prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    if code != 0:
+        raise SystemExit(f"llmrubric {' '.join(argv)} exited {code}")
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def run(args) -> dict:
+    texts = llm_rubric_real_texts(Path(args.data) / "real" / "real_data.json")
+    texts = texts.assign(order=texts.text_id.map(lambda t: hashlib.sha256(str(t).encode()).hexdigest()))
+    texts = texts.sort_values("order").head(args.dialogues)[["text_id", "text"]]
+    with tempfile.TemporaryDirectory() as tmp, LlamaServer(Path(tmp) / "server.log") as server:
+        texts_path = Path(tmp) / "texts.csv"
+        texts.to_csv(texts_path, index=False)
+        base = ["extract", "features", str(texts_path), "--config", str(CONFIG), "--rubric", str(RUBRIC)]
+        base += ["--set", f"base_url={server.url}", "--out", str(Path(tmp) / "f.csv"), "--no-progress"]
+        plans = {}
+        for mode in ("logprob", "verbalized", "reasoned"):
+            for counted in ("tokenizer", "estimate"):
+                extra = ["--set", "tokenizer=null"] if counted == "estimate" else []
+                plan = cli([*base, "--mode", mode, "--dry-run", *extra])
+                plans[f"{mode}/{counted}"] = next(iter(plan.values()))
+        start = time.perf_counter()
+        real = cli(base)
+        seconds = time.perf_counter() - start
+    served = real["prompt_tokens"]
+    figures = {
+        name: {
+            "prompt_tokens": plan["prompt_tokens"],
+            "counted_by": plan["prompt_tokens_counted_by"],
+            "requests": plan["requests"],
+            "output_tokens_at_most": plan["output_tokens_at_most"],
+        }
+        for name, plan in plans.items()
+    }
+    for counted in ("tokenizer", "estimate"):
+        dry = plans[f"logprob/{counted}"]["prompt_tokens"]
+        figures[f"logprob/{counted}"]["relative_error"] = (dry - served) / served
+    return {
+        "question": "does --dry-run count the prompt tokens the real run's usage reports (target: within 5 %)?",
+        "dialogues": len(texts),
+        "prompts": real["prompts"],
+        "real_run": {
+            "prompt_tokens_usage": served,
+            "requests": real["requests"],
+            "output_tokens": real["output_tokens"],
+            "done": real["done"],
+            "seconds": seconds,
+        },
+        "dry_run": figures,
+        "target": "|relative_error| <= 0.05 with the tokenizer",
+        "meta": {"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "server": "llama-cpp-python (llama_cpp.server)"},
+    }
+
+
+def parse(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dialogues", type=int, default=8)
+    p.add_argument("--data", default=llm_rubric_default())
+    p.add_argument("--out", default=str(RESULTS / "dry_run_tokens.json"))
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    if reason := unavailable():
+        raise SystemExit(reason)
+    arguments = parse()
+    version = code_version()
+    report = run(arguments)
+    print(json.dumps(report, indent=1))
+    write_result(report, arguments.out, version)

@@ -1,0 +1,97 @@
+"""What an extraction would cost, before any request (``extract features --dry-run``; docs/extract.md, "Cost"):
+requests, prompt tokens and output tokens of a source's tasks in its mode, and their price.
+
+Prompt tokens are counted by a tokenizer where one is given (``tokenizer:``, or the transformers backend's model),
+through its chat template on the chat endpoint as the server applies it, else estimated at
+:data:`CHARS_PER_TOKEN` characters a token (said so in the plan). Output tokens and the sampling modes' requests
+are upper bounds: a block asks at most ``ceil(samples / samples_per_request)`` requests of at most ``max_tokens``
+tokens per answer (fewer with a ``tolerance``); a verbalized block asks 1 request, 2 with its retry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from llmrubric.extract.backends.generation import ModeSettings, mode_prompt
+from llmrubric.extract.tasks import Task
+
+CHARS_PER_TOKEN = 4.0
+MODE_KEYS = ("samples", "samples_per_request", "tolerance", "temperature", "max_tokens", "sum_tolerance", "seed")
+
+
+class TokenCounter:
+    """A prompt's tokens as the model reads it: ``chat`` wraps it as a user message (after the ``system``
+    prompt) with the tokenizer's chat template and the generation prompt; else the plain text with special tokens."""
+
+    def __init__(self, tokenizer, chat: bool, system: str | None = None):
+        self.tokenizer, self.chat, self.system = (
+            tokenizer,
+            chat and bool(getattr(tokenizer, "chat_template", None)),
+            system,
+        )
+
+    def __call__(self, prompt: str) -> int:
+        if self.chat:
+            messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
+                {"role": "user", "content": prompt}
+            ]
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self.tokenizer(prompt)["input_ids"])
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a local model (HF folder or .gguf file, as ``--model``), as the extractor builds it
+    (a GGUF's digits-first split: :func:`llmrubric.extract.models.split_digits_first`)."""
+    import transformers
+
+    from llmrubric.extract.models import gguf_pre_tokenizer, resolve, split_digits_first
+
+    files = resolve(path)
+    kwargs = {"gguf_file": files.gguf_file} if files.gguf_file else {}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(files.folder, **kwargs)
+    split_digits_first(tokenizer, gguf_pre_tokenizer(files))
+    return tokenizer
+
+
+def requests_per_block(mode: ModeSettings, server: bool) -> tuple[int, int]:
+    """(requests, output tokens) a block asks at most."""
+    if mode.mode == "logprob":
+        return 1, int(server)
+    if mode.mode == "verbalized":
+        return 2, 2 * mode.budget
+    return math.ceil(mode.samples / mode.samples_per_request), mode.samples * mode.budget
+
+
+def plan(tasks: Sequence[Task], settings: dict, counter: TokenCounter | None) -> dict:
+    """The dry run's figures for ``tasks`` under the extract ``settings`` (their mode, prices and endpoint)."""
+    mode = ModeSettings(
+        settings.get("mode") or "logprob", **{k: settings[k] for k in MODE_KEYS if settings.get(k) is not None}
+    )
+    server = settings["backend"] == "openai"
+    requests, output = requests_per_block(mode, server)
+    prompts = [mode_prompt(t, mode.mode) for t in tasks]
+    per_request = [counter(p) if counter else math.ceil(len(p) / CHARS_PER_TOKEN) for p in prompts]
+    first = sum(per_request)
+    price = settings.get("price") or {}
+    fixed = requests if mode.mode in ("sampled", "reasoned") else 1  # without an early stop or a retry
+    figures = {
+        "mode": mode.mode,
+        "blocks": len(tasks),
+        "requests": fixed * len(tasks),
+        "requests_at_most": requests * len(tasks),
+        "prompt_tokens": first * fixed,
+        "prompt_tokens_at_most": first * requests,
+        "prompt_tokens_counted_by": "tokenizer" if counter else f"estimate: {CHARS_PER_TOKEN:g} characters a token",
+        "output_tokens_at_most": output * len(tasks),
+    }
+    if mode.mode == "logprob" and settings.get("endpoint") == "completions" and settings.get("whitespace_continuation"):
+        figures["note"] = "completions with whitespace_continuation: some blocks ask one more request"
+    if price.get("prompt") is not None or price.get("output") is not None:
+        p, o = float(price.get("prompt") or 0), float(price.get("output") or 0)
+        figures["cost_at_most"] = (figures["prompt_tokens_at_most"] * p + figures["output_tokens_at_most"] * o) / 1e6
+        figures["cost_prompt_tokens"] = figures["prompt_tokens"] * p / 1e6
+        figures["price_per_million"] = {"prompt": p, "output": o}
+    return figures

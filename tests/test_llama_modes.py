@@ -1,0 +1,179 @@
+"""The modes without logprobs against llama.cpp's real OpenAI-compatible server (SmolLM2-135M-Instruct, the optional
+group ``server``; skipped with the reason when it is not installed): the three modes end to end through
+``llmrubric extract features`` on real LLM-Rubric dialogues, their features trained and scored; each failure the
+weak model can be brought to (an answer outside the options, an unparseable one, a truncated reasoning, invalid
+JSON); the adaptive stop of a confident judge; and a dry run's prompt tokens against the server's ``usage``.
+A timeout and a refusal: tests/test_extract_modes.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from support.llama_server import LlamaServer, unavailable
+from support.paths import ROOT
+
+from llmrubric.cli import main
+from llmrubric.extract.adapters import llm_rubric_real_texts
+from llmrubric.extract.backends.openai_backend import OpenAIBackend
+from llmrubric.extract.cache import ResultCache
+from llmrubric.extract.prompts import text_hash
+from llmrubric.extract.runner import extract
+from llmrubric.extract.tasks import Task
+from llmrubric.io.tables import validate_features
+
+REASON = unavailable()
+if REASON:
+    pytest.skip(REASON, allow_module_level=True)
+
+pytestmark = [pytest.mark.llm, pytest.mark.llama_server, pytest.mark.xdist_group("smollm2")]
+CONFIG = ROOT / "conf" / "extract" / "llama_cpp.yaml"
+MODES = {  # small budgets: a few answers of a few tokens
+    "sampled": ["--samples", "2", "--max-tokens", "4"],
+    "verbalized": ["--max-tokens", "40", "--sum-tolerance", "10"],
+    "reasoned": ["--samples", "2", "--max-tokens", "40"],
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with LlamaServer(tmp_path_factory.mktemp("llama") / "server.log") as s:
+        yield s
+
+
+def run_cli(argv, capsys) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def cli_args(server, texts, rubric, out) -> list[str]:
+    return ["extract", "features", str(texts), "--config", str(CONFIG), "--set", f"base_url={server.url}"] + [
+        "--rubric",
+        str(rubric),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+
+
+@pytest.mark.slow  # about 15 requests of up to 40 tokens, some under a grammar, then a training
+def test_the_three_modes_answer_through_the_cli_and_their_features_train_and_score(
+    server, shared_root, rubric, tmp_path, capsys
+):
+    from llmrubric import make_model
+    from llmrubric.data import llm_rubric
+
+    texts = llm_rubric_real_texts(shared_root / "real" / "real_data.json")
+    texts = texts.assign(n=texts.text.str.len()).sort_values(["n", "text_id"]).head(3)[["text_id", "text"]]
+    texts.to_csv(tmp_path / "t.csv", index=False)
+    only_q0 = {**rubric.to_dict(), "questions": [q for q in rubric.to_dict()["questions"] if q["id"] == "Q0"]}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(only_q0))
+    tables = []
+    for mode, extra in MODES.items():
+        out = tmp_path / f"{mode}.csv"
+        summary = run_cli(
+            [*cli_args(server, tmp_path / "t.csv", tmp_path / "r.yaml", out), "--mode", mode, *extra], capsys
+        )
+        asked = 3 * (2 if mode != "verbalized" else 1)
+        assert summary["done"] >= 1 and summary["requests"] >= asked and summary["output_tokens"] > 0, summary
+        assert sum(summary["answers"].values()) >= asked and summary["prompt_tokens"] > 0
+        failures = pd.read_csv(tmp_path / f"{mode}.failures.csv")
+        absent = failures[failures.status != "unparsed_answers"]  # the rest are present blocks that lost answers
+        assert len(absent) == 3 - summary["done"] and absent.status.map(summary.get).gt(0).all()
+        assert len(failures) - len(absent) == summary["unparsed_answers"]
+        features = pd.read_csv(out)
+        assert set(features.source) == {f"smollm2/llm_rubric:{mode}"}
+        if mode == "verbalized":
+            assert "samples" not in features.columns
+        else:
+            assert features.samples.between(1, 2).all()
+            assert features.groupby("text_id").samples.nunique().eq(1).all()  # one value per block
+            assert summary["answers"]["parsed"] == features.groupby("text_id").samples.first().sum()
+        tables.append(features)
+    combined = pd.concat(tables, ignore_index=True)
+    combined.to_csv(tmp_path / "all.csv", index=False)
+    assert len(validate_features(combined.copy(), rubric)) == len(combined)
+    data = llm_rubric.load(shared_root, "real", rubric, features=tmp_path / "all.csv")
+    model = make_model("ridge_judge", rubric).fit(data)
+    predicted = model.predict(data)
+    probs = predicted[[f"p_{v}" for v in range(1, 5)]].to_numpy()
+    assert len(predicted) == len(data.annotations) > 0 and set(predicted.text_id) <= set(texts.text_id)
+    # a value a judge never gave in these few texts has no probability (NaN); the rest sum to 1
+    assert abs(np.nansum(probs, axis=1) - 1).max() < 1e-6 and predicted["mean"].between(1, 4).all()
+
+
+def task(prompt: str, labels=("1", "2", "3", "4")) -> Task:
+    return Task("t", "q", prompt, tuple(labels), tuple(labels), "t", "h", text_hash(prompt, *labels))
+
+
+def read(server, tasks, mode, cache=None, **settings):
+    backend = OpenAIBackend("smollm2", server.url, api_key_env=None, concurrency=1, mode=mode, **settings)
+    return extract(tasks, backend, cache if cache is not None else ResultCache(None), f"s:{mode}", progress=False)
+
+
+LARGEST = "Which is the largest: '1', '2', '3' or '4'? Only print it.\nAnswer:"  # SmolLM2's greedy answer: 1
+
+
+def test_each_failure_the_weak_model_can_be_brought_to_is_counted_never_a_value(server):
+    """Greedy answers: a question offering 'A'-'D' whose prompt lists numbers, a prompt that asks for prose, a
+    reasoning of two tokens, a verbalized answer of six tokens without a grammar."""
+    outside = read(server, [task(LARGEST, ("A", "B", "C", "D"))], "sampled", samples=2, temperature=0)
+    assert outside.summary["outside_options"] == 1 and outside.summary["answers"] == {"outside_options": 2}
+    prose = read(server, [task("Write one sentence about the sea.")], "sampled", samples=2, temperature=0)
+    assert prose.summary["unparseable"] == 1 and prose.summary["answers"] == {"unparseable": 2}
+    short = read(server, [task(LARGEST)], "reasoned", samples=2, max_tokens=2)
+    assert short.summary["truncated_reasoning"] == 1 and short.summary["answers"] == {"truncated_reasoning": 2}
+    broken = read(server, [task(LARGEST)], "verbalized", structured_output="none", max_tokens=6)
+    assert broken.summary["invalid_json"] == 1 and broken.summary["answers"] == {"invalid_json": 2}
+    for ex in (outside, prose, short, broken):
+        assert ex.features.empty and ex.summary["done"] == 0 and len(ex.failures) == 1
+
+
+def test_a_confident_judge_stops_early_and_one_that_never_parses_stops_at_the_maximum(server):
+    """tolerance 0.15 with four options: five equal answers (Dirichlet(6, 1, 1, 1): every sd at most 0.149)."""
+    cache = ResultCache(None)
+    settings = {"samples": 10, "samples_per_request": 1, "tolerance": 0.15, "temperature": 0}
+    confident = read(server, [task(LARGEST)], "sampled", cache, **settings)
+    assert confident.summary["requests"] == 5 and confident.summary["mean_samples"] == 5
+    assert confident.features.prob.max() == 1.0 and confident.features.samples.eq(5).all()
+    again = read(server, [task(LARGEST)], "sampled", cache, **settings)  # resumed: the block comes from the cache
+    assert again.summary["cached"] == 1 and again.summary["requests"] == 0
+    pd.testing.assert_frame_equal(again.features, confident.features)
+    lost = read(
+        server, [task("Write one sentence about the sea.")], "sampled", samples=3, tolerance=0.15, temperature=0
+    )
+    assert lost.summary["requests"] == 3 and lost.summary["unparseable"] == 1
+
+
+def test_a_dry_runs_prompt_tokens_are_the_servers_usage(server, tmp_path, capsys):
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2)[["text_id", "text"]]
+    texts.to_csv(tmp_path / "t.csv", index=False)
+    rubric = {
+        "name": "r",
+        "questions": [
+            q
+            for q in yaml.safe_load((ROOT / "conf" / "rubric" / "llm_rubric.yaml").read_text())["questions"]
+            if q["id"] in ("Q0", "Q1")
+        ],
+    }
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(rubric))
+    argv = cli_args(server, tmp_path / "t.csv", tmp_path / "r.yaml", tmp_path / "f.csv")
+    (plan,) = run_cli([*argv, "--dry-run"], capsys).values()
+    assert not (tmp_path / "f.csv").exists() and plan["prompt_tokens_counted_by"] == "tokenizer"
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    real = run_cli([*argv, "--track", store], capsys)
+    assert real["requests"] == plan["requests"] == 4 and real["output_tokens"] == 4
+    assert abs(plan["prompt_tokens"] - real["prompt_tokens"]) <= 0.05 * real["prompt_tokens"]
+    import mlflow
+
+    (logged,) = mlflow.MlflowClient(store).search_runs(
+        [mlflow.MlflowClient(store).get_experiment_by_name("llmrubric-extract").experiment_id]
+    )
+    metrics = logged.data.metrics
+    assert logged.data.params["mode"] == "logprob" and logged.data.tags["source"] == "smollm2/llm_rubric"
+    assert {k: metrics[k] for k in ("requests", "prompt_tokens", "output_tokens")} == {
+        k: real[k] for k in ("requests", "prompt_tokens", "output_tokens")
+    }

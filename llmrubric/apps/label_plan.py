@@ -37,7 +37,10 @@ def add_plan_parser(label) -> None:
     p = label.add_parser(
         "plan",
         help="how many texts of each new system to label: for an interval width, or to tell two systems apart",
-        description=__doc__,
+        description="Plan how many texts of each new system to label before anyone labels: the checkpoint scores "
+        "the systems' texts, and the plan is for the interval of a system's mean that the leaderboard gives with "
+        "labels (the system level with PPI++; PPI++ alone for a model without a level), for a target width or a "
+        "difference between two systems. Settings come from conf/labels/default.yaml (or --config); flags override them.",
     )
     p.add_argument("checkpoint", help="calibrator checkpoint (.safetensors)")
     p.add_argument("features", help="features table of the new systems' texts")
@@ -47,11 +50,28 @@ def add_plan_parser(label) -> None:
     p.add_argument("--annotations", help="pilot human labels of some of these texts: the residual SD from them")
     p.add_argument("--out", help="plan table: one row per system (k_width, planned_width, k_difference)")
     p.add_argument("--config", help="settings YAML (default: conf/labels/default.yaml)")
-    p.add_argument("--trusted-judges", dest="trusted_judges", nargs="+")
-    p.add_argument("--assurance", type=float)
-    p.add_argument("--power", type=float)
-    p.add_argument("--alpha", type=float)
-    p.add_argument("--residual-sd", dest="residual_sd", type=float)
+    p.add_argument(
+        "--trusted-judges",
+        dest="trusted_judges",
+        nargs="+",
+        metavar="JUDGE",
+        help="the judges whose predictions the system mean is over (default: every judge)",
+    )
+    p.add_argument(
+        "--assurance", type=float, help="share of draws whose interval is to be at most --width (default 0.9)"
+    )
+    p.add_argument("--power", type=float, help="power to detect --difference (default 0.8)")
+    p.add_argument(
+        "--alpha",
+        type=float,
+        help="intervals and the test at 1 - alpha (default: the leaderboard's alpha, conf/scoring/default.yaml)",
+    )
+    p.add_argument(
+        "--residual-sd",
+        dest="residual_sd",
+        type=float,
+        help="SD of labels around the calibrated predictions (default: from --annotations, else the checkpoint)",
+    )
     p.set_defaults(run=run_plan)
 
 

@@ -128,8 +128,7 @@ class AutoCalibrator(WeightedMixture):
     def fit(self, tables: Tables) -> AutoCalibrator:
         """Inner CV of every candidate, the weights, the weighted ones refitted on ``tables``; each phase timed."""
         self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
-        self.layout_ = FeatureLayout.from_features(tables.features, self.rubric, self.model["sample_prior"])
-        tables = self.read(tables)  # counted blocks smoothed once: every candidate reads them so
+        tables = self._read_counted(tables)
         self.level_record_ = level_plan(
             self.rubric, tables, self.settings.system_level, self.level_prior, self.settings.level_min_systems
         )
@@ -206,6 +205,12 @@ class AutoCalibrator(WeightedMixture):
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
         self.train_texts_ = texts_fingerprint(tables.text_ids)
         return self
+
+    def _read_counted(self, tables: Tables) -> Tables:
+        """Set the layout (with ``model.sample_prior`` where ``tables`` hold counted blocks) and return ``tables`` as
+        every candidate reads them: counted blocks smoothed once (:mod:`llmrubric.model.core.samples`)."""
+        self.layout_ = FeatureLayout.from_features(tables.features, self.rubric, self.model["sample_prior"])
+        return self.read(tables)
 
     @staticmethod
     def _phase_seconds(clock: list[float]) -> dict[str, float]:

@@ -131,7 +131,11 @@ def test_the_network_reads_counted_blocks_smoothed_and_its_checkpoint_keeps_the_
 
 def test_every_member_of_model_auto_reads_the_smoothed_blocks_and_scoring_does_too(split, rubric):
     train, test = (counted(t, 3) for t in split)
-    settings = {"ensemble": 1, "sample_prior": 1.0, "auto": {**MAIN_INTERVALS, "candidates": ["ridge_judge", "clmm_all"]}}
+    settings = {
+        "ensemble": 1,
+        "sample_prior": 1.0,
+        "auto": {**MAIN_INTERVALS, "candidates": ["ridge_judge", "clmm_all"]},
+    }
     model = AutoCalibrator(rubric, settings, FAST, seed=0).fit(train)
     by_hand = AutoCalibrator(rubric, settings, FAST, seed=0).fit(smoothed_tables(train, 1.0))
     assert model.layout_.sample_prior == 1.0 and by_hand.layout_.sample_prior is None

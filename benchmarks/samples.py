@@ -10,10 +10,13 @@ against the same model on the logprob features.
 
 A cell is ``<set>/<protocol>/<method>/<features>[/a<prior>]``: sets ``dialsumm`` (../shared/data/dialsumm),
 ``llm_rubric_synthetic`` and ``llm_rubric_real`` (the release's loader); protocols ``cv`` (5 folds by text) and
-``systems`` (leave one system out); methods ``auto`` (the shipped default, ``model=auto``) and ``network``
-(``model=network``, the network alone: the default's usual choice, six times cheaper); features ``logprob``,
-``k<K>s<SEED>`` (K draws per block, seed SEED) and ``t<TOL>s<SEED>`` (the adaptive stop at tolerance TOL, at most
-:data:`MAX_SAMPLES` answers); ``/a<PRIOR>`` sets ``model.sample_prior`` (else the shipped one). Draws of different
+``systems`` (leave one system out); methods ``auto`` (the shipped default, ``model=auto``), ``network``
+(``model=network``, the network alone: the default's usual choice, six times cheaper) and ``ridge_judge`` (the
+candidate of model=auto alone, fed the tables model=auto hands its members, a hundred times cheaper); features
+``logprob``, ``k<K>s<SEED>`` (K draws per block, seed SEED), ``t<TOL>s<SEED>`` (the adaptive stop of
+``llmrubric/extract/adaptive_stop.py`` at tolerance TOL, at most :data:`MAX_SAMPLES` answers) and ``m<TOL>s<SEED>``
+(a candidate rule simulated beside it: the expected answer's posterior sd at most TOL); ``/a<PRIOR>`` sets
+``model.sample_prior`` (else the shipped one). Draws of different
 seeds, k or tolerances share nothing (one ``SeedSequence`` each). Figures of the main question, pooled over the outer
 folds: pair NLL, pair Pearson, interval width (the mean width of each pair's central 90 % predictive interval) and
 system RMS (the systems' mean predicted minus mean human answer), with the mean samples per block. Each finished cell
@@ -63,6 +66,7 @@ PARTIAL = ROOT / "benchmarks" / "results" / "samples.partial.jsonl"
 DIALSUMM = ROOT.parent / "shared" / "data" / "dialsumm"
 KS = (1, 2, 3, 5, 10, 20)
 TOLERANCES = (0.15, 0.12, 0.1)
+MEAN_TOLERANCES = (0.5, 0.4, 0.3)  # the candidate rule's, in answer units
 MAX_SAMPLES = 40
 WITHIN = 0.01  # the issue's bound on the pair NLL lost to sampling
 BLOCK = ["text_id", "source", "question_id"]
@@ -95,6 +99,8 @@ def grid() -> list[str]:
     cells += [f"dialsumm/cv/network/{f}" for f in ("k10s0", "k3s0", "k1s0", "t0.15s0", "t0.15s0/a0")]
     cells += [f"dialsumm/systems/network/{f}" for f in ("logprob", "k10s0")]
     cells += [f"dialsumm/cv/auto/{f}" for f in ("logprob", "k10s0")]
+    cells += [f"dialsumm/{p}/ridge_judge/m{t:g}s0" for p in ("cv", "systems") for t in MEAN_TOLERANCES]
+    cells += [f"dialsumm/cv/ridge_judge/m{t:g}s0/a0" for t in MEAN_TOLERANCES]
     return cells
 
 
@@ -113,7 +119,7 @@ def block_distributions(features: pd.DataFrame) -> tuple[np.ndarray, list[np.nda
 
 def seed_sequence(seed: int, kind: str, value: float) -> np.random.SeedSequence:
     """One seed sequence per (seed, kind of draw, k or tolerance): no two cells share a draw."""
-    return np.random.SeedSequence([seed, {"k": 1, "t": 2}[kind], int(round(value * 10_000))])
+    return np.random.SeedSequence([seed, {"k": 1, "t": 2, "m": 3}[kind], int(round(value * 10_000))])
 
 
 def drawn_features(features: pd.DataFrame, k: int, seed: int) -> pd.DataFrame:
@@ -131,11 +137,33 @@ def drawn_features(features: pd.DataFrame, k: int, seed: int) -> pd.DataFrame:
     return _with_samples(features, prob, samples)
 
 
-def adaptive_features(features: pd.DataFrame, tolerance: float, max_samples: int, seed: int) -> pd.DataFrame:
+def mean_needs_more(counts: np.ndarray, values: np.ndarray, tolerance: float, max_samples: int) -> bool:
+    """A candidate rule, not the extractor's: another answer while the posterior sd of the block's expected answer
+    under Dirichlet(1 + counts) exceeds ``tolerance`` (in answer units) and fewer than ``max_samples`` were drawn."""
+    if counts.sum() >= max_samples:
+        return False
+    alpha = 1.0 + counts
+    total = alpha.sum()
+    mean = alpha @ values / total
+    return bool(np.sqrt(max(alpha @ values**2 / total - mean**2, 0.0) / (total + 1.0)) > tolerance)
+
+
+def option_values(options: pd.Series) -> np.ndarray:
+    """Each option's value: the option itself when every option is a number, else its position."""
+    try:
+        return options.astype(float).to_numpy()
+    except ValueError:
+        return np.arange(len(options), dtype=float)
+
+
+def adaptive_features(
+    features: pd.DataFrame, tolerance: float, max_samples: int, seed: int, rule: str = "t"
+) -> pd.DataFrame:
     """``features`` with each block of 2+ options replaced by the counts of answers drawn one at a time from it
-    until :func:`needs_more` (the extractor's rule) says stop at ``tolerance``, at most ``max_samples``, and at
-    least one (a block of no answer is absent, not read)."""
-    rng = np.random.default_rng(seed_sequence(seed, "t", tolerance))
+    until the rule says stop at ``tolerance``, at most ``max_samples``, and at least one (a block of no answer is
+    absent, not read). Rule ``t``: :func:`needs_more`, the extractor's (every option's posterior sd); ``m``:
+    :func:`mean_needs_more` (the expected answer's posterior sd), simulated beside it."""
+    rng = np.random.default_rng(seed_sequence(seed, rule, tolerance))
     prob, samples = features["prob"].to_numpy(dtype=float).copy(), np.full(len(features), np.nan)
     _, blocks = block_distributions(features)
     for rows in blocks:
@@ -143,7 +171,13 @@ def adaptive_features(features: pd.DataFrame, tolerance: float, max_samples: int
             continue
         p = prob[rows] / prob[rows].sum()
         counts = np.zeros(len(rows), dtype=int)
-        while not counts.any() or needs_more(counts, tolerance, max_samples):  # a block needs one answer
+        values = option_values(features["option"].iloc[rows])
+        more = (
+            (lambda c: needs_more(c, tolerance, max_samples))
+            if rule == "t"
+            else (lambda c: mean_needs_more(c, values, tolerance, max_samples))
+        )
+        while not counts.any() or more(counts):  # a block needs one answer
             counts[rng.choice(len(rows), p=p)] += 1
         prob[rows] = counts / counts.sum()
         samples[rows] = counts.sum()
@@ -165,7 +199,7 @@ def parse_cell(cell: str) -> dict:
         raise InputError(f"not a cell: {cell!r} (set/protocol/method/features[/a<prior>], --list)", setting="--cells")
     name, protocol, method, feats = parts[:4]
     prior = float(parts[4][1:]) if len(parts) == 5 else None
-    if method not in (*FAMILIES, *CANDIDATES) or not (feats == "logprob" or feats[0] in "kt"):
+    if method not in (*FAMILIES, *CANDIDATES) or not (feats == "logprob" or feats[0] in "ktm"):
         raise InputError(f"not a cell: {cell!r}", setting="--cells")
     spec = {"set": name, "protocol": protocol, "method": method, "features": feats, "prior": prior}
     if feats != "logprob":
@@ -201,7 +235,7 @@ def cell_tables(cell: str, dialsumm: str, llm_root: str) -> tuple[Rubric, Tables
     if spec["kind"] == "k":
         drawn = drawn_features(feats, int(spec["value"]), spec["seed"])
     else:
-        drawn = adaptive_features(feats, spec["value"], MAX_SAMPLES, spec["seed"])
+        drawn = adaptive_features(feats, spec["value"], MAX_SAMPLES, spec["seed"], spec["kind"])
     drawn.index = pd.RangeIndex(1, len(drawn) + 1)
     drawn.attrs["source"] = f"<{cell}>"
     return rubric, Tables(tables.annotations, validate_features(drawn, rubric), tables.texts)
@@ -333,11 +367,11 @@ def adaptive_vs_fixed(rows: list[dict]) -> dict:
         ks = sorted(fixed)
         nll = [float(np.mean(fixed[k])) for k in ks]
         for r in group_:
-            if r.get("kind") != "t":
+            if r.get("kind") not in ("t", "m"):
                 continue
             k_equal = equal_nll_k(ks, nll, r["pair_nll"])
             saved = None if k_equal is None else 1 - r["mean_samples_per_block"] / k_equal
-            out.setdefault(key, {})[f"{r['value']:g}"] = {
+            out.setdefault(key, {})[f"{r['kind']}{r['value']:g}"] = {
                 "pair_nll": r["pair_nll"],
                 "mean_samples_per_block": r["mean_samples_per_block"],
                 "fixed_k_at_equal_nll": k_equal,

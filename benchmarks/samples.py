@@ -101,6 +101,10 @@ def grid() -> list[str]:
     cells += [f"dialsumm/cv/auto/{f}" for f in ("logprob", "k10s0")]
     cells += [f"dialsumm/{p}/ridge_judge/m{t:g}s0" for p in ("cv", "systems") for t in MEAN_TOLERANCES]
     cells += [f"dialsumm/cv/ridge_judge/m{t:g}s0/a0" for t in MEAN_TOLERANCES]
+    cells += [
+        f"dialsumm/cv/ridge_judge/{r}s1"
+        for r in (*(f"t{t:g}" for t in TOLERANCES), *(f"m{t:g}" for t in MEAN_TOLERANCES))
+    ]
     return cells
 
 
@@ -355,27 +359,32 @@ def smallest_k(rows: list[dict]) -> dict:
 
 
 def adaptive_vs_fixed(rows: list[dict]) -> dict:
-    """Per (set, protocol, method, prior) and tolerance: the adaptive stop's pair NLL and mean samples per block,
-    the fixed k that reaches that pair NLL (the mean over seeds of each k, interpolated linearly in k between the
-    grid's neighbours; None where no k of the grid is as good) and the share of samples saved against it."""
-    out = {}
-    for key, group_ in _groups(rows).items():
+    """Per (set, protocol, method, prior) and rule and tolerance: the adaptive stop's pair NLL and mean samples per
+    block (means over its seeds), the fixed k that reaches that pair NLL (the mean over seeds of each k with the
+    shipped prior, interpolated linearly in k between the grid's neighbours; None where no k of the grid is as good)
+    and the share of samples saved against it."""
+    groups, out = _groups(rows), {}
+    for key, group_ in groups.items():
         fixed = {}
-        for r in group_:
+        for r in groups.get(key.split("/a")[0], []):
             if r.get("kind") == "k":
                 fixed.setdefault(int(r["value"]), []).append(r["pair_nll"])
         ks = sorted(fixed)
         nll = [float(np.mean(fixed[k])) for k in ks]
+        stops = {}
         for r in group_:
-            if r.get("kind") not in ("t", "m"):
-                continue
-            k_equal = equal_nll_k(ks, nll, r["pair_nll"])
-            saved = None if k_equal is None else 1 - r["mean_samples_per_block"] / k_equal
-            out.setdefault(key, {})[f"{r['kind']}{r['value']:g}"] = {
-                "pair_nll": r["pair_nll"],
-                "mean_samples_per_block": r["mean_samples_per_block"],
+            if r.get("kind") in ("t", "m"):
+                stops.setdefault(f"{r['kind']}{r['value']:g}", []).append(r)
+        for name, runs in stops.items():
+            pair_nll = float(np.mean([r["pair_nll"] for r in runs]))
+            samples = float(np.mean([r["mean_samples_per_block"] for r in runs]))
+            k_equal = equal_nll_k(ks, nll, pair_nll)
+            out.setdefault(key, {})[name] = {
+                "pair_nll": pair_nll,
+                "mean_samples_per_block": samples,
+                "seeds": len(runs),
                 "fixed_k_at_equal_nll": k_equal,
-                "samples_saved": saved,
+                "samples_saved": None if k_equal is None else 1 - samples / k_equal,
             }
     return out
 

@@ -176,3 +176,13 @@ def test_equal_nll_k_interpolates_between_the_grid_points():
     assert bench.equal_nll_k([1, 3, 10], [1.2, 1.0, 0.9], 0.95) == pytest.approx(6.5)
     assert bench.equal_nll_k([1, 3, 10], [1.2, 1.0, 0.9], 1.3) == 1.0
     assert bench.equal_nll_k([1, 3, 10], [1.2, 1.0, 0.9], 0.8) is None
+
+
+def test_the_candidate_rule_bounds_the_expected_answers_posterior_sd():
+    values = np.array([1.0, 2.0, 3.0])
+    alpha = np.array([5.0, 1.0, 1.0])  # counts 4, 0, 0
+    mean = alpha @ values / alpha.sum()
+    sd = np.sqrt((alpha @ values**2 / alpha.sum() - mean**2) / (alpha.sum() + 1))
+    assert bench.mean_needs_more(np.array([4, 0, 0]), values, sd - 1e-9, 100)
+    assert not bench.mean_needs_more(np.array([4, 0, 0]), values, sd + 1e-9, 100)
+    assert not bench.mean_needs_more(np.array([4, 0, 0]), values, 0.0, 4)  # the maximum stops it

@@ -21,8 +21,9 @@ seeds, k or tolerances share nothing (one ``SeedSequence`` each). Figures of the
 folds: pair NLL, pair Pearson, interval width (the mean width of each pair's central 90 % predictive interval) and
 system RMS (the systems' mean predicted minus mean human answer), with the mean samples per block. Each finished cell
 is written to ``--partial`` at once, so a run that is stopped loses one cell; ``--assemble`` writes the result from it.
-Writes ``benchmarks/results/samples.json``: the cells, the smallest k within 0.01 pair NLL of the logprob features per
-set, protocol and method, the adaptive stop against fixed k at equal pair NLL, and the anchors beside them.
+Writes ``benchmarks/results/samples.json``: the cells, per set, protocol and method the smallest k from which every
+k measured is within 0.01 pair NLL of the logprob features, the adaptive stop against fixed k at equal pair NLL, and
+the anchors beside them.
 """
 
 from __future__ import annotations
@@ -336,7 +337,7 @@ def run_cell(cell: str, args) -> dict:
 
 def smallest_k(rows: list[dict]) -> dict:
     """Per (set, protocol, method, prior): the logprob pair NLL, each k's pair NLL lost (mean over seeds) and the
-    smallest k within :data:`WITHIN` of the logprob features."""
+    smallest k of the grid from which every k measured is within :data:`WITHIN` of the logprob features."""
     out = {}
     for key, group_ in _groups(rows).items():
         ref = next((r["pair_nll"] for r in group_ if r["features"] == "logprob"), None)
@@ -347,7 +348,7 @@ def smallest_k(rows: list[dict]) -> dict:
             if r.get("kind") == "k":
                 fixed.setdefault(int(r["value"]), []).append(r["pair_nll"] - ref)
         lost = {k: float(np.mean(v)) for k, v in sorted(fixed.items())}
-        within = [k for k, v in lost.items() if v <= WITHIN]
+        within = [k for k in lost if all(v <= WITHIN for j, v in lost.items() if j >= k)]
         out[key] = {
             "logprob_pair_nll": ref,
             "pair_nll_lost": {str(k): v for k, v in lost.items()},

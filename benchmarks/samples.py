@@ -99,7 +99,7 @@ def grid() -> list[str]:
     cells += [f"llm_rubric_synthetic/systems/ridge_judge/{f}" for f in ("logprob", "k3s0", "k10s0")]
     cells += [f"dialsumm/cv/network/{f}" for f in ("k10s0", "k3s0", "k1s0", "t0.15s0", "t0.15s0/a0")]
     cells += [f"dialsumm/systems/network/{f}" for f in ("logprob", "k10s0")]
-    cells += [f"dialsumm/cv/auto/{f}" for f in ("logprob", "k10s0")]
+    cells += [f"dialsumm/cv/auto/{f}" for f in ("logprob", "k10s0", "k3s0")]
     cells += [f"dialsumm/{p}/ridge_judge/m{t:g}s0" for p in ("cv", "systems") for t in MEAN_TOLERANCES]
     cells += [f"dialsumm/cv/ridge_judge/m{t:g}s0/a0" for t in MEAN_TOLERANCES]
     cells += [

@@ -96,6 +96,7 @@ def test_smoothing_is_a_dirichlet_toward_uniform_on_counted_blocks_only():
     assert out.attrs["source"] == "features.csv"
 
 
+@pytest.mark.slow
 def test_logprob_features_are_read_bit_for_bit_whatever_the_prior(split, rubric):
     train, test = split
     assert "samples" not in train.features
@@ -113,6 +114,7 @@ def test_a_bad_sample_prior_names_the_setting(rubric):
     assert error.value.setting == "model.sample_prior"
 
 
+@pytest.mark.slow
 def test_the_network_reads_counted_blocks_smoothed_and_its_checkpoint_keeps_the_prior(split, rubric):
     train, test = (counted(t, 2) for t in split)
     model = NetworkCalibrator(rubric, {"ensemble": 1, "sample_prior": 2.0}, FAST, seed=3).fit(train)
@@ -129,12 +131,13 @@ def test_the_network_reads_counted_blocks_smoothed_and_its_checkpoint_keeps_the_
     assert np.array_equal(restored.predict_proba(test), probs)
 
 
+@pytest.mark.slow
 def test_every_member_of_model_auto_reads_the_smoothed_blocks_and_scoring_does_too(split, rubric):
     train, test = (counted(t, 3) for t in split)
     settings = {
         "ensemble": 1,
         "sample_prior": 1.0,
-        "auto": {**MAIN_INTERVALS, "candidates": ["ridge_judge", "clmm_all"]},
+        "auto": {**MAIN_INTERVALS, "candidates": ["ridge_judge", "clmm_all"], "system_level": "off", "folds": 3},
     }
     model = AutoCalibrator(rubric, settings, FAST, seed=0).fit(train)
     by_hand = AutoCalibrator(rubric, settings, FAST, seed=0).fit(smoothed_tables(train, 1.0))
@@ -148,6 +151,7 @@ def test_every_member_of_model_auto_reads_the_smoothed_blocks_and_scoring_does_t
     pd.testing.assert_frame_equal(scored, expected, check_exact=False, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_k_draws_count_k_answers_per_block_and_a_seed_reproduces_them(simulated):
     features = simulated.features.reset_index(drop=True)
     drawn = bench.drawn_features(features, 5, 0)
@@ -158,6 +162,7 @@ def test_k_draws_count_k_answers_per_block_and_a_seed_reproduces_them(simulated)
     assert not drawn["prob"].equals(bench.drawn_features(features, 5, 1)["prob"])  # seeds share nothing
 
 
+@pytest.mark.slow
 def test_the_adaptive_draws_stop_where_the_rule_says(simulated):
     features = simulated.features.reset_index(drop=True).iloc[:600]
     drawn = bench.adaptive_features(features, 0.15, 12, 0)

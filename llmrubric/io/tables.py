@@ -241,7 +241,10 @@ def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.Data
     it is dropped (masked like an absent block) and counted in ``df.attrs["zero_blocks"]`` and
     a warning; a one-option block is a value (e.g. a summary's coverage fraction), 0 included. Blocks
     of a rubric question must offer exactly that question's ``llm_options``; blocks of other
-    questions must all offer the same options. Checks are vectorised (1.5M rows in about a second).
+    questions must all offer the same options. The optional ``samples`` (the answers a sampled block was
+    counted from) is a whole number >= 1, the same on every row of its block, or NA on all of them (a
+    distribution read otherwise); it becomes a nullable integer column. Checks are vectorised (1.5M rows in
+    about a second).
     """
     df = check_columns(df, "features")
     src = source_of(df)
@@ -252,6 +255,8 @@ def validate_features(df: pd.DataFrame, rubric: Rubric | None = None) -> pd.Data
     blocks.check_sums(df, src)
     df["prob"], renormalised = blocks.renormalise_api_rounding(df, src)
     blocks.check_option_sets(df, rubric, src)
+    if "samples" in df.columns:
+        df["samples"] = blocks.checked_samples(df, src)
     zero = (blocks.sums <= 0) & (
         blocks.counts >= 2
     )  # a one-option block is a value (e.g. a coverage fraction): its 0 is data
@@ -379,6 +384,42 @@ class _FeatureBlocks:
             row,
         )
         return np.where(rounded[self.code], prob / self.sums[self.code], prob), int(rounded.sum())
+
+    def checked_samples(self, df: pd.DataFrame, src: str) -> pd.Series:
+        """The ``samples`` column as nullable integers: each cell NA or a whole number >= 1, one value (or NA)
+        per block; else an error naming the first offending row."""
+        raw = df["samples"]
+        na = _is_na(raw)
+        numbers = pd.to_numeric(raw.where(~na), errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        bad = ~na & ~(np.isfinite(numbers) & (numbers >= 1) & (numbers == np.round(numbers)))
+        if bad.any():
+            row = df.index[bad.argmax()]
+            raise InputError(
+                f"samples {df.at[row, 'samples']!r} is not a whole number >= 1 (or NA)",
+                file=src,
+                row=int(row),
+                column="samples",
+            )
+        key = np.where(na, -1.0, numbers)
+        low = np.full(len(self.sums), np.inf)
+        high = np.full(len(self.sums), -np.inf)
+        np.minimum.at(low, self.code, key)
+        np.maximum.at(high, self.code, key)
+        varies = (low != high)[self.code]
+        if varies.any():
+            b = self.code[varies.argmax()]
+            rows = np.flatnonzero(self.code == b)
+            first = df.index[rows[0]]
+            other = df.index[rows[(key[rows] != key[rows[0]]).argmax()]]
+            _, name = self._block(df, int(b))
+            raise InputError(
+                f"samples of block {name} differ between rows {int(first)} and {int(other)} "
+                f"({df.at[first, 'samples']!r}, {df.at[other, 'samples']!r}): one value per block",
+                file=src,
+                row=int(other),
+                column="samples",
+            )
+        return pd.Series(pd.arrays.IntegerArray(np.where(na, 0, numbers).astype(np.int64), na), index=df.index)
 
     def check_option_sets(self, df: pd.DataFrame, rubric: Rubric | None, src: str) -> None:
         """Each (source, question)'s blocks offer the rubric question's ``llm_options``, or (another

@@ -53,6 +53,7 @@ from llmrubric.model.core.registry import (
     make,
     register,
 )
+from llmrubric.model.core.samples import check_sample_prior
 from llmrubric.model.core.system_level import LevelPrior, Part, level_plan
 from llmrubric.model.families.levelled import fold_levels
 from llmrubric.model.mixture import WeightedMixture
@@ -99,6 +100,7 @@ class AutoCalibrator(WeightedMixture):
             raise InputError(f"unknown model.auto setting: {e}", setting="model.auto") from None
         self.trainer = trainer if isinstance(trainer, TrainConfig) else TrainConfig.from_dict(trainer)
         check_auto(self.settings)
+        self.model["sample_prior"] = check_sample_prior(self.model["sample_prior"])
         self.level_prior = LevelPrior.from_settings(self.settings)
         self.group = self.group_for if self.settings.group == "auto" else self.settings.group
         if self.group not in ("text", "system"):
@@ -128,6 +130,7 @@ class AutoCalibrator(WeightedMixture):
     def fit(self, tables: Tables) -> AutoCalibrator:
         """Inner CV of every candidate, the weights, the weighted ones refitted on ``tables``; each phase timed."""
         self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
+        tables = self._read_counted(tables)
         self.level_record_ = level_plan(
             self.rubric, tables, self.settings.system_level, self.level_prior, self.settings.level_min_systems
         )
@@ -201,10 +204,15 @@ class AutoCalibrator(WeightedMixture):
         self._folds = {}
         clock.append(time.perf_counter())
         self.decision_["seconds"] = self._phase_seconds(clock)
-        self.layout_ = FeatureLayout.from_features(tables.features, self.rubric)
         self.judges_ = JudgeMap.from_annotations(tables.annotations)
         self.train_texts_ = texts_fingerprint(tables.text_ids)
         return self
+
+    def _read_counted(self, tables: Tables) -> Tables:
+        """Set the layout (with ``model.sample_prior`` where ``tables`` hold counted blocks) and return ``tables`` as
+        every candidate reads them: counted blocks smoothed once (:mod:`llmrubric.model.core.samples`)."""
+        self.layout_ = FeatureLayout.from_features(tables.features, self.rubric, self.model["sample_prior"])
+        return self.read(tables)
 
     @staticmethod
     def _phase_seconds(clock: list[float]) -> dict[str, float]:

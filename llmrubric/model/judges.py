@@ -51,6 +51,7 @@ def add_judge(
 def _add_to_members(model, tables: Tables, judge_id: str, min_annotations: int, *network_args):
     """``model=auto``: the judge added to every member (the networks by :func:`add_judge`, a family with
     its own ``add_judge(tables, judge_id)``, the mixed model and ridge regression, by it), the weights unchanged."""
+    tables = model.read(tables)  # counted blocks as the members were fitted on them
     judge_id = str(judge_id)
     ann = tables.annotations
     if judge_id in model.judges_.judges:

@@ -12,6 +12,7 @@ from llmrubric.io.predictions import predicted_frame
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.encoding import pairs_of
 from llmrubric.model.core.registry import capabilities
+from llmrubric.model.core.samples import smoothed_tables
 from llmrubric.model.core.system_level import Part, level_table
 from llmrubric.model.families.levelled import Levelled
 
@@ -34,8 +35,15 @@ class WeightedMixture:
         predict it (weights renormalised over them); NaN for a question none predicts. ``levels``:
         :meth:`member_levels` of all the texts of the systems, when ``pairs`` are a chunk of them."""
         pairs = pairs_of(tables.annotations) if pairs is None else pairs
+        tables = self.read(tables)
         base = {m: self.members_[m].predict_proba(tables, pairs) for m in self._members()}
         return self._mixture(self.part_probs(base, tables, pairs, levels))
+
+    def read(self, tables: Tables) -> Tables:
+        """``tables`` as the members were fitted on them: counted blocks smoothed by ``layout_.sample_prior``
+        where it is set (:mod:`llmrubric.model.core.samples`)."""
+        layout = getattr(self, "layout_", None)
+        return tables if layout is None or layout.sample_prior is None else smoothed_tables(tables, layout.sample_prior)
 
     def _members(self) -> list[str]:
         """The members of the weighted parts, each once."""
@@ -96,7 +104,7 @@ class WeightedMixture:
         to :meth:`predict_proba` for chunks of these texts, :func:`llmrubric.scoring.scores.score_texts`)."""
         main_index, k = self.rubric.ids.index(self.rubric.main.id), len(self.rubric.main.options)
         values = np.asarray(self.rubric.main.values, dtype=float)
-        out = {}
+        out, tables = {}, self.read(tables)
         for name, level in self.levels_.items():
             expected = self.members_[name].predict_proba(tables, pairs)[:, main_index, :k] @ values
             out[name] = level.levels(tables, pairs, expected)

@@ -326,8 +326,8 @@ class _ChunkPredictor:
         self.question_ids = questions
         self.questions = [calibrator.rubric[q] for q in questions]
         self.q_index = [calibrator.rubric.ids.index(q) for q in questions]
-        self.feats, self.ids = by_text
         layout = calibrator.layout_
+        self.feats, self.ids = layout.smoothed(by_text[0]), by_text[1]  # counted blocks as the model read them
         self.layout, self.keep = layout, {(b.source, b.question_id) for b in layout.blocks}
         self.block_names = np.array([b.name for b in layout.blocks], dtype=object)
         self.n_probs = sum(len(b.options) for b in layout.blocks)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -12,6 +12,7 @@ import torch
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, source_of
+from llmrubric.model.core.samples import counted, smoothed
 
 log = logging.getLogger(__name__)
 PAIR = ["text_id", "judge_id", "round"]
@@ -40,9 +41,14 @@ class Block:
 
 @dataclass(frozen=True)
 class FeatureLayout:
-    """The named, ordered feature blocks; x = [probs of each block..., presence flag of each block]."""
+    """The named, ordered feature blocks; x = [probs of each block..., presence flag of each block].
+
+    ``sample_prior``: the Dirichlet strength that counted blocks (the features' ``samples``) are smoothed by
+    before they are read (:mod:`llmrubric.model.core.samples`), set when the model was fitted on counted
+    blocks; None: features are read as they are."""
 
     blocks: tuple[Block, ...]
+    sample_prior: float | None = None
 
     @property
     def dim(self) -> int:
@@ -54,8 +60,9 @@ class FeatureLayout:
         return [b.values for b in self.blocks]
 
     @classmethod
-    def from_features(cls, features: pd.DataFrame, rubric: Rubric) -> FeatureLayout:
-        """Rubric questions first (rubric order, options in ``llm_options`` order), then other blocks."""
+    def from_features(cls, features: pd.DataFrame, rubric: Rubric, sample_prior: float | None = None) -> FeatureLayout:
+        """Rubric questions first (rubric order, options in ``llm_options`` order), then other blocks;
+        ``sample_prior`` is kept where ``features`` hold counted blocks."""
         order = {q: i for i, q in enumerate(rubric.ids)}
         blocks = []
         for (source, qid), part in features.groupby(["source", "question_id"], sort=False):
@@ -65,7 +72,11 @@ class FeatureLayout:
                 options = tuple(sorted(part.option.unique(), key=_option_sort_key))
             blocks.append(Block(str(source), str(qid), tuple(options)))
         blocks.sort(key=lambda b: (order.get(b.question_id, len(order)), b.question_id, b.source))
-        return cls(tuple(blocks))
+        return cls(tuple(blocks), sample_prior if sample_prior is not None and counted(features) else None)
+
+    def smoothed(self, features: pd.DataFrame) -> pd.DataFrame:
+        """``features`` as this layout reads them: counted blocks smoothed by :attr:`sample_prior` where it is set."""
+        return features if self.sample_prior is None else smoothed(features, self.sample_prior)
 
     def restrict(self, question_ids: list[str] | None = None, drop: list[str] | None = None) -> FeatureLayout:
         """Keep only blocks of ``question_ids`` and/or remove blocks of ``drop``."""
@@ -76,7 +87,7 @@ class FeatureLayout:
         ]
         if not blocks:
             raise InputError(f"no feature blocks left after restricting to {question_ids} / dropping {drop}")
-        return FeatureLayout(tuple(blocks))
+        return replace(self, blocks=tuple(blocks))
 
     def matrix(self, features: pd.DataFrame, text_ids: list[str], absent_ok: bool = False) -> np.ndarray:
         """(texts, dim) float32: probabilities per block in layout order, then presence flags.
@@ -86,6 +97,7 @@ class FeatureLayout:
         block absent from all of ``features`` unless ``absent_ok`` (see :meth:`check`).
         """
         self.check(features, absent_ok)
+        features = self.smoothed(features)
         index = pd.Index(text_ids)
         x = np.zeros((len(text_ids), self.dim), dtype=np.float32)
         n_probs = self.dim - len(self.blocks)
@@ -134,11 +146,16 @@ class FeatureLayout:
                 )
 
     def to_dict(self) -> list[dict]:
-        return [{"source": b.source, "question_id": b.question_id, "options": list(b.options)} for b in self.blocks]
+        """Each block as a dict; each also holds ``sample_prior`` where it is set (a checkpoint's layout)."""
+        prior = {} if self.sample_prior is None else {"sample_prior": self.sample_prior}
+        return [
+            {"source": b.source, "question_id": b.question_id, "options": list(b.options), **prior} for b in self.blocks
+        ]
 
     @classmethod
     def from_dict(cls, data: list[dict]) -> FeatureLayout:
-        return cls(tuple(Block(d["source"], d["question_id"], tuple(d["options"])) for d in data))
+        blocks = tuple(Block(d["source"], d["question_id"], tuple(d["options"])) for d in data)
+        return cls(blocks, next((d["sample_prior"] for d in data if "sample_prior" in d), None))
 
 
 def _option_sort_key(option: str):

@@ -33,6 +33,7 @@ from llmrubric.model.core.encoding import Encoded, FeatureLayout, JudgeMap, enco
 from llmrubric.model.core.label_rule import LabelRule
 from llmrubric.model.core.params import check_params, param_names, prefixed, reconfigured, under
 from llmrubric.model.core.registry import Capabilities, Setup, register
+from llmrubric.model.core.samples import check_sample_prior
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.checkpoint import FORMAT, check_format, network_state, restored
 from llmrubric.model.families.network.cumulative import HEADS, CumulativeNet, train_cumulative
@@ -53,6 +54,7 @@ NOT_NETWORK_KEYS = (
     "auto",
     "linear",
     "label_rule",
+    "sample_prior",
 )  # settings that are no network argument
 
 
@@ -85,6 +87,7 @@ def check_model(model: dict) -> None:
     for key in ("h1", "h2", "ensemble"):
         model[key] = check_range(f"model.{key}", model[key], 1, integer=True)
     model["input_dropout"] = check_range("model.input_dropout", model["input_dropout"], 0, 1, open_high=True)
+    model["sample_prior"] = check_sample_prior(model["sample_prior"])
     if model["inputs"] not in INPUTS:
         raise InputError(f"{model['inputs']!r} is not one of {list(INPUTS)}", setting="model.inputs")
     if model["personalize"] not in (*PERSONALIZATION, True, False):
@@ -275,7 +278,7 @@ class NetworkCalibrator:
         """Set layout and judge map (``judges`` or those of ``tables``); untrained members with their
         training and early-stopping data, and the encoded ``tables`` (``data`` when given: ``tables``
         already encoded with this layout and judge map)."""
-        layout = FeatureLayout.from_features(tables.features, self.rubric)
+        layout = FeatureLayout.from_features(tables.features, self.rubric, self.model["sample_prior"])
         if self.feature_questions is not None or self.drop_questions:
             layout = layout.restrict(self.feature_questions, self.drop_questions)
         self.layout_, self.judges_ = layout, judges or JudgeMap.from_annotations(tables.annotations)

@@ -1,0 +1,494 @@
+"""Issue 58: how many samples a judge without logprobs needs. Each logprob block of a data set is replaced by the
+empirical distribution of ``k`` answers drawn from it (what temperature-1 sampling of a one-token answer returns;
+``samples`` = k), or by the answers the adaptive stop (:func:`llmrubric.extract.adaptive_stop.needs_more`) asks for,
+drawn one at a time until it says stop; the model is trained on each outer fold as ``train.py`` builds it and scored
+against the same model on the logprob features.
+
+    .venv/bin/python benchmarks/samples.py [--cells CELL ...] [--workers 2] [--partial PATH] [--out PATH]
+    .venv/bin/python benchmarks/samples.py --list
+    .venv/bin/python benchmarks/samples.py --assemble PATH   # write --out from the cells a partial run finished
+
+A cell is ``<set>/<protocol>/<method>/<features>[/a<prior>]``: sets ``dialsumm`` (../shared/data/dialsumm),
+``llm_rubric_synthetic`` and ``llm_rubric_real`` (the release's loader); protocols ``cv`` (5 folds by text) and
+``systems`` (leave one system out); methods ``auto`` (the shipped default, ``model=auto``), ``network``
+(``model=network``, the network alone: the default's usual choice, six times cheaper) and ``ridge_judge`` (the
+candidate of model=auto alone, fed the tables model=auto hands its members, a hundred times cheaper); features
+``logprob``, ``k<K>s<SEED>`` (K draws per block, seed SEED), ``t<TOL>s<SEED>`` (the adaptive stop of
+``llmrubric/extract/adaptive_stop.py`` at tolerance TOL, at most :data:`MAX_SAMPLES` answers) and ``m<TOL>s<SEED>``
+(a candidate rule simulated beside it: the expected answer's posterior sd at most TOL); ``/a<PRIOR>`` sets
+``model.sample_prior`` (else the shipped one). Draws of different
+seeds, k or tolerances share nothing (one ``SeedSequence`` each). Figures of the main question, pooled over the outer
+folds: pair NLL, pair Pearson, interval width (the mean width of each pair's central 90 % predictive interval) and
+system RMS (the systems' mean predicted minus mean human answer), with the mean samples per block. Each finished cell
+is written to ``--partial`` at once, so a run that is stopped loses one cell; ``--assemble`` writes the result from it.
+Writes ``benchmarks/results/samples.json``: the cells, per set, protocol and method the smallest k from which every
+k measured is within 0.01 pair NLL of the logprob features, the adaptive stop against fixed k at equal pair NLL, and
+the anchors beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import sys
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import code_version, exit_code, write_result  # noqa: E402
+
+from llmrubric.apps.evaluate import evaluate_predicted, predicted_annotations  # noqa: E402
+from llmrubric.apps.train import auto_group  # noqa: E402
+from llmrubric.config import ModelConfig, compose, group, model_file  # noqa: E402
+from llmrubric.data import llm_rubric  # noqa: E402
+from llmrubric.data.splits import system_folds, text_folds, text_systems  # noqa: E402
+from llmrubric.evaluation.transfer import pair_scores, system_means  # noqa: E402
+from llmrubric.extract.adaptive_stop import needs_more  # noqa: E402
+from llmrubric.io.errors import InputError  # noqa: E402
+from llmrubric.io.rubric import Rubric  # noqa: E402
+from llmrubric.io.tables import Tables, load_tables, validate_features  # noqa: E402
+from llmrubric.model.auto_settings import build_model, candidate  # noqa: E402
+from llmrubric.model.core.registry import fit_questions  # noqa: E402
+from llmrubric.model.core.samples import smoothed_tables  # noqa: E402
+from llmrubric.model.core.threads import single_threaded  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "samples.json"
+PARTIAL = ROOT / "benchmarks" / "results" / "samples.partial.jsonl"
+DIALSUMM = ROOT.parent / "shared" / "data" / "dialsumm"
+KS = (1, 2, 3, 5, 10, 20)
+TOLERANCES = (0.15, 0.12, 0.1)
+MEAN_TOLERANCES = (0.5, 0.4, 0.3)  # the candidate rule's, in answer units
+MAX_SAMPLES = 40
+WITHIN = 0.01  # the issue's bound on the pair NLL lost to sampling
+BLOCK = ["text_id", "source", "question_id"]
+ANCHORS = {
+    "ridge_rater_indicators_text_cv_dialsumm": {
+        "logprob_pair_nll": 0.996,
+        "pair_nll_lost": {"1": 0.026, "3": 0.012, "10": 0.006, "20": 0.003},
+        "source": "issue 58 (ridge on all expected answers with rater indicators, 5-fold text CV, DialSumm)",
+    },
+    "g_eval_samples": 20,
+    "targets": {"k10_within_0.01_dialsumm_both_protocols": True, "adaptive_fewer_samples_than_fixed_k": 0.30},
+}
+
+
+def grid() -> list[str]:
+    """The cells of the grid, in the order they run: the network's logprob reference on DialSumm, then the full k
+    grid, two seeds, both protocols and the adaptive stop with ``ridge_judge`` (the candidate of the issue's anchor,
+    a hundred times cheaper), the release, then the network on the k that matter and the shipped default last
+    (each of its cells costs six of the network's)."""
+    ks = [f"k{k}s{s}" for s in (0, 1) for k in KS]
+    adaptive = [f"t{t:g}s0" for t in TOLERANCES]
+    cells = ["dialsumm/cv/network/logprob"]
+    for protocol in ("cv", "systems"):
+        ridge = f"dialsumm/{protocol}/ridge_judge"
+        cells += [f"{ridge}/{f}" for f in ("logprob", *ks, *adaptive)]
+        cells += [f"{ridge}/{f}/a0" for f in ("k1s0", "k3s0", *adaptive)]
+    for name in ("llm_rubric_synthetic", "llm_rubric_real"):
+        cells += [f"{name}/cv/ridge_judge/{f}" for f in ("logprob", "k1s0", "k3s0", "k10s0", "t0.15s0")]
+    cells += [f"llm_rubric_synthetic/systems/ridge_judge/{f}" for f in ("logprob", "k3s0", "k10s0")]
+    cells += [f"dialsumm/cv/network/{f}" for f in ("k10s0", "k3s0", "k1s0", "t0.15s0", "t0.15s0/a0")]
+    cells += [f"dialsumm/systems/network/{f}" for f in ("logprob", "k10s0")]
+    cells += [f"dialsumm/cv/auto/{f}" for f in ("logprob", "k10s0", "k3s0")]
+    cells += [f"dialsumm/{p}/ridge_judge/m{t:g}s0" for p in ("cv", "systems") for t in MEAN_TOLERANCES]
+    cells += [f"dialsumm/cv/ridge_judge/m{t:g}s0/a0" for t in MEAN_TOLERANCES]
+    cells += [
+        f"dialsumm/cv/ridge_judge/{r}s1"
+        for r in (*(f"t{t:g}" for t in TOLERANCES), *(f"m{t:g}" for t in MEAN_TOLERANCES))
+    ]
+    return cells
+
+
+def block_codes(features: pd.DataFrame) -> np.ndarray:
+    """Each row's block (text, source, question) as an integer, blocks numbered in order of appearance."""
+    return pd.MultiIndex.from_frame(features[BLOCK]).factorize()[0]
+
+
+def block_distributions(features: pd.DataFrame) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(each row's block, each block's row positions): the rows of every block, in table order."""
+    code = block_codes(features)
+    order = np.argsort(code, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(code[order]) != 0, True])
+    return code, [order[a:b] for a, b in zip(starts[:-1], starts[1:])]
+
+
+def seed_sequence(seed: int, kind: str, value: float) -> np.random.SeedSequence:
+    """One seed sequence per (seed, kind of draw, k or tolerance): no two cells share a draw."""
+    return np.random.SeedSequence([seed, {"k": 1, "t": 2, "m": 3}[kind], int(round(value * 10_000))])
+
+
+def drawn_features(features: pd.DataFrame, k: int, seed: int) -> pd.DataFrame:
+    """``features`` with each block of 2+ options replaced by the answer counts over ``k`` answers drawn from its
+    (normalised) distribution, ``samples`` = k; one-option blocks (values) keep their value and no ``samples``."""
+    rng = np.random.default_rng(seed_sequence(seed, "k", k))
+    prob, samples = features["prob"].to_numpy(dtype=float).copy(), np.full(len(features), np.nan)
+    _, blocks = block_distributions(features)
+    for rows in blocks:
+        if len(rows) < 2:
+            continue
+        p = prob[rows] / prob[rows].sum()
+        prob[rows] = rng.multinomial(k, p) / k
+        samples[rows] = k
+    return _with_samples(features, prob, samples)
+
+
+def mean_needs_more(counts: np.ndarray, values: np.ndarray, tolerance: float, max_samples: int) -> bool:
+    """A candidate rule, not the extractor's: another answer while the posterior sd of the block's expected answer
+    under Dirichlet(1 + counts) exceeds ``tolerance`` (in answer units) and fewer than ``max_samples`` were drawn."""
+    if counts.sum() >= max_samples:
+        return False
+    alpha = 1.0 + counts
+    total = alpha.sum()
+    mean = alpha @ values / total
+    return bool(np.sqrt(max(alpha @ values**2 / total - mean**2, 0.0) / (total + 1.0)) > tolerance)
+
+
+def option_values(options: pd.Series) -> np.ndarray:
+    """Each option's value: the option itself when every option is a number, else its position."""
+    try:
+        return options.astype(float).to_numpy()
+    except ValueError:
+        return np.arange(len(options), dtype=float)
+
+
+def adaptive_features(
+    features: pd.DataFrame, tolerance: float, max_samples: int, seed: int, rule: str = "t"
+) -> pd.DataFrame:
+    """``features`` with each block of 2+ options replaced by the counts of answers drawn one at a time from it
+    until the rule says stop at ``tolerance``, at most ``max_samples``, and at least one (a block of no answer is
+    absent, not read). Rule ``t``: :func:`needs_more`, the extractor's (every option's posterior sd); ``m``:
+    :func:`mean_needs_more` (the expected answer's posterior sd), simulated beside it."""
+    rng = np.random.default_rng(seed_sequence(seed, rule, tolerance))
+    prob, samples = features["prob"].to_numpy(dtype=float).copy(), np.full(len(features), np.nan)
+    _, blocks = block_distributions(features)
+    for rows in blocks:
+        if len(rows) < 2:
+            continue
+        p = prob[rows] / prob[rows].sum()
+        counts = np.zeros(len(rows), dtype=int)
+        values = option_values(features["option"].iloc[rows])
+        more = (
+            (lambda c: needs_more(c, tolerance, max_samples))
+            if rule == "t"
+            else (lambda c: mean_needs_more(c, values, tolerance, max_samples))
+        )
+        while not counts.any() or more(counts):  # a block needs one answer
+            counts[rng.choice(len(rows), p=p)] += 1
+        prob[rows] = counts / counts.sum()
+        samples[rows] = counts.sum()
+    return _with_samples(features, prob, samples)
+
+
+def _with_samples(features: pd.DataFrame, prob: np.ndarray, samples: np.ndarray) -> pd.DataFrame:
+    out = features.drop(columns=[c for c in ("samples",) if c in features]).assign(
+        prob=prob, samples=pd.array(np.where(np.isnan(samples), 0, samples).astype(np.int64), dtype="Int64")
+    )
+    out.loc[np.isnan(samples), "samples"] = pd.NA
+    return out
+
+
+def parse_cell(cell: str) -> dict:
+    """The parts of a cell name (module doc); an error naming the cell where it is not one."""
+    parts = cell.split("/")
+    if len(parts) not in (4, 5) or parts[0] not in SETS or parts[1] not in ("cv", "systems"):
+        raise InputError(f"not a cell: {cell!r} (set/protocol/method/features[/a<prior>], --list)", setting="--cells")
+    name, protocol, method, feats = parts[:4]
+    prior = float(parts[4][1:]) if len(parts) == 5 else None
+    if method not in (*FAMILIES, *CANDIDATES) or not (feats == "logprob" or feats[0] in "ktm"):
+        raise InputError(f"not a cell: {cell!r}", setting="--cells")
+    spec = {"set": name, "protocol": protocol, "method": method, "features": feats, "prior": prior}
+    if feats != "logprob":
+        value, seed = feats[1:].split("s")
+        spec.update(kind=feats[0], value=float(value), seed=int(seed))
+    return spec
+
+
+SETS = ("dialsumm", "llm_rubric_synthetic", "llm_rubric_real")
+FAMILIES = ("auto", "network")  # model.family: built as train.py builds it
+CANDIDATES = ("ridge_judge",)  # a candidate of model=auto alone, fed the tables model=auto hands its members
+
+
+@functools.lru_cache(maxsize=2)
+def load_set(name: str, dialsumm: str, llm_root: str) -> tuple[Rubric, Tables]:
+    """(rubric, tables) of a set, as the library reads them."""
+    if name == "dialsumm":
+        rubric = Rubric.load(Path(dialsumm) / "rubric.yaml")
+        folder = Path(dialsumm)
+        return rubric, load_tables(folder / "annotations.csv", folder / "features.csv", rubric, folder / "texts.csv")
+    rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
+    return rubric, llm_rubric.load(llm_root, name.removeprefix("llm_rubric_"), rubric)
+
+
+@functools.lru_cache(maxsize=2)
+def cell_tables(cell: str, dialsumm: str, llm_root: str) -> tuple[Rubric, Tables]:
+    """The set of ``cell`` with its features drawn as the cell says, validated as a features file would be."""
+    spec = parse_cell(cell)
+    rubric, tables = load_set(spec["set"], dialsumm, llm_root)
+    if spec["features"] == "logprob":
+        return rubric, tables
+    feats = tables.features.reset_index(drop=True)
+    if spec["kind"] == "k":
+        drawn = drawn_features(feats, int(spec["value"]), spec["seed"])
+    else:
+        drawn = adaptive_features(feats, spec["value"], MAX_SAMPLES, spec["seed"], spec["kind"])
+    drawn.index = pd.RangeIndex(1, len(drawn) + 1)
+    drawn.attrs["source"] = f"<{cell}>"
+    return rubric, Tables(tables.annotations, validate_features(drawn, rubric), tables.texts)
+
+
+def outer_folds(tables: Tables, protocol: str) -> pd.DataFrame:
+    return text_folds(tables.text_ids, 5, 0) if protocol == "cv" else system_folds(tables)
+
+
+def built(rubric: Rubric, method: str, protocol: str, prior: float | None):
+    """The model ``train.py`` builds: ``conf/config.yaml`` with ``model=<method>``, the protocol, seed 0 and the prior."""
+    from omegaconf import OmegaConf
+
+    extra = [] if prior is None else [f"model.sample_prior={prior:g}"]
+    cfg = compose("config", [f"model={method}", f"protocol={protocol}", "seed=0", *extra])
+    model, trainer = (OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "trainer"))
+    return build_model(rubric, model, trainer, cfg.seed, auto_group(cfg))
+
+
+def run_fold(cell: str, fold: int, dialsumm: str, llm_root: str) -> tuple[pd.DataFrame, float]:
+    """The main question's predictions of one outer fold's model on its held-out texts, and its CPU seconds."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    single_threaded()
+    spec = parse_cell(cell)
+    rubric, tables = cell_tables(cell, dialsumm, llm_root)
+    folds = outer_folds(tables, spec["protocol"])
+    train, test = (tables.subset(folds.text_id[(folds.fold == fold) == held]) for held in (False, True))
+    start = time.process_time()
+    if spec["method"] in FAMILIES:
+        model = built(rubric, spec["method"], spec["protocol"], spec["prior"]).fit(train)
+        return model.predict(test, questions=[rubric.main.id]), time.process_time() - start
+    prior = ModelConfig().sample_prior if spec["prior"] is None else spec["prior"]
+    train, test = smoothed_tables(train, prior), smoothed_tables(test, prior)  # as model=auto hands them to it
+    model = candidate(spec["method"], rubric, model_file("auto"), group("trainer", "default"), 0)
+    predictions = fit_questions(model, train, [rubric.main.id]).predict(test)
+    return predictions[predictions.question_id == rubric.main.id], time.process_time() - start
+
+
+def interval_width(predictions: pd.DataFrame, question, coverage: float = 0.9) -> float:
+    """The mean width of each pair's central ``coverage`` interval of its predicted distribution."""
+    p = predictions[[f"p_{k}" for k in question.keys]].to_numpy(float)
+    cdf = np.cumsum(p / p.sum(axis=1, keepdims=True), axis=1)
+    values = np.asarray(question.values, float)
+    tail = (1 - coverage) / 2
+    low = values[np.minimum((cdf < tail - 1e-12).sum(axis=1), len(values) - 1)]
+    high = values[np.minimum((cdf < 1 - tail - 1e-12).sum(axis=1), len(values) - 1)]
+    return float(np.mean(high - low))
+
+
+def cell_figures(predictions: pd.DataFrame, rubric: Rubric, tables: Tables) -> dict:
+    """Pair NLL, Pearson, interval width and system RMS of the pooled out-of-fold predictions."""
+    main = rubric.main
+    m = evaluate_predicted(predictions, tables.annotations, main)
+    out = {
+        "pair_nll": m["nll"],
+        "pair_pearson": m.get("pearson"),
+        "interval_width90": interval_width(predictions, main),
+    }
+    systems = text_systems(tables) if "system_id" in (tables.texts if tables.texts is not None else {}) else None
+    if systems is not None and len(systems):
+        answered = predicted_annotations(predictions, tables.annotations, main)[0]
+        means = system_means(pair_scores(predictions, answered, main, systems))
+        out["system_rms"] = float(np.sqrt(np.mean((means.predicted - means.human) ** 2)))
+    feats = tables.features
+    if "samples" in feats and feats["samples"].notna().any():
+        per_block = feats.dropna(subset=["samples"]).drop_duplicates(BLOCK)["samples"].astype(float)
+        out["mean_samples_per_block"] = float(per_block.mean())
+    return out
+
+
+def run_cell(cell: str, args) -> dict:
+    """Every outer fold of ``cell`` (in ``--workers`` processes), its figures and seconds."""
+    spec = parse_cell(cell)
+    rubric, tables = cell_tables(cell, str(args.dialsumm), args.llm_rubric)
+    folds = sorted(outer_folds(tables, spec["protocol"]).fold.unique())
+    start = time.perf_counter()
+    jobs = [(cell, int(f), str(args.dialsumm), args.llm_rubric) for f in folds]
+    if args.workers > 1 and spec["method"] in FAMILIES:  # a candidate alone is cheaper than a second draw
+        with ProcessPoolExecutor(args.workers) as pool:
+            results = list(pool.map(run_fold, *zip(*jobs)))
+    else:
+        results = [run_fold(*job) for job in jobs]
+    predictions = pd.concat([p for p, _ in results], ignore_index=True)
+    return {
+        **spec,
+        "cell": cell,
+        **cell_figures(predictions, rubric, tables),
+        "folds": len(folds),
+        "cpu_seconds": float(sum(s for _, s in results)),
+        "wall_seconds": time.perf_counter() - start,
+    }
+
+
+def smallest_k(rows: list[dict]) -> dict:
+    """Per (set, protocol, method, prior): the logprob pair NLL, each k's pair NLL lost (mean over seeds) and the
+    smallest k of the grid from which every k measured is within :data:`WITHIN` of the logprob features."""
+    out = {}
+    for key, group_ in _groups(rows).items():
+        ref = next((r["pair_nll"] for r in group_ if r["features"] == "logprob"), None)
+        if ref is None:
+            continue
+        fixed = {}
+        for r in group_:
+            if r.get("kind") == "k":
+                fixed.setdefault(int(r["value"]), []).append(r["pair_nll"] - ref)
+        lost = {k: float(np.mean(v)) for k, v in sorted(fixed.items())}
+        within = [k for k in lost if all(v <= WITHIN for j, v in lost.items() if j >= k)]
+        out[key] = {
+            "logprob_pair_nll": ref,
+            "pair_nll_lost": {str(k): v for k, v in lost.items()},
+            "seeds": {str(k): len(v) for k, v in sorted(fixed.items())},
+            "smallest_k_within_0.01": min(within) if within else None,
+            "k10_within_0.01": (lost[10] <= WITHIN) if 10 in lost else None,
+        }
+    return out
+
+
+def adaptive_vs_fixed(rows: list[dict]) -> dict:
+    """Per (set, protocol, method, prior) and rule and tolerance: the adaptive stop's pair NLL and mean samples per
+    block (means over its seeds), the fixed k that reaches that pair NLL (the mean over seeds of each k with the
+    shipped prior, interpolated linearly in k between the grid's neighbours; None where no k of the grid is as good)
+    and the share of samples saved against it."""
+    groups, out = _groups(rows), {}
+    for key, group_ in groups.items():
+        fixed = {}
+        for r in groups.get(key.split("/a")[0], []):
+            if r.get("kind") == "k":
+                fixed.setdefault(int(r["value"]), []).append(r["pair_nll"])
+        ks = sorted(fixed)
+        nll = [float(np.mean(fixed[k])) for k in ks]
+        stops = {}
+        for r in group_:
+            if r.get("kind") in ("t", "m"):
+                stops.setdefault(f"{r['kind']}{r['value']:g}", []).append(r)
+        for name, runs in stops.items():
+            pair_nll = float(np.mean([r["pair_nll"] for r in runs]))
+            samples = float(np.mean([r["mean_samples_per_block"] for r in runs]))
+            k_equal = equal_nll_k(ks, nll, pair_nll)
+            out.setdefault(key, {})[name] = {
+                "pair_nll": pair_nll,
+                "mean_samples_per_block": samples,
+                "seeds": len(runs),
+                "fixed_k_at_equal_nll": k_equal,
+                "samples_saved": None if k_equal is None else 1 - samples / k_equal,
+            }
+    return out
+
+
+def equal_nll_k(ks: list[int], nll: list[float], target: float) -> float | None:
+    """The smallest k (linear between grid points) whose pair NLL is at most ``target``; None if none reaches it."""
+    for i, (k, value) in enumerate(zip(ks, nll)):
+        if value <= target:
+            if i == 0:
+                return float(k)
+            k0, v0 = ks[i - 1], nll[i - 1]
+            return float(k0 + (k - k0) * (v0 - target) / (v0 - value))
+    return None
+
+
+def _groups(rows: list[dict]) -> dict[str, list[dict]]:
+    out = {}
+    for r in rows:
+        prior = "" if r.get("prior") is None else f"/a{r['prior']:g}"
+        out.setdefault(f"{r['set']}/{r['protocol']}/{r['method']}{prior}", []).append(r)
+    return out
+
+
+def report(rows: list[dict], command: str, planned: list[str]) -> dict:
+    done = {r["cell"] for r in rows}
+    return {
+        "meta": {
+            "command": command,
+            "planned": planned,
+            "not_run": [c for c in planned if c not in done],
+            "max_samples": MAX_SAMPLES,
+            "interval": "central 90 % of each pair's predicted distribution",
+            "shipped_sample_prior": _shipped_prior(),
+        },
+        "cells": {r["cell"]: r for r in rows},
+        "smallest_k": smallest_k(rows),
+        "adaptive": adaptive_vs_fixed(rows),
+        "anchors": ANCHORS,
+    }
+
+
+def _shipped_prior() -> float:
+    return ModelConfig().sample_prior
+
+
+def read_partial(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return list({r["cell"]: r for r in rows}.values())
+
+
+def print_row(r: dict) -> None:
+    figures = {k: round(r[k], 4) for k in ("pair_nll", "pair_pearson", "interval_width90", "system_rms") if r.get(k)}
+    samples = r.get("mean_samples_per_block")
+    print(r["cell"], figures, f"samples/block {samples:.2f}" if samples else "", f"{r['wall_seconds']:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", nargs="+", default=None, help="default: the grid (--list)")
+    parser.add_argument("--dialsumm", type=Path, default=DIALSUMM)
+    parser.add_argument("--llm-rubric", default=llm_rubric_root())
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--partial", type=Path, default=PARTIAL, help="each finished cell, one JSON line")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--assemble", type=Path, default=None, help="write --out from this partial file and stop")
+    args = parser.parse_args(argv)
+    planned = args.cells or grid()
+    if args.list:
+        print("\n".join(planned))
+        return 0
+    for cell in planned:
+        parse_cell(cell)
+    version = code_version()
+    command = " ".join(["benchmarks/samples.py", *(argv if argv is not None else sys.argv[1:])])
+    if args.assemble:
+        rows = read_partial(args.assemble)
+        write_result(report(rows, command, planned), args.out, version)
+        return 0
+    rows = [r for r in read_partial(args.partial) if r["cell"] in planned]
+    for cell in planned:
+        if any(r["cell"] == cell for r in rows):
+            continue
+        try:
+            row = {**run_cell(cell, args), "commit": version["commit"]}
+        except Exception as e:  # a cell that fails is recorded, the others still run
+            print(f"{cell}: failed: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        rows.append(row)
+        with args.partial.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print_row(row)
+    write_result(report(rows, command, planned), args.out, version)
+    return 0
+
+
+def llm_rubric_root() -> str:
+    from common import llm_rubric_default
+
+    return llm_rubric_default()
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code(main, None))

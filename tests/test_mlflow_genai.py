@@ -26,7 +26,11 @@ from llmrubric.mlflow_genai.read import read_traces, search_traces
 from llmrubric.mlflow_genai.scorer import CalibratedScorer
 from llmrubric.mlflow_genai.write import SCORE_NAME
 
-pytestmark = [pytest.mark.mlflow_server, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.mlflow_server,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("mlflow_genai"),
+]  # one worker starts the server and trains
 N_TEXTS = 12  # the simulated data's first texts: enough for a fast train
 EXPERIMENT = "support-bot"
 

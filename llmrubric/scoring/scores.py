@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
+from llmrubric.io.contracts import SPECS
 from llmrubric.io.errors import InputError
 from llmrubric.io.files import atomic_path
 from llmrubric.io.guards import check_choice
@@ -42,19 +43,7 @@ from llmrubric.scoring.intervals import (
 )
 
 log = logging.getLogger(__name__)
-SCORE_COLUMNS = [
-    "text_id",
-    "system_id",
-    "question_id",
-    "mean",
-    "lo",
-    "hi",
-    "max",
-    "quantile",
-    "judges",
-    "status",
-    "missing_blocks",
-]
+SCORE_COLUMNS = list(SPECS["scores"].required)  # the scores table contract (llmrubric.io.contracts), in order
 EMPTY_ANNOTATIONS = ["text_id", "judge_id", "question_id", "answer", "round"]
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from llmrubric.extract.answers import ANSWER_STATUSES
 from llmrubric.extract.backends.base import Backend
 from llmrubric.extract.cache import FINAL, ResultCache
 from llmrubric.extract.injection import InjectionDetector
@@ -23,15 +24,7 @@ from llmrubric.io.tables import validate_features
 log = logging.getLogger(__name__)
 FAILURE_COLUMNS = ["text_id", "source", "question_id", "status", "reason"]
 # a block of a mode without logprobs that is absent: no answer named an option, no valid distribution, no answer in time
-MODE_STATUSES = (
-    "outside_options",
-    "unparseable",
-    "refusal",
-    "truncated_reasoning",
-    "invalid_json",
-    "invalid_probabilities",
-    "timeout",
-)
+MODE_STATUSES = (*(s for s in ANSWER_STATUSES if s != "parsed"), "timeout")
 
 
 @dataclass

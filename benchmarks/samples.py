@@ -13,17 +13,19 @@ A cell is ``<set>/<protocol>/<method>/<features>[/a<prior>]``: sets ``dialsumm``
 ``systems`` (leave one system out); methods ``auto`` (the shipped default, ``model=auto``), ``network``
 (``model=network``, the network alone: the default's usual choice, six times cheaper) and ``ridge_judge`` (the
 candidate of model=auto alone, fed the tables model=auto hands its members, a hundred times cheaper); features
-``logprob``, ``k<K>s<SEED>`` (K draws per block, seed SEED), ``t<TOL>s<SEED>`` (the adaptive stop of
-``llmrubric/extract/adaptive_stop.py`` at tolerance TOL, at most :data:`MAX_SAMPLES` answers) and ``m<TOL>s<SEED>``
-(a candidate rule simulated beside it: the expected answer's posterior sd at most TOL); ``/a<PRIOR>`` sets
-``model.sample_prior`` (else the shipped one). Draws of different
-seeds, k or tolerances share nothing (one ``SeedSequence`` each). Figures of the main question, pooled over the outer
+``logprob``, ``k<K>s<SEED>`` (the first K answers of each block), ``t<TOL>s<SEED>`` (the adaptive stop of
+``llmrubric/extract/adaptive_stop.py`` at tolerance TOL, at most :data:`MAX_SAMPLES` answers), ``p<TOL>s<SEED>`` and
+``m<TOL>s<SEED>`` (two equal-precision rules simulated beside it: every option's, or the expected answer's,
+posterior sd at most TOL); ``/a<PRIOR>`` sets ``model.sample_prior`` (else the shipped one). All cells of one seed
+read prefixes of the same answer sequence per block (paired: a stop is compared with fixed k on the very answers it
+read); seeds share nothing. Cells without ``draws`` in the JSON were drawn before the pairing, independently per
+cell (their figures stand alone; the adaptive comparison leaves them out). Figures of the main question, pooled over the outer
 folds: pair NLL, pair Pearson, interval width (the mean width of each pair's central 90 % predictive interval) and
 system RMS (the systems' mean predicted minus mean human answer), with the mean samples per block. Each finished cell
 is written to ``--partial`` at once, so a run that is stopped loses one cell; ``--assemble`` writes the result from it.
 Writes ``benchmarks/results/samples.json``: the cells, per set, protocol and method the smallest k from which every
-k measured is within 0.01 pair NLL of the logprob features, the adaptive stop against fixed k at equal pair NLL, and
-the anchors beside them.
+k measured is within 0.01 pair NLL of the logprob features, the adaptive stops against fixed k at equal pair NLL
+(per seed), what any stop could save on each set (``benchmarks/sample_bounds.py``) and the anchors beside them.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import sample_bounds  # noqa: E402
 from common import code_version, exit_code, write_result  # noqa: E402
 
 from llmrubric.apps.evaluate import evaluate_predicted, predicted_annotations  # noqa: E402
@@ -53,7 +56,7 @@ from llmrubric.config import ModelConfig, compose, group, model_file  # noqa: E4
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import system_folds, text_folds, text_systems  # noqa: E402
 from llmrubric.evaluation.transfer import pair_scores, system_means  # noqa: E402
-from llmrubric.extract.adaptive_stop import needs_more  # noqa: E402
+from llmrubric.extract.adaptive_stop import needs_more, option_values  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, load_tables, validate_features  # noqa: E402
@@ -66,8 +69,11 @@ OUT = ROOT / "benchmarks" / "results" / "samples.json"
 PARTIAL = ROOT / "benchmarks" / "results" / "samples.partial.jsonl"
 DIALSUMM = ROOT.parent / "shared" / "data" / "dialsumm"
 KS = (1, 2, 3, 5, 10, 20)
-TOLERANCES = (0.15, 0.12, 0.1)
-MEAN_TOLERANCES = (0.5, 0.4, 0.3)  # the candidate rule's, in answer units
+ADAPTIVE_RULES = ("t", "p", "m")  # the extractor's, then two equal-precision rules (adaptive_features)
+RULES = ("k", *ADAPTIVE_RULES)
+DRAWS = "paired"  # the cells of one seed read prefixes of the same answers (answer_sequences)
+TOLERANCES = (0.15, 0.1, 0.07, 0.05)  # the extractor's rule: answers per block ~ spread / tolerance
+EQUAL_PRECISION = {"p": (0.15, 0.12, 0.1), "m": (0.5, 0.4, 0.3)}  # every option's posterior sd; the expected answer's
 MAX_SAMPLES = 40
 WITHIN = 0.01  # the issue's bound on the pair NLL lost to sampling
 BLOCK = ["text_id", "source", "question_id"]
@@ -83,29 +89,28 @@ ANCHORS = {
 
 
 def grid() -> list[str]:
-    """The cells of the grid, in the order they run: the network's logprob reference on DialSumm, then the full k
-    grid, two seeds, both protocols and the adaptive stop with ``ridge_judge`` (the candidate of the issue's anchor,
-    a hundred times cheaper), the release, then the network on the k that matter and the shipped default last
-    (each of its cells costs six of the network's)."""
-    ks = [f"k{k}s{s}" for s in (0, 1) for k in KS]
-    adaptive = [f"t{t:g}s0" for t in TOLERANCES]
-    cells = ["dialsumm/cv/network/logprob"]
-    for protocol in ("cv", "systems"):
-        ridge = f"dialsumm/{protocol}/ridge_judge"
-        cells += [f"{ridge}/{f}" for f in ("logprob", *ks, *adaptive)]
-        cells += [f"{ridge}/{f}/a0" for f in ("k1s0", "k3s0", *adaptive)]
+    """The cells of the grid, in the order they run: the network's logprob reference on DialSumm; with
+    ``ridge_judge`` (the candidate of the issue's anchor, a hundred times cheaper) fixed k and the extractor's stop
+    on the same draws, 8 seeds by text CV, 2 leaving a system out, each stop also with ``model.sample_prior`` 1, and
+    the two equal-precision rules (4 seeds); the release (4 seeds); then the network and the shipped default
+    (``auto``, each of its cells costs six of the network's) on the k that matter."""
+    fixed = lambda seeds, ks=KS: [f"k{k}s{s}" for s in seeds for k in ks]  # noqa: E731
+    stops = lambda seeds, tolerances=TOLERANCES: [f"t{t:g}s{s}" for s in seeds for t in tolerances]  # noqa: E731
+    ridge = "dialsumm/cv/ridge_judge"
+    cells = ["dialsumm/cv/network/logprob", f"{ridge}/logprob"]
+    cells += [f"{ridge}/{f}" for f in (*fixed(range(8)), *stops(range(8)))]
+    cells += [f"{ridge}/{f}/a1" for f in stops(range(8))]
+    cells += [f"{ridge}/{r}{t:g}s{s}" for s in range(4) for r, ts in EQUAL_PRECISION.items() for t in ts]
+    ridge = "dialsumm/systems/ridge_judge"
+    cells += [f"{ridge}/{f}" for f in ("logprob", *fixed((0, 1)), *stops((0, 1), (0.15, 0.07)))]
+    cells += [f"{ridge}/{f}/a1" for f in stops((0, 1), (0.15, 0.07))]
     for name in ("llm_rubric_synthetic", "llm_rubric_real"):
-        cells += [f"{name}/cv/ridge_judge/{f}" for f in ("logprob", "k1s0", "k3s0", "k10s0", "t0.15s0")]
+        cells += [f"{name}/cv/ridge_judge/{f}" for f in ("logprob", *fixed(range(4), (1, 3, 10)))]
+        cells += [f"{name}/cv/ridge_judge/{f}" for f in stops(range(4), (0.15, 0.07))]
     cells += [f"llm_rubric_synthetic/systems/ridge_judge/{f}" for f in ("logprob", "k3s0", "k10s0")]
-    cells += [f"dialsumm/cv/network/{f}" for f in ("k10s0", "k3s0", "k1s0", "t0.15s0", "t0.15s0/a0")]
+    cells += [f"dialsumm/cv/network/{f}" for f in ("k10s0", "k3s0", "k1s0")]
     cells += [f"dialsumm/systems/network/{f}" for f in ("logprob", "k10s0")]
-    cells += [f"dialsumm/cv/auto/{f}" for f in ("logprob", "k10s0", "k3s0")]
-    cells += [f"dialsumm/{p}/ridge_judge/m{t:g}s0" for p in ("cv", "systems") for t in MEAN_TOLERANCES]
-    cells += [f"dialsumm/cv/ridge_judge/m{t:g}s0/a0" for t in MEAN_TOLERANCES]
-    cells += [
-        f"dialsumm/cv/ridge_judge/{r}s1"
-        for r in (*(f"t{t:g}" for t in TOLERANCES), *(f"m{t:g}" for t in MEAN_TOLERANCES))
-    ]
+    cells += [f"dialsumm/cv/auto/{f}" for f in ("logprob", "k10s0", "k3s0", "k1s0")]
     return cells
 
 
@@ -122,29 +127,47 @@ def block_distributions(features: pd.DataFrame) -> tuple[np.ndarray, list[np.nda
     return code, [order[a:b] for a, b in zip(starts[:-1], starts[1:])]
 
 
-def seed_sequence(seed: int, kind: str, value: float) -> np.random.SeedSequence:
-    """One seed sequence per (seed, kind of draw, k or tolerance): no two cells share a draw."""
-    return np.random.SeedSequence([seed, {"k": 1, "t": 2, "m": 3}[kind], int(round(value * 10_000))])
+def seed_sequence(seed: int) -> np.random.SeedSequence:
+    """One seed sequence per seed: seeds share nothing."""
+    return np.random.SeedSequence([seed, 58])
+
+
+def answer_sequences(features: pd.DataFrame, seed: int, length: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per block of 2+ options, its row positions and ``length`` answers drawn from its (normalised) distribution
+    (as positions in the block). Every cell of one seed reads prefixes of the same answers, so that fixed k and the
+    adaptive stops are compared on the same draws (paired); seeds share nothing."""
+    rng = np.random.default_rng(seed_sequence(seed))
+    prob = features["prob"].to_numpy(dtype=float)
+    _, blocks = block_distributions(features)
+    return [
+        (rows, rng.choice(len(rows), size=length, p=prob[rows] / prob[rows].sum())) for rows in blocks if len(rows) > 1
+    ]
 
 
 def drawn_features(features: pd.DataFrame, k: int, seed: int) -> pd.DataFrame:
-    """``features`` with each block of 2+ options replaced by the answer counts over ``k`` answers drawn from its
-    (normalised) distribution, ``samples`` = k; one-option blocks (values) keep their value and no ``samples``."""
-    rng = np.random.default_rng(seed_sequence(seed, "k", k))
+    """``features`` with each block of 2+ options replaced by the answer counts over its first ``k`` answers
+    (:func:`answer_sequences`), ``samples`` = k; one-option blocks (values) keep their value and no ``samples``."""
     prob, samples = features["prob"].to_numpy(dtype=float).copy(), np.full(len(features), np.nan)
-    _, blocks = block_distributions(features)
-    for rows in blocks:
-        if len(rows) < 2:
-            continue
-        p = prob[rows] / prob[rows].sum()
-        prob[rows] = rng.multinomial(k, p) / k
+    for rows, answers in answer_sequences(features, seed, max(k, MAX_SAMPLES)):
+        prob[rows] = np.bincount(answers[:k], minlength=len(rows)) / k
         samples[rows] = k
     return _with_samples(features, prob, samples)
 
 
+def posterior_needs_more(counts: np.ndarray, tolerance: float, max_samples: int) -> bool:
+    """An equal-precision rule simulated beside the extractor's: another answer while some option's posterior sd
+    under Dirichlet(1 + counts) exceeds ``tolerance`` and fewer than ``max_samples`` were drawn."""
+    if counts.sum() >= max_samples:
+        return False
+    alpha = 1.0 + counts
+    total = alpha.sum()
+    return bool(np.sqrt(alpha * (total - alpha) / (total**2 * (total + 1.0))).max() > tolerance)
+
+
 def mean_needs_more(counts: np.ndarray, values: np.ndarray, tolerance: float, max_samples: int) -> bool:
-    """A candidate rule, not the extractor's: another answer while the posterior sd of the block's expected answer
-    under Dirichlet(1 + counts) exceeds ``tolerance`` (in answer units) and fewer than ``max_samples`` were drawn."""
+    """An equal-precision rule simulated beside the extractor's: another answer while the posterior sd of the
+    block's expected answer under Dirichlet(1 + counts) exceeds ``tolerance`` (in answer units) and fewer than
+    ``max_samples`` were drawn."""
     if counts.sum() >= max_samples:
         return False
     alpha = 1.0 + counts
@@ -153,40 +176,36 @@ def mean_needs_more(counts: np.ndarray, values: np.ndarray, tolerance: float, ma
     return bool(np.sqrt(max(alpha @ values**2 / total - mean**2, 0.0) / (total + 1.0)) > tolerance)
 
 
-def option_values(options: pd.Series) -> np.ndarray:
-    """Each option's value: the option itself when every option is a number, else its position."""
-    try:
-        return options.astype(float).to_numpy()
-    except ValueError:
-        return np.arange(len(options), dtype=float)
-
-
 def adaptive_features(
     features: pd.DataFrame, tolerance: float, max_samples: int, seed: int, rule: str = "t"
 ) -> pd.DataFrame:
-    """``features`` with each block of 2+ options replaced by the counts of answers drawn one at a time from it
-    until the rule says stop at ``tolerance``, at most ``max_samples``, and at least one (a block of no answer is
-    absent, not read). Rule ``t``: :func:`needs_more`, the extractor's (every option's posterior sd); ``m``:
-    :func:`mean_needs_more` (the expected answer's posterior sd), simulated beside it."""
-    rng = np.random.default_rng(seed_sequence(seed, rule, tolerance))
+    """``features`` with each block of 2+ options replaced by the counts of its answers (:func:`answer_sequences`)
+    read one at a time until the rule says stop at ``tolerance``, at most ``max_samples``, and at least one (a
+    block of no answer is absent, not read). Rule ``t``: :func:`needs_more`, the extractor's (answers in proportion
+    to their spread); ``p``: :func:`posterior_needs_more` and ``m``: :func:`mean_needs_more`, two equal-precision
+    rules beside it."""
     prob, samples = features["prob"].to_numpy(dtype=float).copy(), np.full(len(features), np.nan)
-    _, blocks = block_distributions(features)
-    for rows in blocks:
-        if len(rows) < 2:
-            continue
-        p = prob[rows] / prob[rows].sum()
+    for rows, answers in answer_sequences(features, seed, max_samples):
         counts = np.zeros(len(rows), dtype=int)
-        values = option_values(features["option"].iloc[rows])
-        more = (
-            (lambda c: needs_more(c, tolerance, max_samples))
-            if rule == "t"
-            else (lambda c: mean_needs_more(c, values, tolerance, max_samples))
-        )
-        while not counts.any() or more(counts):  # a block needs one answer
-            counts[rng.choice(len(rows), p=p)] += 1
+        more = stop_rule(rule, features["option"].iloc[rows].tolist(), tolerance, max_samples)
+        for answer in answers:
+            counts[answer] += 1
+            if not more(counts):
+                break
         prob[rows] = counts / counts.sum()
         samples[rows] = counts.sum()
     return _with_samples(features, prob, samples)
+
+
+def stop_rule(rule: str, options: list, tolerance: float, max_samples: int):
+    """The rule's ``counts -> another answer?`` for a block of these options (a scale's values, else categories)."""
+    values = option_values(options)
+    if rule == "t":
+        return lambda c: needs_more(c, tolerance, max_samples, values)
+    if rule == "p":
+        return lambda c: posterior_needs_more(c, tolerance, max_samples)
+    scale = np.arange(len(options), dtype=float) if values is None else np.asarray(values)
+    return lambda c: mean_needs_more(c, scale, tolerance, max_samples)
 
 
 def _with_samples(features: pd.DataFrame, prob: np.ndarray, samples: np.ndarray) -> pd.DataFrame:
@@ -204,7 +223,7 @@ def parse_cell(cell: str) -> dict:
         raise InputError(f"not a cell: {cell!r} (set/protocol/method/features[/a<prior>], --list)", setting="--cells")
     name, protocol, method, feats = parts[:4]
     prior = float(parts[4][1:]) if len(parts) == 5 else None
-    if method not in (*FAMILIES, *CANDIDATES) or not (feats == "logprob" or feats[0] in "ktm"):
+    if method not in (*FAMILIES, *CANDIDATES) or not (feats == "logprob" or feats[0] in RULES):
         raise InputError(f"not a cell: {cell!r}", setting="--cells")
     spec = {"set": name, "protocol": protocol, "method": method, "features": feats, "prior": prior}
     if feats != "logprob":
@@ -330,6 +349,7 @@ def run_cell(cell: str, args) -> dict:
         "cell": cell,
         **cell_figures(predictions, rubric, tables),
         "folds": len(folds),
+        **({} if spec["features"] == "logprob" else {"draws": DRAWS}),
         "cpu_seconds": float(sum(s for _, s in results)),
         "wall_seconds": time.perf_counter() - start,
     }
@@ -360,45 +380,46 @@ def smallest_k(rows: list[dict]) -> dict:
 
 
 def adaptive_vs_fixed(rows: list[dict]) -> dict:
-    """Per (set, protocol, method, prior) and rule and tolerance: the adaptive stop's pair NLL and mean samples per
-    block (means over its seeds), the fixed k that reaches that pair NLL (the mean over seeds of each k with the
-    shipped prior, interpolated linearly in k between the grid's neighbours; None where no k of the grid is as good)
-    and the share of samples saved against it."""
+    """Per (set, protocol, method, prior), rule and tolerance, over the seeds whose fixed-k cells on the same draws
+    (``draws`` paired, the shipped prior) cover three k or more: the adaptive stop's pair NLL and mean samples per
+    block, the fixed k of equal pair NLL on that seed's own curve (:func:`equal_nll_k`) and the share of samples
+    saved against it (means over seeds, with their spread; None where some seed's curve never reaches it)."""
     groups, out = _groups(rows), {}
     for key, group_ in groups.items():
-        fixed = {}
+        curves = {}
         for r in groups.get(key.split("/a")[0], []):
-            if r.get("kind") == "k":
-                fixed.setdefault(int(r["value"]), []).append(r["pair_nll"])
-        ks = sorted(fixed)
-        nll = [float(np.mean(fixed[k])) for k in ks]
+            if r.get("kind") == "k" and r.get("draws") == DRAWS:
+                curves.setdefault(r["seed"], {})[int(r["value"])] = r["pair_nll"]
         stops = {}
         for r in group_:
-            if r.get("kind") in ("t", "m"):
+            if r.get("kind") in ADAPTIVE_RULES and r.get("draws") == DRAWS and len(curves.get(r["seed"], ())) >= 3:
                 stops.setdefault(f"{r['kind']}{r['value']:g}", []).append(r)
-        for name, runs in stops.items():
-            pair_nll = float(np.mean([r["pair_nll"] for r in runs]))
-            samples = float(np.mean([r["mean_samples_per_block"] for r in runs]))
-            k_equal = equal_nll_k(ks, nll, pair_nll)
+        for name, runs in sorted(stops.items()):
+            k_equal = [equal_nll_k(curves[r["seed"]], r["pair_nll"]) for r in runs]
+            saved = [None if k is None else 1 - r["mean_samples_per_block"] / k for r, k in zip(runs, k_equal)]
+            reached = None not in saved
             out.setdefault(key, {})[name] = {
-                "pair_nll": pair_nll,
-                "mean_samples_per_block": samples,
+                "pair_nll": float(np.mean([r["pair_nll"] for r in runs])),
+                "mean_samples_per_block": float(np.mean([r["mean_samples_per_block"] for r in runs])),
                 "seeds": len(runs),
-                "fixed_k_at_equal_nll": k_equal,
-                "samples_saved": None if k_equal is None else 1 - samples / k_equal,
+                "fixed_k_at_equal_nll": float(np.mean(k_equal)) if reached else None,
+                "samples_saved": float(np.mean(saved)) if reached else None,
+                "samples_saved_sd": float(np.std(saved, ddof=1)) if reached and len(saved) > 1 else None,
+                "samples_saved_by_seed": saved,
             }
     return out
 
 
-def equal_nll_k(ks: list[int], nll: list[float], target: float) -> float | None:
-    """The smallest k (linear between grid points) whose pair NLL is at most ``target``; None if none reaches it."""
-    for i, (k, value) in enumerate(zip(ks, nll)):
-        if value <= target:
-            if i == 0:
-                return float(k)
-            k0, v0 = ks[i - 1], nll[i - 1]
-            return float(k0 + (k - k0) * (v0 - target) / (v0 - value))
-    return None
+def equal_nll_k(curve: dict[int, float], target: float) -> float | None:
+    """The k whose pair NLL is ``target`` on the curve ``a + b / k`` fitted (least squares) to a seed's fixed-k
+    pair NLL (``{k: nll}``: sampling noise lost in proportion to 1 / k); None where the curve never comes down to
+    ``target`` (no k is as good)."""
+    x = 1.0 / np.array(sorted(curve), dtype=float)
+    y = np.array([curve[k] for k in sorted(curve)], dtype=float)
+    b, a = np.polyfit(x, y, 1)
+    if b <= 0 or target <= a:
+        return None
+    return float(b / (target - a))
 
 
 def _groups(rows: list[dict]) -> dict[str, list[dict]]:
@@ -409,7 +430,7 @@ def _groups(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def report(rows: list[dict], command: str, planned: list[str]) -> dict:
+def report(rows: list[dict], command: str, planned: list[str], bounds: dict) -> dict:
     done = {r["cell"] for r in rows}
     return {
         "meta": {
@@ -423,8 +444,15 @@ def report(rows: list[dict], command: str, planned: list[str]) -> dict:
         "cells": {r["cell"]: r for r in rows},
         "smallest_k": smallest_k(rows),
         "adaptive": adaptive_vs_fixed(rows),
+        "adaptive_bounds": bounds,
         "anchors": ANCHORS,
     }
+
+
+def set_bounds(rows: list[dict], args) -> dict:
+    """Per set of ``rows``: what any adaptive stop could save on it (:func:`sample_bounds.bounds`)."""
+    names = sorted({r["set"] for r in rows})
+    return {n: sample_bounds.bounds(*load_set(n, str(args.dialsumm), args.llm_rubric)[::-1]) for n in names}
 
 
 def _shipped_prior() -> float:
@@ -465,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["benchmarks/samples.py", *(argv if argv is not None else sys.argv[1:])])
     if args.assemble:
         rows = read_partial(args.assemble)
-        write_result(report(rows, command, planned), args.out, version)
+        write_result(report(rows, command, planned, set_bounds(rows, args)), args.out, version)
         return 0
     rows = [r for r in read_partial(args.partial) if r["cell"] in planned]
     for cell in planned:
@@ -480,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         with args.partial.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print_row(row)
-    write_result(report(rows, command, planned), args.out, version)
+    write_result(report(rows, command, planned, set_bounds(rows, args)), args.out, version)
     return 0
 
 

@@ -1,29 +1,37 @@
-"""The adaptive stop of sampled blocks: a Dirichlet posterior's spread against a tolerance, bounded by a maximum."""
+"""The adaptive stop of sampled blocks: answers in proportion to their spread, at least two, at most a maximum."""
 
 import numpy as np
 import pytest
 
-from llmrubric.extract.adaptive_stop import needs_more, posterior_sd
+from llmrubric.extract.adaptive_stop import MIN_SAMPLES, needs_more, option_values, spread
 
 
-def test_posterior_sd_is_the_dirichlet_formula():
-    sd = posterior_sd([3, 0, 1])
-    alpha = np.array([4.0, 1.0, 2.0])
-    total = alpha.sum()
-    assert sd == pytest.approx(np.sqrt(alpha * (total - alpha) / (total**2 * (total + 1))))
+def test_spread_is_the_unbiased_sd_of_the_answers_values_or_of_the_option_indicators():
+    answers = np.array([1.0, 1.0, 3.0, 4.0])
+    assert spread([2, 0, 1, 1], [1, 2, 3, 4]) == pytest.approx(answers.std(ddof=1))
+    p = np.array([2, 1, 1]) / 4
+    assert spread([2, 1, 1]) == pytest.approx(np.sqrt(p @ (1 - p) * 4 / 3))
+    assert spread([1, 0, 0], [1, 2, 3]) == 0.0
 
 
-def test_a_confident_judge_stops_before_an_undecided_one():
+def test_a_confident_judge_stops_at_the_minimum_and_an_undecided_one_samples_more():
+    values = [1, 2, 3, 4, 5]
     confident = [0] * 5
-    undecided = [0] * 5
-    while needs_more(confident, 0.1, 100):
+    while needs_more(confident, 0.1, 100, values):
         confident[0] += 1
+    assert sum(confident) == MIN_SAMPLES
     rng = np.random.default_rng(0)
-    while needs_more(undecided, 0.1, 100):
+    undecided = [0] * 5
+    while needs_more(undecided, 0.1, 100, values):
         undecided[rng.integers(5)] += 1
-    assert sum(confident) < sum(undecided) <= 100
+    assert sum(undecided) >= spread(undecided, values) / 0.1 > 10
 
 
 def test_the_maximum_stops_any_block():
     assert needs_more([1, 1], 1e-6, 3)
     assert not needs_more([2, 1], 1e-6, 3)
+
+
+def test_options_are_a_scale_when_every_one_is_a_number():
+    assert option_values(["1", "2", "5"]) == [1.0, 2.0, 5.0]
+    assert option_values(["yes", "no"]) is None

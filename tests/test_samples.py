@@ -163,27 +163,82 @@ def test_k_draws_count_k_answers_per_block_and_a_seed_reproduces_them(simulated)
 
 
 @pytest.mark.slow
-def test_the_adaptive_draws_stop_where_the_rule_says(simulated):
+@pytest.mark.parametrize("rule", ["t", "p", "m"])
+def test_the_adaptive_draws_stop_where_the_rule_says_on_the_answers_fixed_k_reads(simulated, rule):
     features = simulated.features.reset_index(drop=True).iloc[:600]
-    drawn = bench.adaptive_features(features, 0.15, 12, 0)
-    for _, block in drawn.groupby(BLOCK, sort=False):
+    drawn = bench.adaptive_features(features, 0.15, 12, 0, rule)
+    more = {}
+    for (text, source, question), block in drawn.groupby(BLOCK, sort=False):
         k = int(block["samples"].iloc[0])
         counts = np.round(block["prob"].to_numpy() * k).astype(int)
         assert counts.sum() == k and 1 <= k <= 12
-        assert not needs_more(counts, 0.15, 12)
-    assert drawn["prob"].equals(bench.adaptive_features(features, 0.15, 12, 0)["prob"])
-    confident = drawn.groupby(BLOCK, sort=False)["prob"].max()
-    k = drawn.groupby(BLOCK, sort=False)["samples"].first().astype(float)
-    assert k[confident == 1].mean() < k[confident < 1].mean()  # a confident judge stops sooner
+        assert not bench.stop_rule(rule, block["option"].tolist(), 0.15, 12)(counts)
+        more[(text, source, question)] = k
+    assert drawn["prob"].equals(bench.adaptive_features(features, 0.15, 12, 0, rule)["prob"])
+    sequences = bench.answer_sequences(features, 0, bench.MAX_SAMPLES)
+    rows, answers = sequences[0]
+    k = int(drawn["samples"].iloc[rows[0]])
+    prefix = np.bincount(answers[:k], minlength=len(rows)) / k
+    assert np.allclose(drawn["prob"].iloc[rows], prefix)  # the first k answers of the seed's sequence
+    assert np.allclose(bench.drawn_features(features, k, 0)["prob"].iloc[rows], prefix)  # as fixed k reads them
 
 
-def test_equal_nll_k_interpolates_between_the_grid_points():
-    assert bench.equal_nll_k([1, 3, 10], [1.2, 1.0, 0.9], 0.95) == pytest.approx(6.5)
-    assert bench.equal_nll_k([1, 3, 10], [1.2, 1.0, 0.9], 1.3) == 1.0
-    assert bench.equal_nll_k([1, 3, 10], [1.2, 1.0, 0.9], 0.8) is None
+def test_the_extractor_rule_spends_answers_in_proportion_to_the_spread():
+    values = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert not needs_more([2, 0, 0, 0, 0], 0.1, 40, values)  # two equal answers: no spread, stop
+    assert needs_more([1, 0, 0, 0, 0], 0.1, 40, values)  # one answer estimates no spread
+    # half 1s, half 2s: variance 1/4, unbiased 1/4 n/(n-1); 4 answers: sd 0.577 > 0.4, 6 answers: sd 0.548 <= 0.6
+    assert needs_more([2, 2, 0, 0, 0], 0.1, 40, values)
+    assert not needs_more([3, 3, 0, 0, 0], 0.1, 40, values)
+    assert needs_more([2, 2, 2, 0, 0], 0.1, 40, None)  # categories: the indicators' summed variance, sd 0.866 > 0.6
+    assert not needs_more([6, 0, 0, 0, 0], 1e-9, 40, None)
+    assert not needs_more([20, 20, 0, 0, 0], 0.1, 40, values)  # the maximum stops it
 
 
-def test_the_candidate_rule_bounds_the_expected_answers_posterior_sd():
+def test_equal_nll_k_reads_the_fitted_one_over_k_curve():
+    curve = {k: 0.9 + 0.3 / k for k in (1, 2, 5, 10)}
+    assert bench.equal_nll_k(curve, 0.95) == pytest.approx(6.0)
+    assert bench.equal_nll_k(curve, 1.5) == pytest.approx(0.5)
+    assert bench.equal_nll_k(curve, 0.89) is None  # below the curve's limit: no k is as good
+
+
+def test_adaptive_against_fixed_pairs_each_seed_with_its_own_curve():
+    rows = [
+        {
+            "set": "s",
+            "protocol": "cv",
+            "method": "m",
+            "kind": "k",
+            "value": k,
+            "seed": seed,
+            "draws": "paired",
+            "pair_nll": 0.9 + (0.3 + seed / 10) / k,
+        }
+        for seed in (0, 1)
+        for k in (1, 2, 5, 10)
+    ]
+    rows += [
+        {
+            "set": "s",
+            "protocol": "cv",
+            "method": "m",
+            "kind": "t",
+            "value": 0.1,
+            "seed": seed,
+            "draws": "paired",
+            "pair_nll": 0.95,
+            "mean_samples_per_block": 3.0,
+        }
+        for seed in (0, 1)
+    ]
+    rows.append({**rows[-1], "seed": 7})  # a seed without its fixed-k curve is left out
+    out = bench.adaptive_vs_fixed(rows)["s/cv/m"]["t0.1"]
+    assert out["seeds"] == 2
+    assert out["samples_saved_by_seed"] == pytest.approx([1 - 3 / 6, 1 - 3 / 8])
+    assert out["samples_saved"] == pytest.approx(np.mean([0.5, 1 - 3 / 8]))
+
+
+def test_the_equal_precision_rules_bound_a_posterior_sd():
     values = np.array([1.0, 2.0, 3.0])
     alpha = np.array([5.0, 1.0, 1.0])  # counts 4, 0, 0
     mean = alpha @ values / alpha.sum()
@@ -191,3 +246,7 @@ def test_the_candidate_rule_bounds_the_expected_answers_posterior_sd():
     assert bench.mean_needs_more(np.array([4, 0, 0]), values, sd - 1e-9, 100)
     assert not bench.mean_needs_more(np.array([4, 0, 0]), values, sd + 1e-9, 100)
     assert not bench.mean_needs_more(np.array([4, 0, 0]), values, 0.0, 4)  # the maximum stops it
+    total = alpha.sum()
+    option_sd = np.sqrt(alpha * (total - alpha) / (total**2 * (total + 1))).max()
+    assert bench.posterior_needs_more(np.array([4, 0, 0]), option_sd - 1e-9, 100)
+    assert not bench.posterior_needs_more(np.array([4, 0, 0]), option_sd + 1e-9, 100)

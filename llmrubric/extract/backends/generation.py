@@ -2,7 +2,7 @@
 "Modes without logprobs"): ``sampled`` (k answers at a temperature, counted), ``verbalized`` (one JSON object of
 probabilities, checked and renormalised; one retry) and ``reasoned`` (k reasonings, each ending with a final
 answer line, counted). Sampling goes in rounds of ``samples_per_request`` answers (the server's ``n``) until
-``samples`` answers were drawn or, with a ``tolerance``, the block's Dirichlet posterior is that narrow
+``samples`` answers were drawn or, with a ``tolerance``, the block has answers in proportion to their spread
 (:func:`llmrubric.extract.adaptive_stop.needs_more`); unparseable answers count towards ``samples``, so a judge
 that never parses stops too. Each answer's status (:mod:`llmrubric.extract.answers`) is counted in the result's
 ``detail``, which also keeps the raw answers (the reasonings) in the cache.
@@ -15,7 +15,7 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from llmrubric.extract.adaptive_stop import needs_more
+from llmrubric.extract.adaptive_stop import needs_more, option_values
 from llmrubric.extract.answers import choose, final_answer, refused, verbalized
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.extract.tasks import Result, Task
@@ -71,6 +71,8 @@ class ModeSettings:
         if self.mode == "logprob":
             return ""
         used = {k: v for k, v in asdict(self).items() if k not in ("max_tokens", "temperature")}
+        if self.tolerance is not None:
+            used["stop"] = "spread"  # the adaptive stop's rule (adaptive_stop.needs_more)
         if self.mode != "verbalized":
             used.pop("sum_tolerance"), used.pop("structured_output")
         instruction = f"|{instruction_template(self.mode).hash}" if self.mode != "sampled" else ""
@@ -173,12 +175,12 @@ class ModeReader:
         return index, status, kept
 
     def read_sampled(self, task: Task) -> Result:
-        """Rounds of answers until ``samples`` were drawn or the posterior is within ``tolerance``."""
+        """Rounds of answers until ``samples`` were drawn or the adaptive stop at ``tolerance`` says enough."""
         s, prompt = self.settings, mode_prompt(task, self.settings.mode)
         counts, statuses, answers = [0] * len(task.labels), Counter(), []
         detail = {"mode": s.mode, "requests": 0, "prompt_tokens": 0, "output_tokens": 0}
-        drawn = 0
-        while drawn < s.samples and (s.tolerance is None or needs_more(counts, s.tolerance, s.samples)):
+        drawn, values = 0, option_values(task.options)
+        while drawn < s.samples and (s.tolerance is None or needs_more(counts, s.tolerance, s.samples, values)):
             n = min(s.samples_per_request, s.samples - drawn)
             response, error = self.backend.send(task, self.body(prompt, n, s.heat, request_seed(s.seed, task, drawn)))
             if response is None:

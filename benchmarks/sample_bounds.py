@@ -1,0 +1,74 @@
+"""How many samples any adaptive stop could save on a set (issue 58), from its logprob blocks alone: the bound that
+``benchmarks/samples.py`` sets beside the measured stops.
+
+Sampling block ``b`` n_b times leaves a squared error of about spread_b² / n_b in its features. Fixed k leaves
+sum spread² / k; the allocation that leaves the same error for the fewest answers is Neyman's, n_b ~ spread_b, and it
+saves ``1 - mean(spread)² / mean(spread²)`` of fixed k's answers. No rule that sees one block at a time does better
+(it does not know the spreads; it must estimate them from its own answers). Where the score weighs blocks
+unequally (weight w_b: how much the main question's calibrated answer moves with the block's expected answer),
+n_b ~ w_b spread_b saves ``1 - mean(w spread)² / mean((w spread)²)``: what a stop that knows the calibrator could
+save. The weights here are a ridge of the main question's mean human answer on every block's expected answer, fitted
+on all texts: a figure to report, not one that decides anything.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from sklearn.linear_model import RidgeCV
+
+from llmrubric.extract.adaptive_stop import option_values
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.tables import Tables
+
+BLOCK = ["text_id", "source", "question_id"]
+
+
+def block_spreads(features: pd.DataFrame) -> pd.DataFrame:
+    """Per block of 2+ options: its expected answer and spread (the sd of its value on a scale, else of the option
+    indicators) under its own distribution; blocks of categories have no expected answer (NaN)."""
+    rows = []
+    for key, block in features.groupby(BLOCK, sort=False):
+        if len(block) < 2:
+            continue
+        p = block["prob"].to_numpy(dtype=float)
+        p = p / p.sum()
+        values = option_values(block["option"].tolist())
+        if values is None:
+            rows.append((*key, np.nan, float(np.sqrt(p @ (1 - p)))))
+            continue
+        v = np.asarray(values)
+        mean = float(p @ v)
+        rows.append((*key, mean, float(np.sqrt(max(p @ v**2 - mean**2, 0.0)))))
+    return pd.DataFrame(rows, columns=[*BLOCK, "expected", "spread"])
+
+
+def neyman_saving(spread: np.ndarray) -> float:
+    """The share of fixed k's answers that n_b ~ spread_b saves at the same summed squared error."""
+    spread = np.asarray(spread, dtype=float)
+    return float(1.0 - spread.mean() ** 2 / (spread**2).mean())
+
+
+def score_weights(blocks: pd.DataFrame, tables: Tables, rubric: Rubric) -> pd.Series:
+    """Per (source, question): |d main answer / d expected answer| of a ridge of the main question's mean human
+    answer on the blocks' expected answers (missing blocks: the column mean)."""
+    main = rubric.main.id
+    wide = blocks.set_index(BLOCK)["expected"].unstack(["source", "question_id"]).dropna(axis=1, how="all")
+    labels = tables.annotations[tables.annotations.question_id == main]
+    target = pd.to_numeric(labels["answer"], errors="coerce").groupby(labels["text_id"]).mean().dropna()
+    x = wide.loc[wide.index.intersection(target.index)]
+    x = x.fillna(x.mean())
+    scale = x.std().replace(0, 1.0)
+    fit = RidgeCV(alphas=np.logspace(-2, 3, 21)).fit((x - x.mean()) / scale, target.loc[x.index])
+    return pd.Series(np.abs(fit.coef_) / scale.to_numpy(), index=x.columns)
+
+
+def bounds(tables: Tables, rubric: Rubric) -> dict:
+    """The set's two bounds on the samples an adaptive stop saves at equal error (module doc)."""
+    blocks = block_spreads(tables.features.reset_index(drop=True))
+    out = {"blocks": len(blocks), "per_block_rule": neyman_saving(blocks["spread"])}
+    if blocks["expected"].notna().any():
+        weights = score_weights(blocks, tables, rubric)
+        w = blocks.set_index(["source", "question_id"]).index.map(lambda k: weights.get(k, 0.0))
+        out["weighted_by_the_score"] = neyman_saving(np.asarray(w, dtype=float) * blocks["spread"].to_numpy())
+    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pandas as pd
@@ -192,14 +193,20 @@ def test_a_server_that_never_answers_in_time_is_a_timeout_never_a_value():
     assert ex.failures.reason[0].startswith("timeout: no answer within 0.5 s")
 
 
-class _Refusing(BaseHTTPRequestHandler):
-    """Answers every chat request as OpenAI documents a refusal: ``content`` null, the ``refusal`` text."""
+REFUSAL = {"role": "assistant", "content": None, "refusal": "I can't help with that request."}
+
+
+class _Judge(BaseHTTPRequestHandler):
+    """A chat server whose every choice is ``reply(prompt)``'s message (OpenAI's shape; a refusal as OpenAI
+    documents it: ``content`` null, the ``refusal`` text), 12 prompt and 7 output tokens per request."""
+
+    reply = staticmethod(lambda prompt: REFUSAL)
 
     def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        message = {"role": "assistant", "content": None, "refusal": "I can't help with that request."}
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        message = self.reply(request["messages"][-1]["content"])
         body = {
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "choices": [{"index": i, "message": message, "finish_reason": "stop"} for i in range(request.get("n", 1))],
             "usage": {"prompt_tokens": 12, "completion_tokens": 7},
         }
         data = json.dumps(body).encode()
@@ -213,16 +220,57 @@ class _Refusing(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("mode", ["sampled", "verbalized"])
-def test_a_refusal_is_counted_never_a_value(mode):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+@contextmanager
+def judge(reply=None):
+    """A :class:`_Judge` server answering ``reply(prompt)`` (default: a refusal); yields its base URL."""
+    handler = type("Judge", (_Judge,), {"reply": staticmethod(reply)}) if reply else _Judge
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        backend = OpenAIBackend("m", url, api_key_env=None, mode=mode, samples=3, samples_per_request=1)
-        ex = extract([task()], backend, ResultCache(None), f"s:{mode}", progress=False)
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     finally:
         server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("mode", ["sampled", "verbalized"])
+def test_a_refusal_is_counted_never_a_value(mode):
+    with judge() as url:
+        backend = OpenAIBackend("m", url, api_key_env=None, mode=mode, samples=3, samples_per_request=1)
+        ex = extract([task()], backend, ResultCache(None), f"s:{mode}", progress=False)
     asked = 3 if mode == "sampled" else 2  # three samples; one verbalized request and its retry
     assert ex.features.empty and ex.summary["refusal"] == 1 and ex.summary["answers"] == {"refusal": asked}
     assert ex.summary["requests"] == asked and ex.summary["output_tokens"] == 7 * asked
+
+
+def judged_run(tmp_path, url: str, *extra: str) -> tuple[list[str], pd.DataFrame]:
+    """``extract features`` argv of two demo texts against the server at ``url`` (sampled, one answer a block)."""
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2)
+    texts.to_csv(tmp_path / "t.csv", index=False)
+    argv = ["extract", "features", str(tmp_path / "t.csv"), "--config", str(ROOT / "conf" / "extract" / "openai.yaml")]
+    argv += ["--out", str(tmp_path / "f.csv"), "--mode", "sampled", "--samples", "1", "--no-progress"]
+    argv += ["--set", f"base_url={url}", "--set", "api_key_env=null", *extra]
+    return argv, texts
+
+
+def test_a_run_whose_every_block_fails_writes_nothing_but_its_cache(tmp_path, capsys):
+    with judge() as url:
+        argv, _ = judged_run(tmp_path, url)
+        assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no features were obtained: 18 blocks without a result (refusal 18" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.csv.cache.sqlite", "t.csv"]
+    assert ResultCache(tmp_path / "f.csv.cache.sqlite").count("refusal") == 18
+
+
+def test_a_partly_failed_run_writes_its_features_and_failures(tmp_path, capsys):
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2)
+    first = texts.text[0].splitlines()[0]
+    with judge(lambda prompt: REFUSAL if first in prompt else {"role": "assistant", "content": "3"}) as url:
+        argv, _ = judged_run(tmp_path, url)
+        assert main(argv) == 0
+    features, failures = pd.read_csv(tmp_path / "f.csv"), pd.read_csv(tmp_path / "f.failures.csv")
+    assert set(features.text_id) == {texts.text_id[1]} and set(failures.text_id) == {texts.text_id[0]}
+    assert set(failures.status) == {"refusal"} and len(failures) == 9
+    summary = json.loads((tmp_path / "f.summary.json").read_text())
+    assert summary["done"] == 9 and summary["refusal"] == 9 and summary["requests"] == 18

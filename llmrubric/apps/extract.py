@@ -355,6 +355,8 @@ def run(args) -> int:
     features = result.features
     if settings.get("summaries") and settings["family"] != "likert":
         features = pd.concat([features, summarise(features, settings["family"], importance)], ignore_index=True)
+    if features.empty:
+        raise InputError(f"no features were obtained: {nothing_obtained(result)}; nothing written", file=str(out))
     failures_path = out.with_name(out.stem + ".failures" + out.suffix)
     summary = {
         **result.summary,
@@ -362,15 +364,24 @@ def run(args) -> int:
         "features": str(out),
         "failures": str(failures_path),
     }
+    write_table(features, out)
     write_table(result.failures, failures_path)
     write_json(summary, out.with_name(out.stem + ".summary.json"))
     if settings.get("track") is not None:
         track(summary, settings, source)
-    if features.empty:
-        raise InputError(f"no features were obtained (all prompts failed); see {failures_path}", file=str(out))
-    write_table(features, out)
     print(json.dumps(summary))
     return 0
+
+
+def nothing_obtained(result) -> str:
+    """Why a run got no features, in a few words: its blocks' statuses and the first reason (the failures table
+    is not written then: a run that ends in an error writes nothing, the cache keeps what it asked)."""
+    failures = result.failures[result.failures.status != "possible_injection"]
+    if failures.empty:
+        return "no block was asked"
+    counts = ", ".join(f"{status} {n}" for status, n in failures.status.value_counts().items())
+    first = " ".join(str(failures.reason.iloc[0]).split())[:200]
+    return f"{failures.groupby(['text_id', 'question_id']).ngroups} blocks without a result ({counts}; first: {first})"
 
 
 def check_run_flags(settings: dict) -> None:

@@ -263,10 +263,15 @@ def test_a_run_whose_every_block_fails_writes_nothing_but_its_cache(tmp_path, ca
     assert ResultCache(tmp_path / "f.csv.cache.sqlite").count("refusal") == 18
 
 
+def refusing_the_first(texts: pd.DataFrame):
+    """A judge's reply: a refusal of the first text's prompts, ``3`` to the others."""
+    first = texts.text.iloc[0].splitlines()[0]
+    return lambda prompt: REFUSAL if first in prompt else {"role": "assistant", "content": "3"}
+
+
 def test_a_partly_failed_run_writes_its_features_and_failures(tmp_path, capsys):
     texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2)
-    first = texts.text[0].splitlines()[0]
-    with judge(lambda prompt: REFUSAL if first in prompt else {"role": "assistant", "content": "3"}) as url:
+    with judge(refusing_the_first(texts)) as url:
         argv, _ = judged_run(tmp_path, url)
         assert main(argv) == 0
     features, failures = pd.read_csv(tmp_path / "f.csv"), pd.read_csv(tmp_path / "f.failures.csv")
@@ -274,3 +279,22 @@ def test_a_partly_failed_run_writes_its_features_and_failures(tmp_path, capsys):
     assert set(failures.status) == {"refusal"} and len(failures) == 9
     summary = json.loads((tmp_path / "f.summary.json").read_text())
     assert summary["done"] == 9 and summary["refusal"] == 9 and summary["requests"] == 18
+
+
+def test_the_dry_run_plans_only_what_the_cache_does_not_hold(tmp_path, capsys):
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2)
+    with judge(refusing_the_first(texts)) as url:
+        argv, _ = judged_run(tmp_path, url)
+        assert main(argv) == 0
+    files = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    plans = []
+    for extra in ([], ["--samples", "2"], ["--cache", str(tmp_path / "none.sqlite")]):
+        capsys.readouterr()
+        assert main([*argv, *extra, "--dry-run"]) == 0
+        plans.append(next(iter(json.loads(capsys.readouterr().out.strip().splitlines()[-1]).values())))
+    resumed, other_key, no_cache = plans
+    assert (resumed["cached"], resumed["blocks"], resumed["requests"]) == (9, 9, 9)  # the 9 refused prompts
+    assert 0 < resumed["prompt_tokens"] < no_cache["prompt_tokens"]
+    assert (other_key["cached"], other_key["blocks"], other_key["output_tokens_at_most"]) == (0, 18, 18 * 2 * 8)
+    assert (no_cache["cached"], no_cache["blocks"]) == (0, 18)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == files

@@ -314,10 +314,10 @@ def run(args) -> int:
         texts = texts[mine]
     tasks, skipped, rubric, template, importance, bank_warnings = _tasks(settings, texts)
     source = settings.get("source") or default_source(settings, template.name)
-    if settings.get("dry_run"):
-        print(json.dumps({source: dry_run(settings, tasks)}))
-        return 0
     cache_path = Path(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
+    if settings.get("dry_run"):
+        print(json.dumps({source: dry_run(settings, tasks, cache_path)}))
+        return 0
     if settings.get("shards") is not None:
         launcher = launcher_settings(settings.get("launcher") or "local", settings.get("launcher_overrides") or [])
         result = launch(
@@ -415,18 +415,38 @@ def default_source(settings: dict, template: str) -> str:
     return f"{Path(str(settings['model'])).name}/{template}" + (f":{mode}" if mode != "logprob" else "")
 
 
-def dry_run(settings: dict, tasks) -> dict:
-    """The cost plan of ``tasks`` (:func:`llmrubric.extract.cost.plan`), counted by the settings' tokenizer (the
-    transformers backend's model by default) or estimated."""
+def dry_run(settings: dict, tasks, cache_path: Path) -> dict:
+    """The cost plan of the ``tasks`` a run would ask (:func:`llmrubric.extract.cost.plan`): those the cache at
+    ``cache_path`` does not hold as the run would find them, counted by the settings' tokenizer (the transformers
+    backend's model by default) or estimated."""
     from llmrubric.extract.cost import TokenCounter, load_tokenizer, plan
 
+    todo = uncached(settings, tasks, cache_path)
     path = settings.get("tokenizer") or (settings["model"] if settings["backend"] == "transformers" else None)
     counter = None
     if path:
         server = settings["backend"] == "openai"
         chat = settings.get("endpoint", "chat") == "chat" if server else bool(settings.get("chat_template"))
         counter = TokenCounter(load_tokenizer(path), chat, settings.get("system_prompt"))
-    return plan(tasks, settings, counter)
+    return plan(todo, settings, counter, cached=len(tasks) - len(todo))
+
+
+def uncached(settings: dict, tasks, cache_path: Path) -> list:
+    """The ``tasks`` a run would ask: all without a cache file, else those it holds no final result of under the
+    backend's cache key (:func:`llmrubric.extract.runner.split_cached`; the transformers backend loads its model
+    for that key). Opens no new cache file."""
+    from llmrubric.extract.cache import ResultCache
+    from llmrubric.extract.runner import split_cached
+
+    if not cache_path.is_file():
+        return list(tasks)
+    backend = make_backend_from(settings)
+    cache = ResultCache(cache_path)
+    try:
+        return split_cached(tasks, cache, backend.model_id)[1]
+    finally:
+        cache.close()
+        backend.close()
 
 
 def check_adaptive(settings: dict) -> None:

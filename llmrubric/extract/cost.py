@@ -65,8 +65,9 @@ def requests_per_block(mode: ModeSettings, server: bool) -> tuple[int, int]:
     return math.ceil(mode.samples / mode.samples_per_request), mode.samples * mode.budget
 
 
-def plan(tasks: Sequence[Task], settings: dict, counter: TokenCounter | None) -> dict:
-    """The dry run's figures for ``tasks`` under the extract ``settings`` (their mode, prices and endpoint)."""
+def plan(tasks: Sequence[Task], settings: dict, counter: TokenCounter | None, cached: int = 0) -> dict:
+    """The dry run's figures for the ``tasks`` to ask under the extract ``settings`` (their mode, prices and
+    endpoint); ``cached``: the prompts the cache already holds, which cost nothing."""
     mode = ModeSettings(
         settings.get("mode") or "logprob", **{k: settings[k] for k in MODE_KEYS if settings.get(k) is not None}
     )
@@ -80,6 +81,7 @@ def plan(tasks: Sequence[Task], settings: dict, counter: TokenCounter | None) ->
     figures = {
         "mode": mode.mode,
         "blocks": len(tasks),
+        "cached": cached,
         "requests": fixed * len(tasks),
         "requests_at_most": requests * len(tasks),
         "prompt_tokens": first * fixed,

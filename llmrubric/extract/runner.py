@@ -59,14 +59,7 @@ def extract(
     if len(set(keys)) != len(keys):
         raise ValueError("two tasks have the same cache key (same prompt and question id)")
     model_id = backend.model_id
-    results: dict[tuple, Result] = {}
-    todo = []
-    for t in tasks:
-        hit = cache.get(model_id, t)
-        if hit is not None and (hit.status in FINAL or not compute):
-            results[(t.template_hash, t.key, t.question_id)] = hit
-        else:
-            todo.append(t)
+    results, todo = split_cached(tasks, cache, model_id, compute)
     cached = sum(r.status in FINAL for r in results.values())
     bar = tqdm(
         total=len(tasks),
@@ -119,6 +112,22 @@ def extract(
     warn(extraction.summary, source, min_label_mass)
     log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
     return extraction
+
+
+def split_cached(
+    tasks: Sequence[Task], cache: ResultCache, model_id: str, compute: bool = True
+) -> tuple[dict[tuple, Result], list[Task]]:
+    """(the results ``cache`` holds for ``tasks`` by their key, the tasks still to ask): a final result (``ok``,
+    ``incomplete``) is kept, any other is asked again; with ``compute=False`` every stored result is kept."""
+    results: dict[tuple, Result] = {}
+    todo = []
+    for t in tasks:
+        hit = cache.get(model_id, t)
+        if hit is not None and (hit.status in FINAL or not compute):
+            results[(t.template_hash, t.key, t.question_id)] = hit
+        else:
+            todo.append(t)
+    return results, todo
 
 
 def warn(summary: dict, source: str, min_label_mass: float) -> None:

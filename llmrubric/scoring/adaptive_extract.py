@@ -21,9 +21,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from llmrubric.extract.backends.base import Backend
-from llmrubric.extract.cache import FINAL, ResultCache
+from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.injection import InjectionDetector
-from llmrubric.extract.runner import Extraction, assemble, merge, warn
+from llmrubric.extract.runner import Extraction, assemble, merge, split_cached, warn
 from llmrubric.extract.tasks import Result, Task
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
@@ -100,14 +100,9 @@ class _Asker:
         self.seconds = 0.0
 
     def ask(self, tasks: list[Task]) -> None:
-        todo = []
-        for t in tasks:
-            hit = self.cache.get(self.backend.model_id, t)
-            if hit is not None and hit.status in FINAL:
-                self.results[key(t)] = hit
-                self.cached += 1
-            else:
-                todo.append(t)
+        hits, todo = split_cached(tasks, self.cache, self.backend.model_id)
+        self.results.update(hits)
+        self.cached += len(hits)
         start = time.perf_counter()
         for r in self.backend.score(todo):
             self.cache.put(self.backend.model_id, r)

@@ -164,6 +164,21 @@ def test_the_dry_run_plans_requests_tokens_and_cost_per_mode():
     assert sampled["cost_at_most"] == pytest.approx((3 * chars + 10 * 240) / 1e6)
     verbal = plan(tasks, {**base, "mode": "verbalized"}, len)
     assert verbal["requests"] == 3 and verbal["requests_at_most"] == 6
+    assert "prompts_over_context" not in verbal and verbal["longest_prompt_tokens"] == len(
+        mode_prompt(tasks[0], "verbalized")
+    )
+
+
+def test_the_dry_run_counts_the_prompts_that_with_their_output_exceed_the_context():
+    tasks = [task("t1"), task("a much longer text id, t22")]
+    lengths = [len(t.prompt) for t in tasks]
+    settings = {"backend": "openai", "mode": "sampled", "max_tokens": 8}
+    assert plan(tasks, settings, len)["longest_prompt_tokens"] == max(lengths)
+    over = lambda context, **kw: plan(tasks, {**settings, **kw, "context_tokens": context}, len)["prompts_over_context"]
+    assert over(max(lengths) + 8) == 0 and over(max(lengths) + 7) == 1 and over(min(lengths) + 7) == 2
+    assert over(max(lengths) + 1, mode="logprob") == 0 and over(max(lengths), mode="logprob") == 1  # 1 output token
+    with pytest.raises(InputError, match="extract setting context_tokens: 0 is not"):
+        over(0)
 
 
 def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
@@ -173,9 +188,13 @@ def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     argv = ["extract", "features", str(tmp_path / "t.csv"), "--config", str(ROOT / "conf" / "extract" / "openai.yaml")]
     argv += ["--rubric", str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), "--out", str(out), "--mode", "reasoned"]
     argv += ["--set", "price.prompt=0.15", "--set", "price.output=0.6", "--dry-run"]
-    assert main(argv) == 0
+    assert main([*argv, "--set", "context_tokens=0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: extract setting context_tokens: 0 is not a whole number >= 1"
+    assert main([*argv, "--set", "context_tokens=600"]) == 0  # each prompt and its 512 tokens of reasoning
     (source, figures), *rest = json.loads(capsys.readouterr().out.strip().splitlines()[-1]).items()
     assert not rest and source == "gpt-4o-mini/llm_rubric:reasoned"
+    assert figures["prompt_tokens"] / figures["requests"] <= figures["longest_prompt_tokens"]  # the mean, the most
+    assert figures["prompts_over_context"] == figures["blocks"] and figures["context_tokens"] == 600
     assert figures["requests"] == figures["blocks"] * 2 and figures["output_tokens_at_most"] == figures["blocks"] * 5120
     assert figures["cost_at_most"] > figures["cost_prompt_tokens"] > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]

@@ -7,7 +7,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -69,16 +69,13 @@ def extract(
         disable=not progress,
         dynamic_ncols=True,
     )
-    computed_tokens = prompt_tokens = requests = output_tokens = 0
+    usage = Usage()
     start = time.perf_counter()
     try:
         for r in backend.score(todo if compute else []):
             cache.put(model_id, r)
             results[(r.task.template_hash, r.task.key, r.task.question_id)] = r
-            computed_tokens += r.computed_tokens
-            prompt_tokens += r.prompt_tokens
-            requests += r.detail.get("requests", 1)
-            output_tokens += r.detail.get("output_tokens", 0)
+            usage.add(r)
             bar.update(1)
     finally:
         bar.close()
@@ -100,18 +97,38 @@ def extract(
         "unparsed_answers": int(s.get("unparsed_answers", 0)),
         **label_mass_quantiles(results.values()),
         **answer_counts(results.values()),
-        "requests": requests,
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
-        "computed_tokens": computed_tokens,
+        **usage.counts(backend if compute else None),
         "llm_seconds": llm_seconds,
     }
-    stats = getattr(backend, "stats", None)
-    if compute and stats and "output_tokens" in stats:  # a server's count: retries and continuations included
-        extraction.summary.update({k: stats[k] for k in ("requests", "retries", "output_tokens")})
     warn(extraction.summary, source, min_label_mass)
     log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
     return extraction
+
+
+@dataclass
+class Usage:
+    """The requests and tokens of the results a run computed (a result's ``detail`` counts a mode's requests)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    computed_tokens: int = 0
+
+    def add(self, r: Result) -> None:
+        self.requests += r.detail.get("requests", 1)
+        self.prompt_tokens += r.prompt_tokens
+        self.output_tokens += r.detail.get("output_tokens", 0)
+        self.computed_tokens += r.computed_tokens
+
+    def counts(self, backend: Backend | None) -> dict:
+        """The summary's ``requests``, ``prompt_tokens``, ``output_tokens``, ``computed_tokens``; a server
+        backend's own count of requests, ``retries`` and output tokens replaces the first (retries and
+        continuations included)."""
+        counts = asdict(self)
+        stats = getattr(backend, "stats", None)
+        if stats and "output_tokens" in stats:
+            counts.update({k: stats[k] for k in ("requests", "retries", "output_tokens")})
+        return counts
 
 
 def split_cached(

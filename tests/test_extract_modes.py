@@ -275,3 +275,19 @@ def test_the_dry_run_plans_only_what_the_cache_does_not_hold(tmp_path, capsys):
     assert (other_key["cached"], other_key["blocks"], other_key["output_tokens_at_most"]) == (0, 18, 18 * 2 * 8)
     assert (no_cache["cached"], no_cache["blocks"]) == (0, 18)
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == files
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])  # DeepSeek and vLLM; newer vLLM
+def test_a_reasoning_returned_apart_is_kept_in_the_cache_and_only_the_final_answer_counts(field, tmp_path):
+    reasoning = "The assistant helped a little. Answer: 1 would be too harsh, 4 too kind."
+    message = {"role": "assistant", "content": "3", field: reasoning}
+    cache = ResultCache(tmp_path / "c.sqlite")
+    with judge(lambda prompt: message) as url:
+        backend = OpenAIBackend("m", url, api_key_env=None, mode="reasoned", samples=4, samples_per_request=2)
+        ex = extract([task()], backend, cache, "s:reasoned", progress=False)
+    assert ex.summary["done"] == 1 and ex.summary["answers"] == {"parsed": 4} and ex.summary["requests"] == 2
+    assert ex.features.set_index("option").prob.to_dict() == {"1": 0.0, "2": 0.0, "3": 1.0, "4": 0.0}
+    assert ex.features.samples.eq(4).all()
+    detail = cache.get(backend.model_id, task()).detail
+    assert detail["counts"] == {"1": 0, "2": 0, "3": 4, "4": 0} and detail["statuses"] == {"parsed": 4}
+    assert detail["answers"] == [reasoning + "\n3"] * 4

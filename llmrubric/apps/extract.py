@@ -90,7 +90,8 @@ def add_run_flags(p) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the requests, prompt and output tokens and their cost (price.prompt, price.output); write nothing",
+        help="print the requests, prompt and output tokens and cost (price.prompt, price.output) of the prompts "
+        "the cache does not hold, and the longest prompt (against context_tokens); write nothing",
     )
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
     p.add_argument(

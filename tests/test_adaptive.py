@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from support.judge_server import judge
 from support.paths import ROOT
 from support.tiny_models import save_model, write_texts
 
@@ -15,6 +16,7 @@ from llmrubric.cli import main
 from llmrubric.config import group
 from llmrubric.evaluation.adaptive import masked_proba, plan, prefix_hidden
 from llmrubric.extract.backends.base import Backend
+from llmrubric.extract.backends.openai_backend import OpenAIBackend
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.families import likert_tasks
@@ -177,6 +179,19 @@ def test_an_interrupted_adaptive_extraction_resumes_without_asking_twice(calibra
     assert per_text.tolist() == [3] * 4
     not_asked = fresh.failures[fresh.failures.status == "not_asked"]
     assert len(not_asked) == fresh.summary["saved_blocks"] and not_asked.reason.str.contains("budget of 3").all()
+
+
+def test_an_adaptive_run_counts_requests_tokens_and_answers_as_a_plain_run(calibrator, rubric, tmp_path):
+    texts = read_table(write_texts(tmp_path / "texts.jsonl", n=2), "texts")
+    tasks, skipped = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
+    selector = Selector(calibrator, {"draws": 8, "budget": 2, "min_gain": 0.0})
+    with judge(lambda prompt: {"role": "assistant", "content": "3"}) as url:
+        backend = OpenAIBackend("m", url, api_key_env=None, mode="sampled", samples=3, samples_per_request=1)
+        ex = extract_adaptive(tasks, backend, ResultCache(None), SOURCE, selector, skipped, rubric, progress=False)
+    s = ex.summary
+    assert s["asked_blocks"] == s["computed"] == 4 and s["answers"] == {"parsed": 12} and s["mean_samples"] == 3
+    assert (s["requests"], s["retries"], s["prompt_tokens"], s["output_tokens"]) == (12, 0, 12 * 12, 12 * 7)
+    assert s["refusal"] == s["unparsed_answers"] == 0
 
 
 def _extract_argv(texts, out, model_dir, *extra):

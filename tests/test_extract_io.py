@@ -259,11 +259,11 @@ def test_cli_end_to_end(model_dir, tmp_path):
         )
         == 2
     )
-    assert not (tmp_path / "f2.csv").exists()  # nothing half-written
-    refused = pd.read_csv(tmp_path / "f2.failures.csv")
-    assert (refused.status == "failed").sum() == 23 and refused[refused.status == "failed"].reason.str.contains(
-        "more than the context"
-    ).all()
+    written = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("f2."))
+    assert written == ["f2.csv.cache.sqlite"]  # an all-failed run writes no output, its cache keeps the reasons
+    refused = ResultCache(tmp_path / "f2.csv.cache.sqlite")
+    reasons = [r for (r,) in refused.db.execute("SELECT reason FROM results WHERE status = 'failed'")]
+    assert len(reasons) == 23 and all("more than the context" in r for r in reasons)
 
 
 def test_overflow_truncates_from_the_middle_with_warning(llama, tok, tmp_path):

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pandas as pd
 import pytest
+from support.judge_server import REFUSAL, judge
 from support.paths import ROOT
 
 from llmrubric.cli import main
@@ -163,6 +162,21 @@ def test_the_dry_run_plans_requests_tokens_and_cost_per_mode():
     assert sampled["cost_at_most"] == pytest.approx((3 * chars + 10 * 240) / 1e6)
     verbal = plan(tasks, {**base, "mode": "verbalized"}, len)
     assert verbal["requests"] == 3 and verbal["requests_at_most"] == 6
+    assert "prompts_over_context" not in verbal and verbal["longest_prompt_tokens"] == len(
+        mode_prompt(tasks[0], "verbalized")
+    )
+
+
+def test_the_dry_run_counts_the_prompts_that_with_their_output_exceed_the_context():
+    tasks = [task("t1"), task("a much longer text id, t22")]
+    lengths = [len(t.prompt) for t in tasks]
+    settings = {"backend": "openai", "mode": "sampled", "max_tokens": 8}
+    assert plan(tasks, settings, len)["longest_prompt_tokens"] == max(lengths)
+    over = lambda context, **kw: plan(tasks, {**settings, **kw, "context_tokens": context}, len)["prompts_over_context"]
+    assert over(max(lengths) + 8) == 0 and over(max(lengths) + 7) == 1 and over(min(lengths) + 7) == 2
+    assert over(max(lengths) + 1, mode="logprob") == 0 and over(max(lengths), mode="logprob") == 1  # 1 output token
+    with pytest.raises(InputError, match="extract setting context_tokens: 0 is not"):
+        over(0)
 
 
 def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
@@ -172,9 +186,13 @@ def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     argv = ["extract", "features", str(tmp_path / "t.csv"), "--config", str(ROOT / "conf" / "extract" / "openai.yaml")]
     argv += ["--rubric", str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), "--out", str(out), "--mode", "reasoned"]
     argv += ["--set", "price.prompt=0.15", "--set", "price.output=0.6", "--dry-run"]
-    assert main(argv) == 0
+    assert main([*argv, "--set", "context_tokens=0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: extract setting context_tokens: 0 is not a whole number >= 1"
+    assert main([*argv, "--set", "context_tokens=600"]) == 0  # each prompt and its 512 tokens of reasoning
     (source, figures), *rest = json.loads(capsys.readouterr().out.strip().splitlines()[-1]).items()
     assert not rest and source == "gpt-4o-mini/llm_rubric:reasoned"
+    assert figures["prompt_tokens"] / figures["requests"] <= figures["longest_prompt_tokens"]  # the mean, the most
+    assert figures["prompts_over_context"] == figures["blocks"] and figures["context_tokens"] == 600
     assert figures["requests"] == figures["blocks"] * 2 and figures["output_tokens_at_most"] == figures["blocks"] * 5120
     assert figures["cost_at_most"] > figures["cost_prompt_tokens"] > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
@@ -192,37 +210,84 @@ def test_a_server_that_never_answers_in_time_is_a_timeout_never_a_value():
     assert ex.failures.reason[0].startswith("timeout: no answer within 0.5 s")
 
 
-class _Refusing(BaseHTTPRequestHandler):
-    """Answers every chat request as OpenAI documents a refusal: ``content`` null, the ``refusal`` text."""
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        message = {"role": "assistant", "content": None, "refusal": "I can't help with that request."}
-        body = {
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 7},
-        }
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.mark.parametrize("mode", ["sampled", "verbalized"])
 def test_a_refusal_is_counted_never_a_value(mode):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    with judge() as url:
         backend = OpenAIBackend("m", url, api_key_env=None, mode=mode, samples=3, samples_per_request=1)
         ex = extract([task()], backend, ResultCache(None), f"s:{mode}", progress=False)
-    finally:
-        server.shutdown()
     asked = 3 if mode == "sampled" else 2  # three samples; one verbalized request and its retry
     assert ex.features.empty and ex.summary["refusal"] == 1 and ex.summary["answers"] == {"refusal": asked}
     assert ex.summary["requests"] == asked and ex.summary["output_tokens"] == 7 * asked
+
+
+def judged_run(tmp_path, url: str, *extra: str) -> tuple[list[str], pd.DataFrame]:
+    """``extract features`` argv of two demo texts against the server at ``url`` (sampled, one answer a block)."""
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2)
+    texts.to_csv(tmp_path / "t.csv", index=False)
+    argv = ["extract", "features", str(tmp_path / "t.csv"), "--config", str(ROOT / "conf" / "extract" / "openai.yaml")]
+    argv += ["--out", str(tmp_path / "f.csv"), "--mode", "sampled", "--samples", "1", "--no-progress"]
+    argv += ["--set", f"base_url={url}", "--set", "api_key_env=null", *extra]
+    return argv, texts
+
+
+def test_a_run_whose_every_block_fails_writes_nothing_but_its_cache(tmp_path, capsys):
+    with judge() as url:
+        argv, _ = judged_run(tmp_path, url)
+        assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no features were obtained: 18 blocks without a result (refusal 18" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.csv.cache.sqlite", "t.csv"]
+    assert ResultCache(tmp_path / "f.csv.cache.sqlite").count("refusal") == 18
+
+
+def refusing_the_first(texts: pd.DataFrame):
+    """A judge's reply: a refusal of the first text's prompts, ``3`` to the others."""
+    first = texts.text.iloc[0].splitlines()[0]
+    return lambda prompt: REFUSAL if first in prompt else {"role": "assistant", "content": "3"}
+
+
+def test_a_partly_failed_run_writes_its_features_and_failures(tmp_path, capsys):
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2)
+    with judge(refusing_the_first(texts)) as url:
+        argv, _ = judged_run(tmp_path, url)
+        assert main(argv) == 0
+    features, failures = pd.read_csv(tmp_path / "f.csv"), pd.read_csv(tmp_path / "f.failures.csv")
+    assert set(features.text_id) == {texts.text_id[1]} and set(failures.text_id) == {texts.text_id[0]}
+    assert set(failures.status) == {"refusal"} and len(failures) == 9
+    summary = json.loads((tmp_path / "f.summary.json").read_text())
+    assert summary["done"] == 9 and summary["refusal"] == 9 and summary["requests"] == 18
+
+
+def test_the_dry_run_plans_only_what_the_cache_does_not_hold(tmp_path, capsys):
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2)
+    with judge(refusing_the_first(texts)) as url:
+        argv, _ = judged_run(tmp_path, url)
+        assert main(argv) == 0
+    files = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    plans = []
+    for extra in ([], ["--samples", "2"], ["--cache", str(tmp_path / "none.sqlite")]):
+        capsys.readouterr()
+        assert main([*argv, *extra, "--dry-run"]) == 0
+        plans.append(next(iter(json.loads(capsys.readouterr().out.strip().splitlines()[-1]).values())))
+    resumed, other_key, no_cache = plans
+    assert (resumed["cached"], resumed["blocks"], resumed["requests"]) == (9, 9, 9)  # the 9 refused prompts
+    assert 0 < resumed["prompt_tokens"] < no_cache["prompt_tokens"]
+    assert (other_key["cached"], other_key["blocks"], other_key["output_tokens_at_most"]) == (0, 18, 18 * 2 * 8)
+    assert (no_cache["cached"], no_cache["blocks"]) == (0, 18)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == files
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])  # DeepSeek and vLLM; newer vLLM
+def test_a_reasoning_returned_apart_is_kept_in_the_cache_and_only_the_final_answer_counts(field, tmp_path):
+    reasoning = "The assistant helped a little. Answer: 1 would be too harsh, 4 too kind."
+    message = {"role": "assistant", "content": "3", field: reasoning}
+    cache = ResultCache(tmp_path / "c.sqlite")
+    with judge(lambda prompt: message) as url:
+        backend = OpenAIBackend("m", url, api_key_env=None, mode="reasoned", samples=4, samples_per_request=2)
+        ex = extract([task()], backend, cache, "s:reasoned", progress=False)
+    assert ex.summary["done"] == 1 and ex.summary["answers"] == {"parsed": 4} and ex.summary["requests"] == 2
+    assert ex.features.set_index("option").prob.to_dict() == {"1": 0.0, "2": 0.0, "3": 1.0, "4": 0.0}
+    assert ex.features.samples.eq(4).all()
+    detail = cache.get(backend.model_id, task()).detail
+    assert detail["counts"] == {"1": 0, "2": 0, "3": 4, "4": 0} and detail["statuses"] == {"parsed": 4}
+    assert detail["answers"] == [reasoning + "\n3"] * 4

@@ -178,3 +178,7 @@ def test_a_dry_runs_prompt_tokens_are_the_servers_usage(server, tmp_path, capsys
     assert {k: metrics[k] for k in ("requests", "prompt_tokens", "output_tokens")} == {
         k: real[k] for k in ("requests", "prompt_tokens", "output_tokens")
     }
+    assert plan["cached"] == 0 and plan["context_tokens"] == 8192 and plan["prompts_over_context"] == 0
+    assert real["prompt_tokens"] / real["requests"] <= plan["longest_prompt_tokens"] < real["prompt_tokens"]
+    (resumed,) = run_cli([*argv, "--dry-run"], capsys).values()  # the cache holds every block now: nothing to pay
+    assert (resumed["cached"], resumed["blocks"], resumed["requests"], resumed["prompt_tokens"]) == (4, 0, 0, 0)

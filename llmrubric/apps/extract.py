@@ -90,7 +90,8 @@ def add_run_flags(p) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the requests, prompt and output tokens and their cost (price.prompt, price.output); write nothing",
+        help="print the requests, prompt and output tokens and cost (price.prompt, price.output) of the prompts "
+        "the cache does not hold, and the longest prompt (against context_tokens); write nothing",
     )
     p.add_argument("--summaries", action="store_true", help="add fixed-size summary blocks of item families")
     p.add_argument(
@@ -314,10 +315,10 @@ def run(args) -> int:
         texts = texts[mine]
     tasks, skipped, rubric, template, importance, bank_warnings = _tasks(settings, texts)
     source = settings.get("source") or default_source(settings, template.name)
-    if settings.get("dry_run"):
-        print(json.dumps({source: dry_run(settings, tasks)}))
-        return 0
     cache_path = Path(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
+    if settings.get("dry_run"):
+        print(json.dumps({source: dry_run(settings, tasks, cache_path)}))
+        return 0
     if settings.get("shards") is not None:
         launcher = launcher_settings(settings.get("launcher") or "local", settings.get("launcher_overrides") or [])
         result = launch(
@@ -355,6 +356,8 @@ def run(args) -> int:
     features = result.features
     if settings.get("summaries") and settings["family"] != "likert":
         features = pd.concat([features, summarise(features, settings["family"], importance)], ignore_index=True)
+    if features.empty:
+        raise InputError(f"no features were obtained: {nothing_obtained(result)}; nothing written", file=str(out))
     failures_path = out.with_name(out.stem + ".failures" + out.suffix)
     summary = {
         **result.summary,
@@ -362,15 +365,24 @@ def run(args) -> int:
         "features": str(out),
         "failures": str(failures_path),
     }
+    write_table(features, out)
     write_table(result.failures, failures_path)
     write_json(summary, out.with_name(out.stem + ".summary.json"))
     if settings.get("track") is not None:
         track(summary, settings, source)
-    if features.empty:
-        raise InputError(f"no features were obtained (all prompts failed); see {failures_path}", file=str(out))
-    write_table(features, out)
     print(json.dumps(summary))
     return 0
+
+
+def nothing_obtained(result) -> str:
+    """Why a run got no features, in a few words: its blocks' statuses and the first reason (the failures table
+    is not written then: a run that ends in an error writes nothing, the cache keeps what it asked)."""
+    failures = result.failures[result.failures.status != "possible_injection"]
+    if failures.empty:
+        return "no block was asked"
+    counts = ", ".join(f"{status} {n}" for status, n in failures.status.value_counts().items())
+    first = " ".join(str(failures.reason.iloc[0]).split())[:200]
+    return f"{failures.groupby(['text_id', 'question_id']).ngroups} blocks without a result ({counts}; first: {first})"
 
 
 def check_run_flags(settings: dict) -> None:
@@ -404,18 +416,38 @@ def default_source(settings: dict, template: str) -> str:
     return f"{Path(str(settings['model'])).name}/{template}" + (f":{mode}" if mode != "logprob" else "")
 
 
-def dry_run(settings: dict, tasks) -> dict:
-    """The cost plan of ``tasks`` (:func:`llmrubric.extract.cost.plan`), counted by the settings' tokenizer (the
-    transformers backend's model by default) or estimated."""
+def dry_run(settings: dict, tasks, cache_path: Path) -> dict:
+    """The cost plan of the ``tasks`` a run would ask (:func:`llmrubric.extract.cost.plan`): those the cache at
+    ``cache_path`` does not hold as the run would find them, counted by the settings' tokenizer (the transformers
+    backend's model by default) or estimated."""
     from llmrubric.extract.cost import TokenCounter, load_tokenizer, plan
 
+    todo = uncached(settings, tasks, cache_path)
     path = settings.get("tokenizer") or (settings["model"] if settings["backend"] == "transformers" else None)
     counter = None
     if path:
         server = settings["backend"] == "openai"
         chat = settings.get("endpoint", "chat") == "chat" if server else bool(settings.get("chat_template"))
         counter = TokenCounter(load_tokenizer(path), chat, settings.get("system_prompt"))
-    return plan(tasks, settings, counter)
+    return plan(todo, settings, counter, cached=len(tasks) - len(todo))
+
+
+def uncached(settings: dict, tasks, cache_path: Path) -> list:
+    """The ``tasks`` a run would ask: all without a cache file, else those it holds no final result of under the
+    backend's cache key (:func:`llmrubric.extract.runner.split_cached`; the transformers backend loads its model
+    for that key). Opens no new cache file."""
+    from llmrubric.extract.cache import ResultCache
+    from llmrubric.extract.runner import split_cached
+
+    if not cache_path.is_file():
+        return list(tasks)
+    backend = make_backend_from(settings)
+    cache = ResultCache(cache_path)
+    try:
+        return split_cached(tasks, cache, backend.model_id)[1]
+    finally:
+        cache.close()
+        backend.close()
 
 
 def check_adaptive(settings: dict) -> None:

@@ -64,6 +64,8 @@ class ExtractConfig:
         price: per-token prices for ``--dry-run``'s cost (:class:`PriceConfig`).
         tokenizer: a local model (HF folder or .gguf) whose tokenizer counts a dry run's prompt tokens; None: the
             model's own for the transformers backend, an estimate (4 characters a token) for a server.
+        context_tokens: the judge's context window in tokens (a server's ``n_ctx``): a dry run counts the prompts
+            that with their output budget exceed it (``prompts_over_context``); None: not checked.
     """
 
     backend: str = "transformers"
@@ -79,3 +81,4 @@ class ExtractConfig:
     mode: str = "logprob"
     price: PriceConfig = field(default_factory=PriceConfig)
     tokenizer: str | None = None
+    context_tokens: int | None = None

@@ -5,7 +5,9 @@ Prompt tokens are counted by a tokenizer where one is given (``tokenizer:``, or 
 through its chat template on the chat endpoint as the server applies it, else estimated at
 :data:`CHARS_PER_TOKEN` characters a token (said so in the plan). Output tokens and the sampling modes' requests
 are upper bounds: a block asks at most ``ceil(samples / samples_per_request)`` requests of at most ``max_tokens``
-tokens per answer (fewer with a ``tolerance``); a verbalized block asks 1 request, 2 with its retry.
+tokens per answer (fewer with a ``tolerance``); a verbalized block asks 1 request, 2 with its retry. With
+``context_tokens`` (the judge's context window) the prompts whose tokens plus their output budget exceed it are
+counted: those requests fail (or, on llama-cpp-python's server, get a shortened answer).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from llmrubric.extract.backends.generation import ModeSettings, mode_prompt
 from llmrubric.extract.tasks import Task
+from llmrubric.io.errors import InputError
 
 CHARS_PER_TOKEN = 4.0
 MODE_KEYS = ("samples", "samples_per_request", "tolerance", "temperature", "max_tokens", "sum_tolerance", "seed")
@@ -65,8 +68,20 @@ def requests_per_block(mode: ModeSettings, server: bool) -> tuple[int, int]:
     return math.ceil(mode.samples / mode.samples_per_request), mode.samples * mode.budget
 
 
-def plan(tasks: Sequence[Task], settings: dict, counter: TokenCounter | None) -> dict:
-    """The dry run's figures for ``tasks`` under the extract ``settings`` (their mode, prices and endpoint)."""
+def over_context(per_request: Sequence[int], output: int, context: int | None) -> dict:
+    """The longest prompt, and with a ``context`` window how many prompts plus ``output`` tokens exceed it."""
+    figures = {"longest_prompt_tokens": max(per_request, default=0)}
+    if context is not None:
+        if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+            raise InputError(f"extract setting context_tokens: {context!r} is not a whole number >= 1")
+        figures["context_tokens"] = context
+        figures["prompts_over_context"] = sum(n + output > context for n in per_request)
+    return figures
+
+
+def plan(tasks: Sequence[Task], settings: dict, counter: TokenCounter | None, cached: int = 0) -> dict:
+    """The dry run's figures for the ``tasks`` to ask under the extract ``settings`` (their mode, prices and
+    endpoint); ``cached``: the prompts the cache already holds, which cost nothing."""
     mode = ModeSettings(
         settings.get("mode") or "logprob", **{k: settings[k] for k in MODE_KEYS if settings.get(k) is not None}
     )
@@ -80,11 +95,13 @@ def plan(tasks: Sequence[Task], settings: dict, counter: TokenCounter | None) ->
     figures = {
         "mode": mode.mode,
         "blocks": len(tasks),
+        "cached": cached,
         "requests": fixed * len(tasks),
         "requests_at_most": requests * len(tasks),
         "prompt_tokens": first * fixed,
         "prompt_tokens_at_most": first * requests,
         "prompt_tokens_counted_by": "tokenizer" if counter else f"estimate: {CHARS_PER_TOKEN:g} characters a token",
+        **over_context(per_request, mode.budget if mode.mode != "logprob" else output, settings.get("context_tokens")),
         "output_tokens_at_most": output * len(tasks),
     }
     if mode.mode == "logprob" and settings.get("endpoint") == "completions" and settings.get("whitespace_continuation"):

@@ -7,7 +7,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -59,14 +59,7 @@ def extract(
     if len(set(keys)) != len(keys):
         raise ValueError("two tasks have the same cache key (same prompt and question id)")
     model_id = backend.model_id
-    results: dict[tuple, Result] = {}
-    todo = []
-    for t in tasks:
-        hit = cache.get(model_id, t)
-        if hit is not None and (hit.status in FINAL or not compute):
-            results[(t.template_hash, t.key, t.question_id)] = hit
-        else:
-            todo.append(t)
+    results, todo = split_cached(tasks, cache, model_id, compute)
     cached = sum(r.status in FINAL for r in results.values())
     bar = tqdm(
         total=len(tasks),
@@ -76,16 +69,13 @@ def extract(
         disable=not progress,
         dynamic_ncols=True,
     )
-    computed_tokens = prompt_tokens = requests = output_tokens = 0
+    usage = Usage()
     start = time.perf_counter()
     try:
         for r in backend.score(todo if compute else []):
             cache.put(model_id, r)
             results[(r.task.template_hash, r.task.key, r.task.question_id)] = r
-            computed_tokens += r.computed_tokens
-            prompt_tokens += r.prompt_tokens
-            requests += r.detail.get("requests", 1)
-            output_tokens += r.detail.get("output_tokens", 0)
+            usage.add(r)
             bar.update(1)
     finally:
         bar.close()
@@ -107,18 +97,54 @@ def extract(
         "unparsed_answers": int(s.get("unparsed_answers", 0)),
         **label_mass_quantiles(results.values()),
         **answer_counts(results.values()),
-        "requests": requests,
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
-        "computed_tokens": computed_tokens,
+        **usage.counts(backend if compute else None),
         "llm_seconds": llm_seconds,
     }
-    stats = getattr(backend, "stats", None)
-    if compute and stats and "output_tokens" in stats:  # a server's count: retries and continuations included
-        extraction.summary.update({k: stats[k] for k in ("requests", "retries", "output_tokens")})
     warn(extraction.summary, source, min_label_mass)
     log.info("extract %s: %s", source, ", ".join(f"{k} {v}" for k, v in extraction.summary.items()))
     return extraction
+
+
+@dataclass
+class Usage:
+    """The requests and tokens of the results a run computed (a result's ``detail`` counts a mode's requests)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    computed_tokens: int = 0
+
+    def add(self, r: Result) -> None:
+        self.requests += r.detail.get("requests", 1)
+        self.prompt_tokens += r.prompt_tokens
+        self.output_tokens += r.detail.get("output_tokens", 0)
+        self.computed_tokens += r.computed_tokens
+
+    def counts(self, backend: Backend | None) -> dict:
+        """The summary's ``requests``, ``prompt_tokens``, ``output_tokens``, ``computed_tokens``; a server
+        backend's own count of requests, ``retries`` and output tokens replaces the first (retries and
+        continuations included)."""
+        counts = asdict(self)
+        stats = getattr(backend, "stats", None)
+        if stats and "output_tokens" in stats:
+            counts.update({k: stats[k] for k in ("requests", "retries", "output_tokens")})
+        return counts
+
+
+def split_cached(
+    tasks: Sequence[Task], cache: ResultCache, model_id: str, compute: bool = True
+) -> tuple[dict[tuple, Result], list[Task]]:
+    """(the results ``cache`` holds for ``tasks`` by their key, the tasks still to ask): a final result (``ok``,
+    ``incomplete``) is kept, any other is asked again; with ``compute=False`` every stored result is kept."""
+    results: dict[tuple, Result] = {}
+    todo = []
+    for t in tasks:
+        hit = cache.get(model_id, t)
+        if hit is not None and (hit.status in FINAL or not compute):
+            results[(t.template_hash, t.key, t.question_id)] = hit
+        else:
+            todo.append(t)
+    return results, todo
 
 
 def warn(summary: dict, source: str, min_label_mass: float) -> None:

@@ -21,9 +21,18 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from llmrubric.extract.backends.base import Backend
-from llmrubric.extract.cache import FINAL, ResultCache
+from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.injection import InjectionDetector
-from llmrubric.extract.runner import Extraction, assemble, merge, warn
+from llmrubric.extract.runner import (
+    MODE_STATUSES,
+    Extraction,
+    Usage,
+    answer_counts,
+    assemble,
+    merge,
+    split_cached,
+    warn,
+)
 from llmrubric.extract.tasks import Result, Task
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
@@ -96,25 +105,20 @@ class _Asker:
     def __init__(self, backend: Backend, cache: ResultCache):
         self.backend, self.cache = backend, cache
         self.results: dict[tuple, Result] = {}
-        self.cached = self.computed = self.prompt_tokens = self.computed_tokens = 0
+        self.cached = self.computed = 0
+        self.usage = Usage()
         self.seconds = 0.0
 
     def ask(self, tasks: list[Task]) -> None:
-        todo = []
-        for t in tasks:
-            hit = self.cache.get(self.backend.model_id, t)
-            if hit is not None and hit.status in FINAL:
-                self.results[key(t)] = hit
-                self.cached += 1
-            else:
-                todo.append(t)
+        hits, todo = split_cached(tasks, self.cache, self.backend.model_id)
+        self.results.update(hits)
+        self.cached += len(hits)
         start = time.perf_counter()
         for r in self.backend.score(todo):
             self.cache.put(self.backend.model_id, r)
             self.results[key(r.task)] = r
             self.computed += 1
-            self.prompt_tokens += r.prompt_tokens
-            self.computed_tokens += r.computed_tokens
+            self.usage.add(r)
         self.seconds += time.perf_counter() - start
 
 
@@ -190,7 +194,9 @@ def _extraction(plan, asker, unasked, stopped, source, skipped, rubric, min_labe
 def _summary(
     extraction: Extraction, plan: _Plan, asker: _Asker, asked: np.ndarray, select_seconds: float, rounds: int
 ) -> dict:
-    """Counts of the run: prompts asked, cached and computed, blocks asked and saved, and where the time went."""
+    """Counts of the run: prompts asked, cached and computed, blocks asked and saved, the statuses of a mode's
+    absent blocks and answers, requests and tokens (as a plain run counts them: :class:`llmrubric.extract.runner.Usage`),
+    and where the time went."""
     status = extraction.failures.status.value_counts() if len(extraction.failures) else {}
     askable = int(plan.askable.sum())
     return {
@@ -204,6 +210,8 @@ def _summary(
         "truncated": int(status.get("truncated", 0)),
         "low_label_mass": int(status.get("low_label_mass", 0)),
         "possible_injection": int(status.get("possible_injection", 0)),
+        **{name: int(status.get(name, 0)) for name in (*MODE_STATUSES, "unparsed_answers")},
+        **answer_counts(asker.results.values()),
         "texts": len(plan.text_ids),
         "askable_blocks": askable,
         "asked_blocks": int(asked.sum()),
@@ -212,6 +220,5 @@ def _summary(
         "rounds": rounds,
         "llm_seconds": asker.seconds,
         "select_seconds": select_seconds,
-        "prompt_tokens": asker.prompt_tokens,
-        "computed_tokens": asker.computed_tokens,
+        **asker.usage.counts(asker.backend),
     }

@@ -93,7 +93,9 @@ def grid() -> list[str]:
     ``ridge_judge`` (the candidate of the issue's anchor, a hundred times cheaper) fixed k and the extractor's stop
     on the same draws, 8 seeds by text CV, 2 leaving a system out, each stop also with ``model.sample_prior`` 1, and
     the two equal-precision rules (4 seeds); the release (4 seeds); then the network and the shipped default
-    (``auto``, each of its cells costs six of the network's) on the k that matter."""
+    (``auto``, each of its cells costs six of the network's) on the k that matter, with ``model.sample_prior`` 1
+    (they ran before its default became 0; with one k for every block the prior is an affine map the models
+    absorb)."""
     fixed = lambda seeds, ks=KS: [f"k{k}s{s}" for s in seeds for k in ks]  # noqa: E731
     stops = lambda seeds, tolerances=TOLERANCES: [f"t{t:g}s{s}" for s in seeds for t in tolerances]  # noqa: E731
     ridge = "dialsumm/cv/ridge_judge"
@@ -108,9 +110,9 @@ def grid() -> list[str]:
         cells += [f"{name}/cv/ridge_judge/{f}" for f in ("logprob", *fixed(range(4), (1, 3, 10)))]
         cells += [f"{name}/cv/ridge_judge/{f}" for f in stops(range(4), (0.15, 0.07))]
     cells += [f"llm_rubric_synthetic/systems/ridge_judge/{f}" for f in ("logprob", "k3s0", "k10s0")]
-    cells += [f"dialsumm/cv/network/{f}" for f in ("k10s0", "k3s0", "k1s0")]
-    cells += [f"dialsumm/systems/network/{f}" for f in ("logprob", "k10s0")]
-    cells += [f"dialsumm/cv/auto/{f}" for f in ("logprob", "k10s0", "k3s0", "k1s0")]
+    cells += [f"dialsumm/cv/network/{f}/a1" for f in ("k10s0", "k3s0", "k1s0")]  # one k a cell: the prior is affine
+    cells += ["dialsumm/systems/network/logprob", "dialsumm/systems/network/k10s0/a1"]
+    cells += ["dialsumm/cv/auto/logprob", *(f"dialsumm/cv/auto/{f}/a1" for f in ("k10s0", "k3s0", "k1s0"))]
     return cells
 
 
@@ -356,11 +358,12 @@ def run_cell(cell: str, args) -> dict:
 
 
 def smallest_k(rows: list[dict]) -> dict:
-    """Per (set, protocol, method, prior): the logprob pair NLL, each k's pair NLL lost (mean over seeds) and the
-    smallest k of the grid from which every k measured is within :data:`WITHIN` of the logprob features."""
-    out = {}
-    for key, group_ in _groups(rows).items():
-        ref = next((r["pair_nll"] for r in group_ if r["features"] == "logprob"), None)
+    """Per (set, protocol, method, prior): the logprob pair NLL (of the set, protocol and method), each k's pair NLL
+    lost (mean over seeds) and the smallest k of the grid from which every k measured is within :data:`WITHIN` of the logprob features."""
+    out, groups = {}, _groups(rows)
+    for key, group_ in groups.items():
+        logprob = [r for r in group_ + groups.get(key.split("/a")[0], []) if r["features"] == "logprob"]
+        ref = logprob[0]["pair_nll"] if logprob else None  # logprob blocks are read whatever the prior
         if ref is None:
             continue
         fixed = {}

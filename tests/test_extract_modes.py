@@ -177,6 +177,8 @@ def test_the_dry_run_counts_the_prompts_that_with_their_output_exceed_the_contex
     assert over(max(lengths) + 1, mode="logprob") == 0 and over(max(lengths), mode="logprob") == 1  # 1 output token
     with pytest.raises(InputError, match="extract setting context_tokens: 0 is not"):
         over(0)
+    figures = plan(tasks, {**settings, "samples": 6, "samples_per_request": 2, "context_tokens": max(lengths)}, len)
+    assert figures["prompt_tokens_over_context"] == 3 * max(lengths)  # the longer prompt, its 3 requests
 
 
 def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):

@@ -68,14 +68,17 @@ def requests_per_block(mode: ModeSettings, server: bool) -> tuple[int, int]:
     return math.ceil(mode.samples / mode.samples_per_request), mode.samples * mode.budget
 
 
-def over_context(per_request: Sequence[int], output: int, context: int | None) -> dict:
-    """The longest prompt, and with a ``context`` window how many prompts plus ``output`` tokens exceed it."""
+def over_context(per_request: Sequence[int], output: int, context: int | None, requests: int = 1) -> dict:
+    """The longest prompt, and with a ``context`` window how many prompts plus ``output`` tokens exceed it and the
+    prompt tokens of their ``requests`` each (in ``prompt_tokens``, though a server refuses them unpaid)."""
     figures = {"longest_prompt_tokens": max(per_request, default=0)}
     if context is not None:
         if isinstance(context, bool) or not isinstance(context, int) or context < 1:
             raise InputError(f"extract setting context_tokens: {context!r} is not a whole number >= 1")
+        over = [n for n in per_request if n + output > context]
         figures["context_tokens"] = context
-        figures["prompts_over_context"] = sum(n + output > context for n in per_request)
+        figures["prompts_over_context"] = len(over)
+        figures["prompt_tokens_over_context"] = sum(over) * requests
     return figures
 
 
@@ -101,7 +104,9 @@ def plan(tasks: Sequence[Task], settings: dict, counter: TokenCounter | None, ca
         "prompt_tokens": first * fixed,
         "prompt_tokens_at_most": first * requests,
         "prompt_tokens_counted_by": "tokenizer" if counter else f"estimate: {CHARS_PER_TOKEN:g} characters a token",
-        **over_context(per_request, mode.budget if mode.mode != "logprob" else output, settings.get("context_tokens")),
+        **over_context(
+            per_request, mode.budget if mode.mode != "logprob" else output, settings.get("context_tokens"), fixed
+        ),
         "output_tokens_at_most": output * len(tasks),
     }
     if mode.mode == "logprob" and settings.get("endpoint") == "completions" and settings.get("whitespace_continuation"):

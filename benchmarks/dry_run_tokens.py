@@ -6,7 +6,10 @@ real server with SmolLM2-135M-Instruct (``conf/extract/llama_cpp.yaml``):
 - the dry run with the served model's tokenizer (``tokenizer:``, the config's default) and without one (the
   estimate of 4 characters a token), in the modes ``logprob``, ``verbalized`` and ``reasoned`` (their prompts
   differ by the mode's instruction);
-- the real run in ``logprob`` mode: its summary's ``prompt_tokens``, the sum of the server's ``usage``.
+- the real run in ``logprob`` mode: its summary's ``prompt_tokens``, the sum of the server's ``usage``;
+- the dry run of the whole release (``release``): its prompt tokens, those of the prompts over the served
+  context (``context_tokens``, refused by the server), and the hours a real run would take at the rate measured
+  (the whole release is not run: at SmolLM2's rate on 2 cores it takes hours).
 
     nice -n 10 .venv/bin/python benchmarks/dry_run_tokens.py [--dialogues 8] [--out benchmarks/results/dry_run_tokens.json]
 
@@ -65,6 +68,7 @@ def run(args) -> dict:
         start = time.perf_counter()
         real = cli(base)
         seconds = time.perf_counter() - start
+        release = release_plan(args.data, tmp, base[3:7])
     served = real["prompt_tokens"]
     figures = {
         name: {
@@ -90,9 +94,23 @@ def run(args) -> dict:
             "seconds": seconds,
         },
         "dry_run": figures,
+        "release": {
+            **release,
+            "prompt_tokens_served": release["prompt_tokens"] - release["prompt_tokens_over_context"],
+            "real_run_hours_at_this_rate": release["prompt_tokens"] / (served / seconds) / 3600,
+        },
         "target": "|relative_error| <= 0.05 with the tokenizer",
         "meta": {"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "server": "llama-cpp-python (llama_cpp.server)"},
     }
+
+
+def release_plan(data: str, tmp: str, config: list[str]) -> dict:
+    """The dry run of the whole real release (223 dialogues) with the served model's tokenizer and context."""
+    texts = llm_rubric_real_texts(Path(data) / "real" / "real_data.json")[["text_id", "text"]]
+    path = Path(tmp) / "release.csv"
+    texts.to_csv(path, index=False)
+    argv = ["extract", "features", str(path), *config, "--out", str(Path(tmp) / "r.csv"), "--no-progress"]
+    return {"dialogues": len(texts), **next(iter(cli([*argv, "--dry-run"]).values()))}
 
 
 def parse(argv: list[str] | None = None):

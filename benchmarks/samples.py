@@ -414,15 +414,18 @@ def adaptive_vs_fixed(rows: list[dict]) -> dict:
 
 
 def equal_nll_k(curve: dict[int, float], target: float) -> float | None:
-    """The k whose pair NLL is ``target`` on the curve ``a + b / k`` fitted (least squares) to a seed's fixed-k
-    pair NLL (``{k: nll}``: sampling noise lost in proportion to 1 / k); None where the curve never comes down to
-    ``target`` (no k is as good)."""
-    x = 1.0 / np.array(sorted(curve), dtype=float)
-    y = np.array([curve[k] for k in sorted(curve)], dtype=float)
-    b, a = np.polyfit(x, y, 1)
-    if b <= 0 or target <= a:
-        return None
-    return float(b / (target - a))
+    """The smallest k whose pair NLL is ``target`` on a seed's fixed-k curve (``{k: nll}``), interpolated in 1 / k
+    between the grid's neighbours (sampling noise costs about in proportion to 1 / k); the first k where it is
+    already below; None where no k of the grid comes down to ``target``."""
+    ks = sorted(curve)
+    for i, k in enumerate(ks):
+        if curve[k] <= target:
+            if i == 0:
+                return float(k)
+            k0 = ks[i - 1]
+            share = (curve[k0] - target) / (curve[k0] - curve[k])
+            return float(1.0 / (1.0 / k0 + share * (1.0 / k - 1.0 / k0)))
+    return None
 
 
 def _groups(rows: list[dict]) -> dict[str, list[dict]]:

@@ -18,7 +18,6 @@ from support.paths import ROOT
 
 from llmrubric.cli import main
 from llmrubric.extract.adapters import llm_rubric_real_texts
-from llmrubric.extract.adaptive_stop import MIN_SAMPLES
 from llmrubric.extract.backends.openai_backend import OpenAIBackend
 from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.prompts import text_hash
@@ -134,12 +133,12 @@ def test_each_failure_the_weak_model_can_be_brought_to_is_counted_never_a_value(
 
 
 def test_a_confident_judge_stops_early_and_one_that_never_parses_stops_at_the_maximum(server):
-    """Greedy answers agree: no spread after the two answers a spread needs (adaptive_stop.MIN_SAMPLES)."""
+    """Greedy answers agree: their spread 0, shrunk toward 0.5, is sqrt(0.25 / n), within 0.15 n from 3 answers."""
     cache = ResultCache(None)
     settings = {"samples": 10, "samples_per_request": 1, "tolerance": 0.15, "temperature": 0}
     confident = read(server, [task(LARGEST)], "sampled", cache, **settings)
-    assert confident.summary["requests"] == MIN_SAMPLES and confident.summary["mean_samples"] == MIN_SAMPLES
-    assert confident.features.prob.max() == 1.0 and confident.features.samples.eq(MIN_SAMPLES).all()
+    assert confident.summary["requests"] == 3 and confident.summary["mean_samples"] == 3
+    assert confident.features.prob.max() == 1.0 and confident.features.samples.eq(3).all()
     again = read(server, [task(LARGEST)], "sampled", cache, **settings)  # resumed: the block comes from the cache
     assert again.summary["cached"] == 1 and again.summary["requests"] == 0
     pd.testing.assert_frame_equal(again.features, confident.features)

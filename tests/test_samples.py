@@ -183,23 +183,23 @@ def test_the_adaptive_draws_stop_where_the_rule_says_on_the_answers_fixed_k_read
     assert np.allclose(bench.drawn_features(features, k, 0)["prob"].iloc[rows], prefix)  # as fixed k reads them
 
 
-def test_the_extractor_rule_spends_answers_in_proportion_to_the_spread():
+def test_the_extractor_rule_spends_answers_in_proportion_to_the_shrunk_spread():
     values = [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert not needs_more([2, 0, 0, 0, 0], 0.1, 40, values)  # two equal answers: no spread, stop
-    assert needs_more([1, 0, 0, 0, 0], 0.1, 40, values)  # one answer estimates no spread
-    # half 1s, half 2s: variance 1/4, unbiased 1/4 n/(n-1); 4 answers: sd 0.577 > 0.4, 6 answers: sd 0.548 <= 0.6
-    assert needs_more([2, 2, 0, 0, 0], 0.1, 40, values)
-    assert not needs_more([3, 3, 0, 0, 0], 0.1, 40, values)
-    assert needs_more([2, 2, 2, 0, 0], 0.1, 40, None)  # categories: the indicators' summed variance, sd 0.866 > 0.6
-    assert not needs_more([6, 0, 0, 0, 0], 1e-9, 40, None)
+    assert needs_more([1, 0, 0, 0, 0], 0.5, 40, values)  # one answer estimates no spread
+    # n agreeing answers: spread 0, shrunk toward 0.5 (half the gap) by one degree of freedom: sqrt(0.25 / n)
+    assert needs_more([3, 0, 0, 0, 0], 0.09, 40, values) and not needs_more([3, 0, 0, 0, 0], 0.1, 40, values)
+    # half 1s, half 2s: unbiased variance n / (4 (n - 1)); shrunk: (n / 4 + 0.25) / n; 4 answers 0.559, 6 0.540
+    assert needs_more([2, 2, 0, 0, 0], 0.1, 40, values) and not needs_more([3, 3, 0, 0, 0], 0.1, 40, values)
+    assert needs_more([2, 2, 2, 0, 0], 0.1, 40, None)  # categories: the indicators' sd (0.866 shrunk) > 0.6
     assert not needs_more([20, 20, 0, 0, 0], 0.1, 40, values)  # the maximum stops it
 
 
-def test_equal_nll_k_reads_the_fitted_one_over_k_curve():
-    curve = {k: 0.9 + 0.3 / k for k in (1, 2, 5, 10)}
-    assert bench.equal_nll_k(curve, 0.95) == pytest.approx(6.0)
-    assert bench.equal_nll_k(curve, 1.5) == pytest.approx(0.5)
-    assert bench.equal_nll_k(curve, 0.89) is None  # below the curve's limit: no k is as good
+def test_equal_nll_k_interpolates_in_one_over_k_between_the_grid_points():
+    curve = {1: 1.2, 2: 1.0, 10: 0.9}
+    assert bench.equal_nll_k(curve, 0.95) == pytest.approx(1 / (0.5 + 0.5 * (0.1 - 0.5)))  # 1/k halfway: 10/3
+    assert bench.equal_nll_k(curve, 1.3) == 1.0
+    assert bench.equal_nll_k(curve, 0.8) is None  # no k of the grid is as good
+    assert bench.equal_nll_k({1: 1.2, 2: 0.9, 5: 1.0}, 0.95) < 2  # not monotone: the first k that reaches it
 
 
 def test_adaptive_against_fixed_pairs_each_seed_with_its_own_curve():

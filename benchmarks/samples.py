@@ -56,7 +56,7 @@ from llmrubric.config import ModelConfig, compose, group, model_file  # noqa: E4
 from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import system_folds, text_folds, text_systems  # noqa: E402
 from llmrubric.evaluation.transfer import pair_scores, system_means  # noqa: E402
-from llmrubric.extract.adaptive_stop import needs_more, option_values  # noqa: E402
+from llmrubric.extract.adaptive_stop import MIN_SAMPLES, needs_more, option_values  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, load_tables, validate_features  # noqa: E402
@@ -69,7 +69,7 @@ OUT = ROOT / "benchmarks" / "results" / "samples.json"
 PARTIAL = ROOT / "benchmarks" / "results" / "samples.partial.jsonl"
 DIALSUMM = ROOT.parent / "shared" / "data" / "dialsumm"
 KS = (1, 2, 3, 5, 10, 20)
-ADAPTIVE_RULES = ("t", "p", "m")  # the extractor's, then two equal-precision rules (adaptive_features)
+ADAPTIVE_RULES = ("t", "p", "m", "w")  # the extractor's, then two equal-precision rules (adaptive_features)
 RULES = ("k", *ADAPTIVE_RULES)
 DRAWS = "paired"  # the cells of one seed read prefixes of the same answers (answer_sequences)
 TOLERANCES = (0.15, 0.1, 0.07, 0.05)  # the extractor's rule: answers per block ~ spread / tolerance
@@ -179,17 +179,24 @@ def mean_needs_more(counts: np.ndarray, values: np.ndarray, tolerance: float, ma
 
 
 def adaptive_features(
-    features: pd.DataFrame, tolerance: float, max_samples: int, seed: int, rule: str = "t"
+    features: pd.DataFrame,
+    tolerance: float,
+    max_samples: int,
+    seed: int,
+    rule: str = "t",
+    weights: pd.Series | None = None,
 ) -> pd.DataFrame:
     """``features`` with each block of 2+ options replaced by the counts of its answers (:func:`answer_sequences`)
     read one at a time until the rule says stop at ``tolerance``, at most ``max_samples``, and at least one (a
     block of no answer is absent, not read). Rule ``t``: :func:`needs_more`, the extractor's (answers in proportion
     to their spread); ``p``: :func:`posterior_needs_more` and ``m``: :func:`mean_needs_more`, two equal-precision
-    rules beside it."""
+    rules beside it. ``weights`` (per source and question, mean 1): a block's tolerance is ``tolerance / w``."""
     prob, samples = features["prob"].to_numpy(dtype=float).copy(), np.full(len(features), np.nan)
+    source, question = features["source"].to_numpy(), features["question_id"].to_numpy()
     for rows, answers in answer_sequences(features, seed, max_samples):
         counts = np.zeros(len(rows), dtype=int)
-        more = stop_rule(rule, features["option"].iloc[rows].tolist(), tolerance, max_samples)
+        w = 1.0 if weights is None else max(float(weights.get((source[rows[0]], question[rows[0]]), 0.0)), 1e-6)
+        more = stop_rule(rule, features["option"].iloc[rows].tolist(), tolerance / w, max_samples)
         for answer in answers:
             counts[answer] += 1
             if not more(counts):
@@ -258,6 +265,8 @@ def cell_tables(cell: str, dialsumm: str, llm_root: str) -> tuple[Rubric, Tables
     if spec["features"] == "logprob":
         return rubric, tables
     feats = tables.features.reset_index(drop=True)
+    if spec["kind"] == "w":  # drawn per outer fold (score_weighted)
+        return rubric, tables
     if spec["kind"] == "k":
         drawn = drawn_features(feats, int(spec["value"]), spec["seed"])
     else:
@@ -265,6 +274,25 @@ def cell_tables(cell: str, dialsumm: str, llm_root: str) -> tuple[Rubric, Tables
     drawn.index = pd.RangeIndex(1, len(drawn) + 1)
     drawn.attrs["source"] = f"<{cell}>"
     return rubric, Tables(tables.annotations, validate_features(drawn, rubric), tables.texts)
+
+
+def score_weighted(tables: Tables, rubric: Rubric, train_ids, tolerance: float, seed: int) -> Tables:
+    """Rule ``w``, simulated (not the extractor's): the stop of rule ``t`` with each block's tolerance divided by
+    its weight in the score (:func:`sample_bounds.score_weights`, mean 1 over the blocks), the weights learnt on
+    the training texts' pilot of :data:`llmrubric.extract.adaptive_stop.MIN_SAMPLES` answers a block (the
+    answers every block gets anyway) and their labels."""
+    feats = tables.features.reset_index(drop=True)
+    pilot = drawn_features(feats, MIN_SAMPLES, seed)
+    train = pilot[pilot.text_id.isin(set(train_ids))]
+    weights = sample_bounds.score_weights(sample_bounds.block_spreads(train), tables, rubric)
+    per_block = (
+        feats.drop_duplicates(BLOCK).set_index(["source", "question_id"]).index.map(lambda k: weights.get(k, 0.0))
+    )
+    weights = weights / float(np.mean(per_block))
+    drawn = adaptive_features(feats, tolerance, MAX_SAMPLES, seed, "t", weights)
+    drawn.index = pd.RangeIndex(1, len(drawn) + 1)
+    drawn.attrs["source"] = f"<weighted stop {tolerance:g}, seed {seed}>"
+    return Tables(tables.annotations, validate_features(drawn, rubric), tables.texts)
 
 
 def outer_folds(tables: Tables, protocol: str) -> pd.DataFrame:
@@ -281,24 +309,36 @@ def built(rubric: Rubric, method: str, protocol: str, prior: float | None):
     return build_model(rubric, model, trainer, cfg.seed, auto_group(cfg))
 
 
-def run_fold(cell: str, fold: int, dialsumm: str, llm_root: str) -> tuple[pd.DataFrame, float]:
-    """The main question's predictions of one outer fold's model on its held-out texts, and its CPU seconds."""
+def run_fold(cell: str, fold: int, dialsumm: str, llm_root: str) -> tuple[pd.DataFrame, float, float | None]:
+    """The main question's predictions of one outer fold's model on its held-out texts, its CPU seconds and, for
+    rule ``w`` (drawn per fold), the fold's mean samples per block."""
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     single_threaded()
     spec = parse_cell(cell)
     rubric, tables = cell_tables(cell, dialsumm, llm_root)
     folds = outer_folds(tables, spec["protocol"])
+    samples = None
+    if spec.get("kind") == "w":
+        tables = score_weighted(tables, rubric, folds.text_id[folds.fold != fold], spec["value"], spec["seed"])
+        samples = mean_samples(tables.features)
     train, test = (tables.subset(folds.text_id[(folds.fold == fold) == held]) for held in (False, True))
     start = time.process_time()
     if spec["method"] in FAMILIES:
         model = built(rubric, spec["method"], spec["protocol"], spec["prior"]).fit(train)
-        return model.predict(test, questions=[rubric.main.id]), time.process_time() - start
+        return model.predict(test, questions=[rubric.main.id]), time.process_time() - start, samples
     prior = ModelConfig().sample_prior if spec["prior"] is None else spec["prior"]
     train, test = smoothed_tables(train, prior), smoothed_tables(test, prior)  # as model=auto hands them to it
     model = candidate(spec["method"], rubric, model_file("auto"), group("trainer", "default"), 0)
     predictions = fit_questions(model, train, [rubric.main.id]).predict(test)
-    return predictions[predictions.question_id == rubric.main.id], time.process_time() - start
+    return predictions[predictions.question_id == rubric.main.id], time.process_time() - start, samples
+
+
+def mean_samples(features: pd.DataFrame) -> float | None:
+    """The mean ``samples`` over the counted blocks of ``features``; None without any."""
+    if "samples" not in features or not features["samples"].notna().any():
+        return None
+    return float(features.dropna(subset=["samples"]).drop_duplicates(BLOCK)["samples"].astype(float).mean())
 
 
 def interval_width(predictions: pd.DataFrame, question, coverage: float = 0.9) -> float:
@@ -327,9 +367,8 @@ def cell_figures(predictions: pd.DataFrame, rubric: Rubric, tables: Tables) -> d
         means = system_means(pair_scores(predictions, answered, main, systems))
         out["system_rms"] = float(np.sqrt(np.mean((means.predicted - means.human) ** 2)))
     feats = tables.features
-    if "samples" in feats and feats["samples"].notna().any():
-        per_block = feats.dropna(subset=["samples"]).drop_duplicates(BLOCK)["samples"].astype(float)
-        out["mean_samples_per_block"] = float(per_block.mean())
+    if (samples := mean_samples(feats)) is not None:
+        out["mean_samples_per_block"] = samples
     return out
 
 
@@ -345,14 +384,16 @@ def run_cell(cell: str, args) -> dict:
             results = list(pool.map(run_fold, *zip(*jobs)))
     else:
         results = [run_fold(*job) for job in jobs]
-    predictions = pd.concat([p for p, _ in results], ignore_index=True)
+    predictions = pd.concat([p for p, _, _ in results], ignore_index=True)
+    per_fold = [n for _, _, n in results if n is not None]
     return {
         **spec,
         "cell": cell,
         **cell_figures(predictions, rubric, tables),
+        **({"mean_samples_per_block": float(np.mean(per_fold))} if per_fold else {}),
         "folds": len(folds),
         **({} if spec["features"] == "logprob" else {"draws": DRAWS}),
-        "cpu_seconds": float(sum(s for _, s in results)),
+        "cpu_seconds": float(sum(s for _, s, _ in results)),
         "wall_seconds": time.perf_counter() - start,
     }
 

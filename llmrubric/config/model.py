@@ -134,8 +134,9 @@ class ModelConfig:
         linear: the linear family's settings (:class:`LinearConfig`).
         label_rule: how predicted distributions become labels (:class:`LabelRuleConfig`).
         sample_prior: the Dirichlet strength (pseudo-answers spread evenly over the options) that smooths each
-            block counted from sampled answers (the features' ``samples``) before the model reads it; blocks
-            without ``samples`` are read as they are (:mod:`llmrubric.model.core.samples`, ``benchmarks/samples.py``).
+            block counted from sampled answers (the features' ``samples``) before the model reads it; 0, the
+            default, reads the counts as they are (unbiased, and what the adaptive stop needs: docs/multi_source.md);
+            blocks without ``samples`` are read as they are (:mod:`llmrubric.model.core.samples`).
     """
 
     h1: int = 25
@@ -150,7 +151,7 @@ class ModelConfig:
     auto: AutoConfig = field(default_factory=AutoConfig)
     linear: LinearConfig = field(default_factory=LinearConfig)
     label_rule: LabelRuleConfig = field(default_factory=LabelRuleConfig)
-    sample_prior: float = 1.0
+    sample_prior: float = 0.0
 
     @classmethod
     def search_space(cls, base: dict) -> dict:

@@ -16,7 +16,8 @@ candidate of model=auto alone, fed the tables model=auto hands its members, a hu
 ``logprob``, ``k<K>s<SEED>`` (the first K answers of each block), ``t<TOL>s<SEED>`` (the adaptive stop of
 ``llmrubric/extract/adaptive_stop.py`` at tolerance TOL, at most :data:`MAX_SAMPLES` answers), ``p<TOL>s<SEED>`` and
 ``m<TOL>s<SEED>`` (two equal-precision rules simulated beside it: every option's, or the expected answer's,
-posterior sd at most TOL); ``/a<PRIOR>`` sets ``model.sample_prior`` (else the shipped one). All cells of one seed
+posterior sd at most TOL) and ``w<TOL>s<SEED>`` (the stop with each block's tolerance divided by its weight in the
+score, learnt per outer fold on the training texts: :func:`score_weighted`); ``/a<PRIOR>`` sets ``model.sample_prior`` (else the shipped one). All cells of one seed
 read prefixes of the same answer sequence per block (paired: a stop is compared with fixed k on the very answers it
 read); seeds share nothing. Cells without ``draws`` in the JSON were drawn before the pairing, independently per
 cell (their figures stand alone; the adaptive comparison leaves them out). Figures of the main question, pooled over the outer
@@ -91,8 +92,8 @@ ANCHORS = {
 def grid() -> list[str]:
     """The cells of the grid, in the order they run: the network's logprob reference on DialSumm; with
     ``ridge_judge`` (the candidate of the issue's anchor, a hundred times cheaper) fixed k and the extractor's stop
-    on the same draws, 8 seeds by text CV, 2 leaving a system out, each stop also with ``model.sample_prior`` 1, and
-    the two equal-precision rules (4 seeds); the release (4 seeds); then the network and the shipped default
+    on the same draws, 8 seeds by text CV, 2 leaving a system out, each stop also with ``model.sample_prior`` 1, the
+    two equal-precision rules and the stop weighted by the score (4 seeds); the release (4 seeds); then the network and the shipped default
     (``auto``, each of its cells costs six of the network's) on the k that matter, with ``model.sample_prior`` 1
     (they ran before its default became 0; with one k for every block the prior is an affine map the models
     absorb)."""
@@ -103,12 +104,15 @@ def grid() -> list[str]:
     cells += [f"{ridge}/{f}" for f in (*fixed(range(8)), *stops(range(8)))]
     cells += [f"{ridge}/{f}/a1" for f in stops(range(8))]
     cells += [f"{ridge}/{r}{t:g}s{s}" for s in range(4) for r, ts in EQUAL_PRECISION.items() for t in ts]
+    cells += [f"{ridge}/w{t:g}s{s}" for s in range(4) for t in (0.15, 0.1, 0.07)]
     ridge = "dialsumm/systems/ridge_judge"
     cells += [f"{ridge}/{f}" for f in ("logprob", *fixed((0, 1)), *stops((0, 1), (0.15, 0.07)))]
     cells += [f"{ridge}/{f}/a1" for f in stops((0, 1), (0.15, 0.07))]
+    cells += [f"{ridge}/w{t:g}s{s}" for s in (0, 1) for t in (0.15, 0.07)]
     for name in ("llm_rubric_synthetic", "llm_rubric_real"):
         cells += [f"{name}/cv/ridge_judge/{f}" for f in ("logprob", *fixed(range(4), (1, 3, 10)))]
         cells += [f"{name}/cv/ridge_judge/{f}" for f in stops(range(4), (0.15, 0.07))]
+        cells += [f"{name}/cv/ridge_judge/w{t:g}s{s}" for s in range(4) for t in (0.15, 0.07)]
     cells += [f"llm_rubric_synthetic/systems/ridge_judge/{f}" for f in ("logprob", "k3s0", "k10s0")]
     cells += [f"dialsumm/cv/network/{f}/a1" for f in ("k10s0", "k3s0", "k1s0")]  # one k a cell: the prior is affine
     cells += ["dialsumm/systems/network/logprob", "dialsumm/systems/network/k10s0/a1"]

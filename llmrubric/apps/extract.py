@@ -1,8 +1,9 @@
-"""``llmrubric extract features | bank | summaries``: the LLM's answer distributions.
+"""``llmrubric extract features | bank | summaries | weights``: the LLM's answer distributions.
 
 ``features``: texts (+ rubric or test bank) → features table, cached and resumable;
 ``bank``: generate a test bank to edit by hand;
-``summaries``: per-item features → a summary-only features table.
+``summaries``: per-item features → a summary-only features table;
+``weights``: features + human labels → each block's weight in the score (:mod:`llmrubric.apps.extract_weights`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from llmrubric.apps.commands import add_noun
+from llmrubric.apps.extract_weights import add_weights_verb
 from llmrubric.config import GROUP_SCHEMAS, command_settings
 from llmrubric.extract.backends import BACKEND_KEYS, make_backend_from
 from llmrubric.io.errors import InputError
@@ -37,6 +39,7 @@ def register(subparsers) -> None:
     add_features_verb(sub)
     add_bank_verb(sub)
     add_summaries_verb(sub)
+    add_weights_verb(sub)
 
 
 def add_features_verb(sub) -> None:

@@ -4,15 +4,19 @@ the mistakes in either, each one line and exit 2 with nothing written."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from support.judge_server import judge
 from support.paths import ROOT
 
 from llmrubric.cli import main
+from llmrubric.extract.backends.generation import ModeSettings
 from llmrubric.extract.tolerance_weights import block_spreads, read_weights, score_weights
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
@@ -101,3 +105,62 @@ def test_bad_input_to_the_weights_command_is_one_line_and_writes_nothing(tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "Traceback" not in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def alternating_judge():
+    """A judge's reply: 1, 2, 1, 2, … (an undecided judge, spread 0.5 on every question)."""
+    answers = itertools.cycle("12")
+    return lambda prompt: {"role": "assistant", "content": next(answers)}
+
+
+def weighted_run(tmp_path, url: str, weights: dict, *extra: str) -> list[str]:
+    """``extract features`` argv of two demo texts, sampled with an adaptive stop at tolerance 0.1, one answer a
+    request and one request at a time, source ``judge``, the tolerance weights ``weights``."""
+    pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2).to_csv(tmp_path / "t.csv", index=False)
+    argv = ["extract", "features", str(tmp_path / "t.csv"), "--config", str(ROOT / "conf" / "extract" / "openai.yaml")]
+    argv += ["--out", str(tmp_path / "f.csv"), "--mode", "sampled", "--samples", "20", "--samples-per-request", "1"]
+    argv += ["--tolerance", "0.1", "--concurrency", "1", "--source", "judge", "--no-progress"]
+    argv += ["--tolerance-weights", write(tmp_path / "w.yaml", weights)]
+    return [*argv, "--set", f"base_url={url}", "--set", "api_key_env=null", *extra]
+
+
+def test_a_heavier_block_gets_more_answers_from_the_same_judge_and_a_lighter_one_fewer(tmp_path, capsys, caplog):
+    with judge(alternating_judge()) as url, caplog.at_level(logging.WARNING):
+        assert main(weighted_run(tmp_path, url, {"judge": {"Q0": 4, "Q1": 0.25}, "other": {"Q0": 0}})) == 0
+    samples = pd.read_csv(tmp_path / "f.csv").groupby(["text_id", "question_id"]).samples.first().unstack()
+    assert (samples["Q0"] == 20).all()  # spread 0.5 / (0.1 / 4) = 20 answers, the most
+    assert (samples["Q1"] == 2).all()  # 0.5 / (0.1 / 0.25) < 2: the fewest
+    unweighted = samples.drop(columns=["Q0", "Q1"])
+    assert ((unweighted > 2) & (unweighted < 20)).all().all()  # about 0.5 / 0.1: weight 1, with a warning
+    assert "no weight of source 'judge' for questions Q2, Q3, Q4, Q5, Q6, Q7, Q8: they weigh 1" in caplog.text
+
+
+def test_the_weights_enter_the_cache_key_only_when_set_and_a_dry_run_reads_them(tmp_path, capsys):
+    plain = ModeSettings("sampled", tolerance=0.1)
+    weighted = ModeSettings("sampled", tolerance=0.1, tolerance_weights={"Q0": 4.0})
+    assert "tolerance_weights" not in plain.key() and '"tolerance_weights": [["Q0", 4.0]]' in weighted.key()
+    assert weighted.block_tolerance("Q0") == 0.025 and weighted.block_tolerance("Q9") == plain.block_tolerance("Q0")
+    assert ModeSettings("sampled", tolerance=0.1, tolerance_weights={"Q0": 0}).block_tolerance("Q0") == float("inf")
+    with pytest.raises(InputError, match="extract setting tolerance_weights: .* with a tolerance"):
+        ModeSettings("sampled", tolerance_weights={"Q0": 4.0})
+    argv = weighted_run(tmp_path, "http://127.0.0.1:9/v1", {"judge": {"Q0": 4}}, "--dry-run")
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["judge"]["blocks"] == 18
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "w.yaml"]
+
+
+@pytest.mark.parametrize(
+    "weights, extra, message",
+    [
+        ({"gpt": {"Q0": 2}}, [], "w.yaml: no weights of source 'judge'; the file holds ['gpt']"),
+        ({"judge": {"Q0": "heavy"}}, [], "w.yaml: source 'judge', question 'Q0': weight 'heavy' is not a number >= 0"),
+        ({"judge": {"Q0": 2}}, ["--mode", "verbalized"], "setting tolerance_weights: tolerance_weights go with"),
+    ],
+    ids=["source-missing", "weight-not-a-number", "mode-without-a-stop"],
+)
+def test_bad_tolerance_weights_are_one_line_and_nothing_is_asked_or_written(tmp_path, capsys, weights, extra, message):
+    with judge(alternating_judge()) as url:
+        assert main(weighted_run(tmp_path, url, weights, *extra)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "w.yaml"]

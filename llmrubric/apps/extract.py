@@ -211,6 +211,7 @@ BACKEND_HELP = {  # the help line of each backend setting's flag (``--gguf-file`
     "samples": "sampled, reasoned: answers per block (with tolerance: the most)",
     "samples_per_request": "answers per request (the server's n; 1 for servers without n)",
     "tolerance": "sampled, reasoned: stop a block once every option's posterior sd is at most this",
+    "tolerance_weights": "with tolerance: YAML of each block's weight in the score (extract weights); tolerance / weight",
     "temperature": "the sampling temperature (default: 1; verbalized 0)",
     "max_tokens": "output tokens per answer (default: sampled 8, verbalized 200, reasoned 512)",
     "sum_tolerance": "verbalized: how far from 1 the probabilities may sum (then renormalised)",
@@ -318,6 +319,8 @@ def run(args) -> int:
         texts = texts[mine]
     tasks, skipped, rubric, template, importance, bank_warnings = _tasks(settings, texts)
     source = settings.get("source") or default_source(settings, template.name)
+    if settings.get("tolerance_weights") is not None:
+        settings["tolerance_weights"] = source_weights(settings, source, tasks)
     cache_path = Path(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
     if settings.get("dry_run"):
         print(json.dumps({source: dry_run(settings, tasks, cache_path)}))
@@ -411,6 +414,18 @@ def track(summary: dict, settings: dict, source: str) -> None:
         run.log_params({"backend": settings["backend"]})
         numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         run.log_metrics({**numbers, **{f"answers.{k}": v for k, v in summary.get("answers", {}).items()}})
+
+
+def source_weights(settings: dict, source: str, tasks) -> dict[str, float]:
+    """The tolerance weights of the run's ``source`` (question_id → weight) from the ``tolerance_weights`` file,
+    for a sampled or reasoned run with a tolerance."""
+    from llmrubric.extract.tolerance_weights import read_weights
+
+    if settings.get("mode") not in ("sampled", "reasoned") or settings.get("tolerance") is None:
+        raise InputError(
+            "tolerance_weights go with --mode sampled or reasoned and a --tolerance", setting="tolerance_weights"
+        )
+    return read_weights(settings["tolerance_weights"], source, [t.question_id for t in tasks])
 
 
 def default_source(settings: dict, template: str) -> str:

@@ -15,32 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from sklearn.linear_model import RidgeCV
 
-from llmrubric.extract.adaptive_stop import option_values
+from llmrubric.extract.tolerance_weights import block_spreads, ridge_weights
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
 
-BLOCK = ["text_id", "source", "question_id"]
-
-
-def block_spreads(features: pd.DataFrame) -> pd.DataFrame:
-    """Per block of 2+ options: its expected answer and spread (the sd of its value on a scale, else of the option
-    indicators) under its own distribution; blocks of categories have no expected answer (NaN)."""
-    rows = []
-    for key, block in features.groupby(BLOCK, sort=False):
-        if len(block) < 2:
-            continue
-        p = block["prob"].to_numpy(dtype=float)
-        p = p / p.sum()
-        values = option_values(block["option"].tolist())
-        if values is None:
-            rows.append((*key, np.nan, float(np.sqrt(p @ (1 - p)))))
-            continue
-        v = np.asarray(values)
-        mean = float(p @ v)
-        rows.append((*key, mean, float(np.sqrt(max(p @ v**2 - mean**2, 0.0)))))
-    return pd.DataFrame(rows, columns=[*BLOCK, "expected", "spread"])
+__all__ = ["block_spreads", "bounds", "neyman_saving", "score_weights"]
 
 
 def neyman_saving(spread: np.ndarray) -> float:
@@ -51,16 +31,8 @@ def neyman_saving(spread: np.ndarray) -> float:
 
 def score_weights(blocks: pd.DataFrame, tables: Tables, rubric: Rubric) -> pd.Series:
     """Per (source, question): |d main answer / d expected answer| of a ridge of the main question's mean human
-    answer on the blocks' expected answers (missing blocks: the column mean)."""
-    main = rubric.main.id
-    wide = blocks.set_index(BLOCK)["expected"].unstack(["source", "question_id"]).dropna(axis=1, how="all")
-    labels = tables.annotations[tables.annotations.question_id == main]
-    target = pd.to_numeric(labels["answer"], errors="coerce").groupby(labels["text_id"]).mean().dropna()
-    x = wide.loc[wide.index.intersection(target.index)]
-    x = x.fillna(x.mean())
-    scale = x.std().replace(0, 1.0)
-    fit = RidgeCV(alphas=np.logspace(-2, 3, 21)).fit((x - x.mean()) / scale, target.loc[x.index])
-    return pd.Series(np.abs(fit.coef_) / scale.to_numpy(), index=x.columns)
+    answer on the blocks' expected answers, not normalised (:func:`llmrubric.extract.tolerance_weights.ridge_weights`)."""
+    return ridge_weights(blocks, tables, rubric)
 
 
 def bounds(tables: Tables, rubric: Rubric) -> dict:

@@ -2,7 +2,7 @@
 
 llmrubric data fetch | simulate | summary | texts
 llmrubric models list | fetch
-llmrubric extract features | bank | summaries
+llmrubric extract features | bank | summaries | weights
 llmrubric score texts
 llmrubric rubric plan
 llmrubric leaderboard build | correlate

@@ -13,7 +13,7 @@ from llmrubric.cli import build_parser, main
 GRAMMAR = {
     "data": ["fetch", "simulate", "summary", "texts"],
     "models": ["list", "fetch"],
-    "extract": ["features", "bank", "summaries"],
+    "extract": ["features", "bank", "summaries", "weights"],
     "score": ["texts"],
     "leaderboard": ["build", "correlate"],
     "label": ["suggest", "plan"],

@@ -1,8 +1,9 @@
-"""``llmrubric extract features | bank | summaries``: the LLM's answer distributions.
+"""``llmrubric extract features | bank | summaries | weights``: the LLM's answer distributions.
 
 ``features``: texts (+ rubric or test bank) → features table, cached and resumable;
 ``bank``: generate a test bank to edit by hand;
-``summaries``: per-item features → a summary-only features table.
+``summaries``: per-item features → a summary-only features table;
+``weights``: features + human labels → each block's weight in the score (:mod:`llmrubric.apps.extract_weights`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from llmrubric.apps.commands import add_noun
+from llmrubric.apps.extract_weights import add_weights_verb
 from llmrubric.config import GROUP_SCHEMAS, command_settings
 from llmrubric.extract.backends import BACKEND_KEYS, make_backend_from
 from llmrubric.io.errors import InputError
@@ -37,6 +39,7 @@ def register(subparsers) -> None:
     add_features_verb(sub)
     add_bank_verb(sub)
     add_summaries_verb(sub)
+    add_weights_verb(sub)
 
 
 def add_features_verb(sub) -> None:
@@ -208,6 +211,7 @@ BACKEND_HELP = {  # the help line of each backend setting's flag (``--gguf-file`
     "samples": "sampled, reasoned: answers per block (with tolerance: the most)",
     "samples_per_request": "answers per request (the server's n; 1 for servers without n)",
     "tolerance": "sampled, reasoned: stop a block once every option's posterior sd is at most this",
+    "tolerance_weights": "with tolerance: YAML of each block's weight in the score (extract weights); tolerance / weight",
     "temperature": "the sampling temperature (default: 1; verbalized 0)",
     "max_tokens": "output tokens per answer (default: sampled 8, verbalized 200, reasoned 512)",
     "sum_tolerance": "verbalized: how far from 1 the probabilities may sum (then renormalised)",
@@ -315,6 +319,8 @@ def run(args) -> int:
         texts = texts[mine]
     tasks, skipped, rubric, template, importance, bank_warnings = _tasks(settings, texts)
     source = settings.get("source") or default_source(settings, template.name)
+    if settings.get("tolerance_weights") is not None:
+        settings["tolerance_weights"] = source_weights(settings, source, tasks)
     cache_path = Path(settings.get("cache") or out.with_name(out.name + ".cache.sqlite"))
     if settings.get("dry_run"):
         print(json.dumps({source: dry_run(settings, tasks, cache_path)}))
@@ -408,6 +414,18 @@ def track(summary: dict, settings: dict, source: str) -> None:
         run.log_params({"backend": settings["backend"]})
         numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         run.log_metrics({**numbers, **{f"answers.{k}": v for k, v in summary.get("answers", {}).items()}})
+
+
+def source_weights(settings: dict, source: str, tasks) -> dict[str, float]:
+    """The tolerance weights of the run's ``source`` (question_id → weight) from the ``tolerance_weights`` file,
+    for a sampled or reasoned run with a tolerance."""
+    from llmrubric.extract.tolerance_weights import read_weights
+
+    if settings.get("mode") not in ("sampled", "reasoned") or settings.get("tolerance") is None:
+        raise InputError(
+            "tolerance_weights go with --mode sampled or reasoned and a --tolerance", setting="tolerance_weights"
+        )
+    return read_weights(settings["tolerance_weights"], source, [t.question_id for t in tasks])
 
 
 def default_source(settings: dict, template: str) -> str:

@@ -39,6 +39,7 @@ BACKEND_KEYS = {
         "samples",
         "samples_per_request",
         "tolerance",
+        "tolerance_weights",
         "temperature",
         "max_tokens",
         "sum_tolerance",

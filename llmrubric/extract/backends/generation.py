@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from llmrubric.extract.adaptive_stop import needs_more, option_values
@@ -25,11 +27,14 @@ MODES = ("logprob", "sampled", "verbalized", "reasoned")
 MAX_TOKENS = {"sampled": 8, "verbalized": 200, "reasoned": 512}  # a mode's default output budget per answer
 STRUCTURED = ("json_schema", "json_object", "none")
 KEPT_CHARACTERS = 4000  # of each raw answer in the cache
+WEIGHTS_NEED = "weights >= 0, with a tolerance"
 
 
 @dataclass(frozen=True)
 class ModeSettings:
-    """How a block is read (the extract settings of the same names; ``conf/extract/openai.yaml``)."""
+    """How a block is read (the extract settings of the same names; ``conf/extract/openai.yaml``).
+    ``tolerance_weights``: question_id → its weight in the score (``extract weights``, the run's source's): a
+    block's tolerance is ``tolerance / weight``; a question without one weighs 1."""
 
     mode: str = "logprob"
     samples: int = 10
@@ -40,8 +45,17 @@ class ModeSettings:
     sum_tolerance: float = 0.1
     structured_output: str = "json_schema"
     seed: int = 0
+    tolerance_weights: tuple[tuple[str, float], ...] | None = None
 
     def __post_init__(self):
+        weights = self.tolerance_weights
+        if weights is not None and not isinstance(weights, (Mapping, tuple)):
+            raise InputError(
+                f"extract setting tolerance_weights: {weights!r} is a file that extract features reads for its source"
+            )
+        if isinstance(weights, Mapping):
+            weights = tuple(sorted((str(q), float(w)) for q, w in weights.items()))
+            object.__setattr__(self, "tolerance_weights", weights)
         checks = {
             "mode": self.mode in MODES,
             "samples": int(self.samples) >= 1,
@@ -51,11 +65,22 @@ class ModeSettings:
             "max_tokens": self.max_tokens is None or int(self.max_tokens) >= 1,
             "sum_tolerance": float(self.sum_tolerance) >= 0,
             "structured_output": self.structured_output in STRUCTURED,
+            "tolerance_weights": weights is None or (self.tolerance is not None and all(w >= 0 for _, w in weights)),
         }
         for key, ok in checks.items():
             if not ok:
-                allowed = {"mode": MODES, "structured_output": STRUCTURED}.get(key, "see conf/extract/openai.yaml")
+                allowed = {"mode": MODES, "structured_output": STRUCTURED, "tolerance_weights": WEIGHTS_NEED}.get(
+                    key, "see conf/extract/openai.yaml"
+                )
                 raise InputError(f"extract setting {key}: {getattr(self, key)!r} is not allowed ({allowed})")
+
+    def block_tolerance(self, question_id: str) -> float | None:
+        """The tolerance of the question's blocks: ``tolerance / weight`` (infinite for weight 0: the block stops
+        at :data:`~llmrubric.extract.adaptive_stop.MIN_SAMPLES` answers); None without a tolerance."""
+        if self.tolerance is None or self.tolerance_weights is None:
+            return self.tolerance
+        weight = dict(self.tolerance_weights).get(question_id, 1.0)
+        return float(self.tolerance) / weight if weight > 0 else math.inf
 
     @property
     def budget(self) -> int:
@@ -71,6 +96,8 @@ class ModeSettings:
         if self.mode == "logprob":
             return ""
         used = {k: v for k, v in asdict(self).items() if k not in ("max_tokens", "temperature")}
+        if self.tolerance_weights is None:
+            used.pop("tolerance_weights")  # the keys of runs without weights stay as they were
         if self.tolerance is not None:
             used["stop"] = "spread"  # the adaptive stop's rule (adaptive_stop.needs_more)
         if self.mode != "verbalized":
@@ -175,12 +202,13 @@ class ModeReader:
         return index, status, kept
 
     def read_sampled(self, task: Task) -> Result:
-        """Rounds of answers until ``samples`` were drawn or the adaptive stop at ``tolerance`` says enough."""
+        """Rounds of answers until ``samples`` were drawn or the adaptive stop at the block's tolerance
+        (:meth:`ModeSettings.block_tolerance`) says enough."""
         s, prompt = self.settings, mode_prompt(task, self.settings.mode)
         counts, statuses, answers = [0] * len(task.labels), Counter(), []
         detail = {"mode": s.mode, "requests": 0, "prompt_tokens": 0, "output_tokens": 0}
-        drawn, values = 0, option_values(task.options)
-        while drawn < s.samples and (s.tolerance is None or needs_more(counts, s.tolerance, s.samples, values)):
+        drawn, values, tolerance = 0, option_values(task.options), s.block_tolerance(task.question_id)
+        while drawn < s.samples and (tolerance is None or needs_more(counts, tolerance, s.samples, values)):
             n = min(s.samples_per_request, s.samples - drawn)
             response, error = self.backend.send(task, self.body(prompt, n, s.heat, request_seed(s.seed, task, drawn)))
             if response is None:

@@ -58,6 +58,7 @@ from llmrubric.data import llm_rubric  # noqa: E402
 from llmrubric.data.splits import system_folds, text_folds, text_systems  # noqa: E402
 from llmrubric.evaluation.transfer import pair_scores, system_means  # noqa: E402
 from llmrubric.extract.adaptive_stop import MIN_SAMPLES, needs_more, option_values  # noqa: E402
+from llmrubric.extract.tolerance_weights import score_weights  # noqa: E402
 from llmrubric.io.errors import InputError  # noqa: E402
 from llmrubric.io.rubric import Rubric  # noqa: E402
 from llmrubric.io.tables import Tables, load_tables, validate_features  # noqa: E402
@@ -282,18 +283,16 @@ def cell_tables(cell: str, dialsumm: str, llm_root: str) -> tuple[Rubric, Tables
 
 
 def score_weighted(tables: Tables, rubric: Rubric, train_ids, tolerance: float, seed: int) -> Tables:
-    """Rule ``w``, simulated (not the extractor's): the stop of rule ``t`` with each block's tolerance divided by
-    its weight in the score (:func:`sample_bounds.score_weights`, mean 1 over the blocks), the weights learnt on
-    the training texts' pilot of :data:`llmrubric.extract.adaptive_stop.MIN_SAMPLES` answers a block (the
-    answers every block gets anyway) and their labels."""
+    """Rule ``w``: the extractor's stop with each block's tolerance divided by its weight in the score, as
+    ``llmrubric extract weights`` computes it (:func:`llmrubric.extract.tolerance_weights.score_weights`) and
+    ``tolerance_weights`` reads it, from the training texts' pilot of
+    :data:`llmrubric.extract.adaptive_stop.MIN_SAMPLES` answers a block (the answers every block gets anyway)
+    and their labels."""
     feats = tables.features.reset_index(drop=True)
     pilot = drawn_features(feats, MIN_SAMPLES, seed)
-    train = pilot[pilot.text_id.isin(set(train_ids))]
-    weights = sample_bounds.score_weights(sample_bounds.block_spreads(train), tables, rubric)
-    per_block = (
-        feats.drop_duplicates(BLOCK).set_index(["source", "question_id"]).index.map(lambda k: weights.get(k, 0.0))
-    )
-    weights = weights / float(np.mean(per_block))
+    pilot = pilot[pilot.text_id.isin(set(train_ids))]
+    nested = score_weights(Tables(tables.annotations, pilot, tables.texts), rubric)
+    weights = pd.Series({(s, q): w for s, by_question in nested.items() for q, w in by_question.items()})
     drawn = adaptive_features(feats, tolerance, MAX_SAMPLES, seed, "t", weights)
     drawn.index = pd.RangeIndex(1, len(drawn) + 1)
     drawn.attrs["source"] = f"<weighted stop {tolerance:g}, seed {seed}>"

@@ -210,7 +210,7 @@ BACKEND_HELP = {  # the help line of each backend setting's flag (``--gguf-file`
     "whitespace_min_prob": "completions: the probability from which a whitespace token is continued",
     "samples": "sampled, reasoned: answers per block (with tolerance: the most)",
     "samples_per_request": "answers per request (the server's n; 1 for servers without n)",
-    "tolerance": "sampled, reasoned: stop a block once every option's posterior sd is at most this",
+    "tolerance": "sampled, reasoned: stop a block once it has spread / tolerance answers (docs/extract.md, adaptive stop)",
     "tolerance_weights": "with tolerance: YAML of each block's weight in the score (extract weights); tolerance / weight",
     "temperature": "the sampling temperature (default: 1; verbalized 0)",
     "max_tokens": "output tokens per answer (default: sampled 8, verbalized 200, reasoned 512)",

@@ -118,7 +118,8 @@ def grid() -> list[str]:
     cells += [f"llm_rubric_synthetic/systems/ridge_judge/{f}" for f in ("logprob", "k3s0", "k10s0")]
     cells += [f"dialsumm/cv/network/{f}/a1" for f in ("k10s0", "k3s0", "k1s0")]  # one k a cell: the prior is affine
     cells += ["dialsumm/systems/network/logprob", "dialsumm/systems/network/k10s0/a1"]
-    cells += ["dialsumm/cv/auto/logprob", *(f"dialsumm/cv/auto/{f}/a1" for f in ("k10s0", "k3s0", "k1s0"))]
+    cells += ["dialsumm/cv/auto/logprob", *(f"dialsumm/cv/auto/{f}/a1" for f in ("k10s0", "k3s0"))]
+    cells += ["dialsumm/systems/auto/logprob", "dialsumm/systems/auto/k10s0"]
     return cells
 
 

@@ -35,6 +35,7 @@ import argparse
 import functools
 import json
 import logging
+import re
 import sys
 import time
 import warnings
@@ -112,7 +113,7 @@ def grid() -> list[str]:
     cells += [f"{ridge}/{f}/a1" for f in stops((0, 1), (0.15, 0.07))]
     cells += [f"{ridge}/w{t:g}s{s}" for s in (0, 1) for t in (0.15, 0.07)]
     for name in ("llm_rubric_synthetic", "llm_rubric_real"):
-        cells += [f"{name}/cv/ridge_judge/{f}" for f in ("logprob", *fixed(range(4), (1, 3, 10)))]
+        cells += [f"{name}/cv/ridge_judge/{f}" for f in ("logprob", *fixed(range(4)))]
         cells += [f"{name}/cv/ridge_judge/{f}" for f in stops(range(4), (0.15, 0.07))]
         cells += [f"{name}/cv/ridge_judge/w{t:g}s{s}" for s in range(4) for t in (0.15, 0.07)]
     cells += [f"llm_rubric_synthetic/systems/ridge_judge/{f}" for f in ("logprob", "k3s0", "k10s0")]
@@ -403,12 +404,18 @@ def run_cell(cell: str, args) -> dict:
     }
 
 
+def base_group(key: str) -> str:
+    """A group's key without its prior (``dialsumm/cv/auto/a1`` → ``dialsumm/cv/auto``)."""
+    return re.sub(r"/a[0-9.]+$", "", key)
+
+
 def smallest_k(rows: list[dict]) -> dict:
     """Per (set, protocol, method, prior): the logprob pair NLL (of the set, protocol and method), each k's pair NLL
-    lost (mean over seeds) and the smallest k of the grid from which every k measured is within :data:`WITHIN` of the logprob features."""
+    lost (mean over seeds) and the smallest k of the grid from which every k measured is within :data:`WITHIN` of
+    the logprob features."""
     out, groups = {}, _groups(rows)
     for key, group_ in groups.items():
-        logprob = [r for r in group_ + groups.get(key.split("/a")[0], []) if r["features"] == "logprob"]
+        logprob = [r for r in group_ + groups.get(base_group(key), []) if r["features"] == "logprob"]
         ref = logprob[0]["pair_nll"] if logprob else None  # logprob blocks are read whatever the prior
         if ref is None:
             continue
@@ -436,7 +443,7 @@ def adaptive_vs_fixed(rows: list[dict]) -> dict:
     groups, out = _groups(rows), {}
     for key, group_ in groups.items():
         curves = {}
-        for r in groups.get(key.split("/a")[0], []):
+        for r in groups.get(base_group(key), []):
             if r.get("kind") == "k" and r.get("draws") == DRAWS:
                 curves.setdefault(r["seed"], {})[int(r["value"])] = r["pair_nll"]
         stops = {}
@@ -447,6 +454,7 @@ def adaptive_vs_fixed(rows: list[dict]) -> dict:
             k_equal = [equal_nll_k(curves[r["seed"]], r["pair_nll"]) for r in runs]
             saved = [None if k is None else 1 - r["mean_samples_per_block"] / k for r, k in zip(runs, k_equal)]
             reached = None not in saved
+            beyond = sum(k is None for k in k_equal)  # as good as no k of the seed's grid
             out.setdefault(key, {})[name] = {
                 "pair_nll": float(np.mean([r["pair_nll"] for r in runs])),
                 "mean_samples_per_block": float(np.mean([r["mean_samples_per_block"] for r in runs])),
@@ -455,6 +463,7 @@ def adaptive_vs_fixed(rows: list[dict]) -> dict:
                 "samples_saved": float(np.mean(saved)) if reached else None,
                 "samples_saved_sd": float(np.std(saved, ddof=1)) if reached and len(saved) > 1 else None,
                 "samples_saved_by_seed": saved,
+                "seeds_beyond_the_grid": beyond,
             }
     return out
 

@@ -437,9 +437,10 @@ def smallest_k(rows: list[dict]) -> dict:
 
 def adaptive_vs_fixed(rows: list[dict]) -> dict:
     """Per (set, protocol, method, prior), rule and tolerance, over the seeds whose fixed-k cells on the same draws
-    (``draws`` paired, the shipped prior) cover three k or more: the adaptive stop's pair NLL and mean samples per
-    block, the fixed k of equal pair NLL on that seed's own curve (:func:`equal_nll_k`) and the share of samples
-    saved against it (means over seeds, with their spread; None where some seed's curve never reaches it)."""
+    (``draws`` paired, the shipped prior) cover three k or more: the stop's pair NLL and mean samples per block
+    (means over those seeds), the fixed k of that pair NLL on the same seeds' mean fixed-k curve
+    (:func:`equal_nll_k`) and the share of samples saved against it; beside them the same seed by seed (each on
+    its own curve: None where it never comes down to the stop's NLL) and their spread."""
     groups, out = _groups(rows), {}
     for key, group_ in groups.items():
         curves = {}
@@ -451,21 +452,29 @@ def adaptive_vs_fixed(rows: list[dict]) -> dict:
             if r.get("kind") in ADAPTIVE_RULES and r.get("draws") == DRAWS and len(curves.get(r["seed"], ())) >= 3:
                 stops.setdefault(f"{r['kind']}{r['value']:g}", []).append(r)
         for name, runs in sorted(stops.items()):
-            k_equal = [equal_nll_k(curves[r["seed"]], r["pair_nll"]) for r in runs]
-            saved = [None if k is None else 1 - r["mean_samples_per_block"] / k for r, k in zip(runs, k_equal)]
-            reached = None not in saved
-            beyond = sum(k is None for k in k_equal)  # as good as no k of the seed's grid
-            out.setdefault(key, {})[name] = {
-                "pair_nll": float(np.mean([r["pair_nll"] for r in runs])),
-                "mean_samples_per_block": float(np.mean([r["mean_samples_per_block"] for r in runs])),
-                "seeds": len(runs),
-                "fixed_k_at_equal_nll": float(np.mean(k_equal)) if reached else None,
-                "samples_saved": float(np.mean(saved)) if reached else None,
-                "samples_saved_sd": float(np.std(saved, ddof=1)) if reached and len(saved) > 1 else None,
-                "samples_saved_by_seed": saved,
-                "seeds_beyond_the_grid": beyond,
-            }
+            out.setdefault(key, {})[name] = stop_against_fixed(runs, curves)
     return out
+
+
+def stop_against_fixed(runs: list[dict], curves: dict[int, dict[int, float]]) -> dict:
+    """One stop's figures against fixed k (:func:`adaptive_vs_fixed`)."""
+    nll = float(np.mean([r["pair_nll"] for r in runs]))
+    samples = float(np.mean([r["mean_samples_per_block"] for r in runs]))
+    ks = set.intersection(*(set(curves[r["seed"]]) for r in runs))
+    pooled = equal_nll_k({k: float(np.mean([curves[r["seed"]][k] for r in runs])) for k in ks}, nll)
+    by_seed = [equal_nll_k(curves[r["seed"]], r["pair_nll"]) for r in runs]
+    saved = [None if k is None else 1 - r["mean_samples_per_block"] / k for r, k in zip(runs, by_seed)]
+    known = [v for v in saved if v is not None]
+    return {
+        "pair_nll": nll,
+        "mean_samples_per_block": samples,
+        "seeds": len(runs),
+        "fixed_k_at_equal_nll": pooled,
+        "samples_saved": None if pooled is None else 1 - samples / pooled,
+        "samples_saved_by_seed": saved,
+        "samples_saved_sd": float(np.std(known, ddof=1)) if len(known) > 1 else None,
+        "seeds_beyond_the_grid": sum(k is None for k in by_seed),  # as good as no k of that seed's grid
+    }
 
 
 def equal_nll_k(curve: dict[int, float], target: float) -> float | None:

@@ -235,7 +235,8 @@ def test_adaptive_against_fixed_pairs_each_seed_with_its_own_curve():
     out = bench.adaptive_vs_fixed(rows)["s/cv/m"]["t0.1"]
     assert out["seeds"] == 2
     assert out["samples_saved_by_seed"] == pytest.approx([1 - 3 / 6, 1 - 3 / 8])
-    assert out["samples_saved"] == pytest.approx(np.mean([0.5, 1 - 3 / 8]))
+    assert out["fixed_k_at_equal_nll"] == pytest.approx(0.35 / 0.05)  # the seeds' mean curve: 0.9 + 0.35 / k
+    assert out["samples_saved"] == pytest.approx(1 - 3 / 7) and out["seeds_beyond_the_grid"] == 0
 
 
 def test_the_equal_precision_rules_bound_a_posterior_sd():

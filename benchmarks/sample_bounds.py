@@ -36,9 +36,17 @@ def score_weights(blocks: pd.DataFrame, tables: Tables, rubric: Rubric) -> pd.Se
 
 
 def bounds(tables: Tables, rubric: Rubric) -> dict:
-    """The set's two bounds on the samples an adaptive stop saves at equal error (module doc)."""
-    blocks = block_spreads(tables.features.reset_index(drop=True))
-    out = {"blocks": len(blocks), "per_block_rule": neyman_saving(blocks["spread"])}
+    """The set's two bounds on the samples an adaptive stop saves at equal error (module doc), and how sure its
+    judges are: the median share of a block's likeliest option."""
+    features = tables.features.reset_index(drop=True)
+    blocks = block_spreads(features)
+    prob = features.groupby(["text_id", "source", "question_id"], sort=False)["prob"]
+    top = (prob.max() / prob.sum())[prob.size() > 1]
+    out = {
+        "blocks": len(blocks),
+        "median_top_share": float(top.median()),
+        "per_block_rule": neyman_saving(blocks["spread"]),
+    }
     if blocks["expected"].notna().any():
         weights = score_weights(blocks, tables, rubric)
         w = blocks.set_index(["source", "question_id"]).index.map(lambda k: weights.get(k, 0.0))

@@ -94,8 +94,8 @@ ANCHORS = {
 def grid() -> list[str]:
     """The cells of the grid, in the order they run: the network's logprob reference on DialSumm; with
     ``ridge_judge`` (the candidate of the issue's anchor, a hundred times cheaper) fixed k and the extractor's stop
-    on the same draws, 8 seeds by text CV, 2 leaving a system out, stops also with ``model.sample_prior`` 1 (4 and 2
-    seeds), the two equal-precision rules (2 seeds) and the stop weighted by the score (4 and 2 seeds); the release
+    on the same draws, 8 seeds by text CV, 4 leaving a system out, stops also with ``model.sample_prior`` 1 (4 and 2
+    seeds), the two equal-precision rules (2 seeds) and the stop weighted by the score (4 seeds); the release
     (4 seeds); then the network and the shipped default
     (``auto``, each of its cells costs six of the network's) on the k that matter, with ``model.sample_prior`` 1
     (they ran before its default became 0; with one k for every block the prior is an affine map the models
@@ -109,9 +109,9 @@ def grid() -> list[str]:
     cells += [f"{ridge}/{r}{t:g}s{s}" for s in range(2) for r, ts in EQUAL_PRECISION.items() for t in ts]
     cells += [f"{ridge}/w{t:g}s{s}" for s in range(4) for t in (0.15, 0.1, 0.07)]
     ridge = "dialsumm/systems/ridge_judge"
-    cells += [f"{ridge}/{f}" for f in ("logprob", *fixed((0, 1)), *stops((0, 1), (0.15, 0.07)))]
+    cells += [f"{ridge}/{f}" for f in ("logprob", *fixed(range(4)), *stops(range(4), (0.15, 0.07)))]
     cells += [f"{ridge}/{f}/a1" for f in stops((0, 1), (0.15, 0.07))]
-    cells += [f"{ridge}/w{t:g}s{s}" for s in (0, 1) for t in (0.15, 0.07)]
+    cells += [f"{ridge}/w{t:g}s{s}" for s in range(4) for t in (0.15, 0.1, 0.07)]
     for name in ("llm_rubric_synthetic", "llm_rubric_real"):
         cells += [f"{name}/cv/ridge_judge/{f}" for f in ("logprob", *fixed(range(4)))]
         cells += [f"{name}/cv/ridge_judge/{f}" for f in stops(range(4), (0.15, 0.07))]

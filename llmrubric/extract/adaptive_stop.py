@@ -19,20 +19,25 @@ MIN_SAMPLES = 2  # the fewest answers that estimate a spread
 PRIOR_WEIGHT = 1.0  # degrees of freedom of the prior spread
 
 
+def moments(p: Sequence[float], values: Sequence[float] | None = None) -> tuple[float | None, float]:
+    """(expected value, spread) of a distribution ``p`` over the options: the mean and standard deviation of their
+    value on a numeric scale (``values``), else no mean and the options' indicators' spread (the square root of
+    the summed variances)."""
+    p = np.asarray(p, dtype=float)
+    if values is None:
+        return None, float(np.sqrt(p @ (1.0 - p)))
+    v = np.asarray(values, dtype=float)
+    mean = float(p @ v)
+    return mean, float(np.sqrt(max(float(p @ v**2) - mean**2, 0.0)))
+
+
 def spread(counts: Sequence[int], values: Sequence[float] | None = None) -> float:
-    """The answers' spread, unbiased: the standard deviation of their value on a numeric scale (``values``), else
-    of the options' indicators (the square root of the summed variances); 0 for fewer than two answers."""
+    """The answers' spread (:func:`moments` of their shares), unbiased; 0 for fewer than two answers."""
     counts = np.asarray(counts, dtype=float)
     n = counts.sum()
     if n < 2:
         return 0.0
-    p = counts / n
-    if values is None:
-        variance = float(p @ (1.0 - p))
-    else:
-        v = np.asarray(values, dtype=float)
-        variance = max(float(p @ v**2 - (p @ v) ** 2), 0.0)
-    return float(np.sqrt(variance * n / (n - 1.0)))
+    return moments(counts / n, values)[1] * float(np.sqrt(n / (n - 1.0)))
 
 
 def prior_spread(values: Sequence[float] | None) -> float:

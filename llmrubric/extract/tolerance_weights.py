@@ -19,7 +19,7 @@ import pandas as pd
 import yaml
 from sklearn.linear_model import RidgeCV
 
-from llmrubric.extract.adaptive_stop import option_values
+from llmrubric.extract.adaptive_stop import moments, option_values
 from llmrubric.io.errors import InputError, yaml_error
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables
@@ -38,14 +38,8 @@ def block_spreads(features: pd.DataFrame) -> pd.DataFrame:
         if len(block) < 2:
             continue
         p = block["prob"].to_numpy(dtype=float)
-        p = p / p.sum()
-        values = option_values(block["option"].tolist())
-        if values is None:
-            rows.append((*key, np.nan, float(np.sqrt(p @ (1 - p)))))
-            continue
-        v = np.asarray(values)
-        mean = float(p @ v)
-        rows.append((*key, mean, float(np.sqrt(max(p @ v**2 - mean**2, 0.0)))))
+        expected, spread = moments(p / p.sum(), option_values(block["option"].tolist()))
+        rows.append((*key, np.nan if expected is None else expected, spread))
     return pd.DataFrame(rows, columns=[*BLOCK, "expected", "spread"])
 
 

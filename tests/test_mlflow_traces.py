@@ -11,6 +11,7 @@ import mlflow
 import pytest
 from mlflow.entities import AssessmentSource
 from support.paths import ROOT
+from support.postgres_server import free_port
 from support.settings import FAST
 
 from llmrubric.cli import main as run_cli
@@ -24,6 +25,7 @@ from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
 pytestmark = pytest.mark.slow
+RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 
 
 def new_experiment() -> tuple[str, str]:
@@ -74,17 +76,61 @@ def test_import_mlflow_writes_the_tables_and_an_off_scale_value_is_one_error(rub
     feedback(a, "Q0", 3, "HUMAN", "ann@x")
     feedback(a, "Q0", 2, "LLM_JUDGE", "gpt")
     out = tmp_path / "tables"
-    assert run_cli(["import", "mlflow", "--experiment", name, "--system-tag", "app", "--out-dir", str(out)]) == 0
+    imported = ["import", "mlflow", "--experiment", name, "--rubric", str(RUBRIC)]
+    assert run_cli([*imported, "--system-tag", "app", "--out-dir", str(out)]) == 0
     assert read_table(out / "annotations.parquet", "annotations").answer.tolist() == ["3"]
     assert read_table(out / "texts.parquet", "texts").system_id.tolist() == ["v1"]
     feedback(a, "Q1", 7, "HUMAN", "bob@x")
     bad = tmp_path / "bad"
-    assert run_cli(["import", "mlflow", "--experiment", name, "--out-dir", str(bad)]) == 2
+    assert run_cli([*imported, "--out-dir", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert (
         err == f"error: trace {a}, assessment 'Q1' (HUMAN 'bob@x'): value 7 is not an option of Q1 ['1', '2', '3', '4']"
     )
     assert not bad.exists()
+
+
+def test_an_import_that_answers_no_question_of_the_rubric_is_an_error_naming_the_feedback_seen(tmp_path, capsys):
+    name, eid = new_experiment()
+    a = trace(eid, "q", "r", "v1")
+    feedback(a, "coherence", 3, "HUMAN", "ann@x")
+    feedback(a, "coherence", 2, "LLM_JUDGE", "gpt")
+    out = tmp_path / "tables"
+    assert run_cli(["import", "mlflow", "--experiment", name, "--rubric", str(RUBRIC), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: setting --rubric: no HUMAN or LLM_JUDGE feedback") and "seen: ['coherence']" in err
+    assert not out.exists()
+
+
+@pytest.fixture
+def kept_tracking_uri():
+    """The session's store again after a test that points the commands elsewhere (``--tracking-uri`` is global)."""
+    before = mlflow.get_tracking_uri()
+    yield
+    mlflow.set_tracking_uri(before)
+
+
+def test_a_tracking_server_that_is_down_is_one_line_before_anything_is_written(
+    checkpoint, simulated, tmp_path, capsys, kept_tracking_uri
+):
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    out = tmp_path / "tables"
+    assert run_cli(["import", "mlflow", "--experiment", "x", "--rubric", str(RUBRIC), "--out-dir", str(out),
+                    "--tracking-uri", down]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(
+        f"error: setting --tracking-uri: MLflow tracking server {down}"
+    )
+    texts = tmp_path / "texts.csv"
+    simulated.texts.head(3).assign(trace_id="tr-1").to_csv(texts, index=False)
+    features = tmp_path / "features.csv"
+    simulated.features[simulated.features.text_id.isin(simulated.texts.text_id.head(3))].to_csv(features, index=False)
+    scores = tmp_path / "scores.csv"
+    assert run_cli(["score", "texts", str(checkpoint), str(features), "--texts", str(texts), "--out", str(scores),
+                    "--log-to-traces", "--tracking-uri", down, "--no-progress"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "is not answering" in err and not scores.exists()
+    assert not list(tmp_path.glob("scores*"))
 
 
 def test_tables_logged_as_traces_read_back_the_same(simulated, rubric):

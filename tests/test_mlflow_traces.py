@@ -4,6 +4,8 @@ feedback → annotations, LLM_JUDGE feedback → features, request + response �
 from __future__ import annotations
 
 import json
+import os
+import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +21,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables, read_table
 from llmrubric.mlflow_genai.read import DISTRIBUTION_KEY, read_traces, search_traces, trace_text_id
 from llmrubric.mlflow_genai.scorer import CalibratedScorer
+from llmrubric.mlflow_genai.store import size_http_pool
 from llmrubric.mlflow_genai.write import log_tables
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
@@ -131,6 +134,31 @@ def test_a_tracking_server_that_is_down_is_one_line_before_anything_is_written(
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "is not answering" in err and not scores.exists()
     assert not list(tmp_path.glob("scores*"))
+
+
+def test_a_tracking_server_that_hangs_is_one_line_after_mlflows_request_timeout(
+    tmp_path, capsys, monkeypatch, kept_tracking_uri
+):
+    with socket.socket() as hung:  # accepts connections (the backlog) and never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+        argv = ["import", "mlflow", "--experiment", "x", "--rubric", str(RUBRIC), "--out-dir", str(tmp_path / "t")]
+        assert run_cli([*argv, "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "is not answering (timed out; waited at most 1 s" in err, err
+
+
+def test_mlflows_http_pool_holds_the_threads_mlflow_runs_against_the_server(monkeypatch):
+    """Trace search downloads with MLFLOW_SEARCH_TRACES_MAX_THREADS threads: a smaller pool discards connections."""
+    monkeypatch.delenv("MLFLOW_HTTP_POOL_MAXSIZE", raising=False)
+    monkeypatch.setenv("MLFLOW_SEARCH_TRACES_MAX_THREADS", "48")
+    size_http_pool()
+    assert os.environ["MLFLOW_HTTP_POOL_MAXSIZE"] == "48"
+    monkeypatch.setenv("MLFLOW_HTTP_POOL_MAXSIZE", "7")  # the user's own setting stays
+    size_http_pool()
+    assert os.environ["MLFLOW_HTTP_POOL_MAXSIZE"] == "7"
 
 
 def test_tables_logged_as_traces_read_back_the_same(simulated, rubric):

@@ -268,6 +268,13 @@ def test_the_shipped_default_scores_every_trace_in_evaluate_as_score_texts_does(
     assert set(scored) == set(want.index)  # every trace scored, as score texts scores it
     assert pd.Series(scored).sort_index().to_numpy() == pytest.approx(want.sort_index().to_numpy(), abs=1e-5)
     assert result.metrics[f"llmrubric/{MAIN}/mean"] == pytest.approx(want.mean(), abs=1e-5)
+    given = CalibratedScorer(  # a features table with its texts: scored together too
+        checkpoint=str(dialsumm.checkpoint),
+        features=str(tables / "features.parquet"),
+        texts=str(tables / "texts.parquet"),
+    )
+    new = next(t for t in want.index if t.endswith(f"_{NEW}"))
+    assert given(inputs={"text_id": new})[0].value == pytest.approx(want[new], abs=1e-5)
     for system, row in levels.iterrows():  # the system view: each system's level and its interval among the metrics
         lo, hi = t_interval(row.level, row.level_sd**2, row.level_df, 0.9)
         view = f"llmrubric/{MAIN}/system/{system}"
@@ -282,6 +289,8 @@ def test_a_trace_of_no_system_is_an_error_naming_the_tag_and_the_tag_is_asked_fo
         CalibratedScorer(checkpoint=str(dialsumm.checkpoint), system_tag="system")(trace=trace)
     with pytest.raises(ValueError, match="has a system level: a text is scored within its system; give system_tag"):
         CalibratedScorer(checkpoint=str(dialsumm.checkpoint))
+    with pytest.raises(ValueError, match="give texts"):
+        CalibratedScorer(checkpoint=str(dialsumm.checkpoint), features=str(dialsumm.tables / "features.parquet"))
 
 
 def test_the_commands_reading_predictions_take_the_checkpoints_rubric(dialsumm, tmp_path, capsys):

@@ -81,12 +81,15 @@ class CalibratedScorer(Scorer):
             self._table = validate_features(read_table(self.features, "features"), self._model.rubric)
         if self.texts is not None:
             self._texts = read_table(self.texts, "texts")
-        if self.levelled and self.system_tag is None and not self._has_systems():
+        if self.levelled and not (self._has_systems() if self.features else self.system_tag):
             raise InputError(
                 f"checkpoint {Path(self.checkpoint).name} has a system level: a text is scored within its system; "
-                "give system_tag (the traces' tag of the system, as `import mlflow --system-tag`)"
-                + (" or texts with system_id" if self.features else ""),
-                setting="system_tag",
+                + (
+                    "give texts (a texts table with every text's system_id) with the features table"
+                    if self.features
+                    else "give system_tag (the traces' tag of the system, as `import mlflow --system-tag`)"
+                ),
+                setting="texts" if self.features else "system_tag",
             )
 
     @property
@@ -114,7 +117,7 @@ class CalibratedScorer(Scorer):
                 text_id = str(inputs.get("text_id")) if isinstance(inputs, dict) and "text_id" in inputs else text_id
             if not (self._table.text_id == text_id).any():
                 raise InputError(f"text {text_id!r} has no LLM answer distributions (features rows)")
-            if self.levelled and self._has_systems():
+            if self.levelled:
                 return str(text_id), self._cached(("table",), self._table_set), f"the features table {self.features}"
             rows = self._table[self._table.text_id == text_id].copy()
             rows.attrs["source"] = str(self.features)

@@ -10,6 +10,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import mlflow
+import pandas as pd
 import pytest
 from mlflow.entities import AssessmentSource
 from support.paths import ROOT
@@ -159,6 +160,28 @@ def test_mlflows_http_pool_holds_the_threads_mlflow_runs_against_the_server(monk
     monkeypatch.setenv("MLFLOW_HTTP_POOL_MAXSIZE", "7")  # the user's own setting stays
     size_http_pool()
     assert os.environ["MLFLOW_HTTP_POOL_MAXSIZE"] == "7"
+
+
+def test_export_mlflow_writes_into_an_experiment_without_traces_only(tmp_path, capsys):
+    simulated = ROOT / "data" / "simulated"
+    texts = pd.read_csv(simulated / "texts.csv").head(2)
+    files = {}
+    for name in ("annotations", "features", "texts"):
+        table = pd.read_csv(simulated / f"{name}.csv")
+        files[name] = tmp_path / f"{name}.csv"
+        table[table.text_id.isin(texts.text_id)].to_csv(files[name], index=False)
+    name = f"export-{uuid.uuid4().hex[:8]}"
+    argv = ["export", "mlflow", "--experiment", name, "--rubric", str(RUBRIC), "--no-progress"]
+    argv += [arg for t, path in files.items() for arg in (f"--{t}", str(path))]
+    assert run_cli(argv) == 0
+    assert f"2 traces, {len(pd.read_csv(files['annotations']))} HUMAN feedback" in capsys.readouterr().out
+    assert len(search_traces(mlflow.MlflowClient(), name)) == 2
+    assert run_cli(argv) == 2  # again: the traces would be there twice
+    assert (
+        capsys.readouterr().err.strip()
+        == f"error: setting --experiment: experiment {name!r} already holds traces: export into a new one"
+    )
+    assert len(search_traces(mlflow.MlflowClient(), name)) == 2
 
 
 def test_tables_logged_as_traces_read_back_the_same(simulated, rubric):

@@ -1,17 +1,7 @@
 """The ``llmrubric`` command: ``llmrubric <noun> <verb>``, each noun registered by its own module.
 
-llmrubric data fetch | simulate | summary | texts
-llmrubric models list | fetch
-llmrubric extract features | bank | summaries | weights
-llmrubric score texts
-llmrubric rubric plan
-llmrubric leaderboard build | correlate
-llmrubric label suggest
-llmrubric judges add
-llmrubric ir qrels | trec-eval | nuggets | grounded-qa
-llmrubric import workbench | nuggetizer
-llmrubric schema show
-llmrubric train | evaluate [key=value ...]   (the Hydra apps behind train.py and evaluate.py)
+``llmrubric --help`` lists every noun with its verbs, made from the parsers (:func:`command_listing`), so a command
+registered anywhere is listed.
 """
 
 from __future__ import annotations
@@ -22,9 +12,10 @@ import logging
 import os
 import sys
 
-from llmrubric.apps.commands import CommandParser, add_hydra_app, add_noun, describe
+from llmrubric.apps.commands import CommandParser, add_hydra_app, add_noun, command_listing, describe
 from llmrubric.io.errors import USER_ERRORS, report
 
+DESCRIPTION = "The llmrubric command: llmrubric <noun> <verb> (each one's --help: what it does)."
 COMMAND_MODULES = (
     "llmrubric.apps.data",
     "llmrubric.apps.models",
@@ -46,7 +37,7 @@ HYDRA_APPS = (  # llmrubric <name> [overrides…]: the Hydra apps behind train.p
 
 def build_parser() -> argparse.ArgumentParser:
     """The root parser; a command module that fails to import is an error, never a missing noun."""
-    parser = CommandParser(prog="llmrubric", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="llmrubric", formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="noun", required=True, help="the command (its --help: its verbs)")
     for module in COMMAND_MODULES:
         try:
@@ -59,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema = add_noun(sub, "schema", "the table contracts that the validators check")
     show = schema.add_parser("show", help="print the columns, types and what NA means of every table")
     show.set_defaults(run=_show_schema)
+    parser.description = f"{DESCRIPTION}\n\n{command_listing(parser)}"
     describe(parser)
     return parser
 

@@ -20,6 +20,7 @@ GRAMMAR = {
     "judges": ["add"],
     "ir": ["qrels", "trec-eval", "nuggets", "grounded-qa"],
     "import": ["workbench", "nuggetizer", "mlflow"],
+    "export": ["mlflow"],
     "rubric": ["plan"],
     "schema": ["show"],
 }

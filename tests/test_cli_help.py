@@ -62,3 +62,13 @@ def test_a_mistyped_flag_or_verb_is_one_line_with_the_commands_usage_and_the_nam
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("error: ") and usage in err and meant in err, err
+
+
+def test_the_root_help_lists_every_noun_with_every_verb():
+    """Made from the parsers: a command registered anywhere is listed (``import mlflow``, ``label plan`` were not)."""
+    lines = build_parser().format_help().splitlines()
+    for words, _ in COMMANDS:
+        if len(words) == 3:
+            line = next((x for x in lines if x.startswith(f"llmrubric {words[1]} ")), "")
+            assert words[2] in line.split(" | ") + line.split(" ")[2:3], f"{' '.join(words)} not in {line!r}"
+    assert any(x.startswith("llmrubric train | evaluate") for x in lines)

@@ -1,38 +1,48 @@
 """Calibrated judges inside MLflow's GenAI evaluation, end to end against a real MLflow tracking server
-(SQLite store, started by the test): an application's traces with several raters' HUMAN feedback and an
-LLM judge's LLM_JUDGE distributions → ``llmrubric import mlflow`` → ``train.py`` → the calibrated scorer
-in ``mlflow.genai.evaluate`` → ``llmrubric score texts --log-to-traces`` → the scores read back."""
+(SQLite store, started by the test): docs/mlflow.md's steps as written (the shipped simulated data as traces with
+several raters' HUMAN feedback and an LLM's LLM_JUDGE distributions → ``llmrubric import mlflow`` → ``train.py`` →
+the calibrated scorer in ``mlflow.genai.evaluate``) → ``llmrubric score texts --log-to-traces`` → the scores read
+back; and the shipped default on real multi-system data (DialSumm, a training system level and a new system)."""
 
 from __future__ import annotations
 
 import json
 import math
-from concurrent.futures import ThreadPoolExecutor
+import shlex
+from contextlib import chdir
 from types import SimpleNamespace
 
 import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from mlflow.genai import label_schemas, review_queues
-from support.mlflow_server import start_server, stop_server
-from support.settings import FAST_OVERRIDES, SIMULATED, TABLES
+from support.mlflow_server import SERVER_FLAGS, start_server, stop_server
+from support.paths import DIALSUMM, ROOT
+from support.scripts import run_script
+from support.settings import SIMULATED, TABLES
 
 from llmrubric.apps.train import train_app
 from llmrubric.cli import main as cli
 from llmrubric.config import compose
+from llmrubric.io.errors import InputError
 from llmrubric.io.tables import read_table
 from llmrubric.mlflow_genai.read import read_traces, search_traces
 from llmrubric.mlflow_genai.scorer import CalibratedScorer
 from llmrubric.mlflow_genai.write import SCORE_NAME
+from llmrubric.model.core.system_level import t_interval
 
 pytestmark = [
     pytest.mark.mlflow_server,
     pytest.mark.slow,
     pytest.mark.xdist_group("mlflow_genai"),
 ]  # one worker starts the server and trains
-N_TEXTS = 12  # the simulated data's first texts: enough for a fast train
-EXPERIMENT = "support-bot"
+N_PER_SYSTEM = 3  # the simulated data's first texts of each system: 12, enough for a fast train
+EXPERIMENT = "support-bot"  # docs/mlflow.md's
+DOC, DOC_HEADING = ROOT / "docs" / "mlflow.md", "## From an empty machine to evaluate's metrics"
+QUICK = ["trainer=fast", "++model.ensemble=1", "model.auto.folds=3"]  # added to the doc's train.py, as test_readme.py
+RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -49,75 +59,65 @@ def server(tmp_path_factory):
     stop_server(process)
 
 
-def app_traces(experiment_id: str) -> dict[str, str]:
-    """The application's traces (one per simulated text, its system as the tag ``app_version``), each with
-    its raters' HUMAN feedback and the LLM judge's LLM_JUDGE feedback (its distribution in the metadata)."""
-    texts = pd.read_csv(SIMULATED / "texts.csv", dtype=str).sort_values("text_id").head(N_TEXTS)
-    annotations = pd.read_csv(SIMULATED / "annotations.csv", dtype=str)
-    features = pd.read_csv(SIMULATED / "features.csv", dtype={"text_id": str, "option": str})
-    client, ids = mlflow.MlflowClient(), {}
-    for text_id, system in zip(texts.text_id, texts.system_id):
-        span = client.start_trace(
-            "chat",
-            inputs={"question": f"conversation {text_id}"},
-            tags={"app_version": system},
-            experiment_id=experiment_id,
-        )
-        client.end_trace(span.trace_id, outputs={"answer": f"the assistant's turns of {text_id}"})
-        ids[text_id] = span.trace_id
-    mlflow.flush_trace_async_logging()
-    human = [
-        dict(
-            trace_id=ids[r.text_id],
-            name=r.question_id,
-            value=int(r.answer),
-            source=source("HUMAN", f"{r.judge_id}@example.com"),
-        )
-        for r in annotations[annotations.text_id.isin(ids)].itertuples()
-    ]
-    judge = []
-    for (text_id, qid), block in features[features.text_id.isin(ids)].groupby(["text_id", "question_id"]):
-        dist = dict(zip(block.option, block.prob))
-        value = int(max(dist, key=dist.get))
-        judge.append(
-            dict(
-                trace_id=ids[text_id],
-                name=qid,
-                value=value,
-                source=source("LLM_JUDGE", "simulated-llm"),
-                metadata={"distribution": json.dumps(dist)},
-            )
-        )
-    with ThreadPoolExecutor(8) as pool:  # as an application's raters and judge do: concurrently
-        list(pool.map(lambda kwargs: mlflow.log_feedback(**kwargs), human + judge))
-    return ids
-
-
 def source(kind: str, source_id: str):
     return mlflow.entities.AssessmentSource(source_type=kind, source_id=source_id)
-
-
-def train(tables, run_dir):
-    data = [f"data.train.{t}='{tables / f'{t}.parquet'}'" for t in TABLES]
-    small = ["++model.ensemble=1", "model.auto.candidates=[network]", "baselines=[]", "logger.experiment=llmrubric"]
-    train_app(compose("config", ["experiment=demo", *FAST_OVERRIDES, *small, *data, f"run_dir='{run_dir}'"]))
-    return run_dir / "fold0.safetensors"
 
 
 def ok(*argv: str) -> None:
     assert cli([str(a) for a in argv]) == 0, argv
 
 
+def doc_blocks(kind: str) -> list[str]:
+    """The ``kind`` blocks of docs/mlflow.md's first section (from an empty machine), as written."""
+    section = DOC.read_text(encoding="utf-8").split(DOC_HEADING, 1)[1].split("\n## ", 1)[0]
+    return [part.split("\n```", 1)[0] for part in section.split(f"```{kind}\n")[1:]]
+
+
+def doc_commands(block: str) -> list[list[str]]:
+    """The argv of each command of a bash block (continued lines joined)."""
+    return [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
 @pytest.fixture(scope="module")
 def trained(server, tmp_path_factory):
-    """The application's traces imported (``llmrubric import mlflow``) and a checkpoint trained on them."""
-    tmp = tmp_path_factory.mktemp("trained")
-    experiment_id = mlflow.MlflowClient().create_experiment(EXPERIMENT)
-    ids = app_traces(experiment_id)
-    tables = tmp / "tables"
-    ok("import", "mlflow", "--experiment", EXPERIMENT, "--system-tag", "app_version", "--out-dir", tables)
-    checkpoint = train(tables, tmp / "run")
-    return SimpleNamespace(experiment_id=experiment_id, ids=ids, tables=tables, checkpoint=checkpoint)
+    """docs/mlflow.md's commands from an empty machine, run as written in a folder laid out like a checkout
+    (``conf/``, ``train.py``, ``data/simulated/`` with the first ``N_PER_SYSTEM`` texts of each system) against the
+    module's server (the doc's server command is the one it was started with, on a free port); ``train.py`` gets the
+    tests' quick overrides (``QUICK``)."""
+    url, _ = server
+    folder = tmp_path_factory.mktemp("checkout")
+    for name in ("conf", "train.py"):
+        (folder / name).symlink_to(ROOT / name)
+    data = folder / "data" / "simulated"
+    data.mkdir(parents=True)
+    texts = pd.read_csv(SIMULATED / "texts.csv").sort_values("text_id").groupby("system_id").head(N_PER_SYSTEM)
+    texts.to_csv(data / "texts.csv", index=False)
+    for name in ("annotations", "features"):
+        table = pd.read_csv(SIMULATED / f"{name}.csv")
+        table[table.text_id.isin(texts.text_id)].to_csv(data / f"{name}.csv", index=False)
+    start, steps = doc_blocks("bash")[:2]
+    [mkdir, serve] = doc_commands(start)
+    assert mkdir == ["mkdir", "-p", "mlflow-store"] and serve[:2] == [".venv/bin/mlflow", "server"]
+    assert serve[serve.index("--host") + 1] == "127.0.0.1" and set(serve[2::2]) <= set(SERVER_FLAGS), serve
+    [export, *commands] = doc_commands(steps)
+    assert export == ["export", "MLFLOW_TRACKING_URI=http://127.0.0.1:5000"]  # the module's server: MLFLOW_TRACKING_URI
+    assert [c[0] for c in commands] == [".venv/bin/llmrubric"] * 2 + [".venv/bin/python"]
+    with chdir(folder):
+        for argv in commands:
+            if argv[0] == ".venv/bin/llmrubric":
+                ok(*argv[1:], *(["--no-progress"] if argv[1] == "export" else []))
+            else:
+                assert argv[1] == "train.py" and run_script("train.py", [*argv[2:], *QUICK]) == 0, argv
+    tables = folder / "tables"
+    ids = read_table(tables / "texts.parquet", "texts").set_index("text_id").trace_id.to_dict()
+    experiment_id = mlflow.MlflowClient().get_experiment_by_name(EXPERIMENT).experiment_id
+    return SimpleNamespace(
+        folder=folder,
+        experiment_id=experiment_id,
+        ids=ids,
+        tables=tables,
+        checkpoint=folder / "outputs/bot/fold0.safetensors",
+    )
 
 
 def test_several_raters_feedback_becomes_several_judges(trained):
@@ -125,24 +125,26 @@ def test_several_raters_feedback_becomes_several_judges(trained):
     given = pd.read_csv(SIMULATED / "annotations.csv", dtype=str)
     given = given[given.text_id.isin(trained.ids)]
     assert len(annotations) == len(given) and annotations.judge_id.nunique() == given.judge_id.nunique() > 1
-    assert set(annotations.judge_id) == {f"{j}@example.com" for j in given.judge_id}
+    assert set(annotations.judge_id) == set(given.judge_id)
     assert (annotations.groupby(["text_id", "question_id"]).judge_id.nunique() > 1).any()  # several raters per trace
     texts = read_table(trained.tables / "texts.parquet", "texts")
     assert set(texts.trace_id) == set(trained.ids.values()) and texts.system_id.notna().all()
 
 
-def test_calibrated_scores_through_evaluate_and_written_back(trained, tmp_path, rubric):
-    mlflow.set_experiment(experiment_id=trained.experiment_id)  # the traces' experiment: their feedback goes along
-    traces = search_traces(mlflow.MlflowClient(), EXPERIMENT)
-    scorer = CalibratedScorer(checkpoint=str(trained.checkpoint), questions=[rubric.main.id])
-    result = mlflow.genai.evaluate(data=traces, scorers=[scorer])
+def test_the_docs_evaluate_runs_as_written_and_scores_go_back_to_the_traces(trained, tmp_path, rubric):
+    [snippet] = [b for b in doc_blocks("python") if "mlflow.genai.evaluate" in b]
+    names: dict = {}
+    with chdir(trained.folder):
+        exec(compile(snippet, str(DOC), "exec"), names)
+    result = names["result"]
     scores = tmp_path / "scores.csv"
     tables = trained.tables
     ok("score", "texts", trained.checkpoint, tables / "features.parquet", "--texts", tables / "texts.parquet",
        "--out", scores, "--log-to-traces", "--no-progress")  # fmt: skip
     table = pd.read_csv(scores, dtype={"text_id": str})
+    means = table.groupby("question_id")["mean"].mean()
+    assert result.metrics == pytest.approx({f"llmrubric/{q}/mean": m for q, m in means.items()}, abs=1e-6)
     main = table[table.question_id == rubric.main.id].set_index("text_id")
-    assert result.metrics == {f"llmrubric/{rubric.main.id}/mean": pytest.approx(main["mean"].mean(), abs=1e-6)}
     trace_text = read_table(tables / "texts.parquet", "texts").set_index("trace_id").text_id
     back = search_traces(mlflow.MlflowClient(), EXPERIMENT)
     name = SCORE_NAME.format(question=rubric.main.id)
@@ -160,7 +162,7 @@ def test_calibrated_scores_through_evaluate_and_written_back(trained, tmp_path, 
         assert "fold0.safetensors" in from_evaluate.rationale and "90% interval" in from_evaluate.rationale
     again = read_traces(back, rubric, system_tag="app_version")
     assert len(again.annotations) == len(read_table(tables / "annotations.parquet", "annotations"))  # not feedback
-    assert again.counts["code_feedback"] == len(back) + len(table.dropna(subset=["mean"]))  # evaluate's + ours
+    assert again.counts["code_feedback"] == len(back) * len(means) + len(table.dropna(subset=["mean"]))
 
 
 def test_the_labelling_loop_through_a_review_queue(trained, tmp_path, rubric):
@@ -185,9 +187,126 @@ def test_the_labelling_loop_through_a_review_queue(trained, tmp_path, rubric):
         mlflow.log_feedback(trace_id=trace_id, name=rubric.main.id, value=rubric.main.options[-1].label,
                             source=source("HUMAN", "eve@example.com"))  # fmt: skip
     out = tmp_path / "answers"
-    ok("import", "mlflow", "--experiment", EXPERIMENT, "--queue", "to-label", "--system-tag", "app_version",
-       "--out-dir", out)  # fmt: skip
+    ok("import", "mlflow", "--experiment", EXPERIMENT, "--rubric", RUBRIC, "--queue", "to-label",
+       "--system-tag", "app_version", "--out-dir", out)  # fmt: skip
     answers = read_table(out / "annotations.parquet", "annotations")
     eve = answers[answers.judge_id == "eve@example.com"]
     assert set(read_table(out / "texts.parquet", "texts").trace_id) == set(queued)
     assert sorted(eve.text_id) == sorted(drawn) and set(eve.answer) == {rubric.main.keys[-1]}
+
+
+# The shipped default on real multi-system data: DialSumm's coherence (three raters, three LLMs) of 5 systems' first
+# dialogues as traces with the raters' HUMAN feedback, and a 6th system's with the LLMs' answers alone (a new system).
+TRAINED, NEW, DIALOGUES, NEW_DIALOGUES = ["A", "B", "C", "F", "G"], "H", 5, 3
+MAIN = "coherence"
+
+
+def dialsumm_tables(tmp) -> dict:
+    """The subset's tables and a rubric of the main question, as files: what ``export mlflow`` reads."""
+    texts = pd.read_csv(DIALSUMM / "texts.csv", dtype=str)
+    queries = sorted(texts.query_id.unique())
+    trained = texts.system_id.isin(TRAINED) & texts.query_id.isin(queries[:DIALOGUES])
+    texts = texts[trained | (texts.system_id.eq(NEW) & texts.query_id.isin(queries[:NEW_DIALOGUES]))]
+    annotations = pd.read_csv(DIALSUMM / "annotations.csv", dtype=str)
+    features = pd.read_csv(DIALSUMM / "features.csv", dtype={"text_id": str, "option": str})
+    rubric = yaml.safe_load((DIALSUMM / "rubric.yaml").read_text())
+    rubric["questions"] = [q for q in rubric["questions"] if q["id"] == MAIN]
+    files = {"rubric": tmp / "rubric.yaml", **{t: tmp / f"{t}.csv" for t in TABLES}}
+    files["rubric"].write_text(yaml.safe_dump(rubric))
+    labelled = texts.text_id[texts.system_id.isin(TRAINED)]
+    annotations[annotations.text_id.isin(labelled) & (annotations.question_id == MAIN)].to_csv(
+        files["annotations"], index=False
+    )
+    features[features.text_id.isin(texts.text_id) & (features.question_id == MAIN)].to_csv(
+        files["features"], index=False
+    )
+    texts.to_csv(files["texts"], index=False)
+    return files
+
+
+@pytest.fixture(scope="module")
+def dialsumm(server, tmp_path_factory):
+    """The subset exported as traces (``llmrubric export mlflow``), imported back and trained on with the shipped
+    default (``model=auto``; ``trainer=fast`` as every test)."""
+    if not DIALSUMM.is_dir():
+        pytest.skip(f"the shared DialSumm set is not at {DIALSUMM}")
+    tmp = tmp_path_factory.mktemp("dialsumm")
+    files = dialsumm_tables(tmp)
+    ok("export", "mlflow", "--features", files["features"], "--annotations", files["annotations"], "--texts",
+       files["texts"], "--rubric", files["rubric"], "--experiment", "dialsumm", "--system-tag", "system",
+       "--no-progress")  # fmt: skip
+    tables = tmp / "tables"
+    ok("import", "mlflow", "--experiment", "dialsumm", "--rubric", files["rubric"], "--system-tag", "system",
+       "--out-dir", tables)  # fmt: skip
+    data = [f"data.train.{t}='{tables / f'{t}.parquet'}'" for t in TABLES]
+    config = ["trainer=fast", "logger=none", f"rubric='{files['rubric']}'", *data, f"run_dir='{tmp / 'run'}'"]
+    train_app(compose("config", config))
+    experiment_id = mlflow.MlflowClient().get_experiment_by_name("dialsumm").experiment_id
+    return SimpleNamespace(tables=tables, checkpoint=tmp / "run" / "fold0.safetensors", experiment_id=experiment_id)
+
+
+def test_the_shipped_default_scores_every_trace_in_evaluate_as_score_texts_does(dialsumm, tmp_path):
+    mlflow.set_experiment(experiment_id=dialsumm.experiment_id)
+    traces = search_traces(mlflow.MlflowClient(), "dialsumm")
+    scorer = CalibratedScorer(checkpoint=str(dialsumm.checkpoint), system_tag="system")
+    assert scorer.levelled  # the shipped default weighs a system level on 5 labelled systems
+    result = mlflow.genai.evaluate(data=traces, scorers=[scorer])
+    scores = tmp_path / "scores.csv"
+    tables = dialsumm.tables
+    ok("score", "texts", dialsumm.checkpoint, tables / "features.parquet", "--texts", tables / "texts.parquet",
+       "--out", scores, "--no-progress")  # fmt: skip
+    want = pd.read_csv(scores, dtype={"text_id": str}).set_index("text_id")["mean"]
+    levels = pd.read_csv(tmp_path / "scores.levels.csv", dtype={"system_id": str}).set_index("system_id")
+    assert set(levels.index) == {*TRAINED, NEW} and set(levels.index[~levels.known]) == {NEW}
+    scored = {}
+    for trace in search_traces(mlflow.MlflowClient(), "dialsumm"):
+        [mine] = [a for a in trace.info.assessments if a.name == f"llmrubric/{MAIN}"]
+        assert mine.feedback.error is None, mine.feedback.error
+        scored[trace.info.tags["llmrubric.text_id"]] = mine.feedback.value
+        system = trace.info.tags["system"]
+        assert f"system {system} (" + ("new system" if system == NEW else "training system") in mine.rationale
+    assert set(scored) == set(want.index)  # every trace scored, as score texts scores it
+    assert pd.Series(scored).sort_index().to_numpy() == pytest.approx(want.sort_index().to_numpy(), abs=1e-5)
+    assert result.metrics[f"llmrubric/{MAIN}/mean"] == pytest.approx(want.mean(), abs=1e-5)
+    given = CalibratedScorer(  # a features table with its texts: scored together too
+        checkpoint=str(dialsumm.checkpoint),
+        features=str(tables / "features.parquet"),
+        texts=str(tables / "texts.parquet"),
+    )
+    new = next(t for t in want.index if t.endswith(f"_{NEW}"))
+    assert given(inputs={"text_id": new})[0].value == pytest.approx(want[new], abs=1e-5)
+    for system, row in levels.iterrows():  # the system view: each system's level and its interval among the metrics
+        lo, hi = t_interval(row.level, row.level_sd**2, row.level_df, 0.9)
+        view = f"llmrubric/{MAIN}/system/{system}"
+        got = [result.metrics[f"{view}{end}/mean"] for end in ("", "/lo", "/hi")]
+        assert got == pytest.approx([row.level, lo, hi], abs=1e-6)
+
+
+def test_a_trace_of_no_system_is_an_error_naming_the_tag_and_the_tag_is_asked_for_up_front(dialsumm):
+    [trace, *_] = search_traces(mlflow.MlflowClient(), "dialsumm")
+    del trace.info.tags["system"]
+    with pytest.raises(InputError, match=f"trace {trace.info.trace_id} has no tag 'system'"):
+        CalibratedScorer(checkpoint=str(dialsumm.checkpoint), system_tag="system")(trace=trace)
+    with pytest.raises(ValueError, match="has a system level: a text is scored within its system; give system_tag"):
+        CalibratedScorer(checkpoint=str(dialsumm.checkpoint))
+    with pytest.raises(ValueError, match="give texts"):
+        CalibratedScorer(checkpoint=str(dialsumm.checkpoint), features=str(dialsumm.tables / "features.parquet"))
+
+
+def test_the_commands_reading_predictions_take_the_checkpoints_rubric(dialsumm, tmp_path, capsys):
+    tables, predictions = dialsumm.tables, tmp_path / "predictions.parquet"
+    ok("score", "texts", dialsumm.checkpoint, tables / "features.parquet", "--texts", tables / "texts.parquet",
+       "--out", tmp_path / "scores.csv", "--predictions", predictions, "--no-progress")  # fmt: skip
+    suggest = ["label", "suggest", predictions, "--texts", tables / "texts.parquet", "--budget", 1, "--out"]
+    assert cli([str(a) for a in [*suggest, tmp_path / "draws.csv"]]) == 2
+    err = capsys.readouterr().err
+    assert f"questions ['{MAIN}'] are not in the rubric conf/rubric/llm_rubric.yaml" in err and "--checkpoint" in err
+    ok(*suggest, tmp_path / "draws.csv", "--checkpoint", dialsumm.checkpoint)
+    labelled = tmp_path / "labelled.parquet"  # the labelled systems' predictions: the human leaderboard's systems
+    table = pd.read_parquet(predictions)
+    table[table.system_id.isin(TRAINED)].to_parquet(labelled)
+    ok("leaderboard", "build", labelled, "--texts", tables / "texts.parquet", "--annotations",
+       tables / "annotations.parquet", "--checkpoint", dialsumm.checkpoint, "--out-dir", tmp_path / "board",
+       "--bootstrap", 50, "--no-plot")  # fmt: skip
+    board = pd.read_csv(tmp_path / "board" / "leaderboard.csv", dtype={"system": str})
+    assert set(board.system) == set(TRAINED) and board.human.notna().all()

@@ -4,13 +4,17 @@ feedback → annotations, LLM_JUDGE feedback → features, request + response �
 from __future__ import annotations
 
 import json
+import os
+import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import mlflow
+import pandas as pd
 import pytest
 from mlflow.entities import AssessmentSource
 from support.paths import ROOT
+from support.postgres_server import free_port
 from support.settings import FAST
 
 from llmrubric.cli import main as run_cli
@@ -18,12 +22,14 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables, read_table
 from llmrubric.mlflow_genai.read import DISTRIBUTION_KEY, read_traces, search_traces, trace_text_id
 from llmrubric.mlflow_genai.scorer import CalibratedScorer
+from llmrubric.mlflow_genai.store import size_http_pool
 from llmrubric.mlflow_genai.write import log_tables
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
 pytestmark = pytest.mark.slow
+RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 
 
 def new_experiment() -> tuple[str, str]:
@@ -74,17 +80,108 @@ def test_import_mlflow_writes_the_tables_and_an_off_scale_value_is_one_error(rub
     feedback(a, "Q0", 3, "HUMAN", "ann@x")
     feedback(a, "Q0", 2, "LLM_JUDGE", "gpt")
     out = tmp_path / "tables"
-    assert run_cli(["import", "mlflow", "--experiment", name, "--system-tag", "app", "--out-dir", str(out)]) == 0
+    imported = ["import", "mlflow", "--experiment", name, "--rubric", str(RUBRIC)]
+    assert run_cli([*imported, "--system-tag", "app", "--out-dir", str(out)]) == 0
     assert read_table(out / "annotations.parquet", "annotations").answer.tolist() == ["3"]
     assert read_table(out / "texts.parquet", "texts").system_id.tolist() == ["v1"]
     feedback(a, "Q1", 7, "HUMAN", "bob@x")
     bad = tmp_path / "bad"
-    assert run_cli(["import", "mlflow", "--experiment", name, "--out-dir", str(bad)]) == 2
+    assert run_cli([*imported, "--out-dir", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert (
         err == f"error: trace {a}, assessment 'Q1' (HUMAN 'bob@x'): value 7 is not an option of Q1 ['1', '2', '3', '4']"
     )
     assert not bad.exists()
+
+
+def test_an_import_that_answers_no_question_of_the_rubric_is_an_error_naming_the_feedback_seen(tmp_path, capsys):
+    name, eid = new_experiment()
+    a = trace(eid, "q", "r", "v1")
+    feedback(a, "coherence", 3, "HUMAN", "ann@x")
+    feedback(a, "coherence", 2, "LLM_JUDGE", "gpt")
+    out = tmp_path / "tables"
+    assert run_cli(["import", "mlflow", "--experiment", name, "--rubric", str(RUBRIC), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: setting --rubric: no HUMAN or LLM_JUDGE feedback") and "seen: ['coherence']" in err
+    assert not out.exists()
+
+
+@pytest.fixture
+def kept_tracking_uri():
+    """The session's store again after a test that points the commands elsewhere (``--tracking-uri`` is global)."""
+    before = mlflow.get_tracking_uri()
+    yield
+    mlflow.set_tracking_uri(before)
+
+
+def test_a_tracking_server_that_is_down_is_one_line_before_anything_is_written(
+    checkpoint, simulated, tmp_path, capsys, kept_tracking_uri
+):
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    out = tmp_path / "tables"
+    assert run_cli(["import", "mlflow", "--experiment", "x", "--rubric", str(RUBRIC), "--out-dir", str(out),
+                    "--tracking-uri", down]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(
+        f"error: setting --tracking-uri: MLflow tracking server {down}"
+    )
+    texts = tmp_path / "texts.csv"
+    simulated.texts.head(3).assign(trace_id="tr-1").to_csv(texts, index=False)
+    features = tmp_path / "features.csv"
+    simulated.features[simulated.features.text_id.isin(simulated.texts.text_id.head(3))].to_csv(features, index=False)
+    scores = tmp_path / "scores.csv"
+    assert run_cli(["score", "texts", str(checkpoint), str(features), "--texts", str(texts), "--out", str(scores),
+                    "--log-to-traces", "--tracking-uri", down, "--no-progress"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "is not answering" in err and not scores.exists()
+    assert not list(tmp_path.glob("scores*"))
+
+
+def test_a_tracking_server_that_hangs_is_one_line_after_mlflows_request_timeout(
+    tmp_path, capsys, monkeypatch, kept_tracking_uri
+):
+    with socket.socket() as hung:  # accepts connections (the backlog) and never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+        argv = ["import", "mlflow", "--experiment", "x", "--rubric", str(RUBRIC), "--out-dir", str(tmp_path / "t")]
+        assert run_cli([*argv, "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "is not answering (timed out; waited at most 1 s" in err, err
+
+
+def test_mlflows_http_pool_holds_the_threads_mlflow_runs_against_the_server(monkeypatch):
+    """Trace search downloads with MLFLOW_SEARCH_TRACES_MAX_THREADS threads: a smaller pool discards connections."""
+    monkeypatch.delenv("MLFLOW_HTTP_POOL_MAXSIZE", raising=False)
+    monkeypatch.setenv("MLFLOW_SEARCH_TRACES_MAX_THREADS", "48")
+    size_http_pool()
+    assert os.environ["MLFLOW_HTTP_POOL_MAXSIZE"] == "48"
+    monkeypatch.setenv("MLFLOW_HTTP_POOL_MAXSIZE", "7")  # the user's own setting stays
+    size_http_pool()
+    assert os.environ["MLFLOW_HTTP_POOL_MAXSIZE"] == "7"
+
+
+def test_export_mlflow_writes_into_an_experiment_without_traces_only(tmp_path, capsys):
+    simulated = ROOT / "data" / "simulated"
+    texts = pd.read_csv(simulated / "texts.csv").head(2)
+    files = {}
+    for name in ("annotations", "features", "texts"):
+        table = pd.read_csv(simulated / f"{name}.csv")
+        files[name] = tmp_path / f"{name}.csv"
+        table[table.text_id.isin(texts.text_id)].to_csv(files[name], index=False)
+    name = f"export-{uuid.uuid4().hex[:8]}"
+    argv = ["export", "mlflow", "--experiment", name, "--rubric", str(RUBRIC), "--no-progress"]
+    argv += [arg for t, path in files.items() for arg in (f"--{t}", str(path))]
+    assert run_cli(argv) == 0
+    assert f"2 traces, {len(pd.read_csv(files['annotations']))} HUMAN feedback" in capsys.readouterr().out
+    assert len(search_traces(mlflow.MlflowClient(), name)) == 2
+    assert run_cli(argv) == 2  # again: the traces would be there twice
+    assert (
+        capsys.readouterr().err.strip()
+        == f"error: setting --experiment: experiment {name!r} already holds traces: export into a new one"
+    )
+    assert len(search_traces(mlflow.MlflowClient(), name)) == 2
 
 
 def test_tables_logged_as_traces_read_back_the_same(simulated, rubric):

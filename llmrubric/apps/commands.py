@@ -76,6 +76,23 @@ def describe(parser: argparse.ArgumentParser) -> None:
                 describe(sub)
 
 
+def command_listing(parser: argparse.ArgumentParser) -> str:
+    """One line per noun under ``parser`` with its verbs (``llmrubric score texts``), the nouns without verbs (the
+    Hydra apps) on one last line: the listing of ``llmrubric --help``, made from the parsers themselves."""
+    lines, apps = [], []
+    for action in parser._actions:
+        if isinstance(action.choices, dict):
+            for noun, sub in action.choices.items():
+                verbs = [v for a in sub._actions if isinstance(a.choices, dict) for v in a.choices]
+                if verbs:
+                    lines.append(f"{parser.prog} {noun} {' | '.join(verbs)}")
+                else:
+                    apps.append(noun)
+    if apps:
+        lines.append(f"{parser.prog} {' | '.join(apps)} [key=value ...]   (Hydra apps: train.py, evaluate.py)")
+    return "\n".join(lines)
+
+
 def add_hydra_app(subparsers, name: str, help: str) -> None:
     """``llmrubric <name> [overrides…]``: everything after ``name`` goes to the Hydra app (:func:`launch`):
     overrides (``key=value``) and its flags (``--help``, ``--cfg job``, ``--multirun``)."""

@@ -1,5 +1,5 @@
 """``llmrubric import workbench | nuggetizer | mlflow``: the IR ecosystem's files and MLflow's traces → this
-project's tables.
+project's tables; ``llmrubric export mlflow``: the tables → MLflow traces (the inverse of ``import mlflow``).
 
 ``workbench``: the RUBRIC workbench's graded passages (JSONL or .jsonl.gz), with ``--qrels``, →
 features, texts, annotations (and ``--summaries``: the self-rating summary blocks to train on);
@@ -7,7 +7,8 @@ features, texts, annotations (and ``--summaries``: the self-rating summary block
 ``nugget_support`` features. Settings: ``imports.*`` of ``conf/ir/default.yaml`` (or ``--config``).
 ``mlflow``: an MLflow experiment's traces (HUMAN feedback → annotations, LLM_JUDGE feedback → features,
 request + response → texts; :mod:`llmrubric.mlflow_genai.read`). Everything is read and checked before the
-first file is written.
+first file is written. ``export mlflow``: one trace per text with its raters' ``HUMAN`` and the LLMs' ``LLM_JUDGE``
+feedback (:func:`llmrubric.mlflow_genai.write.log_tables`), into an experiment that holds no traces yet.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ FORMATS = ("parquet", "csv", "tsv", "jsonl")
 
 
 def register(subparsers) -> None:
-    sub = add_noun(subparsers, "import", "read the IR ecosystem's files: RUBRIC workbench, TREC qrels, AutoNuggetizer")
+    sub = add_noun(
+        subparsers,
+        "import",
+        "read the IR ecosystem's files (RUBRIC workbench, TREC qrels, AutoNuggetizer), MLflow traces",
+    )
     w = sub.add_parser("workbench", help="RUBRIC workbench JSONL(.gz) (+ TREC qrels) → features, texts, annotations")
     w.add_argument("file", help="the workbench's graded passages: [query_id, [paragraph, ...]] per line")
     w.add_argument("--qrels", help="TREC qrels of the passages: the annotations of --judge-id")
@@ -40,13 +45,38 @@ def register(subparsers) -> None:
 
     m = sub.add_parser("mlflow", help="an MLflow experiment's traces and their feedback → annotations, features, texts")
     m.add_argument("--experiment", required=True, help="MLflow experiment (name or id) whose traces are read")
-    m.add_argument("--rubric", help="rubric YAML the feedback answers (default: conf/rubric/llm_rubric.yaml)")
+    m.add_argument(
+        "--rubric",
+        required=True,
+        help="rubric YAML the feedback answers: its question ids (or names) are the feedback names read",
+    )
     m.add_argument("--tracking-uri", dest="tracking_uri", help="tracking store (default: MLFLOW_TRACKING_URI)")
     m.add_argument("--system-tag", dest="system_tag", help="trace tag holding the system: texts get system_id")
     m.add_argument("--queue", help="read only the traces of this review queue (`llmrubric label suggest --queue`)")
     m.add_argument("--out-dir", required=True, help="folder of the tables written")
     m.add_argument("--format", choices=FORMATS, default="parquet", help="tables' file format (default: parquet)")
     m.set_defaults(run=run_mlflow)
+    add_export(subparsers)
+
+
+def add_export(subparsers) -> None:
+    """``llmrubric export mlflow``."""
+    sub = add_noun(subparsers, "export", "write the tables elsewhere: MLflow traces with their feedback")
+    e = sub.add_parser(
+        "mlflow",
+        help="annotations, features and texts → one MLflow trace per text with HUMAN and LLM_JUDGE feedback",
+    )
+    e.add_argument("--features", required=True, help="features table: each block becomes LLM_JUDGE feedback")
+    e.add_argument("--annotations", required=True, help="annotations table: each answer becomes HUMAN feedback")
+    e.add_argument("--texts", help="texts table (text_id, system_id, text): the traces' text and system tag")
+    e.add_argument("--rubric", required=True, help="rubric YAML of the tables")
+    e.add_argument("--experiment", required=True, help="MLflow experiment (created if missing; it must hold no traces)")
+    e.add_argument(
+        "--system-tag", dest="system_tag", default="system_id", help="trace tag of the system (default: system_id)"
+    )
+    e.add_argument("--tracking-uri", dest="tracking_uri", help="tracking store (default: MLFLOW_TRACKING_URI)")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    e.set_defaults(run=run_export)
 
 
 def _common(p) -> None:
@@ -128,23 +158,26 @@ def run_nuggetizer(args) -> int:
 
 
 def run_mlflow(args) -> int:
-    import mlflow
-
-    from llmrubric.config import conf_path
     from llmrubric.io.rubric import Rubric
     from llmrubric.io.tables import validate_annotations, validate_features
     from llmrubric.mlflow_genai.read import experiment_id, read_traces, search_traces
     from llmrubric.mlflow_genai.review import queue_trace_ids
+    from llmrubric.mlflow_genai.store import store_errors, tracking_client
 
-    rubric = Rubric.load(args.rubric or conf_path() / "rubric" / "llm_rubric.yaml")
+    rubric = Rubric.load(args.rubric)
     out = check_writable_dir(args.out_dir, "--out-dir")
-    if args.tracking_uri:
-        mlflow.set_tracking_uri(args.tracking_uri)
-    client = mlflow.MlflowClient()
-    wanted = queue_trace_ids(experiment_id(client, args.experiment), args.queue) if args.queue else None
-    got = read_traces(search_traces(client, args.experiment, wanted), rubric, args.system_tag)
+    client = tracking_client(args.tracking_uri)
+    with store_errors():
+        wanted = queue_trace_ids(experiment_id(client, args.experiment), args.queue) if args.queue else None
+        got = read_traces(search_traces(client, args.experiment, wanted), rubric, args.system_tag)
     if got.texts.empty:
         raise InputError(f"experiment {args.experiment!r} has no traces", setting="--experiment")
+    if not len(got.features) and not len(got.annotations):
+        raise InputError(
+            f"no HUMAN or LLM_JUDGE feedback of experiment {args.experiment!r} answers a question of rubric "
+            f"{rubric.name!r} {rubric.ids}; the feedback names seen: {got.other_names or 'none'}",
+            setting="--rubric",
+        )
     where = f"MLflow experiment {args.experiment}"
     tables = {"texts": got.texts}
     if len(got.features):
@@ -155,4 +188,33 @@ def run_mlflow(args) -> int:
         tables["annotations"] = validate_annotations(got.annotations, rubric)
     written = _write(out, args.format, tables)
     print(f"{_counts(got.counts)} → {', '.join(written)}")
+    return 0
+
+
+def run_export(args) -> int:
+    from llmrubric.io.rubric import Rubric
+    from llmrubric.io.tables import load_tables
+    from llmrubric.mlflow_genai.store import store_errors, tracking_client
+    from llmrubric.mlflow_genai.write import log_tables
+
+    rubric = Rubric.load(args.rubric)
+    tables = load_tables(args.annotations, args.features, rubric, texts=args.texts)
+    if tables.texts is not None:
+        extra = sorted(set(tables.features.text_id.astype(str)) - set(tables.texts.text_id.astype(str)))
+        if extra:
+            raise InputError(f"text {extra[0]!r} of the features is not in the texts table", file=str(args.texts))
+    client = tracking_client(args.tracking_uri)
+    with store_errors():
+        found = client.get_experiment_by_name(args.experiment)
+        eid = found.experiment_id if found else client.create_experiment(args.experiment)
+        if found and client.search_traces(locations=[eid], max_results=1):
+            raise InputError(
+                f"experiment {args.experiment!r} already holds traces: export into a new one", setting="--experiment"
+            )
+        traces = log_tables(eid, tables, rubric, args.system_tag, progress=not args.no_progress)
+    print(
+        f"{len(traces)} traces, {len(tables.annotations)} HUMAN feedback, "
+        f"{tables.features.groupby(['text_id', 'source', 'question_id']).ngroups} LLM_JUDGE feedback "
+        f"→ MLflow experiment {args.experiment} ({eid})"
+    )
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from llmrubric.apps.commands import add_noun, section_settings
 from llmrubric.apps.label_plan import add_plan_parser
+from llmrubric.apps.rubric_args import add_rubric_flags, command_rubric
 from llmrubric.config import conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range
@@ -32,7 +33,7 @@ def register(subparsers) -> None:
     s.add_argument("--texts", required=True, help="texts table (text_id, system_id): the texts to choose from")
     s.add_argument("--budget", required=True, type=int, help="draws per system (with replacement)")
     s.add_argument("--out", required=True, help="sampling-probability file: one row per text (prob, draws)")
-    s.add_argument("--rubric", help="rubric YAML of the predictions (default: conf/rubric/llm_rubric.yaml)")
+    add_rubric_flags(s)
     s.add_argument("--config", help="settings YAML (default: conf/labels/default.yaml)")
     s.add_argument(
         "--trusted-judges",
@@ -81,7 +82,6 @@ def register(subparsers) -> None:
 
 def run_suggest(args) -> int:
     from llmrubric.io.files import check_table_path, write_table
-    from llmrubric.io.rubric import Rubric
     from llmrubric.io.tables import read_table
     from llmrubric.scoring import labels as lab
     from llmrubric.scoring.leaderboard import read_predictions
@@ -93,14 +93,20 @@ def run_suggest(args) -> int:
     out = Path(args.out)
     check_outputs(
         {"--out": out},
-        {"predictions": args.predictions, "--texts": args.texts, "--config": args.config, "--rubric": args.rubric},
+        {
+            "predictions": args.predictions,
+            "--texts": args.texts,
+            "--config": args.config,
+            "--rubric": args.rubric,
+            "--checkpoint": args.checkpoint,
+        },
     )
     check_table_path(out, "--out")
-    rubric = Rubric.load(args.rubric or CONF / "rubric" / "llm_rubric.yaml")
+    predictions = read_predictions(args.predictions)
+    rubric = command_rubric(args, predictions.question_id.unique() if "question_id" in predictions else [])
     question = settings["question"] or rubric.main.id
     if question not in rubric:
         raise InputError(f"question {question!r} is not in rubric {rubric.name!r} {rubric.ids}", setting="--question")
-    predictions = read_predictions(args.predictions)
     texts = read_table(args.texts, "texts")
     if "system_id" not in texts.columns or texts.system_id.isna().any():
         row = int(texts.index[texts.system_id.isna().to_numpy().argmax()]) if "system_id" in texts.columns else None
@@ -142,17 +148,15 @@ def queue_drawn(args, table, texts, rubric) -> dict:
     """The drawn texts' traces into the review queue ``--queue`` (with the rubric's label schemas); {} without."""
     if not args.queue:
         return {}
-    import mlflow
-
     from llmrubric.mlflow_genai.read import experiment_id
     from llmrubric.mlflow_genai.review import queue_texts
+    from llmrubric.mlflow_genai.store import store_errors, tracking_client
 
-    if args.tracking_uri:
-        mlflow.set_tracking_uri(args.tracking_uri)
+    client = tracking_client(args.tracking_uri)
     traces = dict(zip(texts.text_id.astype(str), texts.trace_id.astype(str)))
     drawn = [traces[t] for t in table[table.draws > 0].text_id.astype(str)]
-    eid = experiment_id(mlflow.MlflowClient(), args.experiment)
-    queue_id = queue_texts(eid, args.queue, rubric, drawn, args.reviewers)
+    with store_errors():
+        queue_id = queue_texts(experiment_id(client, args.experiment), args.queue, rubric, drawn, args.reviewers)
     return {"queue": args.queue, "queue_id": queue_id, "queued_traces": len(drawn)}
 
 

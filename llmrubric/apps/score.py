@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from llmrubric.apps.commands import add_noun, flags
+from llmrubric.apps.rubric_args import add_rubric_flags, command_rubric
 from llmrubric.config import command_settings, conf_path
 from llmrubric.io.errors import InputError
 from llmrubric.io.guards import check_outputs, check_range, check_writable_dir
@@ -93,7 +94,7 @@ def add_leaderboard_verbs(subparsers) -> None:
     )
     b.add_argument("predictions", help="predictions table (from `llmrubric score texts --predictions` or evaluate.py)")
     b.add_argument("--out-dir", required=True, help="folder of the leaderboard tables and plot (created if missing)")
-    b.add_argument("--rubric", help="rubric YAML of the predictions (default: conf/rubric/llm_rubric.yaml)")
+    add_rubric_flags(b)
     b.add_argument("--texts", help="texts table with system_id (and query_id to pair systems by query)")
     b.add_argument(
         "--annotations",
@@ -219,17 +220,20 @@ def run_score(args) -> int:
         write_table(result.levels, out.with_name(out.stem + ".levels.csv"))
     write_json(result.summary, summary)
     if trace_ids is not None:
+        from llmrubric.mlflow_genai.store import store_errors
         from llmrubric.mlflow_genai.write import log_scores
 
-        result.summary["logged_to_traces"] = log_scores(
-            result.scores, trace_ids, args.checkpoint, progress=not args.no_progress
-        )
+        with store_errors():
+            result.summary["logged_to_traces"] = log_scores(
+                result.scores, trace_ids, args.checkpoint, progress=not args.no_progress
+            )
     print(json.dumps(json_safe({k: v for k, v in result.summary.items() if k != "judges"})))
     return 0
 
 
 def _trace_ids(args, texts) -> dict[str, str] | None:
-    """text id → MLflow trace id for ``--log-to-traces`` (the texts table's ``trace_id``); None without the flag."""
+    """text id → MLflow trace id for ``--log-to-traces`` (the texts table's ``trace_id``), the tracking server
+    checked; None without the flag."""
     if not args.log_to_traces:
         return None
     if texts is None or "trace_id" not in texts.columns:
@@ -237,25 +241,24 @@ def _trace_ids(args, texts) -> dict[str, str] | None:
             "--log-to-traces needs --texts with a trace_id column (the texts of `llmrubric import mlflow`)",
             setting="--log-to-traces",
         )
-    if args.tracking_uri:
-        import mlflow
-
-        mlflow.set_tracking_uri(args.tracking_uri)
     missing = texts.trace_id.isna().to_numpy()
     if missing.any():
         row = int(texts.index[missing.argmax()])
         raise InputError("a text to log to its trace has no trace_id", file=str(args.texts), row=row, column="trace_id")
+    from llmrubric.mlflow_genai.store import tracking_client
+
+    tracking_client(args.tracking_uri)  # a server that is down: one error before anything is scored or written
     return dict(zip(texts.text_id.astype(str), texts.trace_id.astype(str)))
 
 
 def run_leaderboard(args) -> int:
-    from llmrubric.io.rubric import Rubric
     from llmrubric.io.tables import read_table
     from llmrubric.scoring import leaderboard as lb
     from llmrubric.scoring.levels import read_levels
 
     board = leaderboard_settings(args)
-    rubric = Rubric.load(args.rubric or CONF / "rubric" / "llm_rubric.yaml")
+    predictions = lb.read_predictions(args.predictions)
+    rubric = command_rubric(args, predictions.question_id.unique() if "question_id" in predictions else [])
     if board["question"] and board["question"] not in rubric:
         raise InputError(
             f"question {board['question']!r} is not in rubric {rubric.name!r} {rubric.ids}", setting="--question"
@@ -278,13 +281,13 @@ def run_leaderboard(args) -> int:
             "--sampling": args.sampling,
             "--config": args.config,
             "--rubric": args.rubric,
+            "--checkpoint": args.checkpoint,
         },
     )
     if args.sampling and not args.annotations:
         raise InputError("--sampling needs the labels of the drawn texts (--annotations)", setting="--sampling")
     shift_errors = lb.read_shift_errors(args.shift_errors) if args.shift_errors else None
     levels = read_levels(args.levels) if args.levels else None
-    predictions = lb.read_predictions(args.predictions)
     texts = read_table(args.texts, "texts") if args.texts else None
     annotations, labels, draws = human_labels(args, rubric, question, predictions, texts, board["judges"])
     result = lb.build(

@@ -36,6 +36,7 @@ class TraceTables:
     features: pd.DataFrame
     texts: pd.DataFrame
     counts: dict = field(default_factory=dict)
+    other_names: list[str] = field(default_factory=list)  # names of the HUMAN / LLM_JUDGE feedback no question has
 
 
 def experiment_id(client, experiment: str) -> str:
@@ -51,13 +52,18 @@ def experiment_id(client, experiment: str) -> str:
     return found.experiment_id
 
 
-def search_traces(client, experiment: str, trace_ids: list[str] | None = None) -> list:
-    """Every trace of ``experiment`` with its spans and assessments (only ``trace_ids`` when given), in
-    request-time order."""
+def search_traces(
+    client, experiment: str, trace_ids: list[str] | None = None, tag: tuple[str, str] | None = None
+) -> list:
+    """Every trace of ``experiment`` with its spans and assessments (only ``trace_ids`` when given, only those
+    whose tag ``tag[0]`` is ``tag[1]`` when given), in request-time order."""
     eid = experiment_id(client, experiment)
+    where = _tag_filter(*tag) if tag else None
     traces, token = [], None
     while True:
-        page = client.search_traces(locations=[eid], max_results=PAGE, page_token=token, order_by=["timestamp_ms ASC"])
+        page = client.search_traces(
+            locations=[eid], filter_string=where, max_results=PAGE, page_token=token, order_by=["timestamp_ms ASC"]
+        )
         traces += list(page)
         token = page.token
         if not token:
@@ -65,13 +71,24 @@ def search_traces(client, experiment: str, trace_ids: list[str] | None = None) -
     if trace_ids is not None:
         wanted = set(trace_ids)
         traces = [t for t in traces if t.info.trace_id in wanted]
+    if tag:
+        traces = [t for t in traces if t.info.tags.get(tag[0]) == tag[1]]
     return traces
+
+
+def _tag_filter(name: str, value: str) -> str | None:
+    """MLflow's filter string of traces whose tag ``name`` is ``value`` (None where no quoting holds both: the
+    caller filters)."""
+    if "`" in name:
+        return None
+    quote = next((q for q in ("'", '"') if q not in value), None)
+    return f"tags.`{name}` = {quote}{value}{quote}" if quote else None
 
 
 def read_traces(traces: list, rubric: Rubric, system_tag: str | None = None) -> TraceTables:
     """``traces`` (MLflow ``Trace`` objects) → :class:`TraceTables`; see the module docstring."""
     counts = {"traces": len(traces), "other_feedback": 0, "code_feedback": 0, "errors": 0, "replaced": 0}
-    annotations, blocks, texts = [], {}, []
+    annotations, blocks, texts, other = [], {}, [], set()
     for trace in traces:
         text_id = trace_text_id(trace)
         texts.append(_text_row(trace, text_id, system_tag))
@@ -79,6 +96,8 @@ def read_traces(traces: list, rubric: Rubric, system_tag: str | None = None) -> 
         for a in sorted(trace.info.assessments, key=lambda a: a.create_time_ms or 0):
             kind = _kind(a, rubric, counts)
             if kind is None:
+                if a.source.source_type in (HUMAN, LLM_JUDGE) and _question(rubric, a.name) is None:
+                    other.add(a.name)
                 continue
             question = _question(rubric, a.name)
             key = (kind, a.source.source_id, question.id)
@@ -90,7 +109,9 @@ def read_traces(traces: list, rubric: Rubric, system_tag: str | None = None) -> 
             else:
                 blocks[(text_id, source, qid)] = judge_distribution(a, question, trace)
     counts.update(annotations=len(annotations), feature_blocks=len(blocks))
-    return TraceTables(_annotations(annotations), _features(blocks), pd.DataFrame(texts), counts)
+    tables = TraceTables(_annotations(annotations), _features(blocks), pd.DataFrame(texts), counts)
+    tables.other_names = sorted(other)
+    return tables
 
 
 def trace_text_id(trace) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import mlflow
@@ -24,6 +25,7 @@ from llmrubric.io.rubric import Rubric
 from llmrubric.mlflow_genai.read import CODE, DISTRIBUTION_KEY, HUMAN, LLM_JUDGE, TEXT_ID_TAG
 
 SCORE_NAME = "llmrubric/{question}"  # the name of a calibrated score's feedback
+WRITERS = 8  # feedback logged at once (within MLflow's HTTP connection pool, llmrubric.mlflow_genai.store)
 
 
 def log_tables(
@@ -44,30 +46,32 @@ def log_tables(
         client.end_trace(span.trace_id)
         trace_ids[str(row.text_id)] = span.trace_id
     mlflow.flush_trace_async_logging()
-    annotations = tables.annotations
-    for row in tqdm(
-        annotations.itertuples(index=False), total=len(annotations), desc="human feedback", disable=not progress
-    ):
-        mlflow.log_feedback(
-            trace_id=trace_ids[row.text_id],
+    feedback = [
+        dict(
+            trace_id=trace_ids[str(row.text_id)],
             name=row.question_id,
             value=_value(row.answer),
             source=AssessmentSource(source_type=HUMAN, source_id=str(row.judge_id)),
         )
-    blocks = tables.features.groupby(["text_id", "source", "question_id"], sort=False)
-    for (text_id, source, qid), block in tqdm(
-        blocks, total=blocks.ngroups, desc="judge feedback", disable=not progress
-    ):
+        for row in tables.annotations.itertuples(index=False)
+    ]
+    for (text_id, source, qid), block in tables.features.groupby(["text_id", "source", "question_id"], sort=False):
         if qid not in rubric:
             continue
         dist = dict(zip(block.option.astype(str), block.prob.astype(float)))
-        mlflow.log_feedback(
-            trace_id=trace_ids[text_id],
-            name=qid,
-            value=_value(max(dist, key=dist.get)),
-            source=AssessmentSource(source_type=LLM_JUDGE, source_id=str(source)),
-            metadata={DISTRIBUTION_KEY: json.dumps(dist)},
+        feedback.append(
+            dict(
+                trace_id=trace_ids[str(text_id)],
+                name=qid,
+                value=_value(max(dist, key=dist.get)),
+                source=AssessmentSource(source_type=LLM_JUDGE, source_id=str(source)),
+                metadata={DISTRIBUTION_KEY: json.dumps(dist)},
+            )
         )
+    with ThreadPoolExecutor(WRITERS) as pool:  # one request per feedback: a few at once, as raters and judges do
+        done = pool.map(lambda kwargs: mlflow.log_feedback(**kwargs), feedback)
+        for _ in tqdm(done, total=len(feedback), desc="feedback", disable=not progress):
+            pass
     return trace_ids
 
 
@@ -91,14 +95,14 @@ def log_scores(scores: pd.DataFrame, trace_ids: dict[str, str], checkpoint: str 
             f"text {missing[0]!r} ({len(missing)} in all) has no trace in the experiment", setting="--log-to-traces"
         )
     source = AssessmentSource(source_type=CODE, source_id=Path(checkpoint).name)
-    written = 0
-    for row in tqdm(scores.itertuples(index=False), total=len(scores), desc="log scores", disable=not progress):
-        value = float(row.mean)
-        if not math.isfinite(value):
-            continue  # an unscored text (status no_features): nothing to show
-        mlflow.log_assessment(trace_ids[str(row.text_id)], score_feedback(row, source))
-        written += 1
-    return written
+    rows = [row for row in scores.itertuples(index=False) if math.isfinite(float(row.mean))]  # unscored: nothing
+    with ThreadPoolExecutor(WRITERS) as pool:
+        done = pool.map(
+            lambda row: mlflow.log_assessment(trace_ids[str(row.text_id)], score_feedback(row, source)), rows
+        )
+        for _ in tqdm(done, total=len(rows), desc="log scores", disable=not progress):
+            pass
+    return len(rows)
 
 
 def score_feedback(row, source: AssessmentSource) -> Feedback:

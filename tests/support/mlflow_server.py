@@ -15,6 +15,8 @@ import pytest
 
 from .postgres_server import free_port
 
+SERVER_FLAGS = ("--host", "--port", "--workers", "--backend-store-uri", "--artifacts-destination")  # as started here
+
 
 def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
     """``mlflow server`` on a free port with its store in ``tmp``, once it answers ``/health``: (process, URL)."""

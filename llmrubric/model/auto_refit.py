@@ -72,10 +72,13 @@ def question_conformals(model, tables: Tables, splits: list[tuple]) -> dict:
         return {}
 
     def fold_model(name: str, k: int, questions: list[str]):
+        """Member ``name``'s inner-CV model of fold ``k`` where it predicts ``questions`` already (the network's
+        heads), else the member fitted on the fold's training texts for ``questions`` alone (the main question's
+        out-of-fold predictions are made)."""
         fold = (model._folds.get(name) or [None] * len(splits))[k]
         if fold is not None and set(questions) <= set(predicted_questions(fold, model.rubric)):
             return fold
-        return fit_questions(model._candidate(name), splits[k][0], [model.rubric.main.id, *questions])
+        return fit_questions(model._candidate(name), splits[k][0], questions)
 
     def mixture(base: dict) -> np.ndarray:
         return model._mixture({n: base[model.parts_[n].member] for n in model.weights_})

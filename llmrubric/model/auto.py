@@ -129,8 +129,10 @@ class AutoCalibrator(WeightedMixture):
         return reconfigured(self, self._configure, model, trainer)
 
     def fit(self, tables: Tables) -> AutoCalibrator:
-        """Inner CV of every candidate, the weights, the weighted ones refitted on ``tables``; each phase timed."""
-        with one_encoding():  # the tables' pairs, targets and matrices encoded once for every candidate
+        """Inner CV of every candidate, the weights, the weighted ones refitted on ``tables``; each phase timed.
+        The tables are read once (:mod:`llmrubric.model.core.memo`): every candidate, level and interval reads
+        their encoding."""
+        with one_encoding():
             self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
             tables = self._read_counted(tables)
             self.level_record_ = level_plan(
@@ -140,62 +142,11 @@ class AutoCalibrator(WeightedMixture):
                 tables, self.rubric.main, self.group, self.settings.folds, self.seed, self.settings.group == "system"
             )
             self.group, self.fallback_ = folds.group, folds.fallback
-            main, answers, fold_of = self.rubric.main, folds.answers, folds.fold_of
             clock = [time.perf_counter()]
-            if self.settings.tune_trials:
-                self.tuned_ = self._tuned(folds)
+            self.tuned_ = self._tuned(folds) if self.settings.tune_trials else {}
             clock.append(time.perf_counter())
-            self.table_, self.parts_, likelihood, oof = {}, {}, {}, {}
-            for part, probs, seconds, error in self._inner_predictions(folds, tables):
-                name = part.label
-                self.parts_[name] = part
-                if error is not None:
-                    self.table_[name] = {"not_applicable": str(error), "seconds": seconds}
-                    log.info("model=auto: candidate %s not applicable: %s", name, error)
-                    continue
-                p = folds.likelihood(probs)
-                likelihood[name], oof[name] = p, probs
-                self.table_[name] = {
-                    "nll": float(-np.log(p).mean()),
-                    **point_figures(probs, answers, main),
-                    "seconds": seconds,
-                }
-            for name, record in self.tuned_.items():
-                self.table_[name]["tuned"] = record
-            if not likelihood:
-                reasons = "; ".join(f"{n}: {r['not_applicable']}" for n, r in self.table_.items())
-                raise InputError(
-                    f"model=auto: no candidate applies ({reasons})",
-                    setting="model.auto.candidates",
-                )
-            chosen = [n for n in likelihood if self.parts_[n].where == "all" or self.level_record_["setting"] != "on"]
-            if not chosen:
-                raise InputError(
-                    f"model.auto.system_level=on but no candidate with the level fitted ({self.table_})",
-                    setting="model.auto.system_level",
-                )
-            matrix = np.stack([likelihood[n] for n in chosen], axis=1)
-            self.rule_cv_ = rule_scores(matrix, fold_of) if self.settings.rule == "auto" else None
-            self.rule_ = self.rule_cv_["chosen"] if self.rule_cv_ else self.settings.rule
-            fitted, stable = combine(matrix, self.rule_, fold_of, chosen, self.settings.bb_draws, self.seed)
-            self.weights_ = {n: float(w) for n, w in zip(chosen, fitted) if w >= MIN_WEIGHT}
-            total = sum(self.weights_.values())
-            self.weights_ = {n: w / total for n, w in self.weights_.items()}
-            mixture = sum(w * likelihood[n] for n, w in self.weights_.items())
-            self.inner_nll_ = float(-np.log(mixture).mean())
-            mixed = sum(w * oof[n] for n, w in self.weights_.items())
-            self.label_rule_ = main_rule(main, mixed, answers, fold_of, self.model, "out-of-fold")
-            self.label_oof_ = (mixed, answers, fold_of)  # what the rule was chosen on (not saved)
-            self.conformals_ = {main.id: Conformal.fit(main, mixed, answers, folds.text_ids(), folds.judge_ids())}
-            for name in self.table_:
-                self.table_[name]["weight"] = self.weights_.get(name, 0.0)
-                if name in likelihood:
-                    nll = -np.log(likelihood[name])
-                    self.table_[name]["fold_nll"] = [float(nll[fold_of == k].mean()) for k in range(len(folds.splits))]
-            self.decision_ = decision(self.table_, self.weights_, self.rule_, self.rule_cv_, self.parts_)
-            if stable is not None:
-                self.decision_["stability"] = stable
-            log.info("model=auto (%s, inner folds by %s): weights %s", self.rule_, self.group, self.weights_)
+            likelihood, oof = self._score_candidates(folds, tables)
+            self._weigh(folds, likelihood, oof)
             clock.append(time.perf_counter())
             self.members_ = fit_members(self, tables, self._members())
             self.levels_ = fit_levels(self, tables)
@@ -209,6 +160,64 @@ class AutoCalibrator(WeightedMixture):
             self.judges_ = JudgeMap.from_annotations(tables.annotations)
             self.train_texts_ = texts_fingerprint(tables.text_ids)
             return self
+
+    def _score_candidates(self, folds: InnerFolds, tables: Tables) -> tuple[dict, dict]:
+        """Every part's out-of-fold likelihood of the main question's answers and its probabilities (those that
+        apply), each part's figures in :attr:`table_`."""
+        self.table_, self.parts_, likelihood, oof = {}, {}, {}, {}
+        for part, probs, seconds, error in self._inner_predictions(folds, tables):
+            name = part.label
+            self.parts_[name] = part
+            if error is not None:
+                self.table_[name] = {"not_applicable": str(error), "seconds": seconds}
+                log.info("model=auto: candidate %s not applicable: %s", name, error)
+                continue
+            p = folds.likelihood(probs)
+            likelihood[name], oof[name] = p, probs
+            self.table_[name] = {
+                "nll": float(-np.log(p).mean()),
+                **point_figures(probs, folds.answers, self.rubric.main),
+                "seconds": seconds,
+            }
+        for name, record in self.tuned_.items():
+            self.table_[name]["tuned"] = record
+        if not likelihood:
+            reasons = "; ".join(f"{n}: {r['not_applicable']}" for n, r in self.table_.items())
+            raise InputError(f"model=auto: no candidate applies ({reasons})", setting="model.auto.candidates")
+        return likelihood, oof
+
+    def _weigh(self, folds: InnerFolds, likelihood: dict, oof: dict) -> None:
+        """The rule's weights of the parts from their out-of-fold ``likelihood``, the mixture's out-of-fold
+        figures, its label rule and the main question's interval calibration, and the decision record."""
+        main, answers, fold_of = self.rubric.main, folds.answers, folds.fold_of
+        chosen = [n for n in likelihood if self.parts_[n].where == "all" or self.level_record_["setting"] != "on"]
+        if not chosen:
+            raise InputError(
+                f"model.auto.system_level=on but no candidate with the level fitted ({self.table_})",
+                setting="model.auto.system_level",
+            )
+        matrix = np.stack([likelihood[n] for n in chosen], axis=1)
+        self.rule_cv_ = rule_scores(matrix, fold_of) if self.settings.rule == "auto" else None
+        self.rule_ = self.rule_cv_["chosen"] if self.rule_cv_ else self.settings.rule
+        fitted, stable = combine(matrix, self.rule_, fold_of, chosen, self.settings.bb_draws, self.seed)
+        self.weights_ = {n: float(w) for n, w in zip(chosen, fitted) if w >= MIN_WEIGHT}
+        total = sum(self.weights_.values())
+        self.weights_ = {n: w / total for n, w in self.weights_.items()}
+        mixture = sum(w * likelihood[n] for n, w in self.weights_.items())
+        self.inner_nll_ = float(-np.log(mixture).mean())
+        mixed = sum(w * oof[n] for n, w in self.weights_.items())
+        self.label_rule_ = main_rule(main, mixed, answers, fold_of, self.model, "out-of-fold")
+        self.label_oof_ = (mixed, answers, fold_of)  # what the rule was chosen on (not saved)
+        self.conformals_ = {main.id: Conformal.fit(main, mixed, answers, folds.text_ids(), folds.judge_ids())}
+        for name in self.table_:
+            self.table_[name]["weight"] = self.weights_.get(name, 0.0)
+            if name in likelihood:
+                nll = -np.log(likelihood[name])
+                self.table_[name]["fold_nll"] = [float(nll[fold_of == k].mean()) for k in range(len(folds.splits))]
+        self.decision_ = decision(self.table_, self.weights_, self.rule_, self.rule_cv_, self.parts_)
+        if stable is not None:
+            self.decision_["stability"] = stable
+        log.info("model=auto (%s, inner folds by %s): weights %s", self.rule_, self.group, self.weights_)
 
     def _read_counted(self, tables: Tables) -> Tables:
         """Set the layout (with ``model.sample_prior`` where ``tables`` hold counted blocks) and return ``tables`` as

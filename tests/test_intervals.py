@@ -219,14 +219,19 @@ def test_the_other_questions_read_the_networks_fold_models_without_fitting_a_mem
         "auto": {"candidates": ["network", "ridge_judge"], "rule": "stack"},
     }
     fitted = []
-    refit = auto_refit.fit_questions
-    monkeypatch.setattr(auto_refit, "fit_questions", lambda m, t, q=None: fitted.append(q) or refit(m, t, q))
+    original = auto_refit.fit_questions
+    monkeypatch.setattr(auto_refit, "fit_questions", lambda m, t, q=None: fitted.append(q) or original(m, t, q))
     model = AutoCalibrator(rubric, settings, FAST, seed=0).fit(train)
     members = model._members()  # the network's refit trains with its folds: the others are fitted on train once
     assert "network" in members and len(fitted) == len(members) - 1  # no member fitted on an inner fold again
     wide = with_intervals(model.predict(test), model, 0.9)
     for question_id in [q for q in model.conformals_ if q != rubric.main.id]:
         assert coverage_figures(wide, test.annotations, rubric[question_id])["coverage"] > 0.75, question_id
+    fitted.clear()  # refit: the members without fold models of the other questions fitted on each fold again
+    refit = AutoCalibrator(rubric, {**settings, "auto": {**settings["auto"], "intervals": "refit"}}, FAST, seed=0)
+    refit.fit(train)
+    assert refit.weights_ == model.weights_ and len(fitted) == (len(members) - 1) * (1 + 5)
+    assert list(refit.conformals_) == list(model.conformals_)
 
 
 @pytest.mark.slow

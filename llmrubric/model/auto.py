@@ -257,7 +257,7 @@ class AutoCalibrator(WeightedMixture):
                     models = fit_folds(models, folds.trains, self.rubric.main.id)
                 held = held_out(models, folds, self.rubric)
                 probs = np.concatenate(held)
-                if self.settings.intervals == "all":  # the other questions' calibration reuses them
+                if self.settings.intervals != "main":  # the other questions' calibration reuses them
                     self._folds[name] = models
                 yield Part(name), probs, time.perf_counter() - start, None
             except NotApplicableError as e:  # declared by the family; any other error stops the run

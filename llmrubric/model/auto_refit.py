@@ -64,14 +64,15 @@ def cover(model, tables: Tables) -> None:
 
 
 def question_conformals(model, tables: Tables, splits: list[tuple]) -> dict:
-    """The interval calibration of each answered question but the main one (``model.auto.intervals=all``): the
-    weighted members' fixed mixture out of the inner folds (:mod:`llmrubric.model.core.question_oof`), from the
-    out-of-fold predictions the inner CV made already: a question that a weighted member's fold models predict
-    (the network's heads) is calibrated on the mixture of those members; the members are fitted on each fold
-    again only for a question that none of them predicts."""
+    """The interval calibration of each answered question but the main one: the weighted members' fixed mixture
+    out of the inner folds (:mod:`llmrubric.model.core.question_oof`). ``model.auto.intervals=all``: from the
+    out-of-fold predictions the inner CV made already, a question that a weighted member's fold models predict
+    (the network's heads) calibrated on the mixture of those members, the members fitted on each fold again only
+    for a question that none of them predicts; ``refit``: every weighted member whose fold models do not predict
+    a question fitted on each fold again for it (the very mixture that predicts)."""
     answered = set(tables.annotations.question_id)
     others = [q for q in model.rubric.ids if q in answered and q != model.rubric.main.id]
-    if model.settings.intervals != "all" or not others:
+    if model.settings.intervals == "main" or not others:
         return {}
 
     def predicts(m) -> set[str]:
@@ -79,7 +80,7 @@ def question_conformals(model, tables: Tables, splits: list[tuple]) -> dict:
 
     reused = {m: model._folds[m] for m in model._members() if model._folds.get(m)}
     reused = {m: folds for m, folds in reused.items() if predicts(model.members_[m]) <= predicts(folds[0])}
-    made = {q for folds in reused.values() for q in predicts(folds[0])}
+    made = {q for folds in reused.values() for q in predicts(folds[0])} if model.settings.intervals == "all" else set()
 
     def fold_model(name: str, k: int, questions: list[str]):
         """Member ``name``'s inner-CV model of fold ``k`` where it predicts every question it is asked, else the

@@ -1,5 +1,6 @@
 """model=auto (inner-CV choice among model families), the cumulative-link mixed model and the new baselines."""
 
+import contextlib
 import json
 
 import numpy as np
@@ -121,6 +122,21 @@ def test_one_encoding_encodes_each_tables_once_and_changes_no_prediction(sources
     assert question_targets(train, rubric.main) is not first  # outside a fit: computed as always
     for name, model in shared.items():
         np.testing.assert_array_equal(model.predict_proba(test), fitted(name).predict_proba(test))
+
+
+@pytest.mark.slow
+def test_a_fit_that_encodes_its_tables_once_predicts_what_encoding_them_again_predicts(sources3, rubric, monkeypatch):
+    train, test = sources3.subset(sources3.text_ids[:90]), sources3.subset(sources3.text_ids[90:])
+    candidates = {"candidates": ["network", "clmm_all", "ridge_judge"], "intervals": "all"}
+    settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], **candidates}}
+    once = AutoCalibrator(rubric, settings, FAST, seed=0, group="system").fit(train)
+    monkeypatch.setattr(auto_module, "one_encoding", contextlib.nullcontext)  # every reader encodes them again
+    again = AutoCalibrator(rubric, settings, FAST, seed=0, group="system").fit(train)
+    assert once.weights_ == again.weights_ and once.inner_nll_ == again.inner_nll_
+    np.testing.assert_array_equal(once.predict_proba(test), again.predict_proba(test))
+    assert list(once.conformals_) == list(again.conformals_)
+    for question_id, conformal in once.conformals_.items():
+        np.testing.assert_array_equal(conformal.pairs, again.conformals_[question_id].pairs)
 
 
 def test_inner_folds_by_system_never_split_a_system(sources3, rubric):

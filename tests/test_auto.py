@@ -1,5 +1,6 @@
 """model=auto (inner-CV choice among model families), the cumulative-link mixed model and the new baselines."""
 
+import contextlib
 import json
 
 import numpy as np
@@ -19,7 +20,10 @@ from llmrubric.model.auto_settings import default_candidates
 from llmrubric.model.core.checkpoints import load_model
 from llmrubric.model.core.combine import rule_scores
 from llmrubric.model.core.combine import weights as _weights
+from llmrubric.model.core.encoding import question_targets
 from llmrubric.model.core.inner_cv import InnerFolds
+from llmrubric.model.core.memo import one_encoding
+from llmrubric.model.core.registry import fit_questions, make
 from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, RidgeJudge, make_method
 from llmrubric.model.families.mixed import MixedOrdinal
 
@@ -105,6 +109,34 @@ def test_select_keeps_the_candidate_with_the_lowest_inner_nll(sources3, rubric):
     model = AutoCalibrator(rubric, settings, FAST, seed=1).fit(sources3)
     best = min((n for n in model.table_ if "nll" in model.table_[n]), key=lambda n: model.table_[n]["nll"])
     assert model.weights_ == {best: 1.0} and list(model.members_) == [model.parts_[best].member]
+
+
+def test_one_encoding_encodes_each_tables_once_and_changes_no_prediction(sources3, rubric):
+    train, test = sources3.subset(sources3.text_ids[:90]), sources3.subset(sources3.text_ids[90:])
+    fitted = lambda name: fit_questions(make(name, rubric), train, [rubric.main.id])  # noqa: E731
+    with one_encoding():
+        first = question_targets(train, rubric.main)
+        assert question_targets(train, rubric.main) is first  # read, not computed again
+        assert question_targets(train.subset(train.text_ids), rubric.main) is not first  # other tables
+        shared = {name: fitted(name) for name in ("clmm_all", "ridge_judge")}
+    assert question_targets(train, rubric.main) is not first  # outside a fit: computed as always
+    for name, model in shared.items():
+        np.testing.assert_array_equal(model.predict_proba(test), fitted(name).predict_proba(test))
+
+
+@pytest.mark.slow
+def test_a_fit_that_encodes_its_tables_once_predicts_what_encoding_them_again_predicts(sources3, rubric, monkeypatch):
+    train, test = sources3.subset(sources3.text_ids[:90]), sources3.subset(sources3.text_ids[90:])
+    candidates = {"candidates": ["network", "clmm_all", "ridge_judge"], "intervals": "all"}
+    settings = {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], **candidates}}
+    once = AutoCalibrator(rubric, settings, FAST, seed=0, group="system").fit(train)
+    monkeypatch.setattr(auto_module, "one_encoding", contextlib.nullcontext)  # every reader encodes them again
+    again = AutoCalibrator(rubric, settings, FAST, seed=0, group="system").fit(train)
+    assert once.weights_ == again.weights_ and once.inner_nll_ == again.inner_nll_
+    np.testing.assert_array_equal(once.predict_proba(test), again.predict_proba(test))
+    assert list(once.conformals_) == list(again.conformals_)
+    for question_id, conformal in once.conformals_.items():
+        np.testing.assert_array_equal(conformal.pairs, again.conformals_[question_id].pairs)
 
 
 def test_inner_folds_by_system_never_split_a_system(sources3, rubric):

@@ -19,6 +19,7 @@ from llmrubric.config import model_file
 from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
+from llmrubric.model import auto_refit
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.auto_checkpoint import conformals_from_state
 from llmrubric.model.core.checkpoints import load_model
@@ -206,6 +207,31 @@ def test_every_question_out_of_fold_is_covered_and_main_only_leaves_the_others_w
     with pytest.raises(InputError, match="is not one of") as error:
         AutoCalibrator(rubric, {**settings, "auto": {"intervals": "some"}}, FAST)
     assert error.value.setting == "model.auto.intervals"
+
+
+@pytest.mark.slow
+def test_the_other_questions_read_the_networks_fold_models_without_fitting_a_member_again(rubric, monkeypatch):
+    data = simulate(0, 120, 4, 2, rubric, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
+    train, test = data.subset(data.text_ids[:90]), data.subset(data.text_ids[90:])
+    settings = {
+        **model_file("auto"),
+        "ensemble": 1,
+        "auto": {"candidates": ["network", "ridge_judge"], "rule": "stack"},
+    }
+    fitted = []
+    original = auto_refit.fit_questions
+    monkeypatch.setattr(auto_refit, "fit_questions", lambda m, t, q=None: fitted.append(q) or original(m, t, q))
+    model = AutoCalibrator(rubric, settings, FAST, seed=0).fit(train)
+    members = model._members()  # the network's refit trains with its folds: the others are fitted on train once
+    assert "network" in members and len(fitted) == len(members) - 1  # no member fitted on an inner fold again
+    wide = with_intervals(model.predict(test), model, 0.9)
+    for question_id in [q for q in model.conformals_ if q != rubric.main.id]:
+        assert coverage_figures(wide, test.annotations, rubric[question_id])["coverage"] > 0.75, question_id
+    fitted.clear()  # refit: the members without fold models of the other questions fitted on each fold again
+    refit = AutoCalibrator(rubric, {**settings, "auto": {**settings["auto"], "intervals": "refit"}}, FAST, seed=0)
+    refit.fit(train)
+    assert refit.weights_ == model.weights_ and len(fitted) == (len(members) - 1) * (1 + 5)
+    assert list(refit.conformals_) == list(model.conformals_)
 
 
 @pytest.mark.slow

@@ -57,8 +57,11 @@ class AutoConfig:
             such as a categorical question where only ordinal families have weight: it must predict every kind
             of question.
         intervals: the questions the inner folds calibrate conformal intervals for: ``all`` (every answered
-            question: the weighted members are refitted on each inner fold for the questions other than the
-            main one, where their fold models do not predict them already) or ``main`` (the main question only).
+            question, the others than the main one from the fold models the inner CV made: the weighted members
+            whose fold models predict them, the network's heads; the members are refitted on each inner fold
+            only for a question none of those predicts), ``refit`` (every answered question, every weighted
+            member refitted on each inner fold where its fold models do not predict the question: the scores of
+            the very mixture that predicts, at the cost of those refits) or ``main`` (the main question only).
     """
 
     candidates: list[str] | None = None

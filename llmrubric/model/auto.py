@@ -39,6 +39,7 @@ from llmrubric.model.core.conformal import Conformal
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap
 from llmrubric.model.core.inner_cv import InnerFolds, decision, fit_folds, held_out, point_figures, reason, tune
 from llmrubric.model.core.label_rule import main_rule
+from llmrubric.model.core.memo import one_encoding
 from llmrubric.model.core.params import (
     check_params,
     param_names,
@@ -128,21 +129,41 @@ class AutoCalibrator(WeightedMixture):
         return reconfigured(self, self._configure, model, trainer)
 
     def fit(self, tables: Tables) -> AutoCalibrator:
-        """Inner CV of every candidate, the weights, the weighted ones refitted on ``tables``; each phase timed."""
-        self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
-        tables = self._read_counted(tables)
-        self.level_record_ = level_plan(
-            self.rubric, tables, self.settings.system_level, self.level_prior, self.settings.level_min_systems
-        )
-        folds = InnerFolds.of(
-            tables, self.rubric.main, self.group, self.settings.folds, self.seed, self.settings.group == "system"
-        )
-        self.group, self.fallback_ = folds.group, folds.fallback
-        main, answers, fold_of = self.rubric.main, folds.answers, folds.fold_of
-        clock = [time.perf_counter()]
-        if self.settings.tune_trials:
-            self.tuned_ = self._tuned(folds)
-        clock.append(time.perf_counter())
+        """Inner CV of every candidate, the weights, the weighted ones refitted on ``tables``; each phase timed.
+        The tables are read once (:mod:`llmrubric.model.core.memo`): every candidate, level and interval reads
+        their encoding."""
+        with one_encoding():
+            self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
+            tables = self._read_counted(tables)
+            self.level_record_ = level_plan(
+                self.rubric, tables, self.settings.system_level, self.level_prior, self.settings.level_min_systems
+            )
+            folds = InnerFolds.of(
+                tables, self.rubric.main, self.group, self.settings.folds, self.seed, self.settings.group == "system"
+            )
+            self.group, self.fallback_ = folds.group, folds.fallback
+            clock = [time.perf_counter()]
+            self.tuned_ = self._tuned(folds) if self.settings.tune_trials else {}
+            clock.append(time.perf_counter())
+            likelihood, oof = self._score_candidates(folds, tables)
+            self._weigh(folds, likelihood, oof)
+            clock.append(time.perf_counter())
+            self.members_ = fit_members(self, tables, self._members())
+            self.levels_ = fit_levels(self, tables)
+            self._refitted = {}
+            cover(self, tables)
+            clock.append(time.perf_counter())
+            self.conformals_.update(question_conformals(self, tables, folds.splits))
+            self._folds = {}
+            clock.append(time.perf_counter())
+            self.decision_["seconds"] = self._phase_seconds(clock)
+            self.judges_ = JudgeMap.from_annotations(tables.annotations)
+            self.train_texts_ = texts_fingerprint(tables.text_ids)
+            return self
+
+    def _score_candidates(self, folds: InnerFolds, tables: Tables) -> tuple[dict, dict]:
+        """Every part's out-of-fold likelihood of the main question's answers and its probabilities (those that
+        apply), each part's figures in :attr:`table_`."""
         self.table_, self.parts_, likelihood, oof = {}, {}, {}, {}
         for part, probs, seconds, error in self._inner_predictions(folds, tables):
             name = part.label
@@ -155,17 +176,20 @@ class AutoCalibrator(WeightedMixture):
             likelihood[name], oof[name] = p, probs
             self.table_[name] = {
                 "nll": float(-np.log(p).mean()),
-                **point_figures(probs, answers, main),
+                **point_figures(probs, folds.answers, self.rubric.main),
                 "seconds": seconds,
             }
         for name, record in self.tuned_.items():
             self.table_[name]["tuned"] = record
         if not likelihood:
             reasons = "; ".join(f"{n}: {r['not_applicable']}" for n, r in self.table_.items())
-            raise InputError(
-                f"model=auto: no candidate applies ({reasons})",
-                setting="model.auto.candidates",
-            )
+            raise InputError(f"model=auto: no candidate applies ({reasons})", setting="model.auto.candidates")
+        return likelihood, oof
+
+    def _weigh(self, folds: InnerFolds, likelihood: dict, oof: dict) -> None:
+        """The rule's weights of the parts from their out-of-fold ``likelihood``, the mixture's out-of-fold
+        figures, its label rule and the main question's interval calibration, and the decision record."""
+        main, answers, fold_of = self.rubric.main, folds.answers, folds.fold_of
         chosen = [n for n in likelihood if self.parts_[n].where == "all" or self.level_record_["setting"] != "on"]
         if not chosen:
             raise InputError(
@@ -194,19 +218,6 @@ class AutoCalibrator(WeightedMixture):
         if stable is not None:
             self.decision_["stability"] = stable
         log.info("model=auto (%s, inner folds by %s): weights %s", self.rule_, self.group, self.weights_)
-        clock.append(time.perf_counter())
-        self.members_ = fit_members(self, tables, self._members())
-        self.levels_ = fit_levels(self, tables)
-        self._refitted = {}
-        cover(self, tables)
-        clock.append(time.perf_counter())
-        self.conformals_.update(question_conformals(self, tables, folds.splits))
-        self._folds = {}
-        clock.append(time.perf_counter())
-        self.decision_["seconds"] = self._phase_seconds(clock)
-        self.judges_ = JudgeMap.from_annotations(tables.annotations)
-        self.train_texts_ = texts_fingerprint(tables.text_ids)
-        return self
 
     def _read_counted(self, tables: Tables) -> Tables:
         """Set the layout (with ``model.sample_prior`` where ``tables`` hold counted blocks) and return ``tables`` as
@@ -246,7 +257,7 @@ class AutoCalibrator(WeightedMixture):
                     models = fit_folds(models, folds.trains, self.rubric.main.id)
                 held = held_out(models, folds, self.rubric)
                 probs = np.concatenate(held)
-                if self.settings.intervals == "all":  # the other questions' calibration reuses them
+                if self.settings.intervals != "main":  # the other questions' calibration reuses them
                     self._folds[name] = models
                 yield Part(name), probs, time.perf_counter() - start, None
             except NotApplicableError as e:  # declared by the family; any other error stops the run

@@ -64,18 +64,31 @@ def cover(model, tables: Tables) -> None:
 
 
 def question_conformals(model, tables: Tables, splits: list[tuple]) -> dict:
-    """The interval calibration of each answered question but the main one (``model.auto.intervals=all``):
-    the weighted members' fixed mixture out of the inner folds (:mod:`llmrubric.model.core.question_oof`)."""
+    """The interval calibration of each answered question but the main one: the weighted members' fixed mixture
+    out of the inner folds (:mod:`llmrubric.model.core.question_oof`). ``model.auto.intervals=all``: from the
+    out-of-fold predictions the inner CV made already, a question that a weighted member's fold models predict
+    (the network's heads) calibrated on the mixture of those members, the members fitted on each fold again only
+    for a question that none of them predicts; ``refit``: every weighted member whose fold models do not predict
+    a question fitted on each fold again for it (the very mixture that predicts)."""
     answered = set(tables.annotations.question_id)
     others = [q for q in model.rubric.ids if q in answered and q != model.rubric.main.id]
-    if model.settings.intervals != "all" or not others:
+    if model.settings.intervals == "main" or not others:
         return {}
 
+    def predicts(m) -> set[str]:
+        return set(predicted_questions(m, model.rubric)) & set(others)
+
+    reused = {m: model._folds[m] for m in model._members() if model._folds.get(m)}
+    reused = {m: folds for m, folds in reused.items() if predicts(model.members_[m]) <= predicts(folds[0])}
+    made = {q for folds in reused.values() for q in predicts(folds[0])} if model.settings.intervals == "all" else set()
+
     def fold_model(name: str, k: int, questions: list[str]):
-        fold = (model._folds.get(name) or [None] * len(splits))[k]
-        if fold is not None and set(questions) <= set(predicted_questions(fold, model.rubric)):
-            return fold
-        return fit_questions(model._candidate(name), splits[k][0], [model.rubric.main.id, *questions])
+        """Member ``name``'s inner-CV model of fold ``k`` where it predicts every question it is asked, else the
+        member fitted on the fold's training texts for those no reused fold model predicts (None: none left)."""
+        if name in reused:
+            return reused[name][k]
+        missing = [q for q in questions if q not in made]
+        return fit_questions(model._candidate(name), splits[k][0], missing) if missing else None
 
     def mixture(base: dict) -> np.ndarray:
         return model._mixture({n: base[model.parts_[n].member] for n in model.weights_})

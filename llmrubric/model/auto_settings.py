@@ -10,7 +10,7 @@ from llmrubric.model.core.combine import RULES
 from llmrubric.model.core.registry import make, names, with_capability
 
 GROUPS = ("auto", "text", "system")
-INTERVALS = ("all", "main")  # the questions whose intervals the inner folds calibrate
+INTERVALS = ("all", "refit", "main")  # the questions whose intervals the inner folds calibrate, and how
 FAMILIES = ("auto", "network")  # the values of model.family
 
 

@@ -21,6 +21,7 @@ columns plus the rest of the mass on the last option.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.model.core.columns import column_blocks, text_columns
 from llmrubric.model.core.encoding import FeatureLayout
+from llmrubric.model.core.memo import memoised
 
 EPS = 0.01  # columns are clipped to [EPS, 1 - EPS] of their range before the logit
 TRANSFORMS = ("logit", "identity")  # of the scaled columns; identity: a Gaussian of the raw columns (for comparison)
@@ -74,7 +76,14 @@ class AnswerModel:
     def fit(
         cls, features: pd.DataFrame, layout: FeatureLayout, rubric: Rubric, transform: str = "logit"
     ) -> AnswerModel:
-        """Fit on every text of ``features`` (blocks absent for some texts are fine)."""
+        """Fit on every text of ``features`` (blocks absent for some texts are fine); each model its own arrays
+        (a checkpoint saves each member's)."""
+        fitted = cls._fitted(features, layout, rubric, transform)
+        return copy.deepcopy(fitted, {id(layout): layout, id(rubric): rubric})
+
+    @classmethod
+    @memoised
+    def _fitted(cls, features: pd.DataFrame, layout: FeatureLayout, rubric: Rubric, transform: str) -> AnswerModel:
         if transform not in TRANSFORMS:
             raise ValueError(f"transform must be one of {TRANSFORMS}, not {transform!r}")
         texts = sorted(features.text_id.unique())

@@ -12,6 +12,7 @@ import pandas as pd
 
 from llmrubric.io.rubric import Rubric
 from llmrubric.model.core.encoding import Block, FeatureLayout
+from llmrubric.model.core.memo import memoised
 
 
 def block_columns(block: Block, p: np.ndarray, rubric: Rubric) -> np.ndarray:
@@ -30,6 +31,7 @@ def block_columns(block: Block, p: np.ndarray, rubric: Rubric) -> np.ndarray:
     return dist[:, :-1]
 
 
+@memoised
 def text_columns(
     layout: FeatureLayout, rubric: Rubric, features: pd.DataFrame, texts: list[str], absent_ok: bool = False
 ) -> np.ndarray:

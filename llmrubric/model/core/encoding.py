@@ -12,6 +12,7 @@ import torch
 from llmrubric.io.errors import InputError
 from llmrubric.io.rubric import Rubric
 from llmrubric.io.tables import Tables, source_of
+from llmrubric.model.core.memo import memoised
 from llmrubric.model.core.samples import counted, smoothed
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class FeatureLayout:
         return [b.values for b in self.blocks]
 
     @classmethod
+    @memoised
     def from_features(cls, features: pd.DataFrame, rubric: Rubric, sample_prior: float | None = None) -> FeatureLayout:
         """Rubric questions first (rubric order, options in ``llm_options`` order), then other blocks;
         ``sample_prior`` is kept where ``features`` hold counted blocks."""
@@ -89,6 +91,7 @@ class FeatureLayout:
             raise InputError(f"no feature blocks left after restricting to {question_ids} / dropping {drop}")
         return replace(self, blocks=tuple(blocks))
 
+    @memoised
     def matrix(self, features: pd.DataFrame, text_ids: list[str], absent_ok: bool = False) -> np.ndarray:
         """(texts, dim) float32: probabilities per block in layout order, then presence flags.
 
@@ -214,6 +217,7 @@ def with_round(df: pd.DataFrame) -> pd.DataFrame:
     return df if "round" in df.columns else df.assign(round="1")
 
 
+@memoised
 def pairs_of(annotations: pd.DataFrame) -> pd.DataFrame:
     """The annotated (text, judge, round) pairs, with system ids where known."""
     ann = with_round(annotations)
@@ -221,6 +225,7 @@ def pairs_of(annotations: pd.DataFrame) -> pd.DataFrame:
     return ann[cols].drop_duplicates(PAIR).sort_values(PAIR, kind="stable").reset_index(drop=True)
 
 
+@memoised
 def question_targets(tables: Tables, question) -> tuple[pd.DataFrame, np.ndarray]:
     """The annotated pairs of ``question`` and each pair's option index (-1: not an option)."""
     ann = with_round(tables.annotations)

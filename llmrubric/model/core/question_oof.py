@@ -2,9 +2,10 @@
 the conformal intervals of those questions are calibrated on (:mod:`llmrubric.model.core.conformal`).
 
 The weights are chosen on the main question alone; the other questions are predicted by the same members with
-the same weights (renormalised over the members that predict a question), so each inner fold refits the
-weighted members on its training texts and predicts its held-out ones. A fold model that already predicts every
-question (the network's heads) is reused; a family fitted on some questions only is fitted again on the others.
+the same weights (renormalised over the members that predict a question). Their out-of-fold predictions are those
+the inner CV made already where a weighted member's fold models predict the question (the network's heads): the
+mixture of those members; only a question that no such fold model predicts has the weighted members fitted on
+each fold's training texts again (``fold_model``: :func:`llmrubric.model.auto_refit.question_conformals`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from llmrubric.model.core.conformal import Conformal
 from llmrubric.model.core.encoding import PAIR, question_targets
 from llmrubric.model.core.registry import capabilities
 
-Fitted = Callable[[str, int, list[str]], object]  # (member, fold, questions) → a fold model predicting them
+Fitted = Callable[[str, int, list[str]], object]  # (member, fold, questions) → a fold model predicting them, or None
 
 
 def predicted_questions(model, rubric) -> list[str]:
@@ -29,7 +30,7 @@ def predicted_questions(model, rubric) -> list[str]:
 def other_conformals(rubric, questions: list[str], members: dict, splits: list[tuple], fold_model: Fitted, mixture):
     """Question id → :class:`Conformal` of each of ``questions`` (not the main one) that a held-out fold answers,
     from out-of-fold predictions: ``members`` the final fitted members by name (what each predicts),
-    ``fold_model(name, k, questions)`` member ``name`` fitted on fold ``k``'s training texts for ``questions``,
+    ``fold_model(name, k, questions)`` member ``name``'s model of fold ``k`` for ``questions`` (None: none),
     ``mixture(probs by name)`` the fixed-weight mixture of (pairs, questions, options) probabilities."""
     parts: dict[str, list] = {q: [] for q in questions}
     for k, (_, test) in enumerate(splits):
@@ -39,6 +40,7 @@ def other_conformals(rubric, questions: list[str], members: dict, splits: list[t
             continue
         wanted = {name: [q for q in targets if q in predicted_questions(m, rubric)] for name, m in members.items()}
         models = {name: fold_model(name, k, qs) for name, qs in wanted.items() if qs}
+        models = {name: m for name, m in models.items() if m is not None}
         held = pd.concat([p for p, _ in targets.values()]).drop_duplicates(PAIR).reset_index(drop=True)
         probs = {n: m.predict_proba(test, held) for n, m in models.items()}  # each held-out pair once
         blank = np.full_like(next(iter(probs.values())), np.nan)  # a member predicting none of these questions

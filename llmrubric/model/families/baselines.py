@@ -259,7 +259,8 @@ class RidgeJudge(MainQuestionBaseline):
     training residual spread, discretised onto the options (:func:`discretised_normal`); for a
     categorical one the regression is an L2-penalised multinomial logistic regression on the same
     inputs (penalty chosen by 5-fold CV log loss). ``fit(tables, questions)`` fits the given
-    questions (default: every question with annotations; Table 1 needs only the main one).
+    questions (default: every question with annotations; Table 1 needs only the main one; model=auto's inner
+    folds fit the other questions without it).
 
     ``linear.contextual`` (``ridge_context``) adds each text's system means of the columns, less
     their training centre (:mod:`llmrubric.model.core.context`): their coefficients are the
@@ -373,8 +374,10 @@ class RidgeJudge(MainQuestionBaseline):
             if len(pairs):
                 groups = pairs.text_id.astype(str).map(systems).to_numpy()
                 self.fits_[qid] = self._fit_question(question, self._design(tables, pairs), y, groups)
-        if self.question.id not in self.fits_:
+        if self.question.id in (questions or self.rubric.ids) and self.question.id not in self.fits_:
             raise InputError(f"{self.name}: no annotations of the main question {self.question.id} to fit")
+        if not self.fits_:
+            raise InputError(f"{self.name}: no annotations of {questions} to fit")
         return self
 
     def _fit_question(self, question, x: np.ndarray, y: np.ndarray, systems: np.ndarray) -> dict[str, np.ndarray]:

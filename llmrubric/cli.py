@@ -1,7 +1,7 @@
 """The ``llmrubric`` command: ``llmrubric <noun> <verb>``, each noun registered by its own module.
 
 llmrubric data fetch | simulate | summary | texts
-llmrubric models list | fetch
+llmrubric models list | fetch | serve
 llmrubric extract features | bank | summaries | weights
 llmrubric score texts
 llmrubric rubric plan

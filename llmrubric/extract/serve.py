@@ -27,7 +27,11 @@ REASONING_FORMATS = ("none", "auto", "deepseek")
 
 def settings(**given) -> dict:
     """The shipped settings with those ``given`` (None: not given) over them, checked."""
-    s = {**load_file(SETTINGS), **{k: v for k, v in given.items() if v is not None}}
+    shipped = load_file(SETTINGS)
+    unknown = sorted(set(given) - set(shipped))
+    if unknown:
+        raise InputError(f"unknown settings {unknown} (known: {sorted(shipped)})", file=str(SETTINGS))
+    s = {**shipped, **{k: v for k, v in given.items() if v is not None}}
     for key, low in (("port", 1), ("context", 1), ("parallel", 1), ("threads", 1)):
         value = s[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):

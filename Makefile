@@ -1,31 +1,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-SERVER_LOG := $(VENV)/llama-cpp-python-build.log
-LLAMA_WHEELS := $(VENV)/llama-wheel
-# the version pyproject.toml's group [server] pins; its wheel is built while the rest installs (the build is CPU, the
-# install mostly downloads)
-LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python\[server\]==\([0-9.]*\)".*/\1/p' pyproject.toml)
-# llama.cpp for the CPU it is built on, whatever its features: no -march=native (its AVX-512/AMX kernels crashed the
-# server on such a CPU), AVX2/FMA/F16C kernels only where the CPU has them. --no-cache-dir: pip would reuse a wheel
-# built with other flags. LLAVA_BUILD=OFF: the multimodal library (mtmd), which the text-only server never loads. docs/setup.md
-CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
-LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-	$(if $(filter avx2,$(CPU_FLAGS)),,-DGGML_AVX2=OFF -DGGML_BMI2=OFF) $(if $(filter fma,$(CPU_FLAGS)),,-DGGML_FMA=OFF) \
-	$(if $(filter f16c,$(CPU_FLAGS)),,-DGGML_F16C=OFF) $(if $(filter avx,$(CPU_FLAGS)),,-DGGML_AVX=OFF)
-
 .PHONY: setup demo demo-llm test test-fast bench clean
 
+# the package with its test tools and llama.cpp's server (the optional group [server]: the prebuilt xllamacpp wheel,
+# no compiler; docs/setup.md)
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip
-	@echo "installing the package; building llama-cpp-python $(LLAMA_VERSION) (the optional group [server]) from source beside it, portable: $(LLAMA_CMAKE_ARGS) (a few minutes on 2 cores)"
-	@rm -rf $(LLAMA_WHEELS); (CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel --no-deps --no-cache-dir \
-		-w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_VERSION)" > $(SERVER_LOG) 2>&1; echo $$? > $(LLAMA_WHEELS).rc) & \
-	$(PY) -m pip install -qq -e ".[test]"; status=$$?; wait; exit $$status
-	@if [ "$$(cat $(LLAMA_WHEELS).rc)" = 0 ] && $(PY) -m pip install -qq "$$(ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl)[server]" -e ".[test,server]" >> $(SERVER_LOG) 2>&1; \
-	then rm -rf $(SERVER_LOG) $(LLAMA_WHEELS) $(LLAMA_WHEELS).rc; \
-	else echo "setup: the optional group [server] (llama-cpp-python) did not install, see $(SERVER_LOG); its tests will skip"; fi
+	$(PY) -m pip install -qq -e ".[test,server]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -65,10 +48,12 @@ demo-llm: setup
 	@echo "scores of the new texts:      $(DEMO_LLM)/new_texts/scores.csv, predictions.csv"
 	@echo "leaderboard of their systems: $(DEMO_LLM)/new_texts/leaderboard/"
 
-test: setup
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
-	$(PY) -m pytest -n 2 --dist loadgroup -p no:cacheprovider tests
+# setup, then the lint and the whole suite; the last line says how long each part took
+test:
+	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; ready=$$(date +%s); \
+	$(PY) -m ruff check . && $(PY) -m ruff format --check . && \
+	$(PY) -m pytest -n 2 --dist loadgroup -p no:cacheprovider tests; status=$$?; \
+	echo "make test: setup $$((ready - start)) s, tests $$(($$(date +%s) - ready)) s (exit $$status)"; exit $$status
 
 # the tests without the slow and service-backed markers of pyproject.toml (about a minute on 2 cores); no `make setup`
 FAST_TESTS := not slow and not llm and not llama_server and not postgres and not mlflow_server and not chromium

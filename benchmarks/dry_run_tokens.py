@@ -13,7 +13,7 @@ real server with SmolLM2-135M-Instruct (``conf/extract/llama_cpp.yaml``):
 
     nice -n 10 .venv/bin/python benchmarks/dry_run_tokens.py [--dialogues 8] [--out benchmarks/results/dry_run_tokens.json]
 
-Needs llama-cpp-python (optional group ``server``), the GGUF (``make setup``) and the release (``../shared/data``).
+Needs llama.cpp's server (optional group ``server``), the GGUF (``make setup``) and the release (``../shared/data``).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def run(args) -> dict:
             "real_run_hours_at_this_rate": release["prompt_tokens"] / (served / seconds) / 3600,
         },
         "target": "|relative_error| <= 0.05 with the tokenizer",
-        "meta": {"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "server": "llama-cpp-python (llama_cpp.server)"},
+        "meta": {"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "server": "llama.cpp (llmrubric models serve, xllamacpp)"},
     }
 
 

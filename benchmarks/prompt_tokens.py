@@ -1,19 +1,20 @@
 """Which tokens SmolLM2 reads (issue 33): the chat prompts of the ``--dialogues`` shortest real LLM-Rubric
-dialogues (the server benchmark's, ``benchmarks/real_llm_server.py``) tokenised by llama.cpp (``vocab_only``;
-the reference implementation of the GGUF file's tokenizer, as the server applies it) and by the tokenizer
+dialogues (the server benchmark's, ``benchmarks/real_llm_server.py``) tokenised by llama.cpp (its server's
+``/tokenize``; the reference implementation of the GGUF file's tokenizer, as the server applies it) and by the tokenizer
 ``transformers`` builds from the same file, with GPT-2's split (as built) and with the file's digits-first
 split (``llmrubric.extract.models.split_digits_first``, what ``models.load`` now returns).
 
     .venv/bin/python benchmarks/prompt_tokens.py [--dialogues 10] [--out benchmarks/results/prompt_tokens.json]
 
 Per tokenizer: prompts whose ids equal llama.cpp's, prompts whose every label continuation does too, and the
-token-count differences. Needs llama-cpp-python (optional group ``server``) and the GGUF (``make setup``).
+token-count differences. Needs llama.cpp's server (optional group ``server``) and the GGUF (``make setup``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import transformers
@@ -26,10 +27,15 @@ from llmrubric.extract.families import likert_tasks
 from llmrubric.extract.prompts import PromptTemplate
 from llmrubric.io.rubric import Rubric
 
+sys.path.insert(0, str(ROOT / "tests"))
+from support.llama_server import LlamaServer  # noqa: E402
 
-def compare(tokenizer, llama, tasks) -> dict:
+
+def compare(tokenizer, server: LlamaServer, tasks) -> dict:
     """How many chat prompts (and label continuations) ``tokenizer`` gives llama.cpp's ids."""
-    reference = lambda text: llama.tokenize(text.encode(), add_bos=True, special=True)
+    reference = lambda text: server.post("/tokenize", {"content": text, "add_special": True, "parse_special": True})[
+        "tokens"
+    ]
     same = labels = 0
     extra = set()
     for t in tasks:
@@ -50,24 +56,22 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "prompt_tokens.json")
     args = parser.parse_args()
     version = code_version()  # the code this run measures, compared at the end
-    from llama_cpp import Llama
-
     files = models.resolve(args.model)
     rubric = Rubric.load(ROOT / "conf" / "rubric" / "llm_rubric.yaml")
     texts = shortest(llm_rubric_real_texts(args.data), args.dialogues)
     tasks, _ = likert_tasks(texts, rubric, PromptTemplate("llm_rubric"))
-    llama = Llama(str(args.model), vocab_only=True, verbose=False)
     built = transformers.AutoTokenizer.from_pretrained(files.folder, gguf_file=files.gguf_file)
     split = transformers.AutoTokenizer.from_pretrained(files.folder, gguf_file=files.gguf_file)
     pre = models.gguf_pre_tokenizer(files)
-    out = {
-        "model": files.name,
-        "gguf_pre_tokenizer": pre,
-        "dialogues": len(texts),
-        "prompts": len(tasks),
-        "gpt2_split": compare(built, llama, tasks),
-        "digits_first_split": compare(split, llama, tasks) if models.split_digits_first(split, pre) else None,
-    }
+    with tempfile.TemporaryDirectory() as tmp, LlamaServer(Path(tmp) / "server.log", args.model) as server:
+        out = {
+            "model": files.name,
+            "gguf_pre_tokenizer": pre,
+            "dialogues": len(texts),
+            "prompts": len(tasks),
+            "gpt2_split": compare(built, server, tasks),
+            "digits_first_split": compare(split, server, tasks) if models.split_digits_first(split, pre) else None,
+        }
     print(write_result(out, args.out, version).read_text(), end="")
     return 0
 

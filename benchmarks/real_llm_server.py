@@ -1,5 +1,5 @@
 """Part ``server`` of ``benchmarks/real_llm.py``: the OpenAI backend against llama.cpp's real
-OpenAI-compatible server (llama-cpp-python, optional group ``server``) vs the transformers backend,
+OpenAI-compatible server (``llmrubric models serve``, optional group ``server``) vs the transformers backend,
 SmolLM2-135M-Instruct (the same GGUF), on the same prompts: the ``--server-dialogues`` shortest real
 LLM-Rubric dialogues (ties by text_id, chosen without labels) × their applicable rubric questions.
 
@@ -61,31 +61,27 @@ def summed(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     return both.assign(prob=both.prob + both.prob_b)[[*keys, "prob"]]
 
 
-def same_tokens(model: str, tasks, backend: TransformersBackend, reference: pd.DataFrame, n_ctx: int) -> dict:
-    """llama.cpp in this process (``llama_cpp.Llama``) fed the transformers tokenizer's ids of each chat
-    prompt: its label probabilities against transformers' (the kernels alone) and, per prompt, whether
-    llama.cpp's own tokenizer gives the same ids (the server tokenises the text itself)."""
-    from llama_cpp import Llama
-
-    prepared = [backend.tokens.prepare(t) for t in tasks]
-    width = min(n_ctx, max(len(p.ids) for p in prepared) + 8)
-    llama = Llama(model, n_ctx=width, logits_all=True, verbose=False)
+def same_tokens(server: LlamaServer, tasks, backend: TransformersBackend, reference: pd.DataFrame) -> dict:
+    """The server fed the transformers tokenizer's ids of each chat prompt (llama.cpp's ``/completion`` takes token
+    ids): its label probabilities against transformers' (the kernels alone; a label outside its 1,000 most likely
+    next tokens is not compared) and, per prompt, whether the server's own tokenizer (``/tokenize``) gives the same
+    ids (it tokenises the text itself)."""
     rows, same = [], 0
-    for t, p in zip(tasks, prepared):
-        own = llama.tokenize(backend.tokens.prompt_text(t.prompt).encode(), add_bos=True, special=True)
+    for t in tasks:
+        p = backend.tokens.prepare(t)
+        text = backend.tokens.prompt_text(t.prompt)
+        own = server.post("/tokenize", {"content": text, "add_special": True, "parse_special": True})["tokens"]
         same += own == p.ids
-        llama.reset()
-        llama.eval(p.ids)
-        logits = torch.tensor(llama.scores[llama.n_tokens - 1])
-        lp = torch.log_softmax(logits.float(), -1)
+        answer = server.post("/completion", {"prompt": p.ids, "n_predict": 1, "n_probs": 1000, "temperature": 0})
+        top = {e["id"]: math.exp(e["logprob"]) for e in answer["completion_probabilities"][0]["top_logprobs"]}
         for option, label in zip(t.options, p.labels):
-            rows.append(
-                {"text_id": t.text_id, "question_id": t.question_id, "option": option, "p": float(lp[label[0]].exp())}
-            )
+            if label[0] in top:
+                rows.append({"text_id": t.text_id, "question_id": t.question_id, "option": option, "p": top[label[0]]})
     mine = pd.DataFrame(rows).merge(reference, on=["text_id", "question_id", "option"])
     return {
         "max_abs_prob_diff": round(float((mine.p - mine.prob).abs().max()), 4),
         "mean_abs_prob_diff": round(float((mine.p - mine.prob).abs().mean()), 5),
+        "labels_compared": len(mine),
         "prompts_llama_cpp_tokenises_alike": same,
     }
 
@@ -109,7 +105,7 @@ def record(server: LlamaServer, rubric: Rubric, out: Path) -> list[str]:
         ),
         "completions_overflow": (
             "completions",
-            {**completions, "prompt": "word " * (int(server.settings["n_ctx"]) + 100) + prompt},
+            {**completions, "prompt": "word " * (int(server.settings["context"]) + 100) + prompt},
         ),
     }
     first = server.post("completions", {**completions, "prompt": prompt})["choices"][0]["logprobs"]["top_logprobs"][0]
@@ -121,7 +117,7 @@ def record(server: LlamaServer, rubric: Rubric, out: Path) -> list[str]:
     for name, (path, body) in cases.items():
         response = server.post(path, body)
         if name == "completions_overflow":
-            body = {**body, "prompt": f"'word ' x {int(server.settings['n_ctx']) + 100} + the prompt of chat.json"}
+            body = {**body, "prompt": f"'word ' x {int(server.settings['context']) + 100} + the prompt of chat.json"}
         file = out / f"{name}.json"
         file.write_text(json.dumps({"path": path, "request": body, "response": response}, indent=1) + "\n")
         written.append(str(file.relative_to(ROOT)))
@@ -150,8 +146,7 @@ def server(args, cfg: dict) -> dict:
         if name in ("chat", "space"):
             local[f"{name}_tokens"] = {t.key: len(backend.tokens.prepare(t).ids) for t in tasks}
         if name == "chat":
-            n_ctx = int(load_file(ROOT / "conf" / "extract" / "server" / "llama_cpp.yaml")["n_ctx"])
-            out["chat_same_tokens_in_process"] = same_tokens(model, tasks, backend, local["chat"][0], n_ctx)
+            chat_backend = backend
     local["completions"] = (
         summed(summed(local["space"][0], local["no_space"][0]), local["newline"][0]),
         None,
@@ -161,8 +156,11 @@ def server(args, cfg: dict) -> dict:
     with LlamaServer(log, model) as srv:
         out["server"] = {
             "command": " ".join(srv.command()[1:]).replace(str(ROOT) + "/", ""),
-            "n_ctx": srv.settings["n_ctx"],
+            "context": srv.settings["context"],
+            "parallel": srv.settings["parallel"],
         }
+        # (the key of the results of 4758dd4, when llama.cpp ran in this process)
+        out["chat_same_tokens_in_process"] = same_tokens(srv, tasks, chat_backend, local["chat"][0])
         for endpoint, reference, tokens in (
             ("chat", "chat", "chat_tokens"),
             ("completions", "completions", "space_tokens"),
@@ -172,7 +170,7 @@ def server(args, cfg: dict) -> dict:
                 srv.url,
                 endpoint=endpoint,
                 api_key_env=None,
-                concurrency=1,
+                concurrency=srv.settings["parallel"],
                 timeout=300,
                 top_logprobs=load_file(ROOT / "conf" / "extract" / "llama_cpp.yaml")["top_logprobs"],
             )

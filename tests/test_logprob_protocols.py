@@ -1,6 +1,7 @@
 """The OpenAI backend on responses recorded from llama.cpp's real server (``tests/data/llama_cpp/``,
-written by ``benchmarks/real_llm.py --part server --record tests/data/llama_cpp``: SmolLM2-135M-Instruct,
-the first text of ``data/demo_llm``, question Q0), replayed by a loopback server; and the bad input of
+written by ``benchmarks/real_llm.py --part server --record tests/data/llama_cpp`` with llama-cpp-python's server;
+``native/``: the completions requests again, answered by llama.cpp's own server: SmolLM2-135M-Instruct, the first
+text of ``data/demo_llm``, question Q0), replayed by a loopback server; and the bad input of
 the protocol (no logprobs, too few, a context overflow, no server, a top_logprobs below the options).
 These run without the optional group; the live server is ``test_llama_server.py``."""
 
@@ -132,6 +133,27 @@ def test_completions_recording_follows_the_likely_whitespace_tokens():
     with Replay(first) as replay:  # without following, no label is among the 20 tokens returned
         r = score(replay, "completions", prompt_of(first["request"]), whitespace_continuation=False)
     assert r.status == "incomplete" and set(r.probs.values()) == {None} and "mass unknown" in r.reason
+
+
+@pytest.mark.slow
+def test_native_completions_recording_in_the_chat_form_follows_the_likely_whitespace_tokens():
+    """llama.cpp's own server (``llmrubric models serve``) answers completions in the chat answer's form."""
+    first = recording("native/completions")
+    entries = first["response"]["choices"][0]["logprobs"]["content"][0]["top_logprobs"]  # a list, as chat's
+    top = {e["token"]: e["logprob"] for e in entries}
+    followed = [t for t, v in top.items() if t and not t.strip() and math.exp(v) >= 0.05]
+    names = {" ": "space", "\n": "newline"}
+    after = {t: recording(f"native/completions_after_{names[t]}") for t in followed}
+    assert followed and not set(LABELS) & set(top)  # ' 1' is ' ' + '1' for SmolLM2
+    with Replay(first, *after.values()) as replay:
+        r = score(replay, "completions", prompt_of(first["request"]))
+    expected = label_sums(top)
+    for t, rec in after.items():
+        content = rec["response"]["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        then = label_sums({e["token"]: e["logprob"] for e in content})
+        expected = {k: expected[k] + math.exp(top[t]) * then[k] for k in LABELS}
+    assert r.status == "ok", r.reason
+    assert r.probs == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.slow

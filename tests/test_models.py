@@ -186,3 +186,35 @@ def test_threads_follow_the_machine(tok):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("case", ["unknown", "not_fetched", "missing_file", "not_gguf", "port_taken", "bad_port"])
+def test_serve_refuses_in_one_line_before_loading_anything(case, tmp_path, capsys):
+    import socket
+
+    argv = {
+        "unknown": ["nope"],
+        "not_fetched": ["smollm2", "--dir", str(tmp_path)],
+        "missing_file": [str(tmp_path / "absent.gguf")],
+        "not_gguf": [str(tmp_path)],
+        "bad_port": [str(tmp_path / "absent.gguf"), "--port", "70000"],
+    }
+    expected = {
+        "unknown": "'nope' is neither a fetched model's name",
+        "not_fetched": "model smollm2 is not fetched into",
+        "missing_file": "absent.gguf: model not found",
+        "not_gguf": "is neither a fetched model's name",
+        "port_taken": "is taken",
+        "bad_port": "setting port: 70000 is not a port (1 to 65535)",
+    }
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        if case == "port_taken":
+            pytest.importorskip("xllamacpp", reason="the optional group server is absent")
+            gguf = tmp_path / "m.gguf"
+            gguf.write_bytes(b"GGUF")  # never read: the port is checked before the model loads
+            argv[case] = [str(gguf), "--port", str(taken.getsockname()[1])]
+        assert main(["models", "serve", *argv[case]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and expected[case] in err, err

@@ -7,12 +7,10 @@ loaded once per session (``smollm2`` in conftest.py).
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from support.paths import ROOT
 
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
@@ -69,23 +67,6 @@ def chat_run(smollm2, tasks):
     return results, assemble(
         tasks, {(r.task.template_hash, r.task.key, r.task.question_id): r for r in results}, "s", (), rubric, MIN_MASS
     )
-
-
-def test_the_transformers_path_reads_llama_cpps_tokens(smollm2, tasks):
-    """llama.cpp's tokenizer is the reference implementation of the GGUF file's: the transformers path reads
-    the same ids for the chat prompts, whose template puts ``"\\n\\n"`` before each option's digit (one token,
-    as the file's ``smollm`` pre-tokenizer splits digits off first), and for every label after a prompt."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the optional group [server]) is absent")
-    llama = llama_cpp.Llama(str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"), vocab_only=True, verbose=False)
-    reference = lambda text: llama.tokenize(text.encode(), add_bos=True, special=True)
-    b = backend(smollm2, chat_template=True)
-    (two_newlines,) = llama.tokenize(b"\n\n", add_bos=False, special=False)
-    for task in tasks[0]:
-        text, prepared = b.tokens.prompt_text(task.prompt), b.tokens.prepare(task)
-        assert re.search(r"\n\n\d", text) and two_newlines in prepared.ids
-        assert prepared.ids == reference(text)
-        for label, ids in zip(task.labels, prepared.labels):
-            assert prepared.ids + ids == reference(text + b.answer_prefix + label)
 
 
 def test_label_mass_above_threshold_with_chat_template(chat_run):

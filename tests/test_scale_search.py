@@ -34,7 +34,8 @@ if {stall}:  # the worker to kill stalls in its second trial, so that it dies mi
     def stalling(*args, **kwargs):
         calls.append(1)
         if len(calls) > 1:
-            time.sleep(120)
+            open({go!r} + ".stalled", "w").close()  # its trial is running, with its configuration
+            time.sleep(600)
         return train(*args, **kwargs)
     entry("network").family.fit_many = staticmethod(stalling)
 while not os.path.exists({go!r}):  # imported; wait for the signal to start
@@ -72,6 +73,7 @@ def outcome(study: optuna.Study) -> dict:
 @pytest.mark.postgres
 def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgres, tmp_path, rubric, search_data):
     storage = postgres.create_database("shared")
+    polled = optuna.storages.RDBStorage(storage)  # one storage for the test's reads (its pool closed after)
     (tmp_path / "go-first").touch()
     killed = worker(storage, tmp_path / "go-first", stall=True)
     workers = [
@@ -79,20 +81,15 @@ def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgr
         worker(storage, tmp_path / "go"),
     ]  # they start once the first is killed
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and killed.poll() is None:
-            trials = optuna.load_study(study_name="shared", storage=storage).trials if _exists(storage) else []
-            states = [t.state for t in trials]
-            if optuna.trial.TrialState.COMPLETE in states and any(
-                t.state == optuna.trial.TrialState.RUNNING and len(t.params) == 2 for t in trials
-            ):
-                break
+        stalled = tmp_path / "go-first.stalled"
+        while not stalled.exists():  # however long a loaded machine takes to get there (pytest's timeout bounds it)
+            assert killed.poll() is None, killed.communicate()[1][-2000:]
             time.sleep(0.1)
         killed.kill()
         assert killed.wait() != 0, "the worker finished before it could be killed"
         interrupted = [
             t
-            for t in optuna.load_study(study_name="shared", storage=storage).trials
+            for t in optuna.load_study(study_name="shared", storage=polled).trials
             if t.state == optuna.trial.TrialState.RUNNING
         ]
         assert len(interrupted) == 1
@@ -101,6 +98,7 @@ def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgr
     finally:
         for w in [killed, *workers]:
             w.kill()
+        polled.engine.dispose()
     assert all(w.returncode == 0 for w in workers), [e[-2000:] for e in errors]
     shared = optuna.load_study(study_name="shared", storage=storage)
     numbers = [t.number for t in shared.trials]
@@ -112,10 +110,6 @@ def test_two_workers_and_a_killed_one_on_postgres_equal_the_sqlite_search(postgr
     _, alone = run_search(rubric, search_data, BASE, config(f"sqlite:///{tmp_path / 'alone.db'}"), "alone", seed=0)
     assert outcome(shared) == pytest.approx(outcome(alone), rel=1e-6)
     assert shared.best_trial.params == alone.best_trial.params
-
-
-def _exists(storage: str) -> bool:
-    return "shared" in [s.study_name for s in optuna.get_all_study_summaries(storage)]
 
 
 @pytest.mark.postgres

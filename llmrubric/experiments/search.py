@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
 from tqdm.auto import tqdm
 
 from llmrubric.config import SearchConfig, settings_error
@@ -372,8 +373,14 @@ def _open_storage(url: str, beat: int, attempts: int = 5) -> optuna.storages.RDB
     if database and database != ":memory:":  # the study store resumes a search: its folder (run_dir) is made for it
         Path(database).parent.mkdir(parents=True, exist_ok=True)
 
+    # a database server's connections are few and shared by every worker (PostgreSQL's max_connections): a storage
+    # holds none between its operations, so a study that is never closed keeps none open
+    pooling = {} if url.startswith("sqlite") else {"engine_kwargs": {"poolclass": NullPool}}
+
     def open_it() -> optuna.storages.RDBStorage:
-        return RDBStorage(url, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue)
+        return RDBStorage(
+            url, heartbeat_interval=beat, grace_period=2 * beat, heartbeat_stale_trial_callback=_requeue, **pooling
+        )
 
     for attempt in range(attempts - 1):
         try:

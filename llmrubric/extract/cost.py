@@ -7,7 +7,7 @@ through its chat template on the chat endpoint as the server applies it, else es
 are upper bounds: a block asks at most ``ceil(samples / samples_per_request)`` requests of at most ``max_tokens``
 tokens per answer (fewer with a ``tolerance``); a verbalized block asks 1 request, 2 with its retry. With
 ``context_tokens`` (the judge's context window) the prompts whose tokens plus their output budget exceed it are
-counted: those requests fail (or, on llama-cpp-python's server, get a shortened answer).
+counted: those requests fail (or, on llama.cpp's server, get a shortened answer).
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""llama.cpp's OpenAI-compatible server (``python -m llama_cpp.server`` from llama-cpp-python, the
-optional group ``server``) on 127.0.0.1 and a free port, for tests and benchmarks. Settings:
+"""llama.cpp's own OpenAI-compatible server as ``llmrubric models serve`` starts it (the xllamacpp wheel, the optional
+group ``server``), a child process on 127.0.0.1 and a free port, for tests and benchmarks. Settings:
 ``conf/extract/server/llama_cpp.yaml``."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -19,23 +18,25 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmrubric.config import load_file
+from llmrubric.extract.serve import missing_cpu_features, model_file, settings
 
 from .paths import ROOT
 
-SETTINGS = ROOT / "conf" / "extract" / "server" / "llama_cpp.yaml"
-BUILD_LOG = "llama-cpp-python-build.log"  # written by `make setup` into the venv when the build fails
+MODELS = ROOT / "models"
+MODEL = "smollm2"  # served by default: fetched into models/ by `make setup`
+FLAGS = ("context", "parallel", "threads", "alias", "chat_template", "reasoning_format")  # settings with a flag
 
 
 def unavailable() -> str:
     """Why the server cannot run here ('' if it can)."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        log = Path(sys.prefix) / BUILD_LOG
-        why = f"its build failed, see {log}" if log.is_file() else "not installed"
-        return f"llama-cpp-python (optional group [server]): {why}; pip install -e '.[server]' (or make setup)"
-    model = ROOT / load_file(SETTINGS)["model"]
-    if not model.is_file():
-        return f"{model} is missing: run `make setup` (llmrubric models fetch smollm2 models)"
+    if importlib.util.find_spec("xllamacpp") is None:
+        return "xllamacpp (optional group [server]) is not installed: pip install -e '.[server]' (or make setup)"
+    if missing_cpu_features():
+        return f"this CPU lacks {missing_cpu_features()}, which the xllamacpp wheel needs"
+    try:
+        model_file(MODEL, MODELS)
+    except ValueError as e:
+        return str(e)
     return ""
 
 
@@ -46,42 +47,27 @@ def free_port() -> int:
 
 
 class LlamaServer:
-    """Start the server with a GGUF model, wait until ``/v1/models`` answers, stop it on exit.
+    """``llmrubric models serve`` of a GGUF model in a child process (``.process``, which signals may stop, pause or
+    kill); waits until ``/v1/models`` answers, stops it on exit.
 
-    ``log``: file for the server's output (its last lines are in the error if it dies while starting).
+    ``log``: file for the server's output (its last lines are in the error if it dies while starting);
+    ``model``: a fetched model's name or a GGUF file (default smollm2); ``overrides``: settings over the shipped ones.
     """
 
     def __init__(self, log: Path, model: str | Path | None = None, **overrides):
-        self.settings = {**load_file(SETTINGS), **overrides}
-        self.model = Path(model or ROOT / self.settings["model"])
-        self.log, self.port = Path(log), free_port()
+        self.port = free_port()
+        self.settings = settings(**overrides, port=self.port)
+        self.model, name = model_file(model or MODEL, MODELS)
+        self.settings["alias"] = self.settings["alias"] or name
+        self.log = Path(log)
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.process: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
         s = self.settings
-        threads = s["n_threads"] or int(os.environ.get("OMP_NUM_THREADS", 0)) or len(os.sched_getaffinity(0))
-        return [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(self.model),
-            "--model_alias",
-            s["alias"],
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--n_ctx",
-            str(s["n_ctx"]),
-            "--n_batch",
-            str(s["n_batch"]),
-            "--n_threads",
-            str(threads),
-            "--n_threads_batch",
-            str(threads),
-        ]
+        given = [(f"--{k.replace('_', '-')}", str(s[k])) for k in FLAGS if s[k] is not None]
+        serve = [sys.executable, "-m", "llmrubric.cli", "models", "serve", str(self.model), "--port", str(self.port)]
+        return serve + [part for flag in given for part in flag]
 
     def __enter__(self) -> LlamaServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +99,7 @@ class LlamaServer:
         return f"llama.cpp server died ({status}); last lines of {self.log}: " + " | ".join(tail)
 
     def cpu_features(self) -> dict[str, int]:
-        """The ``CPU :`` features that the server's build uses, as its start-up log lists them (``AVX2 = 1 | ...``)."""
+        """The ``CPU :`` features that the server's build uses, as its launcher logs them (``AVX2 = 1 | ...``)."""
         for line in self.log.read_text(errors="replace").splitlines():
             if "CPU :" in line:
                 pairs = (p.split("=") for p in line.split("CPU :", 1)[1].split("|") if p.count("=") == 1)
@@ -123,6 +109,7 @@ class LlamaServer:
     def __exit__(self, *exc) -> None:
         if self.process and self.process.poll() is None:
             self.process.terminate()
+            self.process.send_signal(signal.SIGCONT)  # a paused server stops too
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
@@ -130,17 +117,19 @@ class LlamaServer:
                 self.process.wait()
 
     def post(self, path: str, body: dict) -> dict:
-        """One raw request (``path`` under ``/v1``): the JSON answer, or ``{"http_status": N, "error": …}``."""
+        """One raw request (``path`` under ``/v1``, or from the root with a leading ``/``: ``/tokenize``): the JSON
+        answer, or ``{"http_status": N, "error": …}``."""
+        url = self.url.removesuffix("/v1") + path if path.startswith("/") else f"{self.url}/{path}"
         request = urllib.request.Request(
-            f"{self.url}/{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+            url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
         )
         try:
-            with urllib.request.urlopen(request, timeout=120) as r:
+            with urllib.request.urlopen(request, timeout=300) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
             return {"http_status": e.code, "error": json.loads(e.read() or b"null")}
         except OSError as e:
-            raise RuntimeError(self.death() or f"{self.url}/{path}: {e}") from e
+            raise RuntimeError(self.death() or f"{url}: {e}") from e
 
 
 def expected_answers(features: pd.DataFrame) -> pd.Series:

@@ -324,14 +324,13 @@ class OpenAIBackend(Backend):
             return json.loads(response.read())
 
     def _top(self, response: dict) -> dict[str, float]:
-        choice = response["choices"][0]
-        if self.endpoint == "chat":
-            entries = choice["logprobs"]["content"][0]["top_logprobs"]
+        logprobs = response["choices"][0]["logprobs"]
+        if self.endpoint == "chat" or "content" in logprobs:  # llama.cpp's server answers completions in chat's form
             top: dict[str, float] = {}
-            for e in entries:
+            for e in logprobs["content"][0]["top_logprobs"]:
                 top[e["token"]] = max(top.get(e["token"], -math.inf), e["logprob"])
             return top
-        return dict(choice["logprobs"]["top_logprobs"][0])
+        return dict(logprobs["top_logprobs"][0])
 
     def _count(self, retry: bool) -> None:
         with self._lock:

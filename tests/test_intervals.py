@@ -34,6 +34,9 @@ from llmrubric.scoring.intervals import (
 )
 from llmrubric.scoring.scores import score_texts
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("intervals")
+
 VALUES = np.arange(1.0, 6.0)
 
 

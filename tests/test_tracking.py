@@ -19,6 +19,9 @@ from llmrubric.apps.evaluate import evaluate_app
 from llmrubric.apps.train import train_app
 from llmrubric.experiments.tracking import Tracker
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("tracking")
+
 
 def expected_data_hash() -> str:
     digests = [hashlib.sha256((SIMULATED / f"{t}.csv").read_bytes()).hexdigest() for t in TABLES]

@@ -26,7 +26,8 @@ from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, R
 from llmrubric.model.families.mixed import MixedOrdinal
 
 FAST_AUTO = {**model_file("auto"), "ensemble": 1}
-FAST_AUTO["auto"] = {**FAST_AUTO["auto"], **MAIN_INTERVALS}
+# 3 inner folds: what these tests check (the choice, its record, tuning, the checkpoint) does not need the shipped 5
+FAST_AUTO["auto"] = {**FAST_AUTO["auto"], **MAIN_INTERVALS, "folds": 3}
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,9 @@ from llmrubric.model.families.mixed import MixedOrdinal
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.scoring.scores import score_texts
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("absent")
+
 DROPPED = "Q3"  # the block removed in the value tests (a question whose answers move Q0)
 
 

@@ -27,6 +27,9 @@ from llmrubric.model.adaptive import Selector, adaptive_settings, explained_vari
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.scoring.adaptive_extract import extract_adaptive
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("adaptive")
+
 RUBRIC = ROOT / "conf" / "rubric" / "llm_rubric.yaml"
 SOURCE = "simulated-llm"  # the simulated features' source: the tiny model's extraction is named so
 

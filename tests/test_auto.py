@@ -6,6 +6,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
+from support.paths import ROOT
 from support.scripts import run
 from support.settings import FAST, FAST_OVERRIDES, MAIN_INTERVALS
 
@@ -28,7 +30,8 @@ from llmrubric.model.families.baselines import MeanOfSources, RawLinearSystem, R
 from llmrubric.model.families.mixed import MixedOrdinal
 
 FAST_AUTO = {**model_file("auto"), "ensemble": 1}
-FAST_AUTO["auto"] = {**FAST_AUTO["auto"], **MAIN_INTERVALS}
+# 3 inner folds: what these tests check (the choice, its record, tuning, the checkpoint) does not need the shipped 5
+FAST_AUTO["auto"] = {**FAST_AUTO["auto"], **MAIN_INTERVALS, "folds": 3}
 
 
 @pytest.fixture(scope="module")
@@ -333,14 +336,21 @@ def test_raw_linear_system_fits_a_line_through_the_system_means(rubric):
 
 @pytest.mark.slow
 def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, tmp_path):
-    """A text lacking one source's block, or every source's, is no reason to refuse the data set."""
-    features = sources3.features
+    """A text lacking one source's block, or every source's, is no reason to refuse the data set. The rubric's
+    first three questions only (the main one and two others for the other questions' intervals): each question
+    more refits every candidate on every inner fold for its intervals."""
+    kept = rubric.ids[:3]
+    questions = yaml.safe_load((ROOT / "conf" / "rubric" / "llm_rubric.yaml").read_text())
+    questions["questions"] = [q for q in questions["questions"] if q["id"] in kept]
+    (tmp_path / "rubric.yaml").write_text(yaml.safe_dump(questions))
+    annotations = sources3.annotations[sources3.annotations.question_id.isin(kept)]
+    features = sources3.features[sources3.features.question_id.isin(kept)]
     main = features.question_id == rubric.main.id
     lacking, none = sources3.text_ids[:6], sources3.text_ids[6]
     drop = (features.text_id.isin(lacking) & (features.source == "llm-a") & main) | ((features.text_id == none) & main)
     paths = {}
     for name, frame in (
-        ("annotations", sources3.annotations),
+        ("annotations", annotations),
         ("features", features[~drop]),
         ("texts", sources3.texts),
     ):
@@ -348,6 +358,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
         frame.to_csv(paths[name], index=False)
     args = [
         "experiment=demo",
+        f"rubric={tmp_path / 'rubric.yaml'}",
         f"run_dir={tmp_path / 'run'}",
         "logger=none",
         "protocol=system_groups",
@@ -365,7 +376,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     methods = metrics["methods"]
     pairs = lambda texts: int(
-        sources3.annotations[sources3.annotations.text_id.isin(texts) & (sources3.annotations.question_id == "Q0")]
+        annotations[annotations.text_id.isin(texts) & (annotations.question_id == "Q0")]
         .drop_duplicates(["text_id", "judge_id"])
         .shape[0]
     )
@@ -389,6 +400,7 @@ def test_evaluate_masks_missing_blocks_and_records_the_choice(sources3, rubric, 
     predictions = pd.read_csv(tmp_path / "run" / "predictions.csv")
     assert predictions.lo.notna().all()  # every question of the rubric is ordered and calibrated
     others = intervals["other_questions"]
+    assert set(predictions.question_id) == set(kept)
     assert set(others) == set(predictions.question_id) - {"Q0"} and all(f["coverage"] > 0.6 for f in others.values())
     assert "intervals of Q1: coverage" in (tmp_path / "run" / "metrics.md").read_text()
 

@@ -26,6 +26,9 @@ from llmrubric.ir.judgments import add_qrels, qrels_annotations, qrels_labels
 from llmrubric.ir.nuggetizer import read_assignments, read_nuggets
 from llmrubric.ir.workbench import read_workbench
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("import_formats")
+
 FIXTURES = ROOT / "tests" / "fixtures"
 WORKBENCH = FIXTURES / "workbench.jsonl"
 LLMJUDGE = ROOT.parent / "shared" / "data" / "llmjudge-test"

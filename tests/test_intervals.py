@@ -35,6 +35,9 @@ from llmrubric.scoring.intervals import (
 )
 from llmrubric.scoring.scores import score_texts
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("intervals")
+
 VALUES = np.arange(1.0, 6.0)
 
 
@@ -156,7 +159,7 @@ def test_the_mean_of_judges_is_their_convolution():
 def fitted(rubric):
     data = simulate(0, 120, 4, 2, rubric, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
     train, test = data.subset(data.text_ids[:90]), data.subset(data.text_ids[90:])
-    settings = {**model_file("auto"), "ensemble": 1, "auto": {"candidates": ["ridge_judge", "clmm_all"]}}
+    settings = {**model_file("auto"), "ensemble": 1, "auto": {"candidates": ["ridge_judge", "clmm_all"], "folds": 3}}
     return AutoCalibrator(rubric, settings, FAST, seed=0).fit(train), test
 
 
@@ -289,7 +292,7 @@ def test_a_categorical_main_question_gets_prediction_sets_kept_in_the_checkpoint
     categorical = replace(rubric, questions=questions)
     data = simulate(0, 120, 4, 2, categorical, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
     train, test = data.subset(data.text_ids[:90]), data.subset(data.text_ids[90:])
-    settings = {**model_file("auto"), "ensemble": 1, "auto": {"candidates": ["ridge_judge"]}}
+    settings = {**model_file("auto"), "ensemble": 1, "auto": {"candidates": ["ridge_judge"], "folds": 3}}
     model = AutoCalibrator(categorical, settings, FAST, seed=0).fit(train)
     assert not model.conformal_.ordered
     loaded = load_model(model.save(tmp_path / "auto.safetensors"))

@@ -15,6 +15,9 @@ from llmrubric.scoring import label_plan as plan
 from llmrubric.scoring.labels import uniform_interval
 from llmrubric.scoring.levels import level_posterior
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("label_plan")
+
 ALPHA = 0.1
 
 

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import yaml
 from support.paths import ROOT
 
 import llmrubric.model  # noqa: F401  (registers every class)
+from llmrubric.cli import main as cli
 from llmrubric.model.core import registry
 from llmrubric.model.core.registry import classes, entry, make, names, preset_params
 from llmrubric.model.listing import model_rows
@@ -100,7 +98,7 @@ def test_a_preset_file_of_other_names_changes_the_defaults_without_code(presets,
     assert make("my_ridge", rubric).get_params()["contextual"] is True
 
 
-def test_models_list_prints_every_name_with_its_class():
+def test_models_list_prints_every_name_with_its_class(capsys):
     rows = {row["name"]: row for row in model_rows()}
     assert list(rows) == names()
     assert (rows["clmm_mean"]["class"], rows["clmm_mean"]["settings"], rows["clmm_mean"]["auto"]) == (
@@ -109,9 +107,7 @@ def test_models_list_prints_every_name_with_its_class():
         "default 4",
     )
     assert rows["llm_rubric_paper"]["settings"] == "model=paper" and rows["llm_rubric"]["report"] == "9"
-    done = subprocess.run(
-        [sys.executable, "-m", "llmrubric.cli", "models", "list"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    listed = [line.split()[:2] for line in done.stdout.splitlines()[1:]]
+    capsys.readouterr()
+    assert cli(["models", "list"]) == 0
+    listed = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[1:]]
     assert listed == [[name, rows[name]["class"]] for name in names()]

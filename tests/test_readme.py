@@ -3,8 +3,9 @@ temporary folder laid out like a checkout (``conf/``, ``train.py``, ``evaluate.p
 data, each in this process as its entry point runs it (``llmrubric.cli.main``; ``train.py`` and ``evaluate.py``
 with Hydra's parsing of ``sys.argv``). The only changes: the placeholder ``PATH`` of ``--model`` is a tiny local
 model (the simulated texts get a dialogue each, since the shipped table has none), and ``train.py`` /
-``evaluate.py`` get three more overrides that make them quick (``trainer=fast``, one network per ensemble,
-three inner folds of ``auto``): the same commands and code paths."""
+``evaluate.py`` get four more overrides that make them quick (``trainer=fast``, the main question's intervals only,
+one network per ensemble, three inner folds of ``auto``), as does the Python snippet's ``AutoCalibrator``: the same
+commands and code paths."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import pandas as pd
 import pytest
 from support.paths import ROOT
 from support.scripts import run_script
+from support.settings import FAST, FAST_OVERRIDES, MAIN_INTERVALS
 from support.tiny_models import save_model
 
+import llmrubric
 from llmrubric.cli import main
 
 pytestmark = pytest.mark.slow
@@ -27,10 +30,11 @@ README = ROOT / "README.md"
 HEADING = "## Quickstart with your own data"
 SCRIPTS = ("train.py", "evaluate.py")
 CHECKOUT = (*SCRIPTS, "conf")  # what the commands name in the repository
-QUICK = ["trainer=fast", "++model.ensemble=1", "model.auto.folds=3"]  # added to train.py and evaluate.py
+QUICK = [*FAST_OVERRIDES, "++model.ensemble=1", "model.auto.folds=3"]  # added to train.py and evaluate.py
+QUICK_AUTO = {"ensemble": 1, "auto": {**MAIN_INTERVALS, "folds": 3}}  # the same for the snippet's AutoCalibrator
 SIMULATED = ROOT / "data" / "simulated"
 SNIPPET_TEXTS_PER_SYSTEM = 20  # the README's first snippet runs on these many texts of each simulated system
-TEXTS_PER_SYSTEM, NEW_PER_SYSTEM = 10, 3  # annotated texts to train on, new texts to score (4 systems each)
+TEXTS_PER_SYSTEM, NEW_PER_SYSTEM = 6, 2  # annotated texts to train on, new texts to score (4 systems each)
 
 
 def first_snippet() -> str:
@@ -39,9 +43,18 @@ def first_snippet() -> str:
     return text.split("```python\n", 1)[1].split("\n```", 1)[0]
 
 
+class QuickAutoCalibrator(llmrubric.AutoCalibrator):
+    """``AutoCalibrator`` with the quick settings of :data:`QUICK` where the caller gives none."""
+
+    def __init__(self, rubric, model=None, trainer=None, **kwargs):
+        super().__init__(rubric, QUICK_AUTO if model is None else model, FAST if trainer is None else trainer, **kwargs)
+
+
 def test_the_first_snippet_runs_as_written_on_the_embedded_data(tmp_path, monkeypatch):
     """Its code unchanged, run where a newcomer runs it (a checkout's root: ``conf/``, ``data/simulated/``), on the
-    first ``SNIPPET_TEXTS_PER_SYSTEM`` texts of each system of the embedded data (all 300 take minutes)."""
+    first ``SNIPPET_TEXTS_PER_SYSTEM`` texts of each system of the embedded data (all 300 take minutes), with
+    ``llmrubric.AutoCalibrator`` quick as the commands' models are (:data:`QUICK`)."""
+    monkeypatch.setattr(llmrubric, "AutoCalibrator", QuickAutoCalibrator)
     (tmp_path / "conf").symlink_to(ROOT / "conf")
     data = tmp_path / "data" / "simulated"
     data.mkdir(parents=True)
@@ -58,6 +71,7 @@ def test_the_first_snippet_runs_as_written_on_the_embedded_data(tmp_path, monkey
     pairs = tables.annotations[["text_id", "judge_id"]].drop_duplicates()
     assert set(predictions.question_id) == set(names["rubric"].ids)
     assert len(predictions[predictions.question_id == "Q0"]) == len(pairs)
+    assert isinstance(names["model"], QuickAutoCalibrator)
     assert sum(names["model"].weights_.values()) == pytest.approx(1.0)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from support.settings import FAST
+from support.settings import FAST, MAIN_INTERVALS
 
 from llmrubric.config import model_file
 from llmrubric.io.errors import InputError
@@ -26,7 +26,7 @@ from llmrubric.model.core.checkpoints import load_model, read_checkpoint, save_m
 from llmrubric.model.core.encoding import pairs_of
 from llmrubric.model.families.baselines import expand_baselines, make_method, questions_proba
 
-SMALL_AUTO = {**model_file("auto"), "ensemble": 1, "auto": {**model_file("auto")["auto"], "folds": 2}}
+SMALL_AUTO = {**model_file("auto"), "ensemble": 1, "auto": {**model_file("auto")["auto"], "folds": 2, **MAIN_INTERVALS}}
 SMALL_AUTO["auto"]["candidates"] = ["network", "ridge_judge"]
 
 
@@ -38,7 +38,8 @@ def small(simulated):
 
 
 def settings(name: str) -> dict:
-    """Small settings: one network per ensemble, model=auto with two candidates and two inner folds."""
+    """Small settings: one network per ensemble, model=auto with two candidates, two inner folds and the main
+    question's intervals only."""
     return SMALL_AUTO if name == "auto" else {"ensemble": 1}
 
 

@@ -135,14 +135,14 @@ run_search(rubric, tables, BASE, config, "killed", seed=0)
 @pytest.mark.slow
 def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rubric, search_data):
     storage = f"sqlite:///{tmp_path / 'killed.db'}"
-    optuna.create_study(study_name="killed", storage=storage, direction="minimize")
+    watched = optuna.create_study(study_name="killed", storage=storage, direction="minimize")  # one connection pool
     code = KILLED.format(root=str(ROOT), tests=str(ROOT / "tests"), storage=storage)
     worker = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     deadline = time.time() + 240
     while time.time() < deadline and worker.poll() is None:
-        states = [t.state for t in optuna.load_study(study_name="killed", storage=storage).trials]
+        states = [t.state for t in watched.trials]
         if (
             states.count(optuna.trial.TrialState.COMPLETE) + states.count(optuna.trial.TrialState.PRUNED) >= 2
             and optuna.trial.TrialState.RUNNING in states
@@ -152,16 +152,9 @@ def test_a_killed_search_resumes_without_repeating_finished_trials(tmp_path, rub
     worker.kill()
     assert worker.wait() != 0, "the search ended before it could be killed"
     worker.stderr.close()
-    before = {
-        t.number: (t.params, t.value, t.state)
-        for t in optuna.load_study(study_name="killed", storage=storage).trials
-        if t.state.is_finished()
-    }
-    interrupted = [
-        t.number
-        for t in optuna.load_study(study_name="killed", storage=storage).trials
-        if t.state == optuna.trial.TrialState.RUNNING
-    ]
+    trials = watched.trials
+    before = {t.number: (t.params, t.value, t.state) for t in trials if t.state.is_finished()}
+    interrupted = [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
     assert interrupted
     time.sleep(2.5)  # past the heartbeat grace period (2 × 1 s)
     config = search_config(storage, 8)

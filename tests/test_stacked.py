@@ -17,6 +17,12 @@ NO_DROPOUT = {"input_dropout": 0.0}
 PAPER_NET = {"inputs": "probabilities", "personalize": "deltas", **NO_DROPOUT}
 
 
+@pytest.fixture(scope="module")
+def few(simulated):
+    """120 of the simulated texts (360 pairs): several batches per fold model, as few as show the equivalences."""
+    return simulated.subset(simulated.text_ids[:120])
+
+
 def _fold_data(rubric, simulated, k_folds=3):
     layout = FeatureLayout.from_features(simulated.features, rubric)
     judges = JudgeMap.from_annotations(simulated.annotations)
@@ -53,10 +59,10 @@ def _alone(nets, parts, main, configs, seeds, **kw):
 
 
 @pytest.mark.slow
-def test_fold_models_trained_as_one_program_equal_each_trained_alone_with_input_dropout(rubric, simulated):
+def test_fold_models_trained_as_one_program_equal_each_trained_alone_with_input_dropout(rubric, few):
     """Three fold models (different training rows, validation sets and seeds; input dropout on, as
     configured by default) trained stacked = each trained alone: same seeds, same batches and masks."""
-    layout, judges, parts = _fold_data(rubric, simulated)
+    layout, judges, parts = _fold_data(rubric, few)
     config, main = TrainConfig(**{**TRAINER, "accelerator": "cpu"}), rubric.ids.index(rubric.main.id)
     alone = [_net(layout, judges, rubric, k, tr, input_dropout=0.2) for k, (tr, _) in enumerate(parts)]
     alone_summaries = _alone(alone, parts, main, config, [0, 1, 2])
@@ -132,8 +138,8 @@ def test_models_with_different_sizes_and_settings_in_one_program_equal_their_own
 
 
 @pytest.mark.slow
-def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, simulated):
-    layout, judges, parts = _fold_data(rubric, simulated, k_folds=3)
+def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, few):
+    layout, judges, parts = _fold_data(rubric, few, k_folds=3)
     main = rubric.ids.index(rubric.main.id)
     parts = [*parts, parts[0]]
     nets = [_net(layout, judges, rubric, k, tr) for k, (tr, _) in enumerate(parts)]
@@ -172,11 +178,11 @@ def test_pruned_and_diverged_models_stop_while_the_others_train_on(rubric, simul
 
 
 @pytest.mark.slow
-def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, simulated):
+def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, few):
     from llmrubric.model.families.network.calibrator import fit_together
 
-    folds = text_folds(simulated.text_ids, 3, seed=0)
-    train, test = simulated.subset(folds.text_id[folds.fold != 0]), simulated.subset(folds.text_id[folds.fold == 0])
+    folds = text_folds(few.text_ids, 3, seed=0)
+    train, test = few.subset(folds.text_id[folds.fold != 0]), few.subset(folds.text_id[folds.fold == 0])
     kinds = [("expected", "input"), ("probabilities", "none"), ("both", "input"), ("expected", "deltas")]
     make = lambda: [
         NetworkCalibrator(
@@ -184,7 +190,7 @@ def test_calibrators_of_every_kind_fitted_together_equal_their_own_fits(rubric, 
         )
         for k, (i, p) in enumerate(kinds)
     ]
-    judges = JudgeMap.from_annotations(simulated.annotations)
+    judges = JudgeMap.from_annotations(few.annotations)
     alone = [fit_together([c], [train], judges)[0] for c in make()]
     together = fit_together(make(), [train] * len(kinds), judges)
     for a, b in zip(alone, together):

@@ -19,6 +19,9 @@ from llmrubric.apps.evaluate import evaluate_app
 from llmrubric.apps.train import train_app
 from llmrubric.experiments.tracking import Tracker
 
+# its module fixtures are built once: one worker runs the module (make test: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("tracking")
+
 
 def expected_data_hash() -> str:
     digests = [hashlib.sha256((SIMULATED / f"{t}.csv").read_bytes()).hexdigest() for t in TABLES]
@@ -123,12 +126,16 @@ def test_nested_runs_record_their_parent_in_the_default_store(tmp_path, monkeypa
             with tracker.run("train", nested=True) as inner:
                 ids["inner"] = inner.id
 
-        both_open = threading.Barrier(2, timeout=30)
+        both_open = threading.Barrier(2)  # no time limit, however busy the machine: a failing thread breaks it
 
         def worker(n):
-            with tracker.run(f"trial {n}", nested=True) as threaded:
-                ids[n] = threaded.id
-                both_open.wait()
+            try:
+                with tracker.run(f"trial {n}", nested=True) as threaded:
+                    ids[n] = threaded.id
+                    both_open.wait()
+            except BaseException:
+                both_open.abort()
+                raise
 
         threads = [threading.Thread(target=worker, args=(n,)) for n in (1, 2)]
         for thread in threads:

@@ -3,8 +3,8 @@
 import argparse
 import itertools
 import math
-import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -70,17 +70,19 @@ def test_pair_scores_need_a_system_for_every_text(simulated, rubric):
 
 
 @pytest.mark.slow
-def test_benchmark_bad_input_is_one_line_and_exit_2(tmp_path):
+def test_benchmark_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    """``benchmarks/transfer.py``'s ``main`` (its ``__main__`` exits with what it returns), in this process."""
     data = write_simulated(tmp_path / "sim", n_texts=40, n_judges=4)
     texts = pd.read_csv(data / "texts.csv").drop(columns="system_id")
     write_table(texts, data / "texts.csv")
     write_table(pd.read_csv(data / "annotations.csv", dtype=str).drop(columns="system_id"), data / "annotations.csv")
     (data / "truth.json").unlink()
-    run = lambda *a: subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--sets", "--out", str(tmp_path / "t.json"), *a],
-        capture_output=True,
-        text=True,
-    )
+
+    def run(*args):
+        capsys.readouterr()
+        code = bench.main(["--sets", "--out", str(tmp_path / "t.json"), *args])
+        return SimpleNamespace(returncode=code, stderr=capsys.readouterr().err)
+
     done = run("--data", str(data))
     assert (
         done.returncode == 2

@@ -47,6 +47,11 @@ def task(text_id="t1", qid="Q0"):
         ("1 + 1 = 2", (None, "unparseable")),
         ("3 - likely", (2, "parsed")),
         ("", (None, "unparseable")),
+        ("1.\n2.", (None, "several_options")),  # SmolLM2 lists the options: no answer, never its first
+        ("1, 2, 3", (None, "several_options")),
+        ("2 or 3", (None, "several_options")),
+        ("1. Not at all\n2. Somewhat\n3. Mostly", (None, "several_options")),
+        ("3\n\nThe user was helped by 2 people", (2, "parsed")),
     ],
 )
 def test_a_short_answer_is_an_option_or_a_counted_status(text, expected):

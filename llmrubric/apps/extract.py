@@ -487,6 +487,8 @@ def dry_run(settings: dict, tasks, cache_path: Path) -> dict:
     their status (asked with new seeds, or resumed where a run was cut short)."""
     from llmrubric.extract.cost import TokenCounter, load_tokenizer, plan
 
+    if settings["backend"] == "openai":
+        make_backend_from(settings).close()  # its settings checked as a run checks them (it sends nothing)
     todo, again = uncached(settings, tasks, cache_path)
     path = settings.get("tokenizer") or (settings["model"] if settings["backend"] == "transformers" else None)
     counter = None

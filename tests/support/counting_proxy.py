@@ -1,6 +1,8 @@
 """A loopback HTTP proxy (127.0.0.1 only) in front of one server that records every request it forwards: when it
 arrived, when its answer went back, and its JSON body, so a test counts what a server answered after a signal.
-A request the server does not answer (dropped, refused) is dropped here too, as the client would see it."""
+A request the server does not answer (dropped, refused) is dropped here too, as the client would see it;
+:meth:`CountingProxy.kill` makes the server look dead (nothing listens, the requests in flight drop), and a new
+proxy on the same ``port`` brings it back under the same URL."""
 
 from __future__ import annotations
 
@@ -30,11 +32,13 @@ class CountingProxy:
     ``http://127.0.0.1:8000/v1``); ``proxy.exchanges`` lists what passed."""
 
     upstream: str
+    port: int = 0
     timeout: float = 600.0
     exchanges: list[Exchange] = field(default_factory=list)
 
     def __post_init__(self):
         self.lock = threading.Lock()
+        self.dead = False
         target = urllib.parse.urlsplit(self.upstream)
         proxy = self
 
@@ -61,6 +65,9 @@ class CountingProxy:
                 except OSError:
                     self.close_connection = True  # the server gave no answer: neither does the proxy
                     return
+                if proxy.dead:  # killed while the request was in flight
+                    self.close_connection = True
+                    return
                 self.send_response(response.status)
                 for key, value in response.getheaders():
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -70,18 +77,26 @@ class CountingProxy:
                 self.wfile.write(payload)
                 exchange.answered, exchange.status = time.monotonic(), response.status
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         prefix = target.path.rstrip("/")
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{prefix}"
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}{prefix}"
 
     def __enter__(self) -> CountingProxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.kill()
+
+    def kill(self) -> None:
+        """Stop listening (connections are refused) and drop the requests in flight."""
+        with self.lock:
+            first, self.dead = not self.dead, True
+        if first:
+            self.server.shutdown()
+            self.server.server_close()
 
     def answered(self, since: float = 0.0) -> list[Exchange]:
         """The requests whose answer went back at or after ``since`` (a ``time.monotonic()``)."""

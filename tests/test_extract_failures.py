@@ -94,6 +94,7 @@ def test_a_server_that_dies_mid_run_ends_in_counted_blocks_and_a_rerun_pays_only
         rerun = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rerun["done"] == BLOCKS and rerun["cached"] == summary["done"]
     assert len(back.arrived()) == rerun["this_run"]["requests"] == BLOCKS * samples - answered
+    assert sum(rerun["this_run"]["answers"].values()) == BLOCKS * samples - answered  # the earlier ones not again
 
 
 def test_a_server_that_hangs_times_out_once_then_the_rest_is_server_down_unsent():

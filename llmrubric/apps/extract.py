@@ -558,6 +558,8 @@ def _run_adaptive(settings, tasks, skipped, rubric, source, cache_path, detector
     selector = Selector(model, settings["adaptive"])
     check_source(selector, source, tasks)
     backend = make_backend_from(settings)
+    if not cache_path.exists():
+        backend.check()  # a server that is down: one error line, and no empty cache file
     cache = ResultCache(cache_path)
     try:
         return extract_adaptive(

@@ -170,19 +170,22 @@ class Usage:
     answers: Counter = field(default_factory=Counter)
 
     def add(self, r: Result) -> None:
-        self.requests += r.detail.get("requests", 1)
-        self.prompt_tokens += r.prompt_tokens
-        self.output_tokens += r.detail.get("output_tokens", 0)
-        self.computed_tokens += r.computed_tokens
+        """``r``'s figures less those of the run that got its earlier answers (a resumed block)."""
+        earlier = r.task.resume or {}
+        self.requests += r.detail.get("requests", 1) - earlier.get("requests", 0)
+        self.prompt_tokens += r.prompt_tokens - earlier.get("prompt_tokens", 0)
+        self.output_tokens += r.detail.get("output_tokens", 0) - earlier.get("output_tokens", 0)
+        self.computed_tokens += r.computed_tokens - earlier.get("prompt_tokens", 0)
         self.answers.update(r.detail.get("statuses", {}))
+        self.answers.subtract(earlier.get("statuses", {}))
 
     def counts(self, backend: Backend | None) -> dict:
         """The summary's ``this_run``: ``requests``, ``prompt_tokens``, ``output_tokens``, ``computed_tokens`` and
-        ``answers`` (per status) of the blocks this run asked (a resumed block's earlier answers included); a server
+        ``answers`` (per status) that this run asked for (a resumed block's earlier answers not again); a server
         backend's own count of requests, ``retries`` and output tokens replaces the first (retries and continuations
         included). A summary's other counts describe every block of the output, cached ones too (``llm_seconds``:
         this run's time)."""
-        counts = {**asdict(self), "answers": dict(self.answers)}
+        counts = {**asdict(self), "answers": {k: n for k, n in self.answers.items() if n}}
         stats = getattr(backend, "stats", None)
         if stats and "output_tokens" in stats:
             counts.update({k: stats[k] for k in ("requests", "retries", "output_tokens")})

@@ -598,6 +598,8 @@ class OpenAIBackend(Backend):
         body.update(max_tokens=max_tokens)
         body.pop("logprobs", None), body.pop("top_logprobs", None)
         endpoint = self.pool.acquire()
+        if endpoint is None:
+            raise InputError(f"generation request: {self.pool.halted() or 'every endpoint is paused after failing'}")
         try:
             response = self._post(body, endpoint.url)
         except (urllib.error.URLError, TimeoutError) as e:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pandas as pd
 import pytest
@@ -102,8 +103,8 @@ def test_a_server_that_hangs_times_out_once_then_the_rest_is_server_down_unsent(
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
         url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
-        backend = OpenAIBackend("m", url, api_key_env=None, mode="sampled", concurrency=1, timeout=0.3)
-        backend.pool.down_after, backend.max_retries = 0.2, 0
+        settings = {"concurrency": 1, "timeout": 0.3, "max_retries": 0, "down_after": 0.2}
+        backend = OpenAIBackend("m", url, api_key_env=None, mode="sampled", **settings)
         tasks = [task(f"t{i}") for i in range(6)]
         ex = extract(tasks, backend, ResultCache(None), "s:sampled", progress=False)
     assert ex.failures.status.value_counts().to_dict() == {"server_down": 5, "timeout": 1}
@@ -140,7 +141,7 @@ def test_a_rerun_asks_the_blocks_without_a_result_with_new_seeds(tmp_path, capsy
 def test_ctrl_c_sends_nothing_more_and_keeps_the_answers_in_flight(tmp_path):
     """``extract features`` as a user runs it, in a process of its own: SIGINT after some answers; the server
     answers at most the requests in flight (``concurrency``) after it, all of them kept in the cache."""
-    slow = lambda prompt: (__import__("time").sleep(0.1), THREE)[1]
+    slow = lambda prompt: (time.sleep(0.1), THREE)[1]
     with judge(slow) as upstream, CountingProxy(upstream) as proxy:
         argv = cli_args(tmp_path, proxy.url, "--samples", "5", "--set", "concurrency=2")
         run = subprocess.Popen(
@@ -151,7 +152,7 @@ def test_ctrl_c_sends_nothing_more_and_keeps_the_answers_in_flight(tmp_path):
             cwd=ROOT,
         )
         proxy.wait_answered(6)
-        sent = __import__("time").monotonic()
+        sent = time.monotonic()
         run.send_signal(signal.SIGINT)
         out, err = run.communicate(timeout=120)
         after, total = len(proxy.answered(sent)), len(proxy.answered())

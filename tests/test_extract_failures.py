@@ -65,6 +65,7 @@ def test_a_server_down_from_the_start_is_one_line_and_leaves_no_cache(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
 
 
+@pytest.mark.slow
 def test_a_server_that_dies_mid_run_ends_in_counted_blocks_and_a_rerun_pays_only_for_what_it_lacks(tmp_path, capsys):
     samples, kill_at = 3, 20  # answers per block; the server dies after answering this many requests
     replies = []
@@ -116,6 +117,7 @@ def task(text_id="t1", qid="Q0"):
     return Task(text_id, qid, prompt, LABELS, LABELS, text_id, "h", text_hash(prompt, *LABELS))
 
 
+@pytest.mark.slow
 def test_a_rerun_asks_the_blocks_without_a_result_with_new_seeds(tmp_path, capsys):
     seeded = lambda request: THREE if request["seed"] % 2 else {"role": "assistant", "content": "no idea"}
     with judge(seeded, by_request=True) as upstream, CountingProxy(upstream) as proxy:
@@ -138,11 +140,14 @@ def test_a_rerun_asks_the_blocks_without_a_result_with_new_seeds(tmp_path, capsy
     assert rerun["done"] == first["done"] + this_run["parsed"] and rerun["cached"] == first["done"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_sends_nothing_more_and_keeps_the_answers_in_flight(tmp_path):
     """``extract features`` as a user runs it, in a process of its own: SIGINT after some answers; the server
     answers at most the requests in flight (``concurrency``) after it, all of them kept in the cache."""
-    slow = lambda prompt: (time.sleep(0.1), THREE)[1]
-    with judge(slow) as upstream, CountingProxy(upstream) as proxy:
+    slow = threading.Event()
+    slow.set()
+    reply = lambda prompt: (slow.is_set() and time.sleep(0.1), THREE)[1]  # slow until the signal
+    with judge(reply) as upstream, CountingProxy(upstream) as proxy:
         argv = cli_args(tmp_path, proxy.url, "--samples", "5", "--set", "concurrency=2")
         run = subprocess.Popen(
             [sys.executable, "-c", "import sys; from llmrubric.cli import main; sys.exit(main(sys.argv[1:]))", *argv],
@@ -155,6 +160,7 @@ def test_ctrl_c_sends_nothing_more_and_keeps_the_answers_in_flight(tmp_path):
         sent = time.monotonic()
         run.send_signal(signal.SIGINT)
         out, err = run.communicate(timeout=120)
+        slow.clear()
         after, total = len(proxy.answered(sent)), len(proxy.answered())
         assert run.returncode == 130, err
         assert len(proxy.arrived(sent)) <= 2 and after <= 2  # at most the requests in flight at the signal
@@ -168,27 +174,29 @@ def test_ctrl_c_sends_nothing_more_and_keeps_the_answers_in_flight(tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--set", "price.prompt=0.15"], "price.prompt is given without price.output: give both"),
+        (["--set", "price.prompt=0.15", "--dry-run"], "price.prompt is given without price.output: give both"),
         (
             ["--set", "price.prompt=0.15", "--set", "price.output=-1"],
             "price.output: -1.0 is not allowed (a number >= 0",
         ),
+        (["--set", "down_after=0", "--dry-run"], "extract setting down_after: 0 is not allowed (seconds > 0)"),
         (["--samples", "0"], "extract setting samples: 0 is not allowed (a whole number >= 1)"),
         (["--tolerance", "1.5"], "tolerance: 1.5 is not allowed (a number with 0 < tolerance < 1, or null)"),
         (["--set", "down_after=0"], "extract setting down_after: 0 is not allowed (seconds > 0)"),
         (["--set", "concurrency=0"], "extract setting concurrency: 0 is not allowed (a whole number >= 1)"),
     ],
-    ids=["price-alone", "price-negative", "samples", "tolerance", "down-after", "concurrency"],
+    ids=["price-alone", "price-negative", "down-after-dry-run", "samples", "tolerance", "down-after", "concurrency"],
 )
-@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
-def test_a_setting_out_of_range_is_one_line_naming_its_range(tmp_path, capsys, extra, message, dry_run):
+def test_a_setting_out_of_range_is_one_line_naming_its_range(tmp_path, capsys, extra, message):
+    """In a run and in a dry run (which checks the server's settings too, sending nothing)."""
     with judge(lambda prompt: THREE) as url:
-        assert main([*cli_args(tmp_path, url, *extra), *(["--dry-run"] if dry_run else [])]) == 2
+        assert main(cli_args(tmp_path, url, *extra)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
 
 
+@pytest.mark.slow
 def test_the_sources_of_other_stops_have_other_names_and_one_table_of_both_says_why_it_fails(tmp_path, capsys):
     names = []
     for stop in (["--samples", "2"], ["--samples", "2", "--tolerance", "0.3"], ["--samples", "3"]):

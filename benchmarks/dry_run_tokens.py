@@ -69,7 +69,7 @@ def run(args) -> dict:
         real = cli(base)
         seconds = time.perf_counter() - start
         release = release_plan(args.data, tmp, base[3:7])
-    served = real["prompt_tokens"]
+    served = real["this_run"]["prompt_tokens"]
     figures = {
         name: {
             "prompt_tokens": plan["prompt_tokens"],
@@ -88,8 +88,8 @@ def run(args) -> dict:
         "prompts": real["prompts"],
         "real_run": {
             "prompt_tokens_usage": served,
-            "requests": real["requests"],
-            "output_tokens": real["output_tokens"],
+            "requests": real["this_run"]["requests"],
+            "output_tokens": real["this_run"]["output_tokens"],
             "done": real["done"],
             "seconds": seconds,
         },

@@ -193,7 +193,8 @@ def test_an_adaptive_run_counts_requests_tokens_and_answers_as_a_plain_run(calib
         ex = extract_adaptive(tasks, backend, ResultCache(None), SOURCE, selector, skipped, rubric, progress=False)
     s = ex.summary
     assert s["asked_blocks"] == s["computed"] == 4 and s["answers"] == {"parsed": 12} and s["mean_samples"] == 3
-    assert (s["requests"], s["retries"], s["prompt_tokens"], s["output_tokens"]) == (12, 0, 12 * 12, 12 * 7)
+    run = s["this_run"]
+    assert (run["requests"], run["retries"], run["prompt_tokens"], run["output_tokens"]) == (12, 0, 12 * 12, 12 * 7)
     assert s["refusal"] == s["unparsed_answers"] == 0
 
 

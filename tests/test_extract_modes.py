@@ -47,6 +47,11 @@ def task(text_id="t1", qid="Q0"):
         ("1 + 1 = 2", (None, "unparseable")),
         ("3 - likely", (2, "parsed")),
         ("", (None, "unparseable")),
+        ("1.\n2.", (None, "several_options")),  # SmolLM2 lists the options: no answer, never its first
+        ("1, 2, 3", (None, "several_options")),
+        ("2 or 3", (None, "several_options")),
+        ("1. Not at all\n2. Somewhat\n3. Mostly", (None, "several_options")),
+        ("3\n\nThe user was helped by 2 people", (2, "parsed")),
     ],
 )
 def test_a_short_answer_is_an_option_or_a_counted_status(text, expected):
@@ -192,7 +197,7 @@ def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "error: extract setting context_tokens: 0 is not a whole number >= 1"
     assert main([*argv, "--set", "context_tokens=600"]) == 0  # each prompt and its 512 tokens of reasoning
     (source, figures), *rest = json.loads(capsys.readouterr().out.strip().splitlines()[-1]).items()
-    assert not rest and source == "gpt-4o-mini/llm_rubric:reasoned"
+    assert not rest and source == "gpt-4o-mini/llm_rubric:reasoned-k10"
     assert figures["prompt_tokens"] / figures["requests"] <= figures["longest_prompt_tokens"]  # the mean, the most
     assert figures["prompts_over_context"] == figures["blocks"] and figures["context_tokens"] == 600
     assert figures["requests"] == figures["blocks"] * 2 and figures["output_tokens_at_most"] == figures["blocks"] * 5120
@@ -219,7 +224,7 @@ def test_a_refusal_is_counted_never_a_value(mode):
         ex = extract([task()], backend, ResultCache(None), f"s:{mode}", progress=False)
     asked = 3 if mode == "sampled" else 2  # three samples; one verbalized request and its retry
     assert ex.features.empty and ex.summary["refusal"] == 1 and ex.summary["answers"] == {"refusal": asked}
-    assert ex.summary["requests"] == asked and ex.summary["output_tokens"] == 7 * asked
+    assert ex.summary["this_run"]["requests"] == asked and ex.summary["this_run"]["output_tokens"] == 7 * asked
 
 
 def judged_run(tmp_path, url: str, *extra: str) -> tuple[list[str], pd.DataFrame]:
@@ -257,7 +262,7 @@ def test_a_partly_failed_run_writes_its_features_and_failures(tmp_path, capsys):
     assert set(features.text_id) == {texts.text_id[1]} and set(failures.text_id) == {texts.text_id[0]}
     assert set(failures.status) == {"refusal"} and len(failures) == 9
     summary = json.loads((tmp_path / "f.summary.json").read_text())
-    assert summary["done"] == 9 and summary["refusal"] == 9 and summary["requests"] == 18
+    assert summary["done"] == 9 and summary["refusal"] == 9 and summary["this_run"]["requests"] == 18
 
 
 def test_the_dry_run_plans_only_what_the_cache_does_not_hold(tmp_path, capsys):
@@ -287,7 +292,9 @@ def test_a_reasoning_returned_apart_is_kept_in_the_cache_and_only_the_final_answ
     with judge(lambda prompt: message) as url:
         backend = OpenAIBackend("m", url, api_key_env=None, mode="reasoned", samples=4, samples_per_request=2)
         ex = extract([task()], backend, cache, "s:reasoned", progress=False)
-    assert ex.summary["done"] == 1 and ex.summary["answers"] == {"parsed": 4} and ex.summary["requests"] == 2
+    assert (
+        ex.summary["done"] == 1 and ex.summary["answers"] == {"parsed": 4} and ex.summary["this_run"]["requests"] == 2
+    )
     assert ex.features.set_index("option").prob.to_dict() == {"1": 0.0, "2": 0.0, "3": 1.0, "4": 0.0}
     assert ex.features.samples.eq(4).all()
     detail = cache.get(backend.model_id, task()).detail

@@ -88,8 +88,9 @@ def test_the_three_modes_answer_through_the_cli_and_their_features_train_and_sco
         assert code == 0, printed.err
         summary = json.loads(printed.out.strip().splitlines()[-1])
         asked = 3 * (2 if mode != "verbalized" else 1)
-        assert summary["done"] >= 1 and summary["requests"] >= asked and summary["output_tokens"] > 0, summary
-        assert sum(summary["answers"].values()) >= asked and summary["prompt_tokens"] > 0
+        run = summary["this_run"]
+        assert summary["done"] >= 1 and run["requests"] >= asked and run["output_tokens"] > 0, summary
+        assert sum(summary["answers"].values()) >= asked and run["prompt_tokens"] > 0
         failures = pd.read_csv(tmp_path / f"{mode}.failures.csv")
         absent = failures[failures.status != "unparsed_answers"]  # the rest are present blocks that lost answers
         assert len(absent) == 3 - summary["done"] and absent.status.map(summary.get).gt(0).all()
@@ -169,12 +170,12 @@ def test_a_confident_judge_stops_early_and_one_that_never_parses_stops_at_the_ma
     cache = ResultCache(None)
     settings = {"samples": 10, "samples_per_request": 1, "tolerance": 0.15, "temperature": 0}
     confident = read(server, [task(LARGEST)], "sampled", cache, "completions", **settings)
-    assert confident.summary["requests"] == 3 and confident.summary["mean_samples"] == 3
+    assert confident.summary["this_run"]["requests"] == 3 and confident.summary["mean_samples"] == 3
     assert confident.features.prob.max() == 1.0 and confident.features.samples.eq(3).all()
     again = read(
         server, [task(LARGEST)], "sampled", cache, "completions", **settings
     )  # resumed: the block comes from the cache
-    assert again.summary["cached"] == 1 and again.summary["requests"] == 0
+    assert again.summary["cached"] == 1 and again.summary["this_run"]["requests"] == 0
     pd.testing.assert_frame_equal(again.features, confident.features)
     lost = read(
         server,
@@ -185,7 +186,7 @@ def test_a_confident_judge_stops_early_and_one_that_never_parses_stops_at_the_ma
         tolerance=0.15,
         temperature=0,
     )
-    assert lost.summary["requests"] == 3 and lost.summary["unparseable"] == 1
+    assert lost.summary["this_run"]["requests"] == 3 and lost.summary["unparseable"] == 1
 
 
 def test_a_dry_runs_prompt_tokens_are_the_servers_usage(server, tmp_path, capsys):

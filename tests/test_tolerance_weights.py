@@ -88,14 +88,21 @@ def without_main(d):
     return d / "a.csv"
 
 
+def with_an_unfeatured_text(d):
+    ann = pd.read_csv(SIM / "annotations.csv")
+    pd.concat([ann, ann.head(1).assign(text_id="no-features")]).to_csv(d / "a.csv", index=False)
+    return d / "a.csv"
+
+
 @pytest.mark.parametrize(
     "annotations, out, message",
     [
+        (with_an_unfeatured_text, "w.yaml", "text 'no-features'); add --drop-unfeatured to leave them out"),
         (without_main, "w.yaml", "a.csv: the main question 'Q0' has no numeric human answer to weigh the blocks by"),
         (lambda d: SIM / "annotations.csv", "w.json", "w.json, setting --out: the weights file is YAML"),
         (lambda d: SIM / "features.csv", "w.yaml", "features.csv"),
     ],
-    ids=["main-question-unlabelled", "out-not-yaml", "features-as-annotations"],
+    ids=["text-without-features", "main-question-unlabelled", "out-not-yaml", "features-as-annotations"],
 )
 def test_bad_input_to_the_weights_command_is_one_line_and_writes_nothing(tmp_path, capsys, annotations, out, message):
     ann = annotations(tmp_path)
@@ -105,6 +112,12 @@ def test_bad_input_to_the_weights_command_is_one_line_and_writes_nothing(tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "Traceback" not in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_the_weights_command_leaves_out_the_texts_without_features_when_told(tmp_path, capsys):
+    argv = ["extract", "weights", str(SIM / "features.csv"), str(with_an_unfeatured_text(tmp_path))]
+    assert main([*argv, "--rubric", str(RUBRIC), "--out", str(tmp_path / "w.yaml"), "--drop-unfeatured"]) == 0
+    assert yaml.safe_load((tmp_path / "w.yaml").read_text())
 
 
 def alternating_judge():

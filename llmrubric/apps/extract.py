@@ -20,6 +20,7 @@ from llmrubric.apps.commands import add_noun
 from llmrubric.apps.extract_weights import add_weights_verb
 from llmrubric.config import GROUP_SCHEMAS, command_settings
 from llmrubric.extract.backends import BACKEND_KEYS, make_backend_from
+from llmrubric.extract.backends.generation import ModeSettings
 from llmrubric.io.errors import InputError
 from llmrubric.io.files import write_json, write_table
 from llmrubric.io.tables import read_table
@@ -206,6 +207,8 @@ BACKEND_HELP = {  # the help line of each backend setting's flag (``--gguf-file`
     "pause_after": "failures in a row after which an endpoint is paused",
     "pause": "seconds an endpoint is first paused (doubled at each further pause)",
     "max_pause": "most seconds an endpoint is paused",
+    "down_after": "seconds without any answer, while requests fail, after which the server is down: the blocks "
+    "not yet answered end as server_down",
     "whitespace_continuation": "completions: ask once more after a likely whitespace token that carries no label",
     "whitespace_min_prob": "completions: the probability from which a whitespace token is continued",
     "samples": "sampled, reasoned: answers per block (with tolerance: the most)",
@@ -301,13 +304,15 @@ def _settings(args) -> dict:
 
 def run(args) -> int:
     from llmrubric.extract.cache import ResultCache
+    from llmrubric.extract.cost import check_price
     from llmrubric.extract.injection import make_detector
-    from llmrubric.extract.runner import extract
+    from llmrubric.extract.runner import Interrupted, extract
     from llmrubric.extract.shards import launch, launcher_settings, parse_shard, shard_of
     from llmrubric.extract.summaries import summarise
 
     settings = _settings(args)
     check_run_flags(settings)
+    check_price(settings.get("price"))
     detector = make_detector(settings["detect_injection"], settings["injection_patterns"])
     shard = parse_shard(settings["shard"]) if settings.get("shard") else None
     out = Path(settings["out"])
@@ -342,22 +347,28 @@ def run(args) -> int:
         result = _run_adaptive(settings, tasks, skipped, rubric, source, cache_path, detector)
     else:
         backend = make_backend_from(settings)
-        cache = ResultCache(cache_path)
         try:
-            result = extract(
-                tasks,
-                backend,
-                cache,
-                source,
-                skipped,
-                rubric,
-                progress=not settings.get("no_progress"),
-                min_label_mass=float(settings["min_label_mass"]),
-                compute=not settings.get("cached_only"),
-                detector=detector,
-            )
+            if not cache_path.exists() and not settings.get("cached_only"):
+                backend.check()  # a server that is down: one error line, and no empty cache file
+            cache = ResultCache(cache_path)
+            try:
+                result = extract(
+                    tasks,
+                    backend,
+                    cache,
+                    source,
+                    skipped,
+                    rubric,
+                    progress=not settings.get("no_progress"),
+                    min_label_mass=float(settings["min_label_mass"]),
+                    compute=not settings.get("cached_only"),
+                    detector=detector,
+                )
+            finally:
+                cache.close()
+        except Interrupted as e:
+            return interrupted(e)
         finally:
-            cache.close()
             backend.close()
     features = result.features
     if settings.get("summaries") and settings["family"] != "likert":
@@ -380,15 +391,35 @@ def run(args) -> int:
     return 0
 
 
+def interrupted(e) -> int:
+    """Ctrl-C: one line saying what the cache kept, exit code 130 (nothing else is written)."""
+    import sys
+
+    print(
+        f"interrupted (Ctrl-C): no request was sent after the signal; {e.kept} results of this run are kept in "
+        f"{e.cache} ({e.after} of them from requests in flight at the signal); nothing else written; run the same "
+        "command again to resume",
+        file=sys.stderr,
+    )
+    return 130
+
+
 def nothing_obtained(result) -> str:
-    """Why a run got no features, in a few words: its blocks' statuses and the first reason (the failures table
-    is not written then: a run that ends in an error writes nothing, the cache keeps what it asked)."""
-    failures = result.failures[result.failures.status != "possible_injection"]
+    """Why a run got no features, in a few words: its blocks' statuses, most frequent first, and the reason of the
+    commonest failure; not-applicable blocks are counted apart, never as the reason (the failures table is not
+    written then: a run that ends in an error writes nothing, the cache keeps what it asked)."""
+    rows = result.failures[result.failures.status != "possible_injection"]
+    failures = rows[rows.status != "not_applicable"]
+    skipped = rows.groupby(["text_id", "question_id"]).ngroups - failures.groupby(["text_id", "question_id"]).ngroups
+    apart = f"; {skipped} blocks not applicable" if skipped else ""
     if failures.empty:
-        return "no block was asked"
-    counts = ", ".join(f"{status} {n}" for status, n in failures.status.value_counts().items())
-    first = " ".join(str(failures.reason.iloc[0]).split())[:200]
-    return f"{failures.groupby(['text_id', 'question_id']).ngroups} blocks without a result ({counts}; first: {first})"
+        return f"no block was asked{apart}"
+    counts = failures.status.value_counts()
+    commonest = failures[failures.status == counts.index[0]]
+    first = " ".join(str(commonest.reason.iloc[0]).split())[:200]
+    listed = ", ".join(f"{status} {n}" for status, n in counts.items())
+    blocks = failures.groupby(["text_id", "question_id"]).ngroups
+    return f"{blocks} blocks without a result ({listed}; {counts.index[0]}: {first}){apart}"
 
 
 def check_run_flags(settings: dict) -> None:
@@ -412,8 +443,16 @@ def track(summary: dict, settings: dict, source: str) -> None:
     with tracker.run(f"extract {source}", tags={"job": "extract", "source": source}) as run:
         run.log_params({"source": source, "mode": settings.get("mode") or "logprob", "model": settings["model"]})
         run.log_params({"backend": settings["backend"]})
-        numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        run.log_metrics({**numbers, **{f"answers.{k}": v for k, v in summary.get("answers", {}).items()}})
+        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+        this_run = summary.get("this_run", {})
+        run.log_metrics(
+            {
+                **{k: v for k, v in summary.items() if number(v)},
+                **{f"answers.{k}": v for k, v in summary.get("answers", {}).items()},
+                **{f"this_run.{k}": v for k, v in this_run.items() if number(v)},
+                **{f"this_run.answers.{k}": v for k, v in this_run.get("answers", {}).items()},
+            }
+        )
 
 
 def source_weights(settings: dict, source: str, tasks) -> dict[str, float]:
@@ -429,40 +468,60 @@ def source_weights(settings: dict, source: str, tasks) -> dict[str, float]:
 
 
 def default_source(settings: dict, template: str) -> str:
-    """Model name + template, + ``:<mode>`` for a mode other than logprob (blocks of several modes share a table)."""
+    """Model name + template, + ``:<mode>`` for a mode other than logprob (blocks of several modes share a table),
+    + the stop of a sampled or reasoned block (``-k10``: fixed k; ``-k10-tol0.1``: the adaptive stop at that
+    tolerance, at most k; ``-weighted``: with tolerance weights), so that runs of other stops get other names."""
     mode = settings.get("mode") or "logprob"
-    return f"{Path(str(settings['model'])).name}/{template}" + (f":{mode}" if mode != "logprob" else "")
+    name = f"{Path(str(settings['model'])).name}/{template}" + (f":{mode}" if mode != "logprob" else "")
+    if mode in ("sampled", "reasoned"):
+        name += f"-k{settings.get('samples') or ModeSettings.samples}"
+        if settings.get("tolerance") is not None:
+            name += f"-tol{float(settings['tolerance']):g}" + ("-weighted" if settings.get("tolerance_weights") else "")
+    return name
 
 
 def dry_run(settings: dict, tasks, cache_path: Path) -> dict:
     """The cost plan of the ``tasks`` a run would ask (:func:`llmrubric.extract.cost.plan`): those the cache at
     ``cache_path`` does not hold as the run would find them, counted by the settings' tokenizer (the transformers
-    backend's model by default) or estimated."""
+    backend's model by default) or estimated; ``asked_again``: those of them the cache holds without a result, by
+    their status (asked with new seeds, or resumed where a run was cut short)."""
     from llmrubric.extract.cost import TokenCounter, load_tokenizer, plan
 
-    todo = uncached(settings, tasks, cache_path)
+    if settings["backend"] == "openai":
+        make_backend_from(settings).close()  # its settings checked as a run checks them (it sends nothing)
+    todo, again = uncached(settings, tasks, cache_path)
     path = settings.get("tokenizer") or (settings["model"] if settings["backend"] == "transformers" else None)
     counter = None
     if path:
         server = settings["backend"] == "openai"
         chat = settings.get("endpoint", "chat") == "chat" if server else bool(settings.get("chat_template"))
         counter = TokenCounter(load_tokenizer(path), chat, settings.get("system_prompt"))
-    return plan(todo, settings, counter, cached=len(tasks) - len(todo))
+    figures = plan(todo, settings, counter, cached=len(tasks) - len(todo))
+    figures["asked_again"] = again
+    figures["resumed_answers"] = sum(
+        int(t.resume.get("drawn", len(t.resume.get("answers", [])))) for t in todo if t.resume
+    )
+    return figures
 
 
-def uncached(settings: dict, tasks, cache_path: Path) -> list:
+def uncached(settings: dict, tasks, cache_path: Path) -> tuple[list, dict[str, int]]:
     """The ``tasks`` a run would ask: all without a cache file, else those it holds no final result of under the
     backend's cache key (:func:`llmrubric.extract.runner.split_cached`; the transformers backend loads its model
-    for that key). Opens no new cache file."""
+    for that key), and the statuses the cache holds for them ({} for a block it does not hold). Opens no new cache
+    file."""
+    from collections import Counter
+
     from llmrubric.extract.cache import ResultCache
     from llmrubric.extract.runner import split_cached
 
     if not cache_path.is_file():
-        return list(tasks)
+        return list(tasks), {}
     backend = make_backend_from(settings)
     cache = ResultCache(cache_path)
     try:
-        return split_cached(tasks, cache, backend.model_id)[1]
+        todo = split_cached(tasks, cache, backend.model_id)[1]
+        held = (cache.get(backend.model_id, t) for t in todo)
+        return todo, dict(Counter(r.status for r in held if r is not None))
     finally:
         cache.close()
         backend.close()
@@ -499,6 +558,8 @@ def _run_adaptive(settings, tasks, skipped, rubric, source, cache_path, detector
     selector = Selector(model, settings["adaptive"])
     check_source(selector, source, tasks)
     backend = make_backend_from(settings)
+    if not cache_path.exists():
+        backend.check()  # a server that is down: one error line, and no empty cache file
     cache = ResultCache(cache_path)
     try:
         return extract_adaptive(

@@ -11,6 +11,7 @@ import yaml
 from llmrubric.io.errors import InputError
 
 DECIMALS = 4  # of each weight written
+UNFEATURED_ADVICE = "set data.drop_unfeatured=true to drop them"  # load_tables's advice, for train's config
 
 
 def add_weights_verb(sub) -> None:
@@ -27,6 +28,11 @@ def add_weights_verb(sub) -> None:
     p.add_argument("annotations", help="human annotations of (some of) the same texts")
     p.add_argument("--rubric", required=True, help="the rubric YAML (its main question is the score)")
     p.add_argument("--out", required=True, help="weights YAML to write: {source: {question_id: weight}}")
+    p.add_argument(
+        "--drop-unfeatured",
+        action="store_true",
+        help="weigh on the annotated texts that have features, leaving out the others (a pilot of some texts)",
+    )
     p.set_defaults(run=run_weights)
 
 
@@ -42,7 +48,14 @@ def run_weights(args) -> int:
         raise InputError("the weights file is YAML: give a .yaml or .yml path", file=str(out), setting="--out")
     check_outputs({"--out": out}, {"features": args.features, "annotations": args.annotations, "--rubric": args.rubric})
     rubric = as_rubric(args.rubric)
-    tables = load_tables(args.annotations, args.features, rubric)
+    try:
+        tables = load_tables(args.annotations, args.features, rubric, drop_unfeatured=args.drop_unfeatured)
+    except InputError as e:
+        if UNFEATURED_ADVICE not in str(e):
+            raise
+        where = {"file": e.file, "row": e.row, "column": e.column}
+        message = str(e).split(": ", 1)[1] if e.file else str(e)
+        raise InputError(message.replace(UNFEATURED_ADVICE, "add --drop-unfeatured to leave them out"), **where) from e
     try:
         weights = score_weights(tables, rubric)
     except InputError as e:

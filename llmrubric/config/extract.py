@@ -37,7 +37,7 @@ class AdaptiveConfig:
 @dataclass
 class PriceConfig:
     """What a dry run prices tokens at (``--dry-run``): per million prompt and output tokens, in the user's
-    currency; None: no cost is printed."""
+    currency, each >= 0, both given (0 for free tokens) or neither (None: no cost is printed)."""
 
     prompt: float | None = None
     output: float | None = None

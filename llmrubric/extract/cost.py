@@ -59,6 +59,24 @@ def load_tokenizer(path: str | Path):
     return tokenizer
 
 
+def check_price(price: dict | None) -> None:
+    """Prices come as a pair (``price.prompt`` and ``price.output`` both, or neither), each a number >= 0 per
+    million tokens: an InputError naming the setting otherwise."""
+    price = price or {}
+    given = {k: price.get(k) for k in ("prompt", "output") if price.get(k) is not None}
+    if len(given) == 1:
+        (have,), missing = given, ({"prompt", "output"} - set(given)).pop()
+        raise InputError(
+            f"extract setting price.{have} is given without price.{missing}: give both (0 where a kind of token is "
+            "free), or neither"
+        )
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise InputError(
+                f"extract setting price.{key}: {value!r} is not allowed (a number >= 0 per million tokens)"
+            )
+
+
 def requests_per_block(mode: ModeSettings, server: bool) -> tuple[int, int]:
     """(requests, output tokens) a block asks at most."""
     if mode.mode == "logprob":
@@ -111,8 +129,9 @@ def plan(tasks: Sequence[Task], settings: dict, counter: TokenCounter | None, ca
     }
     if mode.mode == "logprob" and settings.get("endpoint") == "completions" and settings.get("whitespace_continuation"):
         figures["note"] = "completions with whitespace_continuation: some blocks ask one more request"
-    if price.get("prompt") is not None or price.get("output") is not None:
-        p, o = float(price.get("prompt") or 0), float(price.get("output") or 0)
+    check_price(price)
+    if price.get("prompt") is not None:
+        p, o = float(price["prompt"]), float(price["output"])
         figures["cost_at_most"] = (figures["prompt_tokens_at_most"] * p + figures["output_tokens_at_most"] * o) / 1e6
         figures["cost_prompt_tokens"] = figures["prompt_tokens"] * p / 1e6
         figures["price_per_million"] = {"prompt": p, "output": o}

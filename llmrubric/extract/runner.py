@@ -4,10 +4,13 @@ arrives, and build the features table plus a record of everything that is not a 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -23,8 +26,51 @@ from llmrubric.io.tables import validate_features
 
 log = logging.getLogger(__name__)
 FAILURE_COLUMNS = ["text_id", "source", "question_id", "status", "reason"]
-# a block of a mode without logprobs that is absent: no answer named an option, no valid distribution, no answer in time
-MODE_STATUSES = (*(s for s in ANSWER_STATUSES if s != "parsed"), "timeout")
+# a block of a mode without logprobs that is absent: no answer named an option, no valid distribution, no answer in time;
+# a block of any mode on a server that went down (no endpoint answered for down_after seconds)
+MODE_STATUSES = (*(s for s in ANSWER_STATUSES if s != "parsed"), "timeout", "server_down")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run: ``kept`` results of this run are in the cache, ``after`` of them answered after the
+    signal (requests that were in flight), ``cache`` its path."""
+
+    def __init__(self, kept: int, after: int, cache: str):
+        super().__init__(f"{kept} results kept in {cache}, {after} of them answered after the signal")
+        self.kept, self.after, self.cache = kept, after, cache
+
+
+@dataclass
+class Signal:
+    """Whether and when Ctrl-C came during a run."""
+
+    at: float | None = None
+
+
+@contextmanager
+def stop_on_interrupt(backend: Backend):
+    """Ctrl-C (SIGINT) during the block: the ``backend`` sends no new request (:meth:`Backend.stop`; a local
+    backend stops at once) and the results of those in flight still arrive; a second Ctrl-C stops at once.
+    Yields the :class:`Signal`. Outside the main thread (no signal handler there) it changes nothing."""
+    got = Signal()
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def handler(signum, frame):
+        if got.at is not None:
+            raise KeyboardInterrupt
+        got.at = time.monotonic()
+        log.warning(
+            "interrupted (Ctrl-C): no new request is sent; waiting for those in flight (Ctrl-C again: stop now)"
+        )
+        backend.stop()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass
@@ -71,14 +117,21 @@ def extract(
     )
     usage = Usage()
     start = time.perf_counter()
+    kept = after = 0
     try:
-        for r in backend.score(todo if compute else []):
-            cache.put(model_id, r)
-            results[(r.task.template_hash, r.task.key, r.task.question_id)] = r
-            usage.add(r)
-            bar.update(1)
+        with stop_on_interrupt(backend) as interrupt:
+            for r in backend.score(todo if compute else []):
+                if r.status == "interrupted" and not r.detail.get("requests"):
+                    continue  # never asked: nothing to keep
+                cache.put(model_id, r)
+                results[(r.task.template_hash, r.task.key, r.task.question_id)] = r
+                usage.add(r)
+                kept, after = kept + 1, after + (interrupt.at is not None)
+                bar.update(1)
     finally:
         bar.close()
+    if interrupt.at is not None:
+        raise Interrupted(kept, after, cache.path)
     llm_seconds = time.perf_counter() - start
     extraction = assemble(tasks, results, source, skipped, rubric, min_label_mass, detector)
     s = extraction.failures.status.value_counts() if len(extraction.failures) else {}
@@ -107,35 +160,44 @@ def extract(
 
 @dataclass
 class Usage:
-    """The requests and tokens of the results a run computed (a result's ``detail`` counts a mode's requests)."""
+    """What a run computed: the requests, tokens and answers of its results (a result's ``detail`` counts a mode's
+    requests and answers)."""
 
     requests: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
     computed_tokens: int = 0
+    answers: Counter = field(default_factory=Counter)
 
     def add(self, r: Result) -> None:
-        self.requests += r.detail.get("requests", 1)
-        self.prompt_tokens += r.prompt_tokens
-        self.output_tokens += r.detail.get("output_tokens", 0)
-        self.computed_tokens += r.computed_tokens
+        """``r``'s figures less those of the run that got its earlier answers (a resumed block)."""
+        earlier = r.task.resume or {}
+        self.requests += r.detail.get("requests", 1) - earlier.get("requests", 0)
+        self.prompt_tokens += r.prompt_tokens - earlier.get("prompt_tokens", 0)
+        self.output_tokens += r.detail.get("output_tokens", 0) - earlier.get("output_tokens", 0)
+        self.computed_tokens += r.computed_tokens - earlier.get("prompt_tokens", 0)
+        self.answers.update(r.detail.get("statuses", {}))
+        self.answers.subtract(earlier.get("statuses", {}))
 
     def counts(self, backend: Backend | None) -> dict:
-        """The summary's ``requests``, ``prompt_tokens``, ``output_tokens``, ``computed_tokens``; a server
-        backend's own count of requests, ``retries`` and output tokens replaces the first (retries and
-        continuations included)."""
-        counts = asdict(self)
+        """The summary's ``this_run``: ``requests``, ``prompt_tokens``, ``output_tokens``, ``computed_tokens`` and
+        ``answers`` (per status) that this run asked for (a resumed block's earlier answers not again); a server
+        backend's own count of requests, ``retries`` and output tokens replaces the first (retries and continuations
+        included). A summary's other counts describe every block of the output, cached ones too (``llm_seconds``:
+        this run's time)."""
+        counts = {**asdict(self), "answers": {k: n for k, n in self.answers.items() if n}}
         stats = getattr(backend, "stats", None)
         if stats and "output_tokens" in stats:
             counts.update({k: stats[k] for k in ("requests", "retries", "output_tokens")})
-        return counts
+        return {"this_run": counts}
 
 
 def split_cached(
     tasks: Sequence[Task], cache: ResultCache, model_id: str, compute: bool = True
 ) -> tuple[dict[tuple, Result], list[Task]]:
     """(the results ``cache`` holds for ``tasks`` by their key, the tasks still to ask): a final result (``ok``,
-    ``incomplete``) is kept, any other is asked again; with ``compute=False`` every stored result is kept."""
+    ``incomplete``) is kept, any other is asked again (:func:`again`); with ``compute=False`` every stored result
+    is kept."""
     results: dict[tuple, Result] = {}
     todo = []
     for t in tasks:
@@ -143,8 +205,20 @@ def split_cached(
         if hit is not None and (hit.status in FINAL or not compute):
             results[(t.template_hash, t.key, t.question_id)] = hit
         else:
-            todo.append(t)
+            todo.append(again(t, hit))
     return results, todo
+
+
+def again(task: Task, earlier: Result | None) -> Task:
+    """The task a rerun asks for a block without a final result: resumed from its answers where a run was cut short
+    (``partial``: Ctrl-C, a server down, a request that failed); the next ``attempt`` (new seeds, new answers)
+    where its answers were read to no result; as it was where it has no answers (never asked; a logprob request)."""
+    detail = earlier.detail if earlier is not None else {}
+    if detail.get("partial"):
+        return replace(task, attempt=int(detail.get("attempt", 0)), resume=detail)
+    if detail.get("statuses"):
+        return replace(task, attempt=int(detail.get("attempt", 0)) + 1)
+    return task
 
 
 def warn(summary: dict, source: str, min_label_mass: float) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -27,7 +28,8 @@ from llmrubric.io.errors import InputError, JobFailed
 from llmrubric.io.rubric import Rubric
 
 log = logging.getLogger(__name__)
-COUNTS = ("prompts", "cached", "computed", "requests", "prompt_tokens", "output_tokens", "computed_tokens")
+COUNTS = ("cached", "computed")  # a shard job's, summed over the jobs
+RUN_COUNTS = ("requests", "retries", "prompt_tokens", "output_tokens", "computed_tokens")
 
 
 def shard_of(text_id: str, n: int) -> int:
@@ -86,7 +88,12 @@ def run_shard(settings: dict, tasks: list[Task], cache: str, source: str) -> dic
     finally:
         store.close()
         backend.close()
-    return {"model_id": backend.model_id, **{key: summary[key] for key in COUNTS}}
+    run = summary["this_run"]
+    return {
+        "model_id": backend.model_id,
+        **{key: summary[key] for key in COUNTS},
+        "this_run": {**{key: run.get(key, 0) for key in RUN_COUNTS}, "answers": run["answers"]},
+    }
 
 
 def launch(
@@ -149,7 +156,13 @@ def launch(
         )
     finally:
         main.close()
-    result.summary.update({key: sum(o[key] for o in outcomes.values()) for key in COUNTS if key != "prompts"})
+    result.summary.update({key: sum(o[key] for o in outcomes.values()) for key in COUNTS})
+    runs = [o["this_run"] for o in outcomes.values()]
+    answers = sum((Counter(run["answers"]) for run in runs), Counter())
+    result.summary["this_run"] = {
+        **{key: sum(run[key] for run in runs) for key in RUN_COUNTS},
+        "answers": dict(answers),
+    }
     return result
 
 

@@ -14,6 +14,9 @@ class Task:
     ``labels`` the strings the model is asked to produce, in the same order.
     ``text`` is the long variable that appears verbatim in the prompt (a too-long prompt
     is truncated inside it); ``key`` hashes the prompt and labels (the cache key).
+    ``attempt`` counts the earlier runs that read the block to no result (its requests' seeds count it, so a
+    rerun draws new answers); ``resume`` is the record of a block cut short (Ctrl-C, a server down), whose
+    answers a rerun keeps and completes. Neither is part of the key.
     """
 
     text_id: str
@@ -25,6 +28,8 @@ class Task:
     template_hash: str
     key: str = ""
     text: str = field(default="", compare=False, repr=False)
+    attempt: int = field(default=0, compare=False)
+    resume: dict | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass

@@ -327,13 +327,25 @@ class _FeatureBlocks:
         return cls(block_code, option_code, option_values, block_pair, pair_names, sums, counts)
 
     def check_options_once(self, df: pd.DataFrame, src: str) -> None:
-        """No option listed twice in one block."""
-        dup = pd.Series(self.code * len(self.options) + self.option_code).duplicated(keep=False).to_numpy()
+        """No option listed twice in one block; the error names the block, the option and the two rows that list it
+        (a whole block listed twice: two extractions of one source name in one table)."""
+        cell = self.code * len(self.options) + self.option_code
+        dup = pd.Series(cell).duplicated(keep=False).to_numpy()
         if dup.any():
-            first = self.code[dup.argmax()]
-            rows = df.index[(self.code == first) & dup].tolist()[:2]
+            first = dup.argmax()
+            rows = df.index[cell == cell[first]].tolist()[:2]
+            block = self.code == self.code[first]
+            whole = bool(dup[block].all())
+            at = df.iloc[first]
+            name = f"(text {at['text_id']!r}, source {at['source']!r}, question {at['question_id']!r})"
+            why = (
+                ": the whole block is listed twice, as when two extraction runs share a source name (give each its own "
+                "--source, or keep one)"
+                if whole
+                else ""
+            )
             raise InputError(
-                f"option listed twice in one (text, source, question) block, rows {rows}",
+                f"option listed twice in the block {name}: {self.options[self.option_code[first]]!r} in rows {rows}{why}",
                 file=src,
                 row=int(rows[1]),
                 column="option",

@@ -17,10 +17,11 @@ class _Judge(BaseHTTPRequestHandler):
     documents it: ``content`` null, the ``refusal`` text), 12 prompt and 7 output tokens per request."""
 
     reply = staticmethod(lambda prompt: REFUSAL)
+    by_request = False  # reply(request): the whole request (its seed, n, ...), not its prompt alone
 
     def do_POST(self):
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        message = self.reply(request["messages"][-1]["content"])
+        message = self.reply(request) if self.by_request else self.reply(request["messages"][-1]["content"])
         body = {
             "choices": [{"index": i, "message": message, "finish_reason": "stop"} for i in range(request.get("n", 1))],
             "usage": {"prompt_tokens": 12, "completion_tokens": 7},
@@ -37,9 +38,10 @@ class _Judge(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def judge(reply=None):
-    """A :class:`_Judge` server answering ``reply(prompt)`` (default: a refusal); yields its base URL."""
-    handler = type("Judge", (_Judge,), {"reply": staticmethod(reply)}) if reply else _Judge
+def judge(reply=None, by_request: bool = False):
+    """A :class:`_Judge` server answering ``reply(prompt)`` (``reply(request)`` with ``by_request``; default: a
+    refusal); yields its base URL."""
+    handler = type("Judge", (_Judge,), {"reply": staticmethod(reply), "by_request": by_request}) if reply else _Judge
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

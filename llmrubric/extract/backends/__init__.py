@@ -34,6 +34,7 @@ BACKEND_KEYS = {
         "pause_after",
         "pause",
         "max_pause",
+        "down_after",
         "whitespace_continuation",
         "whitespace_min_prob",
         "samples",

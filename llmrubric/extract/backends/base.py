@@ -21,6 +21,13 @@ class Backend(ABC):
     def score(self, tasks: Sequence[Task]) -> Iterator[Result]:
         """Yield one :class:`Result` per task, in any order, as soon as each is known."""
 
+    def check(self) -> None:
+        """Before a run opens its cache: an InputError if the backend cannot answer at all (a server that is down)."""
+
+    def stop(self) -> None:
+        """Ctrl-C: send nothing more (a server backend); the results of requests in flight still come."""
+        raise KeyboardInterrupt
+
     def close(self) -> None:
         """Release resources."""
 

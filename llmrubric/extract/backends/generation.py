@@ -27,7 +27,30 @@ MODES = ("logprob", "sampled", "verbalized", "reasoned")
 MAX_TOKENS = {"sampled": 8, "verbalized": 200, "reasoned": 512}  # a mode's default output budget per answer
 STRUCTURED = ("json_schema", "json_object", "none")
 KEPT_CHARACTERS = 4000  # of each raw answer in the cache
-WEIGHTS_NEED = "weights >= 0, with a tolerance"
+RANGES = {  # what each mode setting allows, as its error says
+    "mode": " | ".join(MODES),
+    "samples": "a whole number >= 1",
+    "samples_per_request": "a whole number >= 1",
+    "tolerance": "a number with 0 < tolerance < 1, or null",
+    "temperature": "a number >= 0, or null",
+    "max_tokens": "a whole number >= 1, or null",
+    "sum_tolerance": "a number >= 0",
+    "structured_output": " | ".join(STRUCTURED),
+    "seed": "a whole number >= 0",
+    "tolerance_weights": "weights >= 0, with a tolerance",
+}
+
+
+def whole(value, low: int) -> bool:
+    """Whether ``value`` is a whole number (no bool) at least ``low``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def number(value, low: float, high: float = math.inf, open_low: bool = False, open_high: bool = False) -> bool:
+    """Whether ``value`` is a finite number (no bool) within ``low``..``high`` (bounds excluded where open)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return (value > low if open_low else value >= low) and (value < high if open_high else value <= high)
 
 
 @dataclass(frozen=True)
@@ -58,21 +81,19 @@ class ModeSettings:
             object.__setattr__(self, "tolerance_weights", weights)
         checks = {
             "mode": self.mode in MODES,
-            "samples": int(self.samples) >= 1,
-            "samples_per_request": int(self.samples_per_request) >= 1,
-            "tolerance": self.tolerance is None or 0 < float(self.tolerance) < 1,
-            "temperature": self.temperature is None or float(self.temperature) >= 0,
-            "max_tokens": self.max_tokens is None or int(self.max_tokens) >= 1,
-            "sum_tolerance": float(self.sum_tolerance) >= 0,
+            "samples": whole(self.samples, 1),
+            "samples_per_request": whole(self.samples_per_request, 1),
+            "tolerance": self.tolerance is None or number(self.tolerance, 0, 1, open_low=True, open_high=True),
+            "temperature": self.temperature is None or number(self.temperature, 0),
+            "max_tokens": self.max_tokens is None or whole(self.max_tokens, 1),
+            "sum_tolerance": number(self.sum_tolerance, 0),
             "structured_output": self.structured_output in STRUCTURED,
+            "seed": whole(self.seed, 0),
             "tolerance_weights": weights is None or (self.tolerance is not None and all(w >= 0 for _, w in weights)),
         }
         for key, ok in checks.items():
             if not ok:
-                allowed = {"mode": MODES, "structured_output": STRUCTURED, "tolerance_weights": WEIGHTS_NEED}.get(
-                    key, "see conf/extract/openai.yaml"
-                )
-                raise InputError(f"extract setting {key}: {getattr(self, key)!r} is not allowed ({allowed})")
+                raise InputError(f"extract setting {key}: {getattr(self, key)!r} is not allowed ({RANGES[key]})")
 
     def block_tolerance(self, question_id: str) -> float | None:
         """The tolerance of the question's blocks: ``tolerance / weight`` (infinite for weight 0: the block stops
@@ -106,6 +127,15 @@ class ModeSettings:
         return f"|{json.dumps(used, sort_keys=True)}|T={self.heat:g}|max_tokens={self.budget}{instruction}"
 
 
+def failure_status(error: str) -> str:
+    """The status of a block whose request got no answer: ``timeout``, ``server_down``, ``interrupted`` (by the
+    start of the error, :class:`~llmrubric.extract.backends.openai_backend.EndpointPool`), else ``failed``."""
+    for prefix, status in (("timeout:", "timeout"), ("server down:", "server_down"), ("interrupted:", "interrupted")):
+        if error.startswith(prefix):
+            return status
+    return "failed"
+
+
 def instruction_template(mode: str) -> PromptTemplate:
     """The instruction a mode adds after the family's prompt (``conf/prompts/mode_<mode>.j2``)."""
     return PromptTemplate(f"mode_{mode}")
@@ -121,8 +151,10 @@ def mode_prompt(task: Task, mode: str) -> str:
 
 
 def request_seed(seed: int, task: Task, request: int) -> int:
-    """A reproducible seed per (block, request): two requests of a block never share one."""
-    digest = hashlib.sha256(f"{seed}|{task.key}|{task.question_id}|{request}".encode()).hexdigest()
+    """A reproducible seed per (block, attempt, request): two requests of a block never share one, nor do the
+    requests of a rerun that asks a block again (``task.attempt``)."""
+    attempt = f"|attempt{task.attempt}" if task.attempt else ""  # a first attempt's seeds as they always were
+    digest = hashlib.sha256(f"{seed}|{task.key}|{task.question_id}|{request}{attempt}".encode()).hexdigest()
     return int(digest[:8], 16)
 
 
@@ -185,8 +217,21 @@ class ModeReader:
         return self.read_sampled(task)
 
     def failed(self, task: Task, error: str, detail: dict) -> Result:
-        status = "timeout" if error.startswith("timeout:") else "failed"
-        return Result(task, None, status, error, detail["prompt_tokens"], detail["prompt_tokens"], detail=detail)
+        """A block cut short by a request without an answer: its record so far, ``partial`` (a rerun resumes it)."""
+        detail = {**detail, "partial": True}
+        return Result(
+            task, None, failure_status(error), error, detail["prompt_tokens"], detail["prompt_tokens"], detail=detail
+        )
+
+    def start(self, task: Task) -> dict:
+        """A block's record: empty, or the one of the earlier run that was cut short (``task.resume``)."""
+        earlier = task.resume or {}
+        detail = {"mode": self.settings.mode, "attempt": task.attempt}
+        for key in ("requests", "prompt_tokens", "output_tokens", "drawn"):
+            detail[key] = int(earlier.get(key, 0))
+        detail.update(statuses=dict(earlier.get("statuses", {})), answers=list(earlier.get("answers", [])))
+        detail["counts"] = {o: int(earlier.get("counts", {}).get(o, 0)) for o in task.options}
+        return detail
 
     def sample_status(self, choice: dict, labels) -> tuple[int | None, str, str]:
         """(the option's index or None, the answer's status, the raw text kept)."""
@@ -203,29 +248,30 @@ class ModeReader:
 
     def read_sampled(self, task: Task) -> Result:
         """Rounds of answers until ``samples`` were drawn or the adaptive stop at the block's tolerance
-        (:meth:`ModeSettings.block_tolerance`) says enough."""
+        (:meth:`ModeSettings.block_tolerance`) says enough (from the answers of a block cut short, if resumed)."""
         s, prompt = self.settings, mode_prompt(task, self.settings.mode)
-        counts, statuses, answers = [0] * len(task.labels), Counter(), []
-        detail = {"mode": s.mode, "requests": 0, "prompt_tokens": 0, "output_tokens": 0}
-        drawn, values, tolerance = 0, option_values(task.options), s.block_tolerance(task.question_id)
+        detail = self.start(task)
+        counts, statuses = [detail["counts"][o] for o in task.options], Counter(detail["statuses"])
+        drawn, values, tolerance = detail["drawn"], option_values(task.options), s.block_tolerance(task.question_id)
         while drawn < s.samples and (tolerance is None or needs_more(counts, tolerance, s.samples, values)):
             n = min(s.samples_per_request, s.samples - drawn)
             response, error = self.backend.send(task, self.body(prompt, n, s.heat, request_seed(s.seed, task, drawn)))
             if response is None:
-                return self.failed(task, error, {**detail, "statuses": dict(statuses), "answers": answers})
+                counted = {"counts": dict(zip(task.options, counts)), "statuses": dict(statuses), "drawn": drawn}
+                return self.failed(task, error, {**detail, **counted})
             add_usage(detail, response)
             choices = (response.get("choices") or [])[:n]
             for choice in choices:
                 index, status, kept = self.sample_status(choice, task.labels)
                 statuses[status] += 1
-                answers.append(kept)
+                detail["answers"].append(kept)
                 if index is not None:
                     counts[index] += 1
             if not choices:  # an answer without choices is one unparseable answer
                 statuses["unparseable"] += 1
             drawn += max(1, len(choices))  # a server that ignores n returns one answer a request
         parsed = sum(counts)
-        detail.update(samples=parsed, counts=dict(zip(task.options, counts)), statuses=dict(statuses), answers=answers)
+        detail.update(samples=parsed, counts=dict(zip(task.options, counts)), statuses=dict(statuses), drawn=drawn)
         if not parsed:
             worst = max((k for k in statuses if k != "parsed"), key=statuses.get)
             return Result(
@@ -242,19 +288,21 @@ class ModeReader:
 
     def read_verbalized(self, task: Task) -> Result:
         """One request for a JSON object of probabilities; one retry (greedy answers are redrawn at temperature 1),
-        then the block is absent with the last answer's status."""
+        then the block is absent with the last answer's status. A rerun (``task.attempt``) draws both at
+        temperature 1 where the first was greedy (that answer is known); a resumed block keeps its first answer."""
         s, prompt = self.settings, mode_prompt(task, "verbalized")
         fmt = response_format(s.structured_output, task.labels)
-        statuses, answers = Counter(), []
-        detail = {"mode": s.mode, "requests": 0, "prompt_tokens": 0, "output_tokens": 0}
+        detail = self.start(task)
+        detail.pop("counts"), detail.pop("drawn")
+        statuses, answers = Counter(detail["statuses"]), detail["answers"]
         status = "invalid_json"
-        for attempt in range(2):
-            heat = s.heat if attempt == 0 or s.heat > 0 else 1.0
+        for request in range(len(answers), 2):
+            heat = s.heat if (request == 0 and not task.attempt) or s.heat > 0 else 1.0
             response, error = self.backend.send(
-                task, self.body(prompt, 1, heat, request_seed(s.seed, task, attempt), fmt)
+                task, self.body(prompt, 1, heat, request_seed(s.seed, task, request), fmt)
             )
             if response is None:
-                return self.failed(task, error, {**detail, "statuses": dict(statuses), "answers": answers})
+                return self.failed(task, error, {**detail, "statuses": dict(statuses)})
             add_usage(detail, response)
             choice = (response.get("choices") or [{}])[0]
             text = choice_text(choice)[0]
@@ -262,7 +310,7 @@ class ModeReader:
             probs, status = (None, "refusal") if refused(choice) else verbalized(text, task.labels, s.sum_tolerance)
             statuses[status] += 1
             if probs is not None:
-                detail.update(statuses=dict(statuses), answers=answers)
+                detail.update(statuses=dict(statuses))
                 return Result(
                     task,
                     dict(zip(task.options, probs)),
@@ -272,7 +320,7 @@ class ModeReader:
                     detail["prompt_tokens"],
                     detail=detail,
                 )
-        detail.update(statuses=dict(statuses), answers=answers)
+        detail.update(statuses=dict(statuses))
         reason = f"no valid distribution in 2 answers ({dict(statuses)}; sum_tolerance {s.sum_tolerance:g})"
         return Result(task, None, status, reason, detail["prompt_tokens"], detail["prompt_tokens"], detail=detail)
 

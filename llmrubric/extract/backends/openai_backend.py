@@ -18,7 +18,10 @@ to the live endpoint with the fewest requests in flight, at most ``concurrency``
 timeouts are retried with exponential back-off and jitter (honouring ``Retry-After``), on
 another endpoint where one is free; an endpoint failing ``pause_after`` times in a row is
 paused (``pause`` seconds, doubling while it keeps failing) and then probed with one request.
-A request that still fails is a ``failed`` result with its reason (retried on the next run).
+A request that still fails is a ``failed`` result with its reason (retried on the next run). When no endpoint has
+answered for ``down_after`` seconds while requests fail, the server is down: every request not yet answered ends at
+once as a ``server_down`` result (a request in flight first gets its ``timeout``). :meth:`OpenAIBackend.stop` (Ctrl-C)
+sends nothing more: the requests in flight are answered, the rest end as ``interrupted``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from llmrubric.extract.backends.base import Backend
-from llmrubric.extract.backends.generation import ModeReader, ModeSettings
+from llmrubric.extract.backends.generation import ModeReader, ModeSettings, failure_status, number, whole
 from llmrubric.extract.tasks import Result, Task
 from llmrubric.io.errors import InputError
 
@@ -144,10 +147,17 @@ class EndpointPool:
     below its ``limit`` of requests in flight, and returns the one with the fewest in flight;
     :meth:`release` records the outcome. ``pause_after`` failures in a row pause an endpoint for
     ``pause`` seconds, doubled at each further pause up to ``max_pause``; once the pause is over
-    it takes one request at a time until one succeeds."""
+    it takes one request at a time until one succeeds. :meth:`halted` says why nothing more is sent: no endpoint
+    answered for ``down_after`` seconds while requests failed (the server is down), or :meth:`stop`."""
 
     def __init__(
-        self, urls: Sequence[str], limit: int, pause_after: int = 3, pause: float = 10.0, max_pause: float = 300.0
+        self,
+        urls: Sequence[str],
+        limit: int,
+        pause_after: int = 3,
+        pause: float = 10.0,
+        max_pause: float = 300.0,
+        down_after: float = 120.0,
     ):
         self.endpoints = [Endpoint(u) for u in urls]
         self.limit, self.pause_after, self.pause, self.max_pause = (
@@ -156,8 +166,46 @@ class EndpointPool:
             float(pause),
             float(max_pause),
         )
+        self.down_after = float(down_after)
         self.cond = threading.Condition()
         self.last_failure = ""
+        self.last_answer = time.monotonic()  # of any endpoint (a Retry-After is an answer)
+        self.failing = False  # a request failed since the last answer
+        self.stopped = False
+
+    def start(self) -> None:
+        """A run begins: its wait for a first answer starts now."""
+        with self.cond:
+            self.last_answer, self.failing = time.monotonic(), False
+
+    def stop(self) -> None:
+        """Send nothing more (Ctrl-C): every waiting request ends."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+
+    def _down_in(self, now: float) -> float:
+        """Seconds until the server counts as down (0: it is; infinite while nothing failed since an answer)."""
+        return max(0.0, self.last_answer + self.down_after - now) if self.failing else math.inf
+
+    def halted(self) -> str:
+        """'' while requests may be sent; else why not, starting ``interrupted:`` or ``server down:``."""
+        with self.cond:
+            if self.stopped:
+                return "interrupted: stopped before this request was sent (Ctrl-C)"
+            if self._down_in(time.monotonic()) == 0:
+                return (
+                    f"server down: no endpoint answered for {self.down_after:g} s (down_after) while requests failed "
+                    f"(last: {self.last_failure})"
+                )
+            return ""
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` (a retry's back-off), less when the pool halts meanwhile."""
+        end = time.monotonic() + seconds
+        with self.cond:
+            while not self.stopped and (now := time.monotonic()) < end and self._down_in(now) > 0:
+                self.cond.wait(min(end - now, self._down_in(now)))
 
     def _capacity(self, e: Endpoint) -> int:
         return 1 if e.failures >= self.pause_after else self.limit
@@ -165,10 +213,12 @@ class EndpointPool:
     def acquire(self, avoid: Endpoint | None = None) -> Endpoint | None:
         """The live endpoint with the fewest requests in flight (another than ``avoid`` where one is
         free), waiting while all live ones are full or while a server asked to wait (Retry-After);
-        None when every endpoint is paused after failing."""
+        None when every endpoint is paused after failing or the pool is :meth:`halted`."""
         with self.cond:
             while True:
                 now = time.monotonic()
+                if self.stopped or self._down_in(now) == 0:
+                    return None
                 live = [e for e in self.endpoints if e.paused_until <= now]
                 if not live and not any(e.throttled for e in self.endpoints):
                     return None
@@ -178,8 +228,8 @@ class EndpointPool:
                     e.in_flight += 1
                     e.sent += 1
                     return e
-                paused = [e.paused_until - now for e in self.endpoints if e.paused_until > now]
-                self.cond.wait(min(paused) if paused else None)
+                waits = [e.paused_until - now for e in self.endpoints if e.paused_until > now] + [self._down_in(now)]
+                self.cond.wait(min(waits) if min(waits) < math.inf else None)
 
     def release(self, e: Endpoint, ok: bool, retry_after: float | None = None, reason: str = "") -> None:
         """``ok``: the server answered (even with an error of the request); otherwise the endpoint
@@ -187,6 +237,8 @@ class EndpointPool:
         with self.cond:
             e.in_flight -= 1
             now = time.monotonic()
+            if ok or retry_after is not None:
+                self.last_answer, self.failing = now, False
             if ok:
                 e.answered += 1
                 e.failures = e.pauses = 0
@@ -195,7 +247,7 @@ class EndpointPool:
                 e.paused_until = max(e.paused_until, now + retry_after)
                 e.throttled = True
             else:
-                self.last_failure = reason
+                self.last_failure, self.failing = reason, True
                 e.failures += 1
                 if e.failures >= self.pause_after and e.paused_until <= now:
                     seconds = min(self.max_pause, self.pause * 2**e.pauses)
@@ -209,6 +261,29 @@ class EndpointPool:
                         reason,
                     )
             self.cond.notify_all()
+
+
+RANGES = {  # the pool's and requests' settings: (check, what it allows)
+    "top_logprobs": (lambda v: whole(v, 1), "a whole number >= 1"),
+    "concurrency": (lambda v: whole(v, 1), "a whole number >= 1"),
+    "max_retries": (lambda v: whole(v, 0), "a whole number >= 0"),
+    "timeout": (lambda v: number(v, 0, open_low=True), "seconds > 0"),
+    "backoff": (lambda v: number(v, 0), "seconds >= 0"),
+    "max_backoff": (lambda v: number(v, 0), "seconds >= 0"),
+    "pause_after": (lambda v: whole(v, 1), "a whole number >= 1"),
+    "pause": (lambda v: number(v, 0), "seconds >= 0"),
+    "max_pause": (lambda v: number(v, 0), "seconds >= 0"),
+    "down_after": (lambda v: number(v, 0, open_low=True), "seconds > 0"),
+    "whitespace_min_prob": (lambda v: number(v, 0, 1), "a probability, 0 to 1"),
+}
+
+
+def check_ranges(**settings) -> None:
+    """An InputError naming the first setting out of its range, and the range."""
+    for key, value in settings.items():
+        ok, allowed = RANGES[key]
+        if not ok(value):
+            raise InputError(f"extract setting {key}: {value!r} is not allowed ({allowed})")
 
 
 def reachable(url: str, timeout: float = 5.0) -> str:
@@ -240,6 +315,8 @@ class OpenAIBackend(Backend):
         concurrency: requests in flight per endpoint.
         max_retries, timeout, backoff, max_backoff: retries per request; seconds.
         pause_after, pause, max_pause: failures in a row that pause an endpoint; seconds.
+        down_after: seconds without an answer from any endpoint, while requests fail, after which the server is
+            down and the blocks not yet answered end as ``server_down``.
         mode, mode_settings: ``logprob`` (the default), or ``sampled``, ``verbalized``, ``reasoned`` with the
             settings of :class:`~llmrubric.extract.backends.generation.ModeSettings` (read from generated text).
     """
@@ -260,6 +337,7 @@ class OpenAIBackend(Backend):
         pause_after: int = 3,
         pause: float = 10.0,
         max_pause: float = 300.0,
+        down_after: float = 120.0,
         system_prompt: str | None = None,
         whitespace_continuation: bool = True,
         whitespace_min_prob: float = 0.05,
@@ -268,6 +346,19 @@ class OpenAIBackend(Backend):
     ):
         if endpoint not in ("chat", "completions"):
             raise InputError(f"endpoint must be 'chat' or 'completions', not {endpoint!r}")
+        check_ranges(
+            top_logprobs=top_logprobs,
+            concurrency=concurrency,
+            max_retries=max_retries,
+            timeout=timeout,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            pause_after=pause_after,
+            pause=pause,
+            max_pause=max_pause,
+            down_after=down_after,
+            whitespace_min_prob=whitespace_min_prob,
+        )
         self.urls = check_urls(base_url)
         self.model, self.base_url, self.endpoint = model, self.urls[0], endpoint
         self.api_key = os.environ.get(api_key_env) if api_key_env else None
@@ -275,7 +366,7 @@ class OpenAIBackend(Backend):
         self.top_logprobs, self.concurrency = int(top_logprobs), max(1, int(concurrency))
         self.max_retries, self.timeout = int(max_retries), float(timeout)
         self.backoff, self.max_backoff = float(backoff), float(max_backoff)
-        self.pool = EndpointPool(self.urls, self.concurrency, pause_after, pause, max_pause)
+        self.pool = EndpointPool(self.urls, self.concurrency, pause_after, pause, max_pause, down_after)
         self.system_prompt = system_prompt
         self.whitespace_continuation = bool(whitespace_continuation) and endpoint == "completions"
         self.whitespace_min_prob = float(whitespace_min_prob)
@@ -374,11 +465,14 @@ class OpenAIBackend(Backend):
 
     def send(self, task: Task, body: dict) -> tuple[dict | None, str]:
         """POST ``body`` with retries on the least busy live endpoint: (the response with ``"url"``, '') or (None,
-        why). An attempt while every endpoint is paused fails at once (and waits its back-off)."""
+        why). An attempt while every endpoint is paused fails at once (and waits its back-off); nothing is sent
+        once the pool is halted (why: ``server down: ...`` or ``interrupted: ...``)."""
         last, previous = "", None
         for attempt in range(self.max_retries + 1):
             endpoint = self.pool.acquire(avoid=previous)
             retry_after = None
+            if endpoint is None and (halt := self.pool.halted()):
+                return None, halt
             if endpoint is None:
                 last = f"every endpoint is paused after failing (last: {self.pool.last_failure})"
             else:
@@ -396,7 +490,7 @@ class OpenAIBackend(Backend):
                     else random.uniform(0.5, 1.0) * min(self.max_backoff, self.backoff * 2**attempt)
                 )
                 log.debug("task %s/%s: %s; retry in %.2fs", task.text_id, task.question_id, last, delay)
-                time.sleep(delay)
+                self.pool.sleep(delay)
         return None, f"{last} (after {self.max_retries + 1} attempts)"
 
     def _fetch(self, task: Task, prompt: str) -> tuple[dict | None, str]:
@@ -423,7 +517,7 @@ class OpenAIBackend(Backend):
             return self.reader.read(task)
         answer, error = self._fetch(task, task.prompt)
         if answer is None:
-            return Result(task, None, "failed", error)
+            return Result(task, None, failure_status(error), error)
         top, tokens = answer["top"], answer["prompt_tokens"]
         if len(top) < len(task.labels):
             return Result(
@@ -441,7 +535,7 @@ class OpenAIBackend(Backend):
                 if token and not token.strip() and math.exp(logprob) >= self.whitespace_min_prob:
                     after, error = self._fetch(task, task.prompt + token)
                     if after is None:
-                        return Result(task, None, "failed", f"after {token!r}: {error}")
+                        return Result(task, None, failure_status(error), f"after {token!r}: {error}")
                     parts.append((math.exp(logprob), after["top"], f"after {token!r}"))
                     tokens += after["prompt_tokens"]
         probs, reason = combine(parts, task.labels)
@@ -478,10 +572,24 @@ class OpenAIBackend(Backend):
                 f"{len(widest.labels)} (OpenAI and vLLM's default allow 20)"
             )
         self.check_endpoints()
+        self.pool.start()
         with ThreadPoolExecutor(self.concurrency * len(self.urls)) as pool:
             futures = [pool.submit(self.request, t) for t in tasks]
-            for future in as_completed(futures):
-                yield future.result()
+            finished = False
+            try:
+                for future in as_completed(futures):
+                    yield future.result()
+                finished = True
+            finally:  # a consumer that stops early (an error, a second Ctrl-C): nothing more is sent
+                if not finished:
+                    self.stop()
+
+    def check(self) -> None:
+        self.check_endpoints()
+
+    def stop(self) -> None:
+        """Send no new request (Ctrl-C): the requests in flight are answered, every other task ends ``interrupted``."""
+        self.pool.stop()
 
     def generate(self, prompt: str, max_tokens: int = 512) -> str:
         """Greedy text completion (test-bank generation) on the least busy endpoint; raises InputError on failure."""
@@ -489,6 +597,8 @@ class OpenAIBackend(Backend):
         body.update(max_tokens=max_tokens)
         body.pop("logprobs", None), body.pop("top_logprobs", None)
         endpoint = self.pool.acquire()
+        if endpoint is None:
+            raise InputError(f"generation request: {self.pool.halted() or 'every endpoint is paused after failing'}")
         try:
             response = self._post(body, endpoint.url)
         except (urllib.error.URLError, TimeoutError) as e:

@@ -1,0 +1,141 @@
+"""llama.cpp's real server (SmolLM2-135M-Instruct; tests/support/llama_server.py) failing an extraction as servers
+do: killed mid-run, stopped (SIGSTOP: it hangs), and the extraction interrupted by Ctrl-C, each through
+``llmrubric extract features`` with a counting proxy in front of the server (tests/support/counting_proxy.py), so
+that the URL outlives the server and what it answered after a signal is counted. The same logic on scripted
+servers, fast: tests/test_extract_failures.py."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pandas as pd
+import pytest
+from support.counting_proxy import CountingProxy
+from support.llama_server import LlamaServer, unavailable
+from support.paths import ROOT
+
+from llmrubric.cli import main
+from llmrubric.extract.cache import ResultCache
+
+REASON = unavailable()
+if REASON:
+    pytest.skip(REASON, allow_module_level=True)
+
+pytestmark = [pytest.mark.llm, pytest.mark.llama_server, pytest.mark.xdist_group("smollm2")]
+BLOCKS = 18  # two demo texts, nine questions
+
+
+def cli_args(tmp_path, url: str, *extra: str) -> list[str]:
+    """``extract features`` of two short demo texts with the shipped llama.cpp config, against ``url``."""
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2)
+    texts.to_csv(tmp_path / "t.csv", index=False)
+    argv = [
+        "extract",
+        "features",
+        str(tmp_path / "t.csv"),
+        "--config",
+        str(ROOT / "conf" / "extract" / "llama_cpp.yaml"),
+    ]
+    argv += ["--rubric", str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), "--out", str(tmp_path / "f.csv")]
+    argv += ["--no-progress", "--set", f"base_url={url}"]
+    return [*argv, "--set", "backoff=0.1", "--set", "pause=0.1", "--set", "max_pause=0.5", *extra]
+
+
+def stored_answers(cache_path) -> int:
+    cache = ResultCache(cache_path)
+    try:
+        return sum(len(json.loads(d)["answers"]) for (d,) in cache.db.execute("SELECT detail FROM details"))
+    finally:
+        cache.close()
+
+
+class AfterAnswers(threading.Thread):
+    """``with AfterAnswers(proxy, n, act)``: calls ``act()`` once the server answered ``n`` requests (unless the
+    block ends first); ``acted`` says whether it did."""
+
+    def __init__(self, proxy: CountingProxy, n: int, act):
+        super().__init__(daemon=True)
+        self.proxy, self.n, self.act, self.done, self.acted = proxy, n, act, threading.Event(), False
+
+    def run(self):
+        while len(self.proxy.answered()) < self.n:
+            if self.done.wait(0.01):
+                return
+        self.act()
+        self.acted = True
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.join()
+
+
+@pytest.mark.parametrize("mode", ["logprob", "sampled"])
+def test_a_server_killed_mid_run_ends_in_server_down_blocks_and_a_rerun_resumes(tmp_path, capsys, mode):
+    extra = ["--set", "down_after=2"] + (["--mode", "sampled", "--samples", "2"] if mode == "sampled" else [])
+    with LlamaServer(tmp_path / "server.log") as server, CountingProxy(server.url) as proxy:
+        argv = cli_args(tmp_path, proxy.url, *extra)
+        with AfterAnswers(proxy, 5, server.process.kill) as killer:
+            code = main(argv)
+    assert killer.acted
+    answered = len(proxy.answered())
+    assert code == 0, capsys.readouterr().err  # what was obtained is written with its summary
+    summary = json.loads((tmp_path / "f.summary.json").read_text())
+    assert summary["server_down"] > 0 and summary["done"] + summary["server_down"] + summary["failed"] == BLOCKS
+    if mode == "sampled":
+        assert stored_answers(tmp_path / "f.csv.cache.sqlite") == answered  # every answer obtained is kept
+    with LlamaServer(tmp_path / "again.log") as server, CountingProxy(server.url, port=proxy.port) as back:
+        capsys.readouterr()
+        assert main(argv) == 0
+    rerun = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rerun["cached"] == summary["done"] and rerun["this_run"]["requests"] == len(back.arrived())
+    if mode == "sampled":  # a rerun pays only for the answers it lacks
+        assert len(back.arrived()) == BLOCKS * 2 - answered
+
+
+def test_a_server_that_hangs_ends_within_its_timeout_as_counted_blocks(tmp_path, capsys):
+    """The request in flight when the server stops gets its ``timeout``; then no endpoint has answered for
+    ``down_after`` seconds and every block not yet answered is ``server_down``, the rest never sent."""
+    with LlamaServer(tmp_path / "server.log") as server, CountingProxy(server.url) as proxy:
+        try:
+            with AfterAnswers(proxy, 3, lambda: server.process.send_signal(signal.SIGSTOP)) as stopper:
+                code = main(cli_args(tmp_path, proxy.url, "--set", "timeout=30", "--set", "down_after=1"))
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+    assert stopper.acted
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "f.summary.json").read_text())
+    failures = pd.read_csv(tmp_path / "f.failures.csv")
+    assert summary["done"] >= 3 and summary["server_down"] == BLOCKS - summary["done"] == len(failures)
+    assert failures.reason.str.contains("timeout: no answer within 30 s").any()
+    assert len(proxy.arrived()) <= summary["done"] + 2  # the one in flight and its retry: the rest never sent
+
+
+def test_ctrl_c_stops_spending_at_once_and_keeps_the_answers_in_flight(tmp_path):
+    with LlamaServer(tmp_path / "server.log") as server, CountingProxy(server.url) as proxy:
+        argv = cli_args(tmp_path, proxy.url, "--mode", "sampled", "--samples", "5")
+        run = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from llmrubric.cli import main; sys.exit(main(sys.argv[1:]))", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        proxy.wait_answered(3, limit=300)
+        sent = time.monotonic()
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=300)
+        after, total = len(proxy.answered(sent)), len(proxy.answered())
+    assert run.returncode == 130, err
+    assert len(proxy.arrived(sent)) <= 1 and after <= 1  # llama_cpp.yaml: one request in flight
+    assert err.strip().splitlines()[-1].startswith("interrupted (Ctrl-C): no request was sent after the signal")
+    assert stored_answers(tmp_path / "f.csv.cache.sqlite") == total < BLOCKS * 5
+    assert not (tmp_path / "f.csv").exists() and not out.strip()

@@ -12,7 +12,7 @@ from llmrubric.cli import build_parser, main
 
 GRAMMAR = {
     "data": ["fetch", "simulate", "summary", "texts"],
-    "models": ["list", "fetch"],
+    "models": ["list", "fetch", "serve"],
     "extract": ["features", "bank", "summaries", "weights"],
     "score": ["texts"],
     "leaderboard": ["build", "correlate"],

@@ -23,7 +23,7 @@ from llmrubric.extract.adapters import llm_rubric_real_texts
 from llmrubric.extract.backends.openai_backend import OpenAIBackend
 from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.prompts import text_hash
-from llmrubric.extract.runner import extract
+from llmrubric.extract.runner import MODE_STATUSES, extract
 from llmrubric.extract.tasks import Task
 from llmrubric.io.tables import validate_features
 
@@ -81,9 +81,10 @@ def test_the_three_modes_answer_through_the_cli_and_their_features_train_and_sco
         out = tmp_path / f"{mode}.csv"
         code = main([*cli_args(server, tmp_path / "t.csv", tmp_path / "r.yaml", out), "--mode", mode, *extra])
         printed = capsys.readouterr()
-        if code == 2 and mode == "reasoned":  # SmolLM2 rarely ends a reasoning with its answer line (40 tokens)
+        if code == 2 and mode != "sampled":  # SmolLM2 rarely ends a reasoning with its answer line (40 tokens) and
+            # often writes no valid JSON distribution (docs/extract.md: its parse rates): then one line, nothing written
             assert re.match(r"error: .*no features were obtained: 3 blocks without a result", printed.err), printed.err
-            assert not out.exists() and ("truncated_reasoning" in printed.err or "unparseable" in printed.err)
+            assert not out.exists() and any(status in printed.err for status in MODE_STATUSES), printed.err
             continue
         assert code == 0, printed.err
         summary = json.loads(printed.out.strip().splitlines()[-1])
@@ -96,7 +97,7 @@ def test_the_three_modes_answer_through_the_cli_and_their_features_train_and_sco
         assert len(absent) == 3 - summary["done"] and absent.status.map(summary.get).gt(0).all()
         assert len(failures) - len(absent) == summary["unparsed_answers"]
         features = pd.read_csv(out)
-        assert set(features.source) == {f"smollm2/llm_rubric:{mode}"}
+        assert set(features.source) == {f"smollm2/llm_rubric:{mode}" + ("-k2" if mode != "verbalized" else "")}
         if mode == "verbalized":
             assert "samples" not in features.columns
         else:
@@ -206,8 +207,9 @@ def test_a_dry_runs_prompt_tokens_are_the_servers_usage(server, tmp_path, capsys
     assert not (tmp_path / "f.csv").exists() and plan["prompt_tokens_counted_by"] == "tokenizer"
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     real = run_cli([*argv, "--track", store], capsys)
-    assert real["requests"] == plan["requests"] == 4 and real["output_tokens"] == 4
-    assert abs(plan["prompt_tokens"] - real["prompt_tokens"]) <= 0.05 * real["prompt_tokens"]
+    run = real["this_run"]
+    assert run["requests"] == plan["requests"] == 4 and run["output_tokens"] == 4
+    assert abs(plan["prompt_tokens"] - run["prompt_tokens"]) <= 0.05 * run["prompt_tokens"]
     import mlflow
 
     (logged,) = mlflow.MlflowClient(store).search_runs(
@@ -215,10 +217,10 @@ def test_a_dry_runs_prompt_tokens_are_the_servers_usage(server, tmp_path, capsys
     )
     metrics = logged.data.metrics
     assert logged.data.params["mode"] == "logprob" and logged.data.tags["source"] == "smollm2/llm_rubric"
-    assert {k: metrics[k] for k in ("requests", "prompt_tokens", "output_tokens")} == {
-        k: real[k] for k in ("requests", "prompt_tokens", "output_tokens")
+    assert {k: metrics[f"this_run.{k}"] for k in ("requests", "prompt_tokens", "output_tokens")} == {
+        k: run[k] for k in ("requests", "prompt_tokens", "output_tokens")
     }
     assert plan["cached"] == 0 and plan["context_tokens"] == 8192 and plan["prompts_over_context"] == 0
-    assert real["prompt_tokens"] / real["requests"] <= plan["longest_prompt_tokens"] < real["prompt_tokens"]
+    assert run["prompt_tokens"] / run["requests"] <= plan["longest_prompt_tokens"] < run["prompt_tokens"]
     (resumed,) = run_cli([*argv, "--dry-run"], capsys).values()  # the cache holds every block now: nothing to pay
     assert (resumed["cached"], resumed["blocks"], resumed["requests"], resumed["prompt_tokens"]) == (4, 0, 0, 0)

@@ -303,10 +303,9 @@ def _settings(args) -> dict:
 
 
 def run(args) -> int:
-    from llmrubric.extract.cache import ResultCache
     from llmrubric.extract.cost import check_price
     from llmrubric.extract.injection import make_detector
-    from llmrubric.extract.runner import Interrupted, extract
+    from llmrubric.extract.runner import Interrupted
     from llmrubric.extract.shards import launch, launcher_settings, parse_shard, shard_of
     from llmrubric.extract.summaries import summarise
 
@@ -346,30 +345,10 @@ def run(args) -> int:
     elif settings.get("adaptive_extraction"):
         result = _run_adaptive(settings, tasks, skipped, rubric, source, cache_path, detector)
     else:
-        backend = make_backend_from(settings)
         try:
-            if not cache_path.exists() and not settings.get("cached_only"):
-                backend.check()  # a server that is down: one error line, and no empty cache file
-            cache = ResultCache(cache_path)
-            try:
-                result = extract(
-                    tasks,
-                    backend,
-                    cache,
-                    source,
-                    skipped,
-                    rubric,
-                    progress=not settings.get("no_progress"),
-                    min_label_mass=float(settings["min_label_mass"]),
-                    compute=not settings.get("cached_only"),
-                    detector=detector,
-                )
-            finally:
-                cache.close()
+            result = _run_plain(settings, tasks, skipped, rubric, source, cache_path, detector)
         except Interrupted as e:
             return interrupted(e)
-        finally:
-            backend.close()
     features = result.features
     if settings.get("summaries") and settings["family"] != "likert":
         features = pd.concat([features, summarise(features, settings["family"], importance)], ignore_index=True)
@@ -389,6 +368,35 @@ def run(args) -> int:
         track(summary, settings, source)
     print(json.dumps(summary))
     return 0
+
+
+def _run_plain(settings: dict, tasks, skipped, rubric, source: str, cache_path: Path, detector):
+    """One process asks every block the cache lacks (``Interrupted`` on Ctrl-C, with what the cache kept)."""
+    from llmrubric.extract.cache import ResultCache
+    from llmrubric.extract.runner import extract
+
+    backend = make_backend_from(settings)
+    try:
+        if not cache_path.exists() and not settings.get("cached_only"):
+            backend.check()  # a server that is down: one error line, and no empty cache file
+        cache = ResultCache(cache_path)
+        try:
+            return extract(
+                tasks,
+                backend,
+                cache,
+                source,
+                skipped,
+                rubric,
+                progress=not settings.get("no_progress"),
+                min_label_mass=float(settings["min_label_mass"]),
+                compute=not settings.get("cached_only"),
+                detector=detector,
+            )
+        finally:
+            cache.close()
+    finally:
+        backend.close()
 
 
 def interrupted(e) -> int:

@@ -297,6 +297,17 @@ def reachable(url: str, timeout: float = 5.0) -> str:
         return f"{type(e).__name__}: {e}"
 
 
+def first_top_logprobs(response: dict, endpoint: str) -> dict[str, float]:
+    """The first answer token's top log-probabilities, by token (the best of a token listed twice)."""
+    logprobs = response["choices"][0]["logprobs"]
+    if endpoint == "chat" or "content" in logprobs:  # llama.cpp's server answers completions in chat's form
+        top: dict[str, float] = {}
+        for e in logprobs["content"][0]["top_logprobs"]:
+            top[e["token"]] = max(top.get(e["token"], -math.inf), e["logprob"])
+        return top
+    return dict(logprobs["top_logprobs"][0])
+
+
 class OpenAIBackend(Backend):
     """Client for ``/chat/completions`` or ``/completions`` with logprobs.
 
@@ -414,15 +425,6 @@ class OpenAIBackend(Backend):
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
             return json.loads(response.read())
 
-    def _top(self, response: dict) -> dict[str, float]:
-        logprobs = response["choices"][0]["logprobs"]
-        if self.endpoint == "chat" or "content" in logprobs:  # llama.cpp's server answers completions in chat's form
-            top: dict[str, float] = {}
-            for e in logprobs["content"][0]["top_logprobs"]:
-                top[e["token"]] = max(top.get(e["token"], -math.inf), e["logprob"])
-            return top
-        return dict(logprobs["top_logprobs"][0])
-
     def _count(self, retry: bool) -> None:
         with self._lock:
             self.stats["requests"] += 1
@@ -499,7 +501,7 @@ class OpenAIBackend(Backend):
         if response is None:
             return None, error
         try:
-            top = self._top(response)
+            top = first_top_logprobs(response, self.endpoint)
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             setting = "top_logprobs with logprobs: true" if self.endpoint == "chat" else "logprobs"
             return (
@@ -584,8 +586,7 @@ class OpenAIBackend(Backend):
                 if not finished:
                     self.stop()
 
-    def check(self) -> None:
-        self.check_endpoints()
+    check = check_endpoints  # the backend's check before a run: an endpoint is reachable
 
     def stop(self) -> None:
         """Send no new request (Ctrl-C): the requests in flight are answered, every other task ends ``interrupted``."""

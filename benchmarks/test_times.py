@@ -43,7 +43,9 @@ def run_target(target: str, cwd: Path = ROOT) -> dict:
     result = subprocess.run(["make", target], cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = os.times()
-    summary = (result.stdout.strip().splitlines() or [""])[-1]
+    lines = result.stdout.strip().splitlines() or [""]
+    # pytest's summary line (make test prints its own setup/tests split after it)
+    summary = next((line for line in reversed(lines) if re.search(r"\d+ (passed|failed)", line)), lines[-1])
     counts = {key: int(n) for n, key in re.findall(r"(\d+) (passed|skipped|failed|errors?)", summary)}
     return {
         "target": f"make {target}",

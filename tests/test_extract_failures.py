@@ -16,8 +16,9 @@ import time
 
 import pandas as pd
 import pytest
-from support.counting_proxy import CountingProxy
+from support.counting_proxy import CountingProxy, stored_answers
 from support.judge_server import judge
+from support.llama_server import free_port
 from support.paths import ROOT
 
 from llmrubric.cli import main
@@ -40,21 +41,6 @@ def cli_args(tmp_path, url: str, *extra: str) -> list[str]:
     argv += ["--out", str(tmp_path / "f.csv"), "--mode", "sampled", "--samples-per-request", "1", "--no-progress"]
     argv += ["--set", f"base_url={url}", "--set", "api_key_env=null", "--set", "backoff=0.05"]
     return [*argv, "--set", "pause=0.05", "--set", "max_pause=0.1", *extra]
-
-
-def stored_answers(cache_path) -> int:
-    """The answers the cache's records hold (of finished blocks and of blocks cut short)."""
-    cache = ResultCache(cache_path)
-    try:
-        return sum(len(json.loads(d)["answers"]) for (d,) in cache.db.execute("SELECT detail FROM details"))
-    finally:
-        cache.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_server_down_from_the_start_is_one_line_and_leaves_no_cache(tmp_path, capsys):

@@ -15,13 +15,12 @@ import time
 
 import pandas as pd
 import pytest
-from support.counting_proxy import CountingProxy
+from support.counting_proxy import CountingProxy, stored_answers
 from support.llama_server import LlamaServer, unavailable
 from support.paths import ROOT
 
 from llmrubric.cli import main
 from llmrubric.config import load_file
-from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.runner import MODE_STATUSES
 
 REASON = unavailable()
@@ -46,14 +45,6 @@ def cli_args(tmp_path, url: str, *extra: str) -> list[str]:
     argv += ["--rubric", str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), "--out", str(tmp_path / "f.csv")]
     argv += ["--no-progress", "--set", f"base_url={url}"]
     return [*argv, "--set", "backoff=0.1", "--set", "pause=0.1", "--set", "max_pause=0.5", *extra]
-
-
-def stored_answers(cache_path) -> int:
-    cache = ResultCache(cache_path)
-    try:
-        return sum(len(json.loads(d)["answers"]) for (d,) in cache.db.execute("SELECT detail FROM details"))
-    finally:
-        cache.close()
 
 
 class AfterAnswers(threading.Thread):

@@ -370,16 +370,23 @@ def run(args) -> int:
     return 0
 
 
+def open_cache(backend, cache_path: Path, check: bool = True):
+    """The run's cache; before a new one is made, the server is checked (``check``), so that a server that is down
+    is one error line and leaves no empty cache file."""
+    from llmrubric.extract.cache import ResultCache
+
+    if check and not cache_path.exists():
+        backend.check()
+    return ResultCache(cache_path)
+
+
 def _run_plain(settings: dict, tasks, skipped, rubric, source: str, cache_path: Path, detector):
     """One process asks every block the cache lacks (``Interrupted`` on Ctrl-C, with what the cache kept)."""
-    from llmrubric.extract.cache import ResultCache
     from llmrubric.extract.runner import extract
 
     backend = make_backend_from(settings)
     try:
-        if not cache_path.exists() and not settings.get("cached_only"):
-            backend.check()  # a server that is down: one error line, and no empty cache file
-        cache = ResultCache(cache_path)
+        cache = open_cache(backend, cache_path, check=not settings.get("cached_only"))
         try:
             return extract(
                 tasks,
@@ -555,7 +562,6 @@ def check_adaptive(settings: dict) -> None:
 
 def _run_adaptive(settings, tasks, skipped, rubric, source, cache_path, detector):
     """The adaptive extraction of ``tasks`` with the selector of ``--calibrator``."""
-    from llmrubric.extract.cache import ResultCache
     from llmrubric.model.adaptive import Selector
     from llmrubric.model.core.checkpoints import load_model
     from llmrubric.scoring.adaptive_extract import check_rubric, check_source, extract_adaptive
@@ -566,9 +572,7 @@ def _run_adaptive(settings, tasks, skipped, rubric, source, cache_path, detector
     selector = Selector(model, settings["adaptive"])
     check_source(selector, source, tasks)
     backend = make_backend_from(settings)
-    if not cache_path.exists():
-        backend.check()  # a server that is down: one error line, and no empty cache file
-    cache = ResultCache(cache_path)
+    cache = open_cache(backend, cache_path)
     try:
         return extract_adaptive(
             tasks,

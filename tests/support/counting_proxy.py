@@ -14,6 +14,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from llmrubric.extract.cache import ResultCache
+
 
 @dataclass
 class Exchange:
@@ -115,3 +117,13 @@ class CountingProxy:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{len(self.answered())} of {n} requests answered in {limit:g} s")
             time.sleep(0.01)
+
+
+def stored_answers(cache_path) -> int:
+    """The answers a run's cache holds (of finished blocks and of blocks cut short): what a test holds against the
+    answers the proxy saw go back."""
+    cache = ResultCache(cache_path)
+    try:
+        return sum(len(json.loads(d)["answers"]) for (d,) in cache.db.execute("SELECT detail FROM details"))
+    finally:
+        cache.close()

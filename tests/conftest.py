@@ -29,6 +29,25 @@ def pytest_configure(config):
         single_threaded()
 
 
+SERVICES = ("llm", "llama_server", "postgres", "mlflow_server", "chromium")  # markers of pyproject.toml
+
+
+def pytest_collection_modifyitems(items):
+    """The modules with costly tests first (one starting a service, then one ``slow``; each module's tests kept
+    together and in order, so its module fixtures are built once): ``pytest -n 2 --dist loadgroup`` hands the tests
+    out in this order (its groups first, largest first), so the cheap ones fill the end and no worker waits alone
+    on a long test there."""
+
+    def cost_rank(item) -> int:
+        marks = {mark.name for mark in item.iter_markers()}
+        return 0 if marks & set(SERVICES) else 1 if "slow" in marks else 2
+
+    rank: dict[str, int] = {}
+    for item in items:
+        rank[item.nodeid.split("::")[0]] = min(rank.get(item.nodeid.split("::")[0], 2), cost_rank(item))
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+
+
 @pytest.fixture(autouse=True)
 def root_log_handlers():
     """Handlers a test adds to the root logger (``llmrubric.cli.main`` calls ``logging.basicConfig``

@@ -104,15 +104,16 @@ def test_a_server_that_hangs_ends_within_its_timeout_as_counted_blocks(tmp_path,
     ``down_after`` seconds and every block not yet answered is ``server_down``, the rest never sent."""
     with LlamaServer(tmp_path / "server.log") as server, CountingProxy(server.url) as proxy:
         try:
-            with AfterAnswers(proxy, 3, lambda: server.process.send_signal(signal.SIGSTOP)) as stopper:
+            with AfterAnswers(proxy, 1, lambda: server.process.send_signal(signal.SIGSTOP)) as stopper:
                 code = main(cli_args(tmp_path, proxy.url, "--set", "timeout=30", "--set", "down_after=1"))
-        finally:
-            server.process.send_signal(signal.SIGCONT)
+        finally:  # resumed, it would first finish the prompt it was given (a stop waits for that): killed instead
+            server.process.kill()
+            server.process.wait()
     assert stopper.acted
     assert code == 0, capsys.readouterr().err
     summary = json.loads((tmp_path / "f.summary.json").read_text())
     failures = pd.read_csv(tmp_path / "f.failures.csv")
-    assert summary["done"] >= 3 and summary["server_down"] == BLOCKS - summary["done"] == len(failures)
+    assert summary["done"] >= 1 and summary["server_down"] == BLOCKS - summary["done"] == len(failures)
     assert failures.reason.str.contains("timeout: no answer within 30 s").any()
     assert len(proxy.arrived()) <= summary["done"] + 2  # the one in flight and its retry: the rest never sent
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -51,10 +52,13 @@ class LlamaServer:
     kill); waits until ``/v1/models`` answers, stops it on exit.
 
     ``log``: file for the server's output (its last lines are in the error if it dies while starting);
-    ``model``: a fetched model's name or a GGUF file (default smollm2); ``overrides``: settings over the shipped ones.
+    ``model``: a fetched model's name or a GGUF file (default smollm2); ``overrides``: settings over the shipped ones
+    (under ``pytest -n N``, one thread unless given).
     """
 
     def __init__(self, log: Path, model: str | Path | None = None, **overrides):
+        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:  # one core a worker: two threads that spin
+            overrides.setdefault("threads", 1)  # on a core the other worker uses made prompts 1.4x slower
         self.port = free_port()
         self.settings = settings(**overrides, port=self.port)
         self.model, name = model_file(model or MODEL, MODELS)

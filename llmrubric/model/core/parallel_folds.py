@@ -1,12 +1,12 @@
 """``model=auto``'s inner-CV fits, in this process or spread over a pool of worker processes
 (``model.auto.workers``).
 
-Each candidate's fold models are one or more jobs. A family with ``joint_fit`` (the network) trains its fold models
-and its refit on all the data as one training program; over ``n`` workers its calibrators are split into ``n``
-contiguous groups, each group one program in its own worker (the members of a stacked program train independently:
-a group's results equal the whole program's, ``tests/test_stacked.py``). Every other candidate's fold models are one
-job each. The jobs go to the pool longest first (the network's groups, then the others by training rows), so both
-cores stay busy; the fitted models come back to the parent, which does everything after.
+The tables to fit on (the inner folds' training tables, then all the training data for the refit that a family with
+``joint_fit``, the network, trains with its folds as one program) are cut into one contiguous share per worker. Each
+worker fits every candidate's models of its share: the network's program on those tables (a smaller program of the
+same members: its members train independently, so a share's results equal the whole program's,
+``tests/test_stacked.py``), then the other candidates' fold models, reading each table's encoding once, as one
+process does. The fitted models come back to the parent, which does everything after.
 
 :func:`pool_workers` decides how many workers run: one (this process, no pool) when ``model.auto.workers`` is 1,
 when this process is itself a worker of a process pool (``benchmarks/robustness.py --workers 2``,
@@ -67,7 +67,6 @@ class Job:
     models: list
     tables: list[int]
     judges: object = None
-    rows: int = 0  # the training rows (annotations) of its tables: the job's size when ordering
 
     def run(self, tables: list[Tables], main_id: str) -> Outcome:
         """The fitted models, or the error where the family declares the data unfit."""
@@ -87,29 +86,30 @@ class Job:
 class FoldFits:
     """The fits of every candidate's fold models on ``tables`` (the inner folds' training tables, then all the
     training data): :meth:`add` each candidate, then :meth:`result` of each, in this process (``workers`` 1: each
-    candidate fitted when its result is asked for) or over a pool (its jobs submitted at the first :meth:`result`).
-    Use it as a context manager: leaving it shuts the pool down."""
+    candidate fitted when its result is asked for) or over a pool (every job submitted at the first :meth:`result`).
+    Use it as a context manager: leaving it shuts the pool down.
+
+    Over ``n`` workers the tables are cut into ``n`` contiguous shares (the last holds the refit on all the data),
+    and each worker fits every candidate on its share: the network's program on those tables first, then the other
+    candidates' fold models, so that a worker encodes each of its tables once, as one process does. On 2 workers and
+    5 inner folds one takes folds 0-2, the other folds 3-4 and the network's refit (its heavier network program
+    balances the other candidates' third fold)."""
 
     def __init__(self, tables: list[Tables], main_id: str, workers: int):
         self.tables, self.main_id, self.workers = tables, main_id, workers
-        self.jobs: dict[str, list[Job]] = {}
-        self.futures: dict[str, list[Future]] = {}  # each candidate's, in the order of its jobs
+        self.shares = [list(map(int, s)) for s in np.array_split(np.arange(len(tables)), min(workers, len(tables)))]
+        self.jobs: dict[str, list[Job]] = {}  # each candidate's: one per share it has tables in, in their order
+        self.futures: list[Future] = []  # each share's outcomes, candidate name → Outcome
         self.pool: ProcessPoolExecutor | None = None
         self.worker_cpu_seconds = 0.0  # the CPU seconds of the jobs the workers ran (their start not included)
 
     def add(self, name: str, models: list, tables: list[int], judges=None) -> None:
         """Candidate ``name``'s ``models`` to fit on the tables numbered ``tables``, jointly with ``judges``."""
-        rows = [len(self.tables[i].annotations) for i in tables]
         if self.workers == 1:
-            self.jobs[name] = [Job(name, models, tables, judges, sum(rows))]
-        elif judges is not None:
-            groups = np.array_split(np.arange(len(models)), min(self.workers, len(models)))
-            self.jobs[name] = [
-                Job(name, [models[i] for i in g], [tables[i] for i in g], judges, sum(rows[i] for i in g))
-                for g in groups
-            ]
-        else:
-            self.jobs[name] = [Job(name, [m], [t], None, r) for m, t, r in zip(models, tables, rows)]
+            self.jobs[name] = [Job(name, models, tables, judges)]
+            return
+        mine = [[i for i, t in enumerate(tables) if t in share] for share in self.shares]
+        self.jobs[name] = [Job(name, [models[i] for i in m], [tables[i] for i in m], judges) for m in mine if m]
 
     def result(self, name: str) -> Outcome:
         """Candidate ``name``'s fitted models (in the order added) or the error that left it out, and the seconds its
@@ -119,29 +119,32 @@ class FoldFits:
         if self.pool is None:
             outcomes = [job.run(self.tables, self.main_id) for job in self.jobs[name]]
         else:
-            outcomes = [future.result() for future in self.futures[name]]
+            outcomes = [future.result()[name] for future in self.futures if name in future.result()]
             self.worker_cpu_seconds += sum(o.cpu_seconds for o in outcomes)
         error = next((o.error for o in outcomes if o.error is not None), None)
         models = None if error is not None else [m for o in outcomes for m in o.models]
         return Outcome(models, error, sum(o.seconds for o in outcomes), sum(o.cpu_seconds for o in outcomes))
 
     def _submit(self) -> None:
-        """Every job to a new pool, the joint programs first, then the others by training rows, largest first; none
-        (this process fits them, :attr:`workers` 1) where a model's class is defined in the ``__main__`` script,
-        which the workers do not run (:func:`_without_main`)."""
-        jobs = sorted((job for jobs in self.jobs.values() for job in jobs), key=lambda j: (j.judges is None, -j.rows))
+        """Each share's jobs to one worker of a new pool, the joint programs first; none (this process fits them,
+        :attr:`workers` 1) where a model's class is defined in the ``__main__`` script, which the workers do not run
+        (:func:`_without_main`)."""
+        jobs = [job for jobs in self.jobs.values() for job in jobs]
         if any(type(m).__module__ == "__main__" for job in jobs for m in job.models):
             self.workers = 1
+            self.jobs = {name: [_joined(jobs)] for name, jobs in self.jobs.items()}
             return
         context = multiprocessing.get_context(_start_method())
         if context.get_start_method() == "forkserver":
             context.set_forkserver_preload(["llmrubric.model"])
         self.pool = ProcessPoolExecutor(
-            self.workers, mp_context=context, initializer=_start, initargs=(self.tables, self.main_id)
+            len(self.shares), mp_context=context, initializer=_start, initargs=(self.tables, self.main_id)
         )
-        with _without_main():  # the workers start at the first job
-            submitted = {id(job): self.pool.submit(_run, job) for job in jobs}
-        self.futures = {name: [submitted[id(job)] for job in jobs] for name, jobs in self.jobs.items()}
+        bundles = [
+            sorted((j for j in jobs if j.tables[0] in share), key=lambda j: j.judges is None) for share in self.shares
+        ]
+        with _without_main():  # the workers start at the first submission
+            self.futures = [self.pool.submit(_run_bundle, bundle) for bundle in bundles]
 
     def __enter__(self) -> FoldFits:
         return self
@@ -180,5 +183,11 @@ def _start(tables: list[Tables], main_id: str) -> None:
     _WORKER.update(tables=tables, main_id=main_id, scope=scope)
 
 
-def _run(job: Job):
-    return job.run(_WORKER["tables"], _WORKER["main_id"])
+def _run_bundle(jobs: list[Job]) -> dict[str, Outcome]:
+    """A worker's share: each candidate's outcome on it."""
+    return {job.name: job.run(_WORKER["tables"], _WORKER["main_id"]) for job in jobs}
+
+
+def _joined(jobs: list[Job]) -> Job:
+    """One candidate's jobs of every share as one job (one program where the family fits jointly)."""
+    return Job(jobs[0].name, [m for j in jobs for m in j.models], [t for j in jobs for t in j.tables], jobs[0].judges)

@@ -10,9 +10,15 @@ process does. The fitted models come back to the parent, which does everything a
 
 :func:`pool_workers` decides how many workers run: one (this process, no pool) when ``model.auto.workers`` is 1,
 when this process is itself a worker of a process pool (``benchmarks/robustness.py --workers 2``,
-``experiments/variants.py``: nested pools would oversubscribe the cores) or when the data are too small for a pool to
-pay: starting the workers (a forkserver that imports the package once, about 6 s of CPU) and sending them the
-tables cost more than the fits save below :data:`MIN_WORK` annotation rows × candidates.
+``experiments/variants.py``: nested pools would oversubscribe the cores) or when the training data have fewer than
+:data:`MIN_WORK` annotation rows × candidates. Below that a pool does not pay: starting it (a forkserver that imports
+the package, 3-5 s, once per process) and what one process shares and two do not (a network program split in two
+costs more CPU than one, up to twice on small data; each worker and then the parent encode their tables) cost more
+than the second core saves. Measured on DialSumm subsets with the 5 default candidates (CPU seconds, so that a loaded
+machine distorts them less; the two workers' wall taken as the parent's CPU plus the larger share's): 8,400 lost,
+16,800 saved 12 % (before the pool's start), 33,600 about 24 %, 58,800 (70 % of the texts) about 22 %. The
+threshold sits above that break-even (about 12,000) because the figures come from a loaded machine and cheaper
+trainer settings (``trainer=fast``) make the same data's fits shorter.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from llmrubric.model.core.memo import one_encoding
 from llmrubric.model.core.registry import fit_questions
 from llmrubric.model.core.threads import single_threaded
 
-MIN_WORK = 60_000  # annotation rows × candidates from which a pool of workers pays (module doc; measured)
+MIN_WORK = 30_000  # annotation rows × candidates from which a pool of workers pays (module doc: measured)
 _WORKER: dict = {}  # a worker process's tables and main question id (set by :func:`_start`)
 
 

@@ -40,6 +40,7 @@ from llmrubric.model.core.registry import fit_questions
 from llmrubric.model.core.threads import single_threaded
 
 MIN_WORK = 30_000  # annotation rows × candidates from which a pool of workers pays (module doc: measured)
+PRELOAD = ["llmrubric.model", "lightning_fabric"]  # imported once by the forkserver, not by each worker's first fit
 _WORKER: dict = {}  # a worker process's tables and main question id (set by :func:`_start`)
 
 
@@ -142,7 +143,7 @@ class FoldFits:
             return
         context = multiprocessing.get_context(_start_method())
         if context.get_start_method() == "forkserver":
-            context.set_forkserver_preload(["llmrubric.model"])
+            context.set_forkserver_preload(PRELOAD)
         self.pool = ProcessPoolExecutor(
             len(self.shares), mp_context=context, initializer=_start, initargs=(self.tables, self.main_id)
         )

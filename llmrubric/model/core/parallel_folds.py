@@ -15,10 +15,11 @@ when this process is itself a worker of a process pool (``benchmarks/robustness.
 the package, 3-5 s, once per process) and what one process shares and two do not (a network program split in two
 costs more CPU than one, up to twice on small data; each worker and then the parent encode their tables) cost more
 than the second core saves. Measured on DialSumm subsets with the 5 default candidates (CPU seconds, so that a loaded
-machine distorts them less; the two workers' wall taken as the parent's CPU plus the larger share's): 8,400 lost,
-16,800 saved 12 % (before the pool's start), 33,600 about 24 %, 58,800 (70 % of the texts) about 22 %. The
-threshold sits above that break-even (about 12,000) because the figures come from a loaded machine and cheaper
-trainer settings (``trainer=fast``) make the same data's fits shorter.
+machine distorts them less; the two workers' wall taken as the parent's CPU plus the larger share's, the pool's start
+left out): 8,400 lost (an earlier split of the jobs), 16,800 saved 12 %, 33,600 about 24 % (these three before the forkserver preloaded
+``lightning_fabric``, which each worker then imported: a few seconds pessimistic), 58,800 (70 % of the texts) 28 %
+(114 s against 158 s, lightning_fabric's import of a few seconds in both). The threshold sits above that break-even (about 12,000) because the figures come from a
+loaded machine and cheaper trainer settings (``trainer=fast``) make the same data's fits shorter.
 """
 
 from __future__ import annotations

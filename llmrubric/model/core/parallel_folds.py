@@ -18,7 +18,7 @@ than the second core saves. Measured on DialSumm subsets with the 5 default cand
 machine distorts them less; the two workers' wall taken as the parent's CPU plus the larger share's, the pool's start
 left out): 8,400 lost (an earlier split of the jobs), 16,800 saved 12 %, 33,600 about 24 % (these three before the forkserver preloaded
 ``lightning_fabric``, which each worker then imported: a few seconds pessimistic), 58,800 (70 % of the texts) 28 %
-(114 s against 158 s, lightning_fabric's import of a few seconds in both). The threshold sits above that break-even (about 12,000) because the figures come from a
+(114 s against 158 s, which include lightning_fabric's import, a few seconds). The threshold sits above that break-even (about 12,000) because the figures come from a
 loaded machine and cheaper trainer settings (``trainer=fast``) make the same data's fits shorter.
 """
 

@@ -14,12 +14,13 @@ when this process is itself a worker of a process pool (``benchmarks/robustness.
 :data:`MIN_WORK` annotation rows × candidates. Below that a pool does not pay: starting it (a forkserver that imports
 the package, 3-5 s, once per process) and what one process shares and two do not (a network program split in two
 costs more CPU than one, up to twice on small data; each worker and then the parent encode their tables) cost more
-than the second core saves. Measured on DialSumm subsets with the 5 default candidates (CPU seconds, so that a loaded
-machine distorts them less; the two workers' wall taken as the parent's CPU plus the larger share's, the pool's start
-left out): 8,400 lost (an earlier split of the jobs), 16,800 saved 12 %, 33,600 about 24 % (these three before the forkserver preloaded
-``lightning_fabric``, which each worker then imported: a few seconds pessimistic), 58,800 (70 % of the texts) 28 %
-(114 s against 158 s, which include lightning_fabric's import, a few seconds). The threshold sits above that break-even (about 12,000) because the figures come from a
-loaded machine and cheaper trainer settings (``trainer=fast``) make the same data's fits shorter.
+than the second core saves. Measured on DialSumm subsets with the 5 default candidates (CPU seconds, so that a
+loaded machine distorts them less; the two workers' wall taken as the parent's CPU plus the larger share's, the
+pool's start left out): 8,400 lost (an earlier split of the jobs), 16,800 saved 12 %, 33,600 about 24 % (these three
+before the forkserver preloaded ``lightning_fabric``, which each worker then imported: a few seconds pessimistic),
+58,800 (70 % of the texts) 28 % (114 s against 158 s, which include lightning_fabric's import, a few seconds). The
+threshold sits above that break-even (about 12,000) because the figures come from a loaded machine and cheaper
+trainer settings (``trainer=fast``) make the same data's fits shorter.
 """
 
 from __future__ import annotations

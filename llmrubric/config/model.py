@@ -62,6 +62,11 @@ class AutoConfig:
             only for a question none of those predicts), ``refit`` (every answered question, every weighted
             member refitted on each inner fold where its fold models do not predict the question: the scores of
             the very mixture that predicts, at the cost of those refits) or ``main`` (the main question only).
+        workers: processes that fit the candidates' inner folds (:mod:`llmrubric.model.core.parallel_folds`), each
+            every candidate on its share of the folds (the network's one training program split into this many
+            groups of its fold models and refit); capped by the CPUs, and 1 (this process alone, no pool) in a
+            worker of another process pool or where the data are too small for a pool to pay. 1: always this
+            process. The figures do not depend on it.
     """
 
     candidates: list[str] | None = None
@@ -78,6 +83,7 @@ class AutoConfig:
     bb_draws: int = 100
     cover: str = "ridge_judge"
     intervals: str = "all"
+    workers: int = 2
 
 
 @dataclass

@@ -37,9 +37,10 @@ from llmrubric.model.core.checkpoints import load_model, write_checkpoint
 from llmrubric.model.core.combine import combine, rule_scores
 from llmrubric.model.core.conformal import Conformal
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap
-from llmrubric.model.core.inner_cv import InnerFolds, decision, fit_folds, held_out, point_figures, reason, tune
+from llmrubric.model.core.inner_cv import InnerFolds, decision, held_out, point_figures, reason, tune
 from llmrubric.model.core.label_rule import main_rule
 from llmrubric.model.core.memo import one_encoding
+from llmrubric.model.core.parallel_folds import FoldFits, pool_workers
 from llmrubric.model.core.params import (
     check_params,
     param_names,
@@ -157,6 +158,7 @@ class AutoCalibrator(WeightedMixture):
             self._folds = {}
             clock.append(time.perf_counter())
             self.decision_["seconds"] = self._phase_seconds(clock)
+            self.decision_.update(self.workers_)
             self.judges_ = JudgeMap.from_annotations(tables.annotations)
             self.train_texts_ = texts_fingerprint(tables.text_ids)
             return self
@@ -237,34 +239,49 @@ class AutoCalibrator(WeightedMixture):
     def _inner_predictions(self, folds: InnerFolds, tables: Tables):
         """(part, out-of-fold main-question probabilities (pairs, options), seconds, error) of every candidate
         alone and, where the level is compared, with its level (:class:`Part`); the network's refit on all of
-        ``tables`` is trained with its folds (:attr:`_refitted`)."""
-        for name in self.settings.candidates:
-            start = time.perf_counter()
-            if name in self.unusable_:
-                yield Part(name), None, 0.0, NotApplicable(self.unusable_[name])
-                continue
+        ``tables`` is trained with its folds (:attr:`_refitted`). The fold models are fitted in this process or
+        over ``model.auto.workers`` processes (:mod:`llmrubric.model.core.parallel_folds`)."""
+        with self._fold_fits(folds, tables) as fits:
+            for name in self.settings.candidates:
+                if name not in fits.jobs:
+                    yield Part(name), None, 0.0, NotApplicable(self.unusable_.get(name) or self._twins[name])
+                    continue
+                outcome = fits.result(name)
+                models, error, seconds, start = outcome.models, outcome.error, outcome.seconds, time.perf_counter()
+                try:
+                    if error is not None:
+                        raise error
+                    if capabilities(name).joint_fit:
+                        self._refitted[name] = models.pop()
+                    held = held_out(models, folds, self.rubric)
+                    probs = np.concatenate(held)
+                except NotApplicableError as e:  # declared by the family; any other error stops the run
+                    yield Part(name), None, seconds + time.perf_counter() - start, NotApplicable(reason(e))
+                    continue
+                if self.settings.intervals != "main":  # the other questions' calibration reuses them
+                    self._folds[name] = models
+                yield Part(name), probs, seconds + time.perf_counter() - start, None
+                if self.level_record_["compared"]:
+                    yield from self._levelled_predictions(name, models, folds, held, probs)
+        self.workers_ = {"workers": fits.workers, "worker_cpu_seconds": fits.worker_cpu_seconds}
+
+    def _fold_fits(self, folds: InnerFolds, tables: Tables) -> FoldFits:
+        """The fold models of every usable candidate that is not identical to another (:attr:`_twins`: why), to
+        fit on the inner folds' training tables (and on all of ``tables`` where the family fits jointly), over
+        :func:`~llmrubric.model.core.parallel_folds.pool_workers` processes."""
+        usable = [n for n in self.settings.candidates if n not in self.unusable_]
+        workers = pool_workers(self.settings.workers, len(tables.annotations), len(usable))
+        fits, self._twins = FoldFits(folds.trains + [tables], self.rubric.main.id, workers), {}
+        judges = JudgeMap.from_annotations(tables.annotations)
+        for name in usable:
             joint = capabilities(name).joint_fit  # the refit on all of ``tables`` joins the folds' one program
             models = [self._candidate(name) for _ in range(len(folds.splits) + joint)]
             twin = self._twin(name, models[0], folds.trains[0])
             if twin:
-                yield Part(name), None, 0.0, NotApplicable(twin)
-                continue
-            try:
-                if joint:
-                    models[0].fit_many(models, folds.trains + [tables], JudgeMap.from_annotations(tables.annotations))
-                    self._refitted[name] = models.pop()
-                else:
-                    models = fit_folds(models, folds.trains, self.rubric.main.id)
-                held = held_out(models, folds, self.rubric)
-                probs = np.concatenate(held)
-                if self.settings.intervals != "main":  # the other questions' calibration reuses them
-                    self._folds[name] = models
-                yield Part(name), probs, time.perf_counter() - start, None
-            except NotApplicableError as e:  # declared by the family; any other error stops the run
-                yield Part(name), None, time.perf_counter() - start, NotApplicable(reason(e))
-                continue
-            if self.level_record_["compared"]:
-                yield from self._levelled_predictions(name, models, folds, held, probs)
+                self._twins[name] = twin
+            else:
+                fits.add(name, models, list(range(len(models))), judges if joint else None)
+        return fits
 
     def _levelled_predictions(self, name: str, models: list, folds: InnerFolds, held: list, probs: np.ndarray):
         """The parts of candidate ``name`` with its level on every system and on those beyond the range only."""

@@ -32,7 +32,7 @@ def check_auto(settings: AutoConfig) -> None:
         raise InputError(f"{settings.intervals!r} is not one of {list(INTERVALS)}", setting="model.auto.intervals")
     if settings.group not in GROUPS:
         raise InputError(f"{settings.group!r} is not one of {list(GROUPS)}", setting="model.auto.group")
-    for key, least in (("folds", 2), ("tune_trials", 0), ("bb_draws", 1), ("level_min_systems", 3)):
+    for key, least in (("folds", 2), ("tune_trials", 0), ("bb_draws", 1), ("level_min_systems", 3), ("workers", 1)):
         value = getattr(settings, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise InputError(f"{value!r} is not a whole number >= {least}", setting=f"model.auto.{key}")

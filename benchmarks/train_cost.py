@@ -1,0 +1,74 @@
+"""Wall and process seconds of ``train.py`` (holdout: 70 % of the texts) with the shipped default against
+``model=network``, on tables of one data set (DialSumm by default).
+
+    .venv/bin/python benchmarks/train_cost.py [--data ../shared/data/dialsumm] [--models auto network]
+        [--workers 1 2] [--out benchmarks/results/train_cost.json]
+
+Each model is one ``train.py`` run in a subprocess (``logger=none``, a temporary ``run_dir``). ``seconds``: its wall
+seconds; ``process_seconds``: the CPU seconds of ``train.py`` and the children it waited for, plus the CPU seconds
+of ``model=auto``'s worker fits (``decision.worker_cpu_seconds`` of its checkpoint: the workers are forked by a
+forkserver, which ``train.py`` does not wait for); ``workers``: those that ran. ``--workers 1 2`` also runs
+``model=auto`` with ``model.auto.workers`` 1 and 2 (``auto_workers<N>``). Ratios are against ``network``. Without
+``--out`` the figures are printed only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, code_version, exit_code, write_result
+
+from llmrubric.model.core.checkpoints import load_model
+
+TABLES = ("annotations", "features", "texts")
+
+
+def train_py(data: Path, overrides: list[str]) -> dict:
+    """Wall and process seconds of one ``train.py`` run on ``data`` with ``overrides``, and its decision record."""
+    with tempfile.TemporaryDirectory(prefix="llmrubric-train-cost-") as tmp:
+        tables = [f"data.train.{t}={data / f'{t}.csv'}" for t in TABLES]
+        command = [sys.executable, str(ROOT / "train.py"), "name=train_cost", "logger=none", f"run_dir={tmp}/run"]
+        before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        subprocess.run([*command, f"rubric={data / 'rubric.yaml'}", *tables, *overrides], cwd=ROOT, check=True)
+        seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+        process = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        model = load_model(Path(tmp) / "run" / "fold0.safetensors")
+    decision = getattr(model, "decision_", None) or {}
+    return {
+        "seconds": seconds,
+        "process_seconds": process + decision.get("worker_cpu_seconds", 0.0),
+        "workers": decision.get("workers", 1),
+        "val_nll": float(model.val_nll_),
+    }
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "dialsumm"))
+    parser.add_argument("--models", nargs="+", default=["auto", "network"], choices=["auto", "network"])
+    parser.add_argument("--workers", nargs="*", type=int, default=[], help="model.auto.workers values to run too")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    version, data = code_version(), Path(args.data).resolve()
+    runs = {name: [f"model={name}"] for name in args.models}
+    runs.update({f"auto_workers{n}": ["model=auto", f"model.auto.workers={n}"] for n in args.workers})
+    report = {name: train_py(data, overrides) for name, overrides in runs.items()}
+    if "network" in report:
+        for record in report.values():
+            record["ratio"] = record["seconds"] / report["network"]["seconds"]
+            record["process_ratio"] = record["process_seconds"] / report["network"]["process_seconds"]
+    print(json.dumps(report, indent=1))
+    if args.out:
+        write_result({"meta": {"data": data.name}, **report}, args.out, version)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code(run, None))

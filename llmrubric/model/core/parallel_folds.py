@@ -1,0 +1,202 @@
+"""``model=auto``'s inner-CV fits, in this process or spread over a pool of worker processes
+(``model.auto.workers``).
+
+The tables to fit on (the inner folds' training tables, then all the training data for the refit that a family with
+``joint_fit``, the network, trains with its folds as one program) are cut into one contiguous share per worker. Each
+worker fits every candidate's models of its share: the network's program on those tables (a smaller program of the
+same members: its members train independently, so a share's results equal the whole program's,
+``tests/test_stacked.py``), then the other candidates' fold models, reading each table's encoding once, as one
+process does. The fitted models come back to the parent, which does everything after.
+
+:func:`pool_workers` decides how many workers run: one (this process, no pool) when ``model.auto.workers`` is 1,
+when this process is itself a worker of a process pool (``benchmarks/robustness.py --workers 2``,
+``experiments/variants.py``: nested pools would oversubscribe the cores) or when the training data have fewer than
+:data:`MIN_WORK` annotation rows × candidates. Below that a pool does not pay: starting it (a forkserver that imports
+the package, 3-5 s, once per process) and what one process shares and two do not (a network program split in two
+costs more CPU than one, up to twice on small data; each worker and then the parent encode their tables) cost more
+than the second core saves. Measured on DialSumm subsets with the 5 default candidates (CPU seconds, so that a
+loaded machine distorts them less; the two workers' wall taken as the parent's CPU plus the larger share's, the
+pool's start left out): 8,400 lost (an earlier split of the jobs), 16,800 saved 12 %, 33,600 about 24 % (these three
+before the forkserver preloaded ``lightning_fabric``, which each worker then imported: a few seconds pessimistic),
+58,800 (70 % of the texts) 28 % (114 s against 158 s, which include lightning_fabric's import, a few seconds). The
+threshold sits above that break-even (about 12,000) because the figures come from a loaded machine and cheaper
+trainer settings (``trainer=fast``) make the same data's fits shorter.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmrubric.io.errors import NotApplicableError
+from llmrubric.io.tables import Tables
+from llmrubric.model.core.memo import one_encoding
+from llmrubric.model.core.registry import fit_questions
+from llmrubric.model.core.threads import single_threaded
+
+MIN_WORK = 30_000  # annotation rows × candidates from which a pool of workers pays (module doc: measured)
+PRELOAD = ["llmrubric.model", "lightning_fabric"]  # imported once by the forkserver, not by each worker's first fit
+_WORKER: dict = {}  # a worker process's tables and main question id (set by :func:`_start`)
+
+
+def pool_workers(setting: int, annotations: int, candidates: int) -> int:
+    """The workers to run: ``setting`` (``model.auto.workers``) capped by the CPUs this process may use, or 1 in a
+    worker of another process pool or where ``annotations`` rows × ``candidates`` < :data:`MIN_WORK` (module doc)."""
+    if setting <= 1 or multiprocessing.parent_process() is not None or annotations * candidates < MIN_WORK:
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(setting, cpus))
+
+
+@dataclass
+class Outcome:
+    """A job's fitted models (None where the family declared the data unfit: ``error``), its wall seconds and the
+    CPU seconds of the process that ran it."""
+
+    models: list | None
+    error: NotApplicableError | None
+    seconds: float
+    cpu_seconds: float
+
+
+@dataclass
+class Job:
+    """Fold models of one candidate to fit: ``models`` on the tables numbered ``tables`` (in :class:`FoldFits`'
+    list), as one program with the judge map ``judges`` (a ``joint_fit`` family) or one by one on the main
+    question (``judges`` None)."""
+
+    name: str
+    models: list
+    tables: list[int]
+    judges: object = None
+
+    def run(self, tables: list[Tables], main_id: str) -> Outcome:
+        """The fitted models, or the error where the family declares the data unfit."""
+        start, cpu = time.perf_counter(), time.process_time()
+        data = [tables[i] for i in self.tables]
+        try:
+            with one_encoding():
+                if self.judges is not None:
+                    models = self.models[0].fit_many(self.models, data, self.judges)
+                else:
+                    models = [fit_questions(m, t, [main_id]) for m, t in zip(self.models, data)]
+        except NotApplicableError as e:
+            return Outcome(None, e, time.perf_counter() - start, time.process_time() - cpu)
+        return Outcome(models, None, time.perf_counter() - start, time.process_time() - cpu)
+
+
+class FoldFits:
+    """The fits of every candidate's fold models on ``tables`` (the inner folds' training tables, then all the
+    training data): :meth:`add` each candidate, then :meth:`result` of each, in this process (``workers`` 1: each
+    candidate fitted when its result is asked for) or over a pool (every job submitted at the first :meth:`result`).
+    Use it as a context manager: leaving it shuts the pool down.
+
+    Over ``n`` workers the tables are cut into ``n`` contiguous shares (the last holds the refit on all the data),
+    and each worker fits every candidate on its share: the network's program on those tables first, then the other
+    candidates' fold models, so that a worker encodes each of its tables once, as one process does. On 2 workers and
+    5 inner folds one takes folds 0-2, the other folds 3-4 and the network's refit (its heavier network program
+    balances the other candidates' third fold)."""
+
+    def __init__(self, tables: list[Tables], main_id: str, workers: int):
+        self.tables, self.main_id, self.workers = tables, main_id, workers
+        self.shares = [list(map(int, s)) for s in np.array_split(np.arange(len(tables)), min(workers, len(tables)))]
+        self.jobs: dict[str, list[Job]] = {}  # each candidate's: one per share it has tables in, in their order
+        self.futures: list[Future] = []  # each share's outcomes, candidate name → Outcome
+        self.pool: ProcessPoolExecutor | None = None
+        self.worker_cpu_seconds = 0.0  # the CPU seconds of the jobs the workers ran (their start not included)
+
+    def add(self, name: str, models: list, tables: list[int], judges=None) -> None:
+        """Candidate ``name``'s ``models`` to fit on the tables numbered ``tables``, jointly with ``judges``."""
+        if self.workers == 1:
+            self.jobs[name] = [Job(name, models, tables, judges)]
+            return
+        mine = [[i for i, t in enumerate(tables) if t in share] for share in self.shares]
+        self.jobs[name] = [Job(name, [models[i] for i in m], [tables[i] for i in m], judges) for m in mine if m]
+
+    def result(self, name: str) -> Outcome:
+        """Candidate ``name``'s fitted models (in the order added) or the error that left it out, and the seconds its
+        fits took (summed over its jobs; their CPU seconds in a worker are added to :attr:`worker_cpu_seconds`)."""
+        if self.pool is None and self.workers > 1:
+            self._submit()
+        if self.pool is None:
+            outcomes = [job.run(self.tables, self.main_id) for job in self.jobs[name]]
+        else:
+            outcomes = [future.result()[name] for future in self.futures if name in future.result()]
+            self.worker_cpu_seconds += sum(o.cpu_seconds for o in outcomes)
+        error = next((o.error for o in outcomes if o.error is not None), None)
+        models = None if error is not None else [m for o in outcomes for m in o.models]
+        return Outcome(models, error, sum(o.seconds for o in outcomes), sum(o.cpu_seconds for o in outcomes))
+
+    def _submit(self) -> None:
+        """Each share's jobs to one worker of a new pool, the joint programs first; none (this process fits them,
+        :attr:`workers` 1) where a model's class is defined in the ``__main__`` script, which the workers do not run
+        (:func:`_without_main`)."""
+        jobs = [job for jobs in self.jobs.values() for job in jobs]
+        if any(type(m).__module__ == "__main__" for job in jobs for m in job.models):
+            self.workers = 1
+            self.jobs = {name: [_joined(jobs)] for name, jobs in self.jobs.items()}
+            return
+        context = multiprocessing.get_context(_start_method())
+        if context.get_start_method() == "forkserver":
+            context.set_forkserver_preload(PRELOAD)
+        self.pool = ProcessPoolExecutor(
+            len(self.shares), mp_context=context, initializer=_start, initargs=(self.tables, self.main_id)
+        )
+        bundles = [
+            sorted((j for j in jobs if j.tables[0] in share), key=lambda j: j.judges is None) for share in self.shares
+        ]
+        with _without_main():  # the workers start at the first submission
+            self.futures = [self.pool.submit(_run_bundle, bundle) for bundle in bundles]
+
+    def __enter__(self) -> FoldFits:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+@contextmanager
+def _without_main():
+    """The ``__main__`` module anonymous while inside: workers started then do not run the caller's script again
+    (as spawned workers do, so that an unguarded script would fit again in each); their jobs need only the package."""
+    main = sys.modules["__main__"]
+    saved = {key: main.__dict__.pop(key) for key in ("__file__", "__spec__") if key in main.__dict__}
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+def _start_method() -> str:
+    """``forkserver`` where the platform has it (the package imported once, each worker forked from that clean
+    process), else ``spawn``: never ``fork`` of a process whose torch may already run threads."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _start(tables: list[Tables], main_id: str) -> None:
+    """A worker's start: one thread for torch and BLAS, the tables kept for its jobs, which share one memo of
+    their encodings for the worker's life (:func:`~llmrubric.model.core.memo.one_encoding`) as in one process."""
+    single_threaded()
+    scope = one_encoding()
+    scope.__enter__()
+    _WORKER.update(tables=tables, main_id=main_id, scope=scope)
+
+
+def _run_bundle(jobs: list[Job]) -> dict[str, Outcome]:
+    """A worker's share: each candidate's outcome on it."""
+    return {job.name: job.run(_WORKER["tables"], _WORKER["main_id"]) for job in jobs}
+
+
+def _joined(jobs: list[Job]) -> Job:
+    """One candidate's jobs of every share as one job (one program where the family fits jointly)."""
+    return Job(jobs[0].name, [m for j in jobs for m in j.models], [t for j in jobs for t in j.tables], jobs[0].judges)

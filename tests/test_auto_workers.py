@@ -1,0 +1,56 @@
+"""model.auto.workers: the inner-CV fits spread over a process pool give the figures of one process."""
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pytest
+from support.settings import FAST, MAIN_INTERVALS
+
+from llmrubric.config import model_file
+from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
+from llmrubric.model.auto import AutoCalibrator
+from llmrubric.model.core import parallel_folds
+
+SETTINGS = {**model_file("auto"), "ensemble": 1}
+# the network (its program split over the workers) and a candidate fitted fold by fold; no level: what is checked
+# is that the pool changes no fold model
+SETTINGS["auto"] = {
+    **SETTINGS["auto"],
+    **MAIN_INTERVALS,
+    "folds": 3,
+    "candidates": ["network", "ridge_judge"],
+    "system_level": "off",
+}
+
+
+def test_workers_are_one_on_small_data_in_another_pool_or_when_set_and_at_most_the_cpus():
+    big = parallel_folds.MIN_WORK
+    assert parallel_folds.pool_workers(2, big, 1) == min(2, os.cpu_count())
+    assert parallel_folds.pool_workers(1, big, 1) == 1 and parallel_folds.pool_workers(2, big - 1, 1) == 1
+    assert parallel_folds.pool_workers(10_000, big, 1) == len(os.sched_getaffinity(0))
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:  # a pool's worker
+        assert pool.submit(parallel_folds.pool_workers, 2, big, 1).result() == 1
+
+
+@pytest.mark.slow
+def test_two_workers_fit_the_weights_and_predictions_of_one_process(rubric, monkeypatch):
+    """The network's program split over two processes and the other candidates' fold models fitted beside it: the
+    weights, inner-CV figures and predictions of one process (equal to every digit when measured; the tolerances
+    leave room for another order of float sums in the smaller stacks)."""
+    tables = simulate(0, 80, 4, 2, rubric, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
+    train, test = tables.subset(tables.text_ids[:60]), tables.subset(tables.text_ids[60:])
+    fit = lambda workers: AutoCalibrator(  # noqa: E731
+        rubric, {**SETTINGS, "auto": {**SETTINGS["auto"], "workers": workers}}, FAST, seed=0
+    ).fit(train)
+    one = fit(1)
+    monkeypatch.setattr(parallel_folds, "MIN_WORK", 0)  # these data are below the size from which a pool pays
+    two = fit(2)
+    assert (one.decision_["workers"], one.decision_["worker_cpu_seconds"]) == (1, 0.0)
+    assert two.decision_["workers"] == 2 and two.decision_["worker_cpu_seconds"] > 0
+    assert one.weights_.keys() == two.weights_.keys()
+    np.testing.assert_allclose(list(two.weights_.values()), list(one.weights_.values()), rtol=1e-6, atol=1e-9)
+    nll = {n: r["nll"] for n, r in one.table_.items() if "nll" in r}
+    assert nll == pytest.approx({n: r["nll"] for n, r in two.table_.items() if "nll" in r}, rel=1e-6)
+    np.testing.assert_allclose(two.predict_proba(test), one.predict_proba(test), atol=1e-4)

@@ -40,12 +40,12 @@ def pytest_collection_modifyitems(items):
 
     def cost_rank(item) -> int:
         marks = {mark.name for mark in item.iter_markers()}
-        return 0 if marks & set(SERVICES) else 1 if "slow" in marks else 2
+        return 0 if marks.intersection(SERVICES) else 1 if "slow" in marks else 2
 
-    rank: dict[str, int] = {}
+    rank: dict[Path, int] = {}
     for item in items:
-        rank[item.nodeid.split("::")[0]] = min(rank.get(item.nodeid.split("::")[0], 2), cost_rank(item))
-    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+        rank[item.path] = min(rank.get(item.path, 2), cost_rank(item))
+    items.sort(key=lambda item: rank[item.path])
 
 
 @pytest.fixture(autouse=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from common import ROOT, code_version, exit_code, write_result
 
+from llmrubric.io.errors import InputError
 from llmrubric.model.core.checkpoints import load_model
 
 TABLES = ("annotations", "features", "texts")
@@ -36,7 +37,9 @@ def train_py(data: Path, overrides: list[str]) -> dict:
         tables = [f"data.train.{t}={data / f'{t}.csv'}" for t in TABLES]
         command = [sys.executable, str(ROOT / "train.py"), "name=train_cost", "logger=none", f"run_dir={tmp}/run"]
         before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        subprocess.run([*command, f"rubric={data / 'rubric.yaml'}", *tables, *overrides], cwd=ROOT, check=True)
+        code = subprocess.run([*command, f"rubric={data / 'rubric.yaml'}", *tables, *overrides], cwd=ROOT).returncode
+        if code:
+            raise InputError(f"train.py {' '.join(overrides)} exited with {code} (its error is above)", file=str(data))
         seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
         process = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         model = load_model(Path(tmp) / "run" / "fold0.safetensors")
@@ -57,6 +60,9 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     version, data = code_version(), Path(args.data).resolve()
+    for name in (*(f"{t}.csv" for t in TABLES), "rubric.yaml"):
+        if not (data / name).is_file():
+            raise InputError(f"{name} not found", file=str(data / name), setting="--data")
     runs = {name: [f"model={name}"] for name in args.models}
     runs.update({f"auto_workers{n}": ["model=auto", f"model.auto.workers={n}"] for n in args.workers})
     report = {name: train_py(data, overrides) for name, overrides in runs.items()}

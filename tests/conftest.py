@@ -6,8 +6,10 @@ import logging
 import os
 from pathlib import Path
 
+from support.xdist import several_workers
+
 # `pytest -n N`: one thread for each worker and its children (set before torch and numpy load)
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+if several_workers():
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[_var] = "1"
 
@@ -23,7 +25,7 @@ logging.getLogger("llmrubric").setLevel(logging.INFO)
 def pytest_configure(config):
     """Under ``pytest -n N`` torch and the BLAS pools get one thread per worker: N workers share N cores
     (two threads each on two cores made every test of the other worker wait)."""
-    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    if several_workers():
         from llmrubric.model.core.threads import single_threaded
 
         single_threaded()

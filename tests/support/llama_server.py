@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -22,6 +21,7 @@ import pandas as pd
 from llmrubric.extract.serve import missing_cpu_features, model_file, settings
 
 from .paths import ROOT
+from .xdist import several_workers
 
 MODELS = ROOT / "models"
 MODEL = "smollm2"  # served by default: fetched into models/ by `make setup`
@@ -57,7 +57,7 @@ class LlamaServer:
     """
 
     def __init__(self, log: Path, model: str | Path | None = None, **overrides):
-        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:  # one core a worker: two threads that spin
+        if several_workers():  # one core a worker: two threads that spin
             overrides.setdefault("threads", 1)  # on a core the other worker uses made prompts 1.4x slower
         self.port = free_port()
         self.settings = settings(**overrides, port=self.port)

@@ -7,7 +7,8 @@
 Each model is one ``train.py`` run in a subprocess (``logger=none``, a temporary ``run_dir``). ``seconds``: its wall
 seconds; ``process_seconds``: the CPU seconds of ``train.py`` and the children it waited for, plus the CPU seconds
 of ``model=auto``'s worker fits (``decision.worker_cpu_seconds`` of its checkpoint: the workers are forked by a
-forkserver, which ``train.py`` does not wait for); ``workers``: those that ran. ``--workers 1 2`` also runs
+forkserver, which ``train.py`` does not wait for); ``workers``: those that ran; ``phases``: ``model=auto``'s wall
+seconds by phase of its fit (``decision.seconds``). ``--workers 1 2`` also runs
 ``model=auto`` with ``model.auto.workers`` 1 and 2 (``auto_workers<N>``). Ratios are against ``network``. Without
 ``--out`` the figures are printed only.
 """
@@ -49,6 +50,7 @@ def train_py(data: Path, overrides: list[str]) -> dict:
         "process_seconds": process + decision.get("worker_cpu_seconds", 0.0),
         "workers": decision.get("workers", 1),
         "val_nll": float(model.val_nll_),
+        **({"phases": decision["seconds"]} if "seconds" in decision else {}),
     }
 
 

@@ -2,7 +2,7 @@
 
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
 import pytest
@@ -12,6 +12,7 @@ from llmrubric.config import model_file
 from llmrubric.data.simulate import SHIFT_SOURCES, shift_systems, simulate
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.core import parallel_folds
+from llmrubric.model.core.registry import fit_questions
 
 SETTINGS = {**model_file("auto"), "ensemble": 1}
 # the network (its program split over the workers) and a candidate fitted fold by fold; no level: what is checked
@@ -49,8 +50,28 @@ def test_two_workers_fit_the_weights_and_predictions_of_one_process(rubric, monk
     two = fit(2)
     assert (one.decision_["workers"], one.decision_["worker_cpu_seconds"]) == (1, 0.0)
     assert two.decision_["workers"] == 2 and two.decision_["worker_cpu_seconds"] > 0
+    # the worker starts seconds after this process begins its share (the forkserver imports the package first), so
+    # this process refits the other candidate on all the data while it waits, and the figures do not move
+    assert (one.decision_["refitted_while_waiting"], two.decision_["refitted_while_waiting"]) == ([], ["ridge_judge"])
     assert one.weights_.keys() == two.weights_.keys()
     np.testing.assert_allclose(list(two.weights_.values()), list(one.weights_.values()), rtol=1e-6, atol=1e-9)
     nll = {n: r["nll"] for n, r in one.table_.items() if "nll" in r}
     assert nll == pytest.approx({n: r["nll"] for n, r in two.table_.items() if "nll" in r}, rel=1e-6)
     np.testing.assert_allclose(two.predict_proba(test), one.predict_proba(test), atol=1e-4)
+
+
+def test_nothing_is_refitted_while_waiting_once_every_worker_is_done(rubric):
+    """The refits while waiting use time this process would wait: with every worker done, none is fitted (a
+    candidate may end with no weight); with one still fitting, each is fitted on all the data (the last table)."""
+    tables = simulate(0, 40, 4, 2, rubric, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
+    auto = AutoCalibrator(rubric, SETTINGS, FAST, seed=0)
+    done, running = Future(), Future()
+    done.set_result({})
+    for futures, refitted in (([done], []), ([done, running], ["ridge_judge"])):
+        fits = parallel_folds.FoldFits([tables.subset(tables.text_ids[:20]), tables], rubric.main.id, 2)
+        fits.add_refit("ridge_judge", auto._candidate("ridge_judge"))
+        fits.futures = futures
+        fits._refit_while_waiting()
+        assert list(fits.refitted) == refitted
+    alone = fit_questions(auto._candidate("ridge_judge"), tables)
+    np.testing.assert_array_equal(fits.refitted["ridge_judge"].predict_proba(tables), alone.predict_proba(tables))

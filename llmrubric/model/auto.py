@@ -263,7 +263,12 @@ class AutoCalibrator(WeightedMixture):
                 yield Part(name), probs, seconds + time.perf_counter() - start, None
                 if self.level_record_["compared"]:
                     yield from self._levelled_predictions(name, models, folds, held, probs)
-        self.workers_ = {"workers": fits.workers, "worker_cpu_seconds": fits.worker_cpu_seconds}
+        self._refitted.update(fits.refitted)
+        self.workers_ = {
+            "workers": fits.workers,
+            "worker_cpu_seconds": fits.worker_cpu_seconds,
+            "refitted_while_waiting": list(fits.refitted),
+        }
 
     def _fold_fits(self, folds: InnerFolds, tables: Tables) -> FoldFits:
         """The fold models of every usable candidate that is not identical to another (:attr:`_twins`: why), to
@@ -281,6 +286,8 @@ class AutoCalibrator(WeightedMixture):
                 self._twins[name] = twin
             else:
                 fits.add(name, models, list(range(len(models))), judges if joint else None)
+                if not joint:
+                    fits.add_refit(name, self._candidate(name))
         return fits
 
     def _levelled_predictions(self, name: str, models: list, folds: InnerFolds, held: list, probs: np.ndarray):

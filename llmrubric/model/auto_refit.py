@@ -20,13 +20,14 @@ log = logging.getLogger("llmrubric.model.auto")
 
 
 def fit_members(model, tables: Tables, weighted: list[str]) -> dict:
-    """The weighted candidates fitted on all of ``tables`` (those refitted already are taken as they are)."""
+    """The weighted candidates fitted on all of ``tables`` (those refitted already, with the network's folds or
+    while the inner CV's workers fitted, are taken as they are)."""
     members = {n: model._refitted.get(n) or model._candidate(n) for n in weighted}
     together = [n for n in weighted if capabilities(members[n]).joint_fit and n not in model._refitted]
     if together:
         members[together[0]].fit_many([members[n] for n in together], [tables] * len(together))
     for name in weighted:
-        if not capabilities(members[name]).joint_fit:
+        if not capabilities(members[name]).joint_fit and name not in model._refitted:
             fit_questions(members[name], tables)
     return members
 

@@ -6,7 +6,11 @@ The tables to fit on (the inner folds' training tables, then all the training da
 worker fits every candidate's models of its share: the network's program on those tables (a smaller program of the
 same members: its members train independently, so a share's results equal the whole program's,
 ``tests/test_stacked.py``), then the other candidates' fold models, reading each table's encoding once, as one
-process does. The fitted models come back to the parent, which does everything after.
+process does. This process is the last share's worker: it fits that share (the heaviest: the refit on all the data)
+while the pool's workers start (a forkserver imports the package first, seconds in which one core would idle), then,
+while a worker still fits, the other candidates on all the data (:meth:`FoldFits.add_refit`: the refit that would
+follow the weights, done early; one that ends with no weight is fitted for nothing). The fitted models come back to
+this process, which does everything after.
 
 :func:`pool_workers` decides how many workers run: one (this process, no pool) when ``model.auto.workers`` is 1,
 when this process is itself a worker of a process pool (``benchmarks/robustness.py --workers 2``,
@@ -29,7 +33,7 @@ import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -39,7 +43,7 @@ from llmrubric.io.errors import NotApplicableError
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.memo import one_encoding
 from llmrubric.model.core.registry import fit_questions
-from llmrubric.model.core.threads import single_threaded
+from llmrubric.model.core.threads import one_thread, single_threaded
 
 MIN_WORK = 30_000  # annotation rows × candidates from which a pool of workers pays (module doc: measured)
 PRELOAD = ["llmrubric.model", "lightning_fabric"]  # imported once by the forkserver, not by each worker's first fit
@@ -100,17 +104,21 @@ class FoldFits:
 
     Over ``n`` workers the tables are cut into ``n`` contiguous shares (the last holds the refit on all the data),
     and each worker fits every candidate on its share: the network's program on those tables first, then the other
-    candidates' fold models, so that a worker encodes each of its tables once, as one process does. On 2 workers and
-    5 inner folds one takes folds 0-2, the other folds 3-4 and the network's refit (its heavier network program
-    balances the other candidates' third fold)."""
+    candidates' fold models, so that a worker encodes each of its tables once, as one process does. This process is
+    the last share's worker (``n - 1`` in the pool). On 2 workers and 5 inner folds the pool's worker takes folds
+    0-2, this process folds 3-4 and the network's refit (its heavier network program balances the pool's later
+    start and the other candidates' third fold)."""
 
     def __init__(self, tables: list[Tables], main_id: str, workers: int):
         self.tables, self.main_id, self.workers = tables, main_id, workers
         self.shares = [list(map(int, s)) for s in np.array_split(np.arange(len(tables)), min(workers, len(tables)))]
         self.jobs: dict[str, list[Job]] = {}  # each candidate's: one per share it has tables in, in their order
-        self.futures: list[Future] = []  # each share's outcomes, candidate name → Outcome
+        self.futures: list[Future] = []  # each share's outcomes but the last's, candidate name → Outcome
+        self.own: dict[str, Outcome] = {}  # the last share's, fitted in this process
+        self.refits: dict[str, object] = {}  # unfitted models to fit on all the data (the last table) while waiting
+        self.refitted: dict[str, object] = {}  # those fitted so (:meth:`_refit_while_waiting`)
         self.pool: ProcessPoolExecutor | None = None
-        self.worker_cpu_seconds = 0.0  # the CPU seconds of the jobs the workers ran (their start not included)
+        self.worker_cpu_seconds = 0.0  # the CPU seconds of the jobs the pool's workers ran (their start not included)
 
     def add(self, name: str, models: list, tables: list[int], judges=None) -> None:
         """Candidate ``name``'s ``models`` to fit on the tables numbered ``tables``, jointly with ``judges``."""
@@ -119,6 +127,11 @@ class FoldFits:
             return
         mine = [[i for i, t in enumerate(tables) if t in share] for share in self.shares]
         self.jobs[name] = [Job(name, [models[i] for i in m], [tables[i] for i in m], judges) for m in mine if m]
+
+    def add_refit(self, name: str, model) -> None:
+        """Candidate ``name``'s ``model`` to fit on all the data (every question) if this process would otherwise
+        wait for the workers (:attr:`refitted`); the caller fits what is not there."""
+        self.refits[name] = model
 
     def result(self, name: str) -> Outcome:
         """Candidate ``name``'s fitted models (in the order added) or the error that left it out, and the seconds its
@@ -130,14 +143,16 @@ class FoldFits:
         else:
             outcomes = [future.result()[name] for future in self.futures if name in future.result()]
             self.worker_cpu_seconds += sum(o.cpu_seconds for o in outcomes)
+            outcomes += [self.own[name]] if name in self.own else []  # the last share: its tables come last
         error = next((o.error for o in outcomes if o.error is not None), None)
         models = None if error is not None else [m for o in outcomes for m in o.models]
         return Outcome(models, error, sum(o.seconds for o in outcomes), sum(o.cpu_seconds for o in outcomes))
 
     def _submit(self) -> None:
-        """Each share's jobs to one worker of a new pool, the joint programs first; none (this process fits them,
-        :attr:`workers` 1) where a model's class is defined in the ``__main__`` script, which the workers do not run
-        (:func:`_without_main`)."""
+        """Each share's jobs but the last to one worker of a new pool, the joint programs first, then the last share
+        in this process while they run (the pool's start, a forkserver importing the package, overlaps its fits);
+        no pool (this process fits them all, :attr:`workers` 1) where a model's class is defined in the
+        ``__main__`` script, which the workers do not run (:func:`_without_main`)."""
         jobs = [job for jobs in self.jobs.values() for job in jobs]
         if any(type(m).__module__ == "__main__" for job in jobs for m in job.models):
             self.workers = 1
@@ -146,12 +161,35 @@ class FoldFits:
         context = multiprocessing.get_context(_start_method())
         if context.get_start_method() == "forkserver":
             context.set_forkserver_preload(PRELOAD)
-        self.pool = ProcessPoolExecutor(
-            len(self.shares), mp_context=context, initializer=_start, initargs=(self.tables, self.main_id)
-        )
         bundles = [
             sorted((j for j in jobs if j.tables[0] in share), key=lambda j: j.judges is None) for share in self.shares
         ]
+        with ThreadPoolExecutor(1) as starter:  # starting a worker waits for the forkserver's import: not this one
+            started = starter.submit(self._start_pool, context, bundles[:-1])
+            try:
+                with one_thread(blas=True):  # one core, as each worker
+                    self.own = {job.name: job.run(self.tables, self.main_id) for job in bundles[-1]}
+            finally:
+                started.result()
+        self._refit_while_waiting()
+
+    def _refit_while_waiting(self) -> None:
+        """The models of :meth:`add_refit` fitted on all the data, in order, while a worker is still fitting: time
+        this process would spend waiting (a model with no weight in the end is fitted for nothing)."""
+        for name, model in self.refits.items():
+            if all(future.done() for future in self.futures):
+                return
+            try:
+                with one_thread(blas=True):
+                    self.refitted[name] = fit_questions(model, self.tables[-1])
+            except Exception:  # noqa: BLE001 -- fitted again after the weights, where its error stops the run
+                continue
+
+    def _start_pool(self, context, bundles: list[list[Job]]) -> None:
+        """A pool of one worker for each of ``bundles``, each given its bundle."""
+        self.pool = ProcessPoolExecutor(
+            len(bundles), mp_context=context, initializer=_start, initargs=(self.tables, self.main_id)
+        )
         with _without_main():  # the workers start at the first submission
             self.futures = [self.pool.submit(_run_bundle, bundle) for bundle in bundles]
 

@@ -18,13 +18,11 @@ when this process is itself a worker of a process pool (``benchmarks/robustness.
 :data:`MIN_WORK` annotation rows × candidates. Below that a pool does not pay: starting it (a forkserver that imports
 the package, 3-5 s, once per process) and what one process shares and two do not (a network program split in two
 costs more CPU than one, up to twice on small data; each worker and then the parent encode their tables) cost more
-than the second core saves. Measured on DialSumm subsets with the 5 default candidates (CPU seconds, so that a
-loaded machine distorts them less; the two workers' wall taken as the parent's CPU plus the larger share's, the
-pool's start left out): 8,400 lost (an earlier split of the jobs), 16,800 saved 12 %, 33,600 about 24 % (these three
-before the forkserver preloaded ``lightning_fabric``, which each worker then imported: a few seconds pessimistic),
-58,800 (70 % of the texts) 28 % (114 s against 158 s, which include lightning_fabric's import, a few seconds). The
-threshold sits above that break-even (about 12,000) because the figures come from a loaded machine and cheaper
-trainer settings (``trainer=fast``) make the same data's fits shorter.
+than the second core saves. Measured wall seconds of the shipped fit on 2 idle cores, pool against none (this
+process fitting the last share while the worker starts): DS1..DS5 of the LLM-Rubric release at 30 % of its texts
+(7,850) 23.7 against 24.0 s, at 50 % (13,495) 26.5 against 25.5 s, whole (26,680) 36.7 against 48.0 s; DialSumm at
+70 % of its texts (58,800) 110-120 s against 178 s (``benchmarks/results/train_cost.json``). The threshold sits
+between the even 13,495 and the 23 % saved at 26,680.
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ from llmrubric.model.core.memo import one_encoding
 from llmrubric.model.core.registry import fit_questions
 from llmrubric.model.core.threads import one_thread, single_threaded
 
-MIN_WORK = 30_000  # annotation rows × candidates from which a pool of workers pays (module doc: measured)
+MIN_WORK = 20_000  # annotation rows × candidates from which a pool of workers pays (module doc: measured)
 PRELOAD = ["llmrubric.model", "lightning_fabric"]  # imported once by the forkserver, not by each worker's first fit
 _WORKER: dict = {}  # a worker process's tables and main question id (set by :func:`_start`)
 

@@ -50,9 +50,8 @@ def test_two_workers_fit_the_weights_and_predictions_of_one_process(rubric, monk
     two = fit(2)
     assert (one.decision_["workers"], one.decision_["worker_cpu_seconds"]) == (1, 0.0)
     assert two.decision_["workers"] == 2 and two.decision_["worker_cpu_seconds"] > 0
-    # the worker starts seconds after this process begins its share (the forkserver imports the package first), so
-    # this process refits the other candidate on all the data while it waits, and the figures do not move
-    assert (one.decision_["refitted_while_waiting"], two.decision_["refitted_while_waiting"]) == ([], ["ridge_judge"])
+    # the other candidate refitted on all the data before the weights (by the worker or this process): the same figures
+    assert (one.decision_["refitted_early"], two.decision_["refitted_early"]) == ([], ["ridge_judge"])
     assert one.weights_.keys() == two.weights_.keys()
     np.testing.assert_allclose(list(two.weights_.values()), list(one.weights_.values()), rtol=1e-6, atol=1e-9)
     nll = {n: r["nll"] for n, r in one.table_.items() if "nll" in r}
@@ -60,18 +59,21 @@ def test_two_workers_fit_the_weights_and_predictions_of_one_process(rubric, monk
     np.testing.assert_allclose(two.predict_proba(test), one.predict_proba(test), atol=1e-4)
 
 
-def test_nothing_is_refitted_while_waiting_once_every_worker_is_done(rubric):
-    """The refits while waiting use time this process would wait: with every worker done, none is fitted (a
-    candidate may end with no weight); with one still fitting, each is fitted on all the data (the last table)."""
+def test_this_process_refits_what_no_worker_started_and_takes_the_rest_from_the_workers(rubric):
+    """The refits queued after the shares: one no worker has started is cancelled there and fitted here, on all the
+    data (the last table); one a worker started or fitted is taken as the worker returns it."""
     tables = simulate(0, 40, 4, 2, rubric, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
     auto = AutoCalibrator(rubric, SETTINGS, FAST, seed=0)
-    done, running = Future(), Future()
-    done.set_result({})
-    for futures, refitted in (([done], []), ([done, running], ["ridge_judge"])):
-        fits = parallel_folds.FoldFits([tables.subset(tables.text_ids[:20]), tables], rubric.main.id, 2)
-        fits.add_refit("ridge_judge", auto._candidate("ridge_judge"))
-        fits.futures = futures
-        fits._refit_while_waiting()
-        assert list(fits.refitted) == refitted
     alone = fit_questions(auto._candidate("ridge_judge"), tables)
-    np.testing.assert_array_equal(fits.refitted["ridge_judge"].predict_proba(tables), alone.predict_proba(tables))
+    queued, started = Future(), Future()
+    started.set_running_or_notify_cancel()
+    started.set_result(parallel_folds.Outcome([alone], None, 1.0, 2.5))
+    fits = parallel_folds.FoldFits([tables.subset(tables.text_ids[:20]), tables], rubric.main.id, 2)
+    for name in ("ridge_judge", "clmm_own"):
+        fits.add_refit(name, auto._candidate(name))
+    fits.refit_futures = {"ridge_judge": started, "clmm_own": queued}
+    fits._take_refits()
+    assert queued.cancelled() and list(fits.refitted) == ["clmm_own", "ridge_judge"]
+    assert fits.refitted["ridge_judge"] is alone and fits.worker_cpu_seconds == 2.5
+    here = fits.refitted["clmm_own"].predict_proba(tables)
+    np.testing.assert_array_equal(here, fit_questions(auto._candidate("clmm_own"), tables).predict_proba(tables))

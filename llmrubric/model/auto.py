@@ -267,7 +267,7 @@ class AutoCalibrator(WeightedMixture):
         self.workers_ = {
             "workers": fits.workers,
             "worker_cpu_seconds": fits.worker_cpu_seconds,
-            "refitted_while_waiting": list(fits.refitted),
+            "refitted_early": list(fits.refitted),
         }
 
     def _fold_fits(self, folds: InnerFolds, tables: Tables) -> FoldFits:

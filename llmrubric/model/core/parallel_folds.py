@@ -7,10 +7,11 @@ worker fits every candidate's models of its share: the network's program on thos
 same members: its members train independently, so a share's results equal the whole program's,
 ``tests/test_stacked.py``), then the other candidates' fold models, reading each table's encoding once, as one
 process does. This process is the last share's worker: it fits that share (the heaviest: the refit on all the data)
-while the pool's workers start (a forkserver imports the package first, seconds in which one core would idle), then,
-while a worker still fits, the other candidates on all the data (:meth:`FoldFits.add_refit`: the refit that would
-follow the weights, done early; one that ends with no weight is fitted for nothing). The fitted models come back to
-this process, which does everything after.
+while the pool's workers start (a forkserver imports the package first, seconds in which one core would idle). The
+other candidates' refits on all the data, which would follow the weights, are queued in the pool after the shares
+(:meth:`FoldFits.add_refit`): a worker done with its share takes them from the front, this process done with its own
+from the back (one that ends with no weight is fitted for nothing, in time that would be idle). The fitted models come
+back to this process, which does everything after.
 
 :func:`pool_workers` decides how many workers run: one (this process, no pool) when ``model.auto.workers`` is 1,
 when this process is itself a worker of a process pool (``benchmarks/robustness.py --workers 2``,
@@ -113,8 +114,9 @@ class FoldFits:
         self.jobs: dict[str, list[Job]] = {}  # each candidate's: one per share it has tables in, in their order
         self.futures: list[Future] = []  # each share's outcomes but the last's, candidate name → Outcome
         self.own: dict[str, Outcome] = {}  # the last share's, fitted in this process
-        self.refits: dict[str, object] = {}  # unfitted models to fit on all the data (the last table) while waiting
-        self.refitted: dict[str, object] = {}  # those fitted so (:meth:`_refit_while_waiting`)
+        self.refits: dict[str, object] = {}  # unfitted models to fit on all the data (the last table) early
+        self.refit_futures: dict[str, Future] = {}  # each queued in the pool after the shares
+        self.refitted: dict[str, object] = {}  # those fitted so (:meth:`_take_refits`)
         self.pool: ProcessPoolExecutor | None = None
         self.worker_cpu_seconds = 0.0  # the CPU seconds of the jobs the pool's workers ran (their start not included)
 
@@ -127,8 +129,9 @@ class FoldFits:
         self.jobs[name] = [Job(name, [models[i] for i in m], [tables[i] for i in m], judges) for m in mine if m]
 
     def add_refit(self, name: str, model) -> None:
-        """Candidate ``name``'s ``model`` to fit on all the data (every question) if this process would otherwise
-        wait for the workers (:attr:`refitted`); the caller fits what is not there."""
+        """Candidate ``name``'s ``model`` to fit on all the data (every question) before the weights are known, in
+        time a process would otherwise wait (:meth:`_take_refits`); the caller fits what is not in
+        :attr:`refitted`."""
         self.refits[name] = model
 
     def result(self, name: str) -> Outcome:
@@ -169,19 +172,22 @@ class FoldFits:
                     self.own = {job.name: job.run(self.tables, self.main_id) for job in bundles[-1]}
             finally:
                 started.result()
-        self._refit_while_waiting()
+        self._take_refits()
 
-    def _refit_while_waiting(self) -> None:
-        """The models of :meth:`add_refit` fitted on all the data, in order, while a worker is still fitting: time
-        this process would spend waiting (a model with no weight in the end is fitted for nothing)."""
-        for name, model in self.refits.items():
-            if all(future.done() for future in self.futures):
-                return
-            try:
+    def _take_refits(self) -> None:
+        """The refits of :meth:`add_refit`, queued in the pool after the shares: a worker done with its share takes
+        them from the front while this process fits its own, then this process takes from the back those no worker
+        has started (a model that ends with no weight is fitted for nothing, in time that would be idle)."""
+        for name in reversed(self.refits):
+            future = self.refit_futures[name]
+            if future.cancel():
                 with one_thread(blas=True):
-                    self.refitted[name] = fit_questions(model, self.tables[-1])
-            except Exception:  # noqa: BLE001 -- fitted again after the weights, where its error stops the run
-                continue
+                    outcome = _refit(self.refits[name], self.tables[-1])
+            else:
+                outcome = future.result()
+                self.worker_cpu_seconds += outcome.cpu_seconds
+            if outcome.models is not None:
+                self.refitted[name] = outcome.models[0]
 
     def _start_pool(self, context, bundles: list[list[Job]]) -> None:
         """A pool of one worker for each of ``bundles``, each given its bundle."""
@@ -190,6 +196,7 @@ class FoldFits:
         )
         with _without_main():  # the workers start at the first submission
             self.futures = [self.pool.submit(_run_bundle, bundle) for bundle in bundles]
+            self.refit_futures = {name: self.pool.submit(_run_refit, model) for name, model in self.refits.items()}
 
     def __enter__(self) -> FoldFits:
         return self
@@ -231,6 +238,23 @@ def _start(tables: list[Tables], main_id: str) -> None:
 def _run_bundle(jobs: list[Job]) -> dict[str, Outcome]:
     """A worker's share: each candidate's outcome on it."""
     return {job.name: job.run(_WORKER["tables"], _WORKER["main_id"]) for job in jobs}
+
+
+def _refit(model, tables: Tables) -> Outcome:
+    """``model`` fitted on ``tables``, every question; models None where it fails (fitted again after the weights,
+    where its error stops the run if it has weight)."""
+    start, cpu = time.perf_counter(), time.process_time()
+    try:
+        models = [fit_questions(model, tables)]
+    except Exception:  # noqa: BLE001 -- not a value: the refit after the weights raises it again
+        models = None
+    return Outcome(models, None, time.perf_counter() - start, time.process_time() - cpu)
+
+
+def _run_refit(model) -> Outcome:
+    """A worker's refit of ``model`` on all the data (its last table)."""
+    with one_encoding():
+        return _refit(model, _WORKER["tables"][-1])
 
 
 def _joined(jobs: list[Job]) -> Job:

@@ -59,21 +59,21 @@ def test_two_workers_fit_the_weights_and_predictions_of_one_process(rubric, monk
     np.testing.assert_allclose(two.predict_proba(test), one.predict_proba(test), atol=1e-4)
 
 
-def test_this_process_refits_what_no_worker_started_and_takes_the_rest_from_the_workers(rubric):
-    """The refits queued after the shares: one no worker has started is cancelled there and fitted here, on all the
-    data (the last table); one a worker started or fitted is taken as the worker returns it."""
+def test_each_refit_is_fitted_once_by_the_first_process_free_to_take_it(rubric):
+    """The refits on all the data before the weights: one a worker claimed comes back with its share's results; one
+    no worker claimed is fitted here, on all the data (the last table), equal to the refit after the weights."""
     tables = simulate(0, 40, 4, 2, rubric, systems=shift_systems(6, 0), sources=SHIFT_SOURCES)[0]
     auto = AutoCalibrator(rubric, SETTINGS, FAST, seed=0)
     alone = fit_questions(auto._candidate("ridge_judge"), tables)
-    queued, started = Future(), Future()
-    started.set_running_or_notify_cancel()
-    started.set_result(parallel_folds.Outcome([alone], None, 1.0, 2.5))
     fits = parallel_folds.FoldFits([tables.subset(tables.text_ids[:20]), tables], rubric.main.id, 2)
     for name in ("ridge_judge", "clmm_own"):
         fits.add_refit(name, auto._candidate(name))
-    fits.refit_futures = {"ridge_judge": started, "clmm_own": queued}
+    fits.claims = multiprocessing.get_context("spawn").Array("b", [1, 0])  # the worker took the first
+    share = Future()
+    share.set_result(({}, {"ridge_judge": parallel_folds.Outcome([alone], None, 1.0, 2.5)}))
+    fits.futures = [share]
     fits._take_refits()
-    assert queued.cancelled() and list(fits.refitted) == ["clmm_own", "ridge_judge"]
+    assert list(fits.claims) == [1, 1] and list(fits.refitted) == ["ridge_judge", "clmm_own"]
     assert fits.refitted["ridge_judge"] is alone and fits.worker_cpu_seconds == 2.5
     here = fits.refitted["clmm_own"].predict_proba(tables)
     np.testing.assert_array_equal(here, fit_questions(auto._candidate("clmm_own"), tables).predict_proba(tables))

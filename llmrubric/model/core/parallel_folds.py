@@ -8,9 +8,10 @@ same members: its members train independently, so a share's results equal the wh
 ``tests/test_stacked.py``), then the other candidates' fold models, reading each table's encoding once, as one
 process does. This process is the last share's worker: it fits that share (the heaviest: the refit on all the data)
 while the pool's workers start (a forkserver imports the package first, seconds in which one core would idle). The
-other candidates' refits on all the data, which would follow the weights, are queued in the pool after the shares
-(:meth:`FoldFits.add_refit`): a worker done with its share takes them from the front, this process done with its own
-from the back (one that ends with no weight is fitted for nothing, in time that would be idle). The fitted models come
+other candidates' refits on all the data, which would follow the weights (:meth:`FoldFits.add_refit`), are each
+fitted once by the first process free to take it (a shared claim per refit): a worker done with its share takes them
+from the front, this process done with its own from the back (one that ends with no weight is fitted for nothing, in
+time that would be idle). The fitted models come
 back to this process, which does everything after.
 
 :func:`pool_workers` decides how many workers run: one (this process, no pool) when ``model.auto.workers`` is 1,
@@ -115,7 +116,7 @@ class FoldFits:
         self.futures: list[Future] = []  # each share's outcomes but the last's, candidate name → Outcome
         self.own: dict[str, Outcome] = {}  # the last share's, fitted in this process
         self.refits: dict[str, object] = {}  # unfitted models to fit on all the data (the last table) early
-        self.refit_futures: dict[str, Future] = {}  # each queued in the pool after the shares
+        self.claims = None  # a shared flag per refit: taken by a worker done with its share or by this process
         self.refitted: dict[str, object] = {}  # those fitted so (:meth:`_take_refits`)
         self.pool: ProcessPoolExecutor | None = None
         self.worker_cpu_seconds = 0.0  # the CPU seconds of the jobs the pool's workers ran (their start not included)
@@ -142,7 +143,7 @@ class FoldFits:
         if self.pool is None:
             outcomes = [job.run(self.tables, self.main_id) for job in self.jobs[name]]
         else:
-            outcomes = [future.result()[name] for future in self.futures if name in future.result()]
+            outcomes = [future.result()[0][name] for future in self.futures if name in future.result()[0]]
             self.worker_cpu_seconds += sum(o.cpu_seconds for o in outcomes)
             outcomes += [self.own[name]] if name in self.own else []  # the last share: its tables come last
         error = next((o.error for o in outcomes if o.error is not None), None)
@@ -165,8 +166,10 @@ class FoldFits:
         bundles = [
             sorted((j for j in jobs if j.tables[0] in share), key=lambda j: j.judges is None) for share in self.shares
         ]
+        self.claims = context.Array("b", max(1, len(self.refits)))  # with a lock; workers inherit it at their start
+        refits = list(enumerate(self.refits.items()))
         with ThreadPoolExecutor(1) as starter:  # starting a worker waits for the forkserver's import: not this one
-            started = starter.submit(self._start_pool, context, bundles[:-1])
+            started = starter.submit(self._start_pool, context, [(bundle, refits) for bundle in bundles[:-1]])
             try:
                 with one_thread(blas=True):  # one core, as each worker
                     self.own = {job.name: job.run(self.tables, self.main_id) for job in bundles[-1]}
@@ -175,28 +178,30 @@ class FoldFits:
         self._take_refits()
 
     def _take_refits(self) -> None:
-        """The refits of :meth:`add_refit`, queued in the pool after the shares: a worker done with its share takes
-        them from the front while this process fits its own, then this process takes from the back those no worker
-        has started (a model that ends with no weight is fitted for nothing, in time that would be idle)."""
-        for name in reversed(self.refits):
-            future = self.refit_futures[name]
-            if future.cancel():
+        """The refits of :meth:`add_refit`, each fitted once by the first process free to take it: a worker done
+        with its share takes them from the front, this process done with its own from the back; then the workers'
+        (a model that ends with no weight is fitted for nothing, in time that would be idle)."""
+        for i, (name, model) in reversed(list(enumerate(self.refits.items()))):
+            if _claim(self.claims, i):
                 with one_thread(blas=True):
-                    outcome = _refit(self.refits[name], self.tables[-1])
-            else:
-                outcome = future.result()
+                    outcome = _refit(model, self.tables[-1])
+                if outcome.models is not None:
+                    self.refitted[name] = outcome.models[0]
+        for future in self.futures:
+            for name, outcome in future.result()[1].items():
                 self.worker_cpu_seconds += outcome.cpu_seconds
-            if outcome.models is not None:
-                self.refitted[name] = outcome.models[0]
+                if outcome.models is not None:
+                    self.refitted[name] = outcome.models[0]
+        self.refitted = {name: self.refitted[name] for name in self.refits if name in self.refitted}
 
-    def _start_pool(self, context, bundles: list[list[Job]]) -> None:
-        """A pool of one worker for each of ``bundles``, each given its bundle."""
+    def _start_pool(self, context, bundles: list[tuple]) -> None:
+        """A pool of one worker for each of ``bundles`` (its share's jobs, the refits it may take), each given its
+        bundle."""
         self.pool = ProcessPoolExecutor(
-            len(bundles), mp_context=context, initializer=_start, initargs=(self.tables, self.main_id)
+            len(bundles), mp_context=context, initializer=_start, initargs=(self.tables, self.main_id, self.claims)
         )
         with _without_main():  # the workers start at the first submission
-            self.futures = [self.pool.submit(_run_bundle, bundle) for bundle in bundles]
-            self.refit_futures = {name: self.pool.submit(_run_refit, model) for name, model in self.refits.items()}
+            self.futures = [self.pool.submit(_run_bundle, *bundle) for bundle in bundles]
 
     def __enter__(self) -> FoldFits:
         return self
@@ -226,18 +231,34 @@ def _start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _start(tables: list[Tables], main_id: str) -> None:
+def _start(tables: list[Tables], main_id: str, claims) -> None:
     """A worker's start: one thread for torch and BLAS, the tables kept for its jobs, which share one memo of
-    their encodings for the worker's life (:func:`~llmrubric.model.core.memo.one_encoding`) as in one process."""
+    their encodings for the worker's life (:func:`~llmrubric.model.core.memo.one_encoding`) as in one process, and
+    the refits' claims."""
     single_threaded()
     scope = one_encoding()
     scope.__enter__()
-    _WORKER.update(tables=tables, main_id=main_id, scope=scope)
+    _WORKER.update(tables=tables, main_id=main_id, scope=scope, claims=claims)
 
 
-def _run_bundle(jobs: list[Job]) -> dict[str, Outcome]:
-    """A worker's share: each candidate's outcome on it."""
-    return {job.name: job.run(_WORKER["tables"], _WORKER["main_id"]) for job in jobs}
+def _run_bundle(jobs: list[Job], refits: list[tuple[int, tuple[str, object]]]) -> tuple[dict, dict]:
+    """A worker's share: each candidate's outcome on it; then each refit no other process has taken, fitted on all
+    the data (its last table)."""
+    outcomes = {job.name: job.run(_WORKER["tables"], _WORKER["main_id"]) for job in jobs}
+    refitted = {}
+    for i, (name, model) in refits:
+        if _claim(_WORKER["claims"], i):
+            refitted[name] = _refit(model, _WORKER["tables"][-1])
+    return outcomes, refitted
+
+
+def _claim(claims, i: int) -> bool:
+    """Whether this process takes refit ``i`` (no other has)."""
+    with claims.get_lock():
+        if claims[i]:
+            return False
+        claims[i] = 1
+        return True
 
 
 def _refit(model, tables: Tables) -> Outcome:
@@ -249,12 +270,6 @@ def _refit(model, tables: Tables) -> Outcome:
     except Exception:  # noqa: BLE001 -- not a value: the refit after the weights raises it again
         models = None
     return Outcome(models, None, time.perf_counter() - start, time.process_time() - cpu)
-
-
-def _run_refit(model) -> Outcome:
-    """A worker's refit of ``model`` on all the data (its last table)."""
-    with one_encoding():
-        return _refit(model, _WORKER["tables"][-1])
 
 
 def _joined(jobs: list[Job]) -> Job:

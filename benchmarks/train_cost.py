@@ -63,6 +63,8 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--network-runs", type=int, default=3, help="runs of model=network, the median taken")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if args.network_runs < 1:
+        raise InputError(f"{args.network_runs} runs: at least 1", setting="--network-runs")
     version, data = code_version(), Path(args.data).resolve()
     for name in (*(f"{t}.csv" for t in TABLES), "rubric.yaml"):
         if not (data / name).is_file():

@@ -11,8 +11,7 @@ while the pool's workers start (a forkserver imports the package first, seconds 
 other candidates' refits on all the data, which would follow the weights (:meth:`FoldFits.add_refit`), are each
 fitted once by the first process free to take it (a shared claim per refit): a worker done with its share takes them
 from the front, this process done with its own from the back (one that ends with no weight is fitted for nothing, in
-time that would be idle). The fitted models come
-back to this process, which does everything after.
+time that would be idle). The fitted models come back to this process, which does everything after.
 
 :func:`pool_workers` decides how many workers run: one (this process, no pool) when ``model.auto.workers`` is 1,
 when this process is itself a worker of a process pool (``benchmarks/robustness.py --workers 2``,

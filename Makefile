@@ -4,11 +4,14 @@ PY := $(VENV)/bin/python
 .PHONY: setup demo demo-llm test test-fast bench clean
 
 # the package with its test tools and llama.cpp's server (the optional group [server]: the prebuilt xllamacpp wheel,
-# no compiler; docs/setup.md)
+# no compiler; docs/setup.md), installed by uv (its wheel; pip's folder of local wheels, PIP_FIND_LINKS, passed on),
+# or by pip where uv cannot be installed or fails
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -qq --upgrade pip
-	$(PY) -m pip install -qq -e ".[test,server]"
+	@if $(PY) -m pip install -qq uv 2>/dev/null; then \
+		UV_FIND_LINKS="$${UV_FIND_LINKS:-$$PIP_FIND_LINKS}" $(VENV)/bin/uv pip install -q --python $(PY) -e ".[test,server]" \
+		|| { echo "setup: uv failed, installing with pip"; $(PY) -m pip install -qq -e ".[test,server]"; }; \
+	else $(PY) -m pip install -qq -e ".[test,server]"; fi
 	touch $@
 
 setup: $(VENV)/.installed

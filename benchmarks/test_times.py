@@ -8,7 +8,8 @@ cores, 10 minutes in all).
 
 Runs each target once, with the machine's load average before and after (the figures mean little on a loaded
 machine), and writes wall seconds, CPU seconds of the children, pytest's own wall seconds (from its summary line:
-``make test`` also runs ruff and checks the setup) and pass/skip/fail counts to the JSON file; with ``--fresh``
+``make test`` also runs ruff and checks the setup), pass/skip/fail counts and the :data:`SLOWEST` slowest test phases
+(``slowest``, pytest's ``--durations``: seconds of one worker) to the JSON file; with ``--fresh``
 also ``setup_seconds``, ``pytest_seconds`` and whether each is within issue 67's budget. ``--dry-run`` prints the
 commands and the folder they would run in, and runs nothing.
 """
@@ -28,6 +29,7 @@ from common import code_version, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET = {"setup_seconds": 120, "pytest_seconds": 480}  # issue 67, on a fresh clone with 2 idle cores
+SLOWEST = 25  # pytest's --durations: the slowest phases (set-up, call, tear-down) of tests, kept in the JSON
 
 
 def pytest_seconds(summary: str) -> float | None:
@@ -40,7 +42,8 @@ def run_target(target: str, cwd: Path = ROOT) -> dict:
     load_before = os.getloadavg()
     before = os.times()
     start = time.perf_counter()
-    result = subprocess.run(["make", target], cwd=cwd, capture_output=True, text=True)
+    env = {**os.environ, "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} --durations={SLOWEST}".strip()}
+    result = subprocess.run(["make", target], cwd=cwd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     after = os.times()
     lines = result.stdout.strip().splitlines() or [""]
@@ -61,7 +64,14 @@ def run_target(target: str, cwd: Path = ROOT) -> dict:
         "summary": summary,
         "pytest_seconds": pytest_seconds(summary),
         "output_lines": len(result.stdout.splitlines()) + len(result.stderr.splitlines()),
+        "slowest": slowest(result.stdout),
     }
+
+
+def slowest(output: str) -> list[dict]:
+    """pytest's ``--durations`` lines (``12.34s call     tests/test_x.py::test_y``): seconds, phase and test."""
+    found = re.findall(r"^([0-9.]+)s (setup|call|teardown)\s+(\S+)$", output, flags=re.MULTILINE)
+    return [{"seconds": float(s), "phase": phase, "test": test} for s, phase, test in found]
 
 
 def fresh_clone() -> Path:

@@ -7,11 +7,14 @@ real server with SmolLM2-135M-Instruct (``conf/extract/llama_cpp.yaml``):
   estimate of 4 characters a token), in the modes ``logprob``, ``verbalized`` and ``reasoned`` (their prompts
   differ by the mode's instruction);
 - the real run in ``logprob`` mode: its summary's ``prompt_tokens``, the sum of the server's ``usage``;
+- per prompt (``per_prompt``): the tokens the dry run counts for each (text, question), made as the dry run makes
+  them (the CLI's settings and tasks, :class:`~llmrubric.extract.cost.TokenCounter`), against the server's
+  ``usage`` of that request in the run's result store: how many match exactly and the largest difference;
 - the dry run of the whole release (``release``): its prompt tokens, those of the prompts over the served
   context (``context_tokens``, refused by the server), and the hours a real run would take at the rate measured
   (the whole release is not run: at SmolLM2's rate on 2 cores it takes hours).
 
-    nice -n 10 .venv/bin/python benchmarks/dry_run_tokens.py [--dialogues 8] [--out benchmarks/results/dry_run_tokens.json]
+    nice -n 10 .venv/bin/python benchmarks/dry_run_tokens.py [--dialogues 12] [--out benchmarks/results/dry_run_tokens.json]
 
 Needs llama.cpp's server (optional group ``server``), the GGUF (``make setup``) and the release (``../shared/data``).
 """
@@ -23,6 +26,7 @@ import contextlib
 import hashlib
 import io
 import json
+import sqlite3
 import sys
 import tempfile
 import time
@@ -30,8 +34,12 @@ from pathlib import Path
 
 from common import RESULTS, ROOT, code_version, llm_rubric_default, write_result
 
-from llmrubric.cli import main
+from llmrubric.apps.extract import _settings, _tasks
+from llmrubric.cli import build_parser, main
 from llmrubric.extract.adapters import llm_rubric_real_texts
+from llmrubric.extract.backends.generation import mode_prompt
+from llmrubric.extract.cost import TokenCounter, load_tokenizer
+from llmrubric.io.tables import read_table
 
 sys.path.insert(0, str(ROOT / "tests"))
 from support.llama_server import LlamaServer, unavailable  # noqa: E402
@@ -68,6 +76,7 @@ def run(args) -> dict:
         start = time.perf_counter()
         real = cli(base)
         seconds = time.perf_counter() - start
+        per_prompt = prompt_match(dry_counts(base), served_counts(Path(tmp) / "f.csv.cache.sqlite"))
         release = release_plan(args.data, tmp, base[3:7])
     served = real["this_run"]["prompt_tokens"]
     figures = {
@@ -94,6 +103,7 @@ def run(args) -> dict:
             "seconds": seconds,
         },
         "dry_run": figures,
+        "per_prompt": per_prompt,
         "release": {
             **release,
             "prompt_tokens_served": release["prompt_tokens"] - release["prompt_tokens_over_context"],
@@ -101,6 +111,36 @@ def run(args) -> dict:
         },
         "target": "|relative_error| <= 0.05 with the tokenizer",
         "meta": {"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "server": "llama.cpp (llmrubric models serve, xllamacpp)"},
+    }
+
+
+def dry_counts(argv: list[str]) -> dict[tuple[str, str], int]:
+    """(text id, question id) → the prompt tokens the dry run counts for that block in ``logprob`` mode, from the
+    settings and tasks the CLI makes of ``argv`` (``extract features …``)."""
+    settings = _settings(build_parser().parse_args(argv))
+    tasks = _tasks(settings, read_table(settings["texts"], "texts"))[0]
+    chat = settings.get("endpoint", "chat") == "chat"
+    counter = TokenCounter(load_tokenizer(settings["tokenizer"]), chat, settings.get("system_prompt"))
+    return {(t.text_id, t.question_id): counter(mode_prompt(t, "logprob")) for t in tasks}
+
+
+def served_counts(cache: Path) -> dict[tuple[str, str], int]:
+    """(text id, question id) → the prompt tokens of the server's ``usage``, from a run's result store."""
+    with contextlib.closing(sqlite3.connect(cache)) as db:
+        rows = db.execute("SELECT text_id, question_id, prompt_tokens FROM results WHERE status = 'ok'").fetchall()
+    return {(text, question): tokens for text, question, tokens in rows}
+
+
+def prompt_match(dry: dict, served: dict) -> dict:
+    """Prompts answered, those whose dry count equals the server's, and the largest difference (tokens and share)."""
+    both = [(dry[k], served[k]) for k in served if k in dry]
+    differences = [d - s for d, s in both]
+    return {
+        "prompts": len(both),
+        "not_counted": len(set(served) - set(dry)),
+        "equal": sum(d == 0 for d in differences),
+        "largest_difference_tokens": max(differences, key=abs, default=0),
+        "largest_relative_difference": max((abs(d - s) / s for d, s in both if s), default=0.0),
     }
 
 
@@ -115,7 +155,7 @@ def release_plan(data: str, tmp: str, config: list[str]) -> dict:
 
 def parse(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dialogues", type=int, default=8)
+    p.add_argument("--dialogues", type=int, default=12)
     p.add_argument("--data", default=llm_rubric_default())
     p.add_argument("--out", default=str(RESULTS / "dry_run_tokens.json"))
     return p.parse_args(argv)

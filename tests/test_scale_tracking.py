@@ -20,6 +20,8 @@ from llmrubric.apps.evaluate import evaluate_app
 from llmrubric.apps.train import train_app
 from llmrubric.experiments.tracking import Tracker, TrackingError
 
+# the server tests on one worker: one server for the module, which the last test stops
+pytestmark = pytest.mark.xdist_group("mlflow_tracking")
 SPACE = {"trainer.lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True}}
 
 

@@ -1,11 +1,17 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
+from support.paths import ROOT
 from support.settings import FAST
 
 from llmrubric.config import TrainConfig
 from llmrubric.data.splits import text_folds
+from llmrubric.model.core.accelerator import needs_fabric
 from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, encode
+from llmrubric.model.families.network import engine
 from llmrubric.model.families.network.calibrator import NetworkCalibrator
 from llmrubric.model.families.network.engine import train_stacked
 from llmrubric.model.families.network.net import CalibrationNet
@@ -216,3 +222,41 @@ def test_stacked_training_on_cuda_equals_each_model_alone_there_and_weights_come
     train_stacked([on_cuda], [parts[0][0]], [parts[0][1]], main, config, [0])
     val = parts[0][1]
     assert np.allclose(on_cpu.probabilities(val.x, val.judge), on_cuda.probabilities(val.x, val.judge), atol=1e-3)
+
+
+@pytest.mark.slow
+def test_training_on_the_cpu_without_fabric_equals_training_through_fabric(rubric, few, monkeypatch):
+    """The CPU path (:class:`~llmrubric.model.core.accelerator.OnCpu`) trains the weights Lightning Fabric trains
+    on the CPU, bit for bit: three models in one program, input dropout on."""
+    layout, judges, parts = _fold_data(rubric, few)
+    config, main = TrainConfig(**{**TRAINER, "accelerator": "cpu"}), rubric.ids.index(rubric.main.id)
+
+    def fit():
+        nets = [_net(layout, judges, rubric, k, tr, input_dropout=0.2) for k, (tr, _) in enumerate(parts)]
+        return nets, train_stacked(nets, [tr for tr, _ in parts], [va for _, va in parts], main, config, [0, 1, 2])
+
+    plain, plain_summaries = fit()
+    monkeypatch.setattr(engine, "needs_fabric", lambda accelerator: True)
+    fabric, fabric_summaries = fit()
+    assert plain_summaries == fabric_summaries
+    for a, b in zip(plain, fabric):
+        for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+            assert torch.equal(x, y), name
+    assert needs_fabric("cpu") is False and needs_fabric("cuda") is True and needs_fabric("mps") is True
+    assert needs_fabric("auto") is (torch.cuda.is_available() or torch.backends.mps.is_available())
+
+
+@pytest.mark.slow
+def test_a_fit_on_the_cpu_does_not_import_lightning_fabric():
+    code = (
+        "import sys; from support.paths import ROOT; from support.settings import FAST, SIMULATED; "
+        "from llmrubric.io.rubric import Rubric; from llmrubric.io.tables import load_tables; "
+        "from llmrubric.model.families.network.calibrator import NetworkCalibrator; "
+        "rubric = Rubric.load(ROOT / 'conf' / 'rubric' / 'llm_rubric.yaml'); "
+        "t = load_tables(*(SIMULATED / f'{n}.csv' for n in ('annotations', 'features')), rubric); "
+        "NetworkCalibrator(rubric, {'ensemble': 1}, {**FAST, 'pretrain_epochs': 1, 'finetune_epochs': 1}, seed=0)"
+        ".fit(t.subset(sorted(t.text_ids)[:30])); print('lightning_fabric' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"

@@ -40,12 +40,13 @@ import numpy as np
 
 from llmrubric.io.errors import NotApplicableError
 from llmrubric.io.tables import Tables
+from llmrubric.model.core.accelerator import needs_fabric
 from llmrubric.model.core.memo import one_encoding
 from llmrubric.model.core.registry import fit_questions
 from llmrubric.model.core.threads import one_thread, single_threaded
 
 MIN_WORK = 20_000  # annotation rows × candidates from which a pool of workers pays (module doc: measured)
-PRELOAD = ["llmrubric.model", "lightning_fabric"]  # imported once by the forkserver, not by each worker's first fit
+PRELOAD = ["llmrubric.model"]  # imported once by the forkserver, not by each worker's first fit
 _WORKER: dict = {}  # a worker process's tables and main question id (set by :func:`_start`)
 
 
@@ -161,7 +162,7 @@ class FoldFits:
             return
         context = multiprocessing.get_context(_start_method())
         if context.get_start_method() == "forkserver":
-            context.set_forkserver_preload(PRELOAD)
+            context.set_forkserver_preload(PRELOAD + (["lightning_fabric"] if needs_fabric("auto") else []))
         bundles = [
             sorted((j for j in jobs if j.tables[0] in share), key=lambda j: j.judges is None) for share in self.shares
         ]

@@ -31,6 +31,7 @@ from torch import nn
 
 from llmrubric.config import TrainConfig
 from llmrubric.io.errors import InputError
+from llmrubric.model.core.accelerator import OnCpu, needs_fabric
 from llmrubric.model.core.encoding import Encoded
 from llmrubric.model.core.threads import one_thread
 from llmrubric.model.families.network.net import CalibrationNet
@@ -85,7 +86,8 @@ def train_stacked(
     (weight decay on the shared weights, ``delta_l2`` on the judge deltas) and stops when the
     held-out NLL of its questions has not improved for ``patience`` epochs; the best weights
     are kept. ``config`` is one :class:`TrainConfig` or one per model; ``accelerator`` (default
-    the first config's ``accelerator``) is Lightning's (``cpu``, ``cuda``, ``auto``, …).
+    the first config's ``accelerator``) is Lightning's (``cpu``, ``cuda``, ``auto``, …): Lightning Fabric runs
+    it, except on the CPU (:mod:`llmrubric.model.core.accelerator`).
     Returns one summary per model and phase with ``epochs``, ``best_epoch``, ``val_nll``,
     ``stopped`` (``early``, ``max_epochs``, ``pruned`` or ``diverged``: a non-finite training
     loss; the model keeps its best weights and skips the later phase) and the per-epoch
@@ -100,14 +102,20 @@ def train_stacked(
     if not (len(nets) == len(trains) == len(vals) == len(configs) == len(seeds)):
         raise ValueError("train_stacked needs one training set, validation set, config and seed per network")
     accelerator = accelerator or configs[0].accelerator
-    import lightning_fabric as lf  # here, not at the top: predicting and scoring start 3-4 s sooner without it
-
-    try:
-        fabric = lf.Fabric(accelerator=accelerator, devices=1, precision="32-true")
-    except (ValueError, RuntimeError) as e:  # e.g. cuda asked for on a machine without one
-        raise InputError(f"accelerator {accelerator!r} cannot be used here: {e}", setting="trainer.accelerator") from e
+    fabric = fabric_for(accelerator) if needs_fabric(accelerator) else OnCpu()
     with one_thread(flush_denormal=True):  # Adam's decaying moments turn denormal, which is many times slower
         return _Program(fabric, nets, trains, vals, main_index, configs, seeds).run(progress, on_epoch)
+
+
+def fabric_for(accelerator: str) -> lf.Fabric:
+    """Lightning Fabric on one device of ``accelerator`` at 32-bit precision (imported here: about 9 CPU-s,
+    :mod:`llmrubric.model.core.accelerator`)."""
+    import lightning_fabric as lf
+
+    try:
+        return lf.Fabric(accelerator=accelerator, devices=1, precision="32-true")
+    except (ValueError, RuntimeError) as e:  # e.g. cuda asked for on a machine without one
+        raise InputError(f"accelerator {accelerator!r} cannot be used here: {e}", setting="trainer.accelerator") from e
 
 
 def _template(nets: list[CalibrationNet]) -> CalibrationNet:
@@ -296,7 +304,7 @@ class _Program:
     """The models of one :func:`train_stacked` call through both phases: their packed parameters
     (``result``, updated after each phase), standardisation and summaries."""
 
-    fabric: lf.Fabric
+    fabric: lf.Fabric | OnCpu
     nets: list[CalibrationNet]
     trains: list[Encoded]
     vals: list[Encoded | None]
@@ -521,7 +529,7 @@ class _Phase(PhaseRun):
     Tensors and lists hold one entry per model of the phase; ``train`` and ``val`` are the
     (unstandardised features, judge, y) of :func:`_stack_rows` (the last row padding)."""
 
-    fabric: lf.Fabric
+    fabric: lf.Fabric | OnCpu
     module: StackedNets
     wrapped: nn.Module  # the module as Fabric set it up
     optimizer: torch.optim.Optimizer

@@ -5,11 +5,12 @@ PY := $(VENV)/bin/python
 
 # the package with its test tools and llama.cpp's server (the optional group [server]: the prebuilt xllamacpp wheel,
 # no compiler; docs/setup.md), installed by uv (its wheel; pip's folder of local wheels, PIP_FIND_LINKS, passed on),
-# or by pip where uv cannot be installed or fails
+# or by pip where uv cannot be installed or fails; both write the packages' bytecode (.pyc) at install time, so that no
+# process compiles torch's or mlflow's sources again where PYTHONDONTWRITEBYTECODE is set (about 5 CPU-s a process)
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	@if $(PY) -m pip install -qq uv 2>/dev/null; then \
-		UV_FIND_LINKS="$${UV_FIND_LINKS:-$$PIP_FIND_LINKS}" $(VENV)/bin/uv pip install -q --python $(PY) -e ".[test,server]" \
+		UV_FIND_LINKS="$${UV_FIND_LINKS:-$$PIP_FIND_LINKS}" $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e ".[test,server]" \
 		|| { echo "setup: uv failed, installing with pip"; $(PY) -m pip install -qq -e ".[test,server]"; }; \
 	else $(PY) -m pip install -qq -e ".[test,server]"; fi
 	touch $@

@@ -1,5 +1,5 @@
-"""Optuna on a real PostgreSQL server (started on 127.0.0.1 by the fixture): two workers (a process and the test's own) and a
-third killed mid-trial share one study; the outcome equals the one-worker SQLite search."""
+"""Optuna on a real PostgreSQL server (started on 127.0.0.1 by the fixture): two workers (a process and the test's
+own) and a third killed mid-trial share one study; the outcome equals the one-worker SQLite search."""
 
 from __future__ import annotations
 

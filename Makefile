@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 # the package with its test tools and llama.cpp's server (the optional group [server]: the prebuilt xllamacpp wheel,
 # no compiler; docs/setup.md), installed by uv (its wheel; pip's folder of local wheels, PIP_FIND_LINKS, passed on),
 # or by pip where uv cannot be installed or fails; both write the packages' bytecode (.pyc) at install time, so that no
-# process compiles torch's or mlflow's sources again where PYTHONDONTWRITEBYTECODE is set (about 5 CPU-s a process)
+# process compiles torch's or mlflow's sources again where PYTHONDONTWRITEBYTECODE is set (train.py's imports with
+# torch._dynamo and mlflow: 18 CPU-s without, 6-8 with them)
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	@if $(PY) -m pip install -qq uv 2>/dev/null; then \

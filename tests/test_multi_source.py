@@ -161,7 +161,8 @@ def test_summary_features_as_the_only_inputs(multi_source):
 
 def test_multi_source_end_to_end(multi_source, tmp_path):
     """Three LLM sources, a 0..3 scale, a yes/no and a categorical question and summary blocks through
-    train.py, evaluate.py (default baselines, report=fast), llmrubric score texts and llmrubric leaderboard build."""
+    train.py (the default candidates), evaluate.py (default baselines; report=fast, light), llmrubric score texts and
+    llmrubric leaderboard build."""
     conf = tmp_path / "conf" / "rubric"
     conf.mkdir(parents=True)
     (conf / "multi_source.yaml").write_text(multi_source["rubric"].read_text())
@@ -177,12 +178,16 @@ def test_multi_source_end_to_end(multi_source, tmp_path):
         f"data.train.texts={multi_source['texts']}",
         *FAST_OVERRIDES,
         "model.ensemble=2",
-        "model.auto.folds=3",  # 3 inner folds: the data, not the number of folds, is what this test varies
+        "model.auto.folds=2",  # the fewest inner folds: the data, not the number of folds, is what this test varies
     ]
     trained = run("train.py", *args)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    light = [  # the sections the test reads, one training process, one learning-curve point
+    light = [  # the sections the test reads, three methods of Table 1, one training process, one learning-curve point
         "report.sections=[table1,calibration,per_question,learning_curve]",
+        "report.methods=[expected_llm,constant,llm_rubric]",
+        # the report's own llm_rubric: model=auto of the network alone (train.py's checkpoint, whose metrics.json
+        # figures and predictions are checked below, has the default candidates)
+        "++report.model.auto={candidates:[network],folds:2,intervals:main}",
         "report.workers=1",
         "report.lc_fractions=[1.0]",
         "report.lc_repetitions=1",
@@ -229,6 +234,7 @@ def test_multi_source_end_to_end(multi_source, tmp_path):
 
     report = json.loads((report_dir / "report.json").read_text())
     assert {"table1", "calibration", "per_question", "learning_curve"} <= set(report)
+    assert sorted(r["method"] for r in report["table1"]["rows"]) == ["constant", "expected_llm", "llm_rubric"]
     assert [r["question"] for r in report["per_question"]["rows"]] == ["quality"]
     assert "topic: categorical" in (report_dir / "report.md").read_text()
 

@@ -1,14 +1,15 @@
-"""Every registered model family fits on a small table, saves, loads with ``load_model`` and predicts
-the same; a family added as one module in ``llmrubric/model/families/`` that registers itself is a candidate of ``model=auto`` and
-a method of ``evaluate.py`` with no other edit."""
+"""Every registered model family fits on a small table (three of the rubric's questions), saves, loads with
+``load_model`` and predicts the same; a family added as one module in ``llmrubric/model/families/`` that registers itself
+is a candidate of ``model=auto`` and a method of ``evaluate.py`` with no other edit."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import shutil
-import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,8 @@ from support.settings import FAST, MAIN_INTERVALS
 from llmrubric.config import model_file
 from llmrubric.io.errors import InputError
 from llmrubric.io.predictions import predictions_frame
+from llmrubric.io.rubric import Rubric
+from llmrubric.io.tables import Tables
 from llmrubric.model.auto import AutoCalibrator
 from llmrubric.model.core import registry
 from llmrubric.model.core.checkpoints import load_model, read_checkpoint, save_model, write_checkpoint
@@ -30,11 +33,28 @@ SMALL_AUTO = {**model_file("auto"), "ensemble": 1, "auto": {**model_file("auto")
 SMALL_AUTO["auto"]["candidates"] = ["network", "ridge_judge"]
 
 
+# The main question, one asked only of texts with references (applicable_if) and one of three options read from the
+# LLM's four (llm_options): each family fits every question of the rubric, so three questions, not nine, each a kind
+QUESTIONS = ("Q0", "Q2", "Q8")
+
+
 @pytest.fixture(scope="module")
-def small(simulated):
-    """60 texts of the simulated data: 45 to fit on, 15 to predict."""
-    texts = simulated.text_ids[:60]
-    return simulated.subset(texts[:45]), simulated.subset(texts[45:])
+def small_rubric(rubric) -> Rubric:
+    """The rubric's questions :data:`QUESTIONS`, the main one first."""
+    data = rubric.to_dict()
+    data["questions"] = [q for q in data["questions"] if q["id"] in QUESTIONS]
+    return Rubric.from_dict(data)
+
+
+@pytest.fixture(scope="module")
+def small(simulated, small_rubric):
+    """60 texts of the simulated data, their answers and LLM features of :data:`QUESTIONS`: 45 to fit on, 15 to
+    predict."""
+    assert small_rubric.ids == list(QUESTIONS)
+    keep = lambda table: table[table.question_id.isin(QUESTIONS)].reset_index(drop=True)
+    tables = Tables(keep(simulated.annotations), keep(simulated.features), simulated.texts)
+    texts = tables.text_ids[:60]
+    return tables.subset(texts[:45]), tables.subset(texts[45:])
 
 
 def settings(name: str) -> dict:
@@ -66,8 +86,8 @@ SLOW = ("ordinal", "combined")  # conf/model/<name>.yaml: five members fitted on
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in registry.names()]
 )
-def test_every_family_fits_saves_loads_and_predicts_the_same(name, rubric, small, tmp_path):
-    round_trip(name, rubric, small, tmp_path)
+def test_every_family_fits_saves_loads_and_predicts_the_same(name, small_rubric, small, tmp_path):
+    round_trip(name, small_rubric, small, tmp_path)
 
 
 class Prior:
@@ -123,9 +143,9 @@ def prior_registered(monkeypatch):
 
 @pytest.mark.slow
 def test_a_new_family_is_an_auto_candidate_an_evaluate_method_and_round_trips(
-    prior_registered, rubric, small, tmp_path
+    prior_registered, small_rubric, small, tmp_path
 ):
-    train, test = small
+    rubric, (train, test) = small_rubric, small
     assert "test_prior" in registry.names(candidate=True)
     round_trip("test_prior", rubric, small, tmp_path)
     assert isinstance(make_method("test_prior", rubric), Prior)
@@ -148,7 +168,8 @@ def test_a_misspelt_candidate_names_the_setting_and_lists_the_registry(rubric):
     assert "\n" not in str(error.value)
 
 
-def test_an_unknown_family_version_or_missing_key_is_one_error_naming_the_file(rubric, small, tmp_path):
+def test_an_unknown_family_version_or_missing_key_is_one_error_naming_the_file(small_rubric, small, tmp_path):
+    rubric = small_rubric
     model = registry.make("constant", rubric).fit(small[0])
     meta, tensors = model.state()
     meta = {**meta, "rubric": rubric.to_dict(), "main_question": rubric.main.id}
@@ -172,21 +193,43 @@ def test_a_baseline_under_a_second_name_is_listed_once(rubric, simulated):
 
 
 @pytest.mark.slow
-def test_a_candidate_equal_to_another_is_not_applicable_not_a_failure(rubric, small, caplog):
+def test_a_candidate_equal_to_another_is_not_applicable_not_a_failure(small_rubric, small, caplog):
     """One LLM source per question: clmm_mean is clmm_own, recorded as not applicable at info level."""
     settings = {**SMALL_AUTO, "auto": {**SMALL_AUTO["auto"], "candidates": ["clmm_own", "clmm_mean"]}}
     with caplog.at_level(logging.INFO, logger="llmrubric"):
-        auto = AutoCalibrator(rubric, settings, FAST).fit(small[0])
+        auto = AutoCalibrator(small_rubric, settings, FAST).fit(small[0])
     row = auto.table_["clmm_mean"]
     assert row["not_applicable"].startswith("identical to clmm_own") and "error" not in row
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r for r in caplog.records if "clmm_mean not applicable" in r.getMessage() and r.levelno == logging.INFO]
 
 
+@contextmanager
+def imported_from(folder: Path, package: str = "llmrubric"):
+    """``package`` imported afresh from ``folder``, as a new process started there imports it: ``folder`` first on
+    ``sys.path`` and this process's modules of ``package`` set aside (put back on leaving, the copy's dropped), so the
+    test costs no second start-up of torch."""
+    ours = lambda name: name == package or name.startswith(f"{package}.")
+    saved = {name: module for name, module in sys.modules.items() if ours(name)}
+    for name in saved:
+        del sys.modules[name]
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+        for name in [name for name in sys.modules if ours(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+        importlib.invalidate_caches()
+
+
 @pytest.mark.slow
 def test_a_module_dropped_in_the_families_folder_is_registered(tmp_path):
     """A new family is one module in ``llmrubric/model/families/``: in a copy of the package with ``Prior``'s
-    module dropped there, the registry lists it as a candidate, with no other file edited."""
+    module dropped there, imported afresh (:func:`imported_from`), the registry lists it as a candidate, with no
+    other file edited; this process's own package, put back, does not."""
     package = Path(registry.__file__).resolve().parents[2]
     shutil.copytree(package, tmp_path / "llmrubric", ignore=shutil.ignore_patterns("__pycache__"))
     module = "\n".join(
@@ -202,14 +245,12 @@ def test_a_module_dropped_in_the_families_folder_is_registered(tmp_path):
         ]
     )
     (tmp_path / "llmrubric" / "model" / "families" / "dropped_prior.py").write_text(module)
-    probe = (
-        "import llmrubric.model.core.registry as r; e = r.entry('dropped_prior'); "
-        "print(r.__file__, e.candidate, e.family.__module__, 'dropped_prior' in r.names(candidate=True))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    where, candidate, module_name, listed = done.stdout.split()
-    assert Path(where).is_relative_to(tmp_path)
-    assert (candidate, module_name, listed) == ("True", "llmrubric.model.families.dropped_prior", "True")
+    with imported_from(tmp_path):
+        copy = importlib.import_module("llmrubric.model.core.registry")
+        entry = copy.entry("dropped_prior")
+        where, family_file = Path(copy.__file__), Path(inspect.getfile(entry.family))
+        found = (entry.candidate, entry.family.__module__, "dropped_prior" in copy.names(candidate=True))
+    assert copy is not registry and where.is_relative_to(tmp_path) and family_file.is_relative_to(tmp_path)
+    assert found == (True, "llmrubric.model.families.dropped_prior", True)
+    assert importlib.import_module("llmrubric.model.core.registry") is registry  # this process's package is back
+    assert "dropped_prior" not in registry.names() and "llmrubric.model.families.dropped_prior" not in sys.modules

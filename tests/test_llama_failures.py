@@ -1,8 +1,9 @@
 """llama.cpp's real server (SmolLM2-135M-Instruct; tests/support/llama_server.py) failing an extraction as servers
 do: killed mid-run, stopped (SIGSTOP: it hangs), and the extraction interrupted by Ctrl-C, each through
 ``llmrubric extract features`` with a counting proxy in front of the server (tests/support/counting_proxy.py), so
-that the URL outlives the server and what it answered after a signal is counted. The same logic on scripted
-servers, fast: tests/test_extract_failures.py."""
+that the URL outlives the server and what it answered after a signal is counted. A server that is killed or stopped
+is started for its test; the reruns and Ctrl-C share one for the module. The same logic on scripted servers, fast:
+tests/test_extract_failures.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 
 import pandas as pd
 import pytest
+import yaml
 from support.counting_proxy import CountingProxy, stored_answers
 from support.llama_server import LlamaServer, unavailable
 from support.paths import ROOT
@@ -28,13 +30,38 @@ if REASON:
     pytest.skip(REASON, allow_module_level=True)
 
 pytestmark = [pytest.mark.llm, pytest.mark.llama_server, pytest.mark.xdist_group("smollm2")]
-BLOCKS = 9  # one demo text, nine questions
+TEXT = "d06"  # one short demo text (45 tokens: a prompt is mostly the rubric's instructions and question)
+# four questions of the shipped rubric that need no references, asked in this order: sampled (seed 0), SmolLM2 answers
+# Q7 and Q8 on this text in a form that parses (Q7 both answers, Q8 one), so the first two blocks end with a result
+QUESTIONS = ["Q7", "Q8", "Q0", "Q1"]
+BLOCKS = len(QUESTIONS)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """A server for the tests that neither kill nor stop it (its slots keep their last prompts, of the same text: a
+    later run reads their common prefix from there)."""
+    with LlamaServer(tmp_path_factory.mktemp("llama") / "server.log") as s:
+        yield s
+
+
+@pytest.fixture
+def server(shared):
+    """The module's server, alive before the test and after it (else the test fails naming its exit status and log,
+    not the clients' "Connection refused")."""
+    assert not shared.death(), shared.death()
+    yield shared
+    assert not shared.death(), shared.death()
 
 
 def cli_args(tmp_path, url: str, *extra: str) -> list[str]:
-    """``extract features`` of a short demo text with the shipped llama.cpp config, against ``url``."""
-    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(1)
-    texts.to_csv(tmp_path / "t.csv", index=False)
+    """``extract features`` of :data:`TEXT` on :data:`QUESTIONS` with the shipped llama.cpp config, against ``url``."""
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv")
+    texts[texts.text_id == TEXT].to_csv(tmp_path / "t.csv", index=False)
+    questions = {
+        q["id"]: q for q in yaml.safe_load((ROOT / "conf" / "rubric" / "llm_rubric.yaml").read_text())["questions"]
+    }
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({"name": "four", "questions": [questions[q] for q in QUESTIONS]}))
     argv = [
         "extract",
         "features",
@@ -42,7 +69,7 @@ def cli_args(tmp_path, url: str, *extra: str) -> list[str]:
         "--config",
         str(ROOT / "conf" / "extract" / "llama_cpp.yaml"),
     ]
-    argv += ["--rubric", str(ROOT / "conf" / "rubric" / "llm_rubric.yaml"), "--out", str(tmp_path / "f.csv")]
+    argv += ["--rubric", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "f.csv")]
     argv += ["--no-progress", "--set", f"base_url={url}"]
     return [*argv, "--set", "backoff=0.1", "--set", "pause=0.1", "--set", "max_pause=0.5", *extra]
 
@@ -72,12 +99,14 @@ class AfterAnswers(threading.Thread):
 
 
 @pytest.mark.parametrize("mode", ["logprob", "sampled"])
-def test_a_server_killed_mid_run_ends_in_server_down_blocks_and_a_rerun_resumes(tmp_path, capsys, mode):
-    extra = ["--set", "down_after=2"] + (["--mode", "sampled", "--samples", "2"] if mode == "sampled" else [])
-    with LlamaServer(tmp_path / "server.log") as server, CountingProxy(server.url) as proxy:
+def test_a_server_killed_mid_run_ends_in_server_down_blocks_and_a_rerun_resumes(tmp_path, capsys, mode, server):
+    """Killed once the first two blocks are answered (the shipped 2 requests in flight: logprob 2 answers, sampled
+    each block's 2 answers in turn, 4), while the other two are being asked; the rerun, on the module's server
+    behind the same URL, asks only what the first run lacks."""
+    extra = ["--set", "down_after=1"] + (["--mode", "sampled", "--samples", "2"] if mode == "sampled" else [])
+    with LlamaServer(tmp_path / "server.log") as dying, CountingProxy(dying.url) as proxy:
         argv = cli_args(tmp_path, proxy.url, *extra)
-        # sampled: 12 of 18 answers, so that some block surely has a parsed one (SmolLM2 parses about 40 %)
-        with AfterAnswers(proxy, 12 if mode == "sampled" else 5, server.process.kill) as killer:
+        with AfterAnswers(proxy, 4 if mode == "sampled" else 2, dying.process.kill) as killer:
             code = main(argv)
     assert killer.acted
     answered = len(proxy.answered())
@@ -87,7 +116,7 @@ def test_a_server_killed_mid_run_ends_in_server_down_blocks_and_a_rerun_resumes(
     assert summary["server_down"] > 0 and summary["done"] + absent == BLOCKS
     if mode == "sampled":
         assert stored_answers(tmp_path / "f.csv.cache.sqlite") == answered  # every answer obtained is kept
-    with LlamaServer(tmp_path / "again.log") as server, CountingProxy(server.url, port=proxy.port) as back:
+    with CountingProxy(server.url, port=proxy.port) as back:
         capsys.readouterr()
         assert main(argv) == 0
     rerun = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -118,8 +147,8 @@ def test_a_server_that_hangs_ends_within_its_timeout_as_counted_blocks(tmp_path,
     assert len(proxy.arrived()) <= summary["done"] + 2  # the one in flight and its retry: the rest never sent
 
 
-def test_ctrl_c_stops_spending_at_once_and_keeps_the_answers_in_flight(tmp_path):
-    with LlamaServer(tmp_path / "server.log") as server, CountingProxy(server.url) as proxy:
+def test_ctrl_c_stops_spending_at_once_and_keeps_the_answers_in_flight(tmp_path, server):
+    with CountingProxy(server.url) as proxy:
         argv = cli_args(tmp_path, proxy.url, "--mode", "sampled", "--samples", "5")
         run = subprocess.Popen(
             [sys.executable, "-c", "import sys; from llmrubric.cli import main; sys.exit(main(sys.argv[1:]))", *argv],

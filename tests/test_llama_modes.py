@@ -8,6 +8,7 @@ A timeout and a refusal: tests/test_extract_modes.py."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -190,8 +191,14 @@ def test_a_confident_judge_stops_early_and_one_that_never_parses_stops_at_the_ma
     assert lost.summary["this_run"]["requests"] == 3 and lost.summary["unparseable"] == 1
 
 
-def test_a_dry_runs_prompt_tokens_are_the_servers_usage(server, tmp_path, capsys):
-    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv").head(2)[["text_id", "text"]]
+def test_a_dry_runs_prompt_tokens_are_the_servers_usage(server, tmp_path, capsys, monkeypatch):
+    """The two shortest demo texts on two questions; both dry runs count with the config's tokenizer (the GGUF's),
+    read once for the test (about 5 s a read)."""
+    from llmrubric.extract import cost
+
+    monkeypatch.setattr(cost, "load_tokenizer", functools.cache(cost.load_tokenizer))
+    texts = pd.read_csv(ROOT / "data" / "demo_llm" / "texts.csv")
+    texts = texts.assign(n=texts.text.str.len()).sort_values(["n", "text_id"]).head(2)[["text_id", "text"]]
     texts.to_csv(tmp_path / "t.csv", index=False)
     rubric = {
         "name": "r",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from support.xdist import several_workers
 
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
@@ -42,8 +43,10 @@ def tasks(rubric):
 
 
 def backend(smollm2, **kwargs) -> TransformersBackend:
+    """Under ``pytest -n N`` on one torch thread (the backend's default, every CPU, left torch spinning two threads
+    on the core the other worker uses: each pass several times slower)."""
     model, tokenizer = smollm2
-    return TransformersBackend(model, tokenizer, model_id="smollm2", **kwargs)
+    return TransformersBackend(model, tokenizer, model_id="smollm2", threads=1 if several_workers() else None, **kwargs)
 
 
 def probs_of(results) -> dict:
@@ -116,11 +119,9 @@ def test_killed_run_resumes_without_recomputing(smollm2, tasks, chat_run, tmp_pa
     b = backend(smollm2, chat_template=True, batch_size=1, prefix_reuse=False)
     real_score = b.score
 
-    def dies_after_first(todo):
-        for n, r in enumerate(real_score(todo)):
-            if n == 1:
-                raise Interrupted
-            yield r
+    def dies_after_first(todo):  # killed as the second prompt starts: it is never computed
+        yield next(iter(real_score(todo)))
+        raise Interrupted
 
     b.score = dies_after_first
     with pytest.raises(Interrupted):

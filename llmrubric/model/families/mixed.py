@@ -10,10 +10,10 @@ the LLM sources that answered (``mean``: the mean of sources through a per-judge
 ``c`` are the population cut points (kept increasing as in :mod:`llmrubric.model.families.network.cumulative`),
 ``u_j`` each judge's offsets of the cut points and ``v_j`` its log-slope: random effects with
 ``u_jk ~ N(0, σ_k²)``, ``v_j ~ N(0, σ_v²)`` and ``β ~ N(0, τ²)``. The variances are estimated
-as ordinal mixed models do, by the Laplace approximation: the posterior mode is fitted by L-BFGS,
-then each variance is set to the mean of its effects' squared modes plus their posterior
-variances (the diagonal of each judge's inverse Hessian block), for ``rounds`` rounds. A judge
-not seen in training gets the population values (u = 0, v = 0).
+as ordinal mixed models do, by the Laplace approximation: the posterior mode is fitted by L-BFGS
+(:mod:`llmrubric.model.families.mixed_mode`), then each variance is set to the mean of its effects'
+squared modes plus their posterior variances (the diagonal of each judge's inverse Hessian
+block), for ``rounds`` rounds. A judge not seen in training gets the population values (u = 0, v = 0).
 
 A text with absent blocks is predicted by marginalising them with the answer model
 (:mod:`llmrubric.model.core.absent`). In training, and for a checkpoint without an answer model, a
@@ -44,6 +44,7 @@ from llmrubric.model.core.encoding import FeatureLayout, JudgeMap, pairs_of, que
 from llmrubric.model.core.params import replaced
 from llmrubric.model.core.registry import Capabilities, name_with, register
 from llmrubric.model.core.threads import one_thread
+from llmrubric.model.families.mixed_mode import ModeProblem, posterior_mode
 from llmrubric.model.families.network.cumulative import interval_log_probs
 
 INPUTS = ("own", "all", "mean")
@@ -188,9 +189,7 @@ class MixedOrdinal:
                 if not question.ordered:
                     continue
                 f = self._inputs(columns, question, fit=True)[pd.Index(texts).get_indexer(pairs.text_id)]
-                self.fits_[qid] = _fit_question(
-                    torch.from_numpy(f), torch.from_numpy(judge), torch.from_numpy(y), len(question.keys), self
-                )
+                self.fits_[qid] = _fit_question(f, judge, y, len(question.keys), self)
         self.questions_ = [q for q in wanted if q in self.fits_]
         if not self.questions_:
             raise InputError(
@@ -311,28 +310,29 @@ class MixedOrdinal:
         return self
 
 
-def _fit_question(f: torch.Tensor, judge: torch.Tensor, y: torch.Tensor, options: int, owner) -> _QuestionFit:
-    """Posterior mode and Laplace-EM variances of one question's CLMM (module doc)."""
+def _fit_question(f: np.ndarray, judge: np.ndarray, y: np.ndarray, options: int, owner) -> _QuestionFit:
+    """Posterior mode (:mod:`llmrubric.model.families.mixed_mode`) and Laplace-EM variances of one
+    question's CLMM (module doc)."""
     keep = y >= 0
     f, judge, y = f[keep], judge[keep], y[keep]
     fit = _QuestionFit(f.shape[1], options, len(owner.judges_.judges))
     if not len(y):
         return fit
+    problem = ModeProblem(f, judge, y, options, len(owner.judges_.judges))
+    mode = torch.cat([fit.beta, fit.cuts, fit.effects.ravel()]).detach().numpy()
+    f, judge, y = torch.from_numpy(f), torch.from_numpy(judge), torch.from_numpy(y)
 
     def loss() -> torch.Tensor:
         logp = fit.log_probs(f, judge)
         return -logp.gather(1, y[:, None]).sum() + fit.penalty()
 
     for _ in range(max(1, owner.rounds)):
-        optimizer = torch.optim.LBFGS(fit.parameters(), lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
-
-        def closure():
-            optimizer.zero_grad()
-            value = loss()
-            value.backward()
-            return value
-
-        optimizer.step(closure)
+        mode = posterior_mode(problem, mode, fit.variances.numpy(), float(fit.tau2))
+        beta, cuts, effects = problem.split(mode)
+        with torch.no_grad():
+            fit.beta.copy_(torch.from_numpy(beta))
+            fit.cuts.copy_(torch.from_numpy(cuts))
+            fit.effects.copy_(torch.from_numpy(effects))
         _update_variances(fit, loss)
     return fit
 

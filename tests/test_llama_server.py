@@ -16,7 +16,6 @@ import pytest
 import yaml
 from support.llama_server import LlamaServer, compare, expected_answers, unavailable
 from support.paths import ROOT
-from support.xdist import several_workers
 
 from llmrubric.cli import main
 from llmrubric.config import load_file
@@ -42,9 +41,6 @@ QUESTIONS = ["Q0", "Q1", "Q6"]  # three that need no references: 3 prompts, whos
 # stays below the 0.15 that one token more in every prompt (GPT-2's split of "\n\n1") caused.
 MAX_PROB_DIFF = 0.06
 MIN_PEARSON = 0.9  # of expected answers, over all compared blocks
-# the transformers backend's torch threads: its default (every CPU) under ``pytest -n N`` spun two threads on the core
-# the other worker uses, which made each pass several times slower
-THREADS = 1 if several_workers() else None
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +99,7 @@ def test_the_transformers_path_reads_the_servers_tokens(server, setup, smollm2):
     ]
     (two_newlines,) = server.post("/tokenize", {"content": "\n\n", "parse_special": False})["tokens"]
     model, tokenizer = smollm2
-    b = TransformersBackend(model, tokenizer, model_id="s", chat_template=True, threads=THREADS)
+    b = TransformersBackend(model, tokenizer, model_id="s", chat_template=True)
     for task in setup[0][:2]:
         text, prepared = b.tokens.prompt_text(task.prompt), b.tokens.prepare(task)
         assert re.search(r"\n\n\d", text) and two_newlines in prepared.ids
@@ -159,7 +155,7 @@ def test_the_real_server_matches_transformers_on_the_same_prompts(server, setup,
     remote = features(tasks, client, rubric, server)
     model, tokenizer = smollm2
     if endpoint == "chat":
-        backend = TransformersBackend(model, tokenizer, model_id="s", chat_template=True, threads=THREADS)
+        backend = TransformersBackend(model, tokenizer, model_id="s", chat_template=True)
         local = features(tasks, backend, rubric)
         assert client.stats["requests"] == len(tasks) == len(served)
         for t in tasks:  # both read the template's "\n\n" before a digit as one token (issue 33)
@@ -167,9 +163,7 @@ def test_the_real_server_matches_transformers_on_the_same_prompts(server, setup,
             assert served[t.key] == len(backend.tokens.prepare(t).ids)
     else:
         space, bare, newline = (
-            features(
-                tasks, TransformersBackend(model, tokenizer, model_id="s", label_prefix=p, threads=THREADS), rubric
-            )
+            features(tasks, TransformersBackend(model, tokenizer, model_id="s", label_prefix=p), rubric)
             for p in (" ", "", "\n")
         )
         local = space.assign(prob=space.prob + bare.prob + newline.prob)

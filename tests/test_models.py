@@ -3,6 +3,7 @@ the one-line errors for a missing, truncated, unsupported or weightless model.""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -177,13 +178,18 @@ def test_fetch_unknown_model_is_an_error(tmp_path):
         models.fetch("nope", tmp_path)
 
 
-def test_threads_follow_the_machine(tok):
+def test_threads_follow_the_setting_and_by_default_keep_a_lower_count_within_the_machine(tok):
     from support.tiny_models import make_llama
 
-    before = torch.get_num_threads()
+    before, cpus = torch.get_num_threads(), len(os.sched_getaffinity(0))
     try:
         TransformersBackend(make_llama(tok), tok, device="cpu", threads=1)
         assert torch.get_num_threads() == 1
+        TransformersBackend(make_llama(tok), tok, device="cpu")  # a caller's lower count (a pytest -n worker's) stays
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(cpus + 3)
+        TransformersBackend(make_llama(tok), tok, device="cpu")  # never more threads than the CPUs it may use
+        assert torch.get_num_threads() == cpus
     finally:
         torch.set_num_threads(before)
 

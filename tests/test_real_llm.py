@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from support.xdist import several_workers
 
 from llmrubric.extract.backends.transformers_backend import TransformersBackend
 from llmrubric.extract.cache import ResultCache
@@ -46,7 +45,7 @@ def backend(smollm2, **kwargs) -> TransformersBackend:
     """Under ``pytest -n N`` on one torch thread (the backend's default, every CPU, left torch spinning two threads
     on the core the other worker uses: each pass several times slower)."""
     model, tokenizer = smollm2
-    return TransformersBackend(model, tokenizer, model_id="smollm2", threads=1 if several_workers() else None, **kwargs)
+    return TransformersBackend(model, tokenizer, model_id="smollm2", **kwargs)
 
 
 def probs_of(results) -> dict:

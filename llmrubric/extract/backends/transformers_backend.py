@@ -46,7 +46,8 @@ class TransformersBackend(Backend):
         label_prefix: put before each label; default (None): derived from the model's format at
             the answer position (:meth:`PromptTokens._find_answer_prefix`).
         chat_template: wrap the prompt as a user message with the tokenizer's chat template.
-        threads: CPU threads (default: the CPUs this process may use).
+        threads: CPU threads, set for the whole process (default: torch's own number, capped by the CPUs this
+            process may use; a caller that lowered it, such as one of several workers sharing the cores, keeps it).
         gguf_cache: a folder where a ``.gguf`` model's converted copy is kept and loaded from next time
             (:mod:`llmrubric.extract.converted`); None: convert at every load.
     """
@@ -83,7 +84,7 @@ class TransformersBackend(Backend):
             raise InputError(f"dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
         torch_dtype = getattr(torch, dtype)
         if device == "cpu":
-            torch.set_num_threads(int(threads or len(os.sched_getaffinity(0))))
+            torch.set_num_threads(int(threads or min(torch.get_num_threads(), len(os.sched_getaffinity(0)))))
         name = model_id
         if model is None:
             if path is None:

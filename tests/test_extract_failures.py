@@ -52,6 +52,19 @@ def test_a_server_down_from_the_start_is_one_line_and_leaves_no_cache(tmp_path, 
 
 
 @pytest.mark.slow
+def test_an_extraction_from_a_server_does_not_import_torch(tmp_path):
+    """Torch is seconds of start-up that a run against a server never uses: it stops at a server that is down
+    without it."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    code = (
+        "import sys; from llmrubric.cli import main; "
+        f"code = main({cli_args(tmp_path, url, '--samples', '2')!r}); print(code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["2", "False"], done.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_a_server_that_dies_mid_run_ends_in_counted_blocks_and_a_rerun_pays_only_for_what_it_lacks(tmp_path, capsys):
     samples, kill_at = 3, 20  # answers per block; the server dies after answering this many requests
     replies = []

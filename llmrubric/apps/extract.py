@@ -19,6 +19,7 @@ import pandas as pd
 from llmrubric.apps.commands import add_noun
 from llmrubric.apps.extract_weights import add_weights_verb
 from llmrubric.config import GROUP_SCHEMAS, command_settings
+from llmrubric.config.extract import adaptive_settings
 from llmrubric.extract.backends import BACKEND_KEYS, make_backend_from
 from llmrubric.extract.backends.generation import ModeSettings
 from llmrubric.io.errors import InputError
@@ -544,8 +545,6 @@ def uncached(settings: dict, tasks, cache_path: Path) -> tuple[list, dict[str, i
 
 def check_adaptive(settings: dict) -> None:
     """``--adaptive`` goes with ``--calibrator`` and runs in one process; its settings in range."""
-    from llmrubric.model.adaptive import adaptive_settings
-
     settings["adaptive"] = adaptive_settings(settings.get("adaptive"))
     if not settings.get("adaptive_extraction"):
         if settings.get("calibrator"):

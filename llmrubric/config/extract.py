@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+from llmrubric.io.errors import InputError
+from llmrubric.io.guards import check_range
 
 
 @dataclass
@@ -32,6 +35,25 @@ class AdaptiveConfig:
     draws: int = 32
     judges: list[str] | None = None
     seed: int = 0
+
+
+COSTS = ("calls", "tokens")  # what AdaptiveConfig.cost may be
+
+
+def adaptive_settings(settings: dict | AdaptiveConfig | None = None, prefix: str = "adaptive") -> dict:
+    """:class:`AdaptiveConfig`'s defaults under ``settings``, checked; a bad value names ``<prefix>.<key>``."""
+    given = asdict(settings) if isinstance(settings, AdaptiveConfig) else dict(settings or {})
+    unknown = sorted(set(given) - set(asdict(AdaptiveConfig())))
+    if unknown:
+        raise InputError(f"unknown adaptive setting(s) {unknown}", setting=f"{prefix}.{unknown[0]}")
+    s = {**asdict(AdaptiveConfig()), **given}
+    if s["budget"] is not None:
+        s["budget"] = check_range(f"{prefix}.budget", s["budget"], 1, integer=True)
+    s["min_gain"] = check_range(f"{prefix}.min_gain", s["min_gain"], 0)
+    s["draws"] = check_range(f"{prefix}.draws", s["draws"], 4, integer=True)
+    if s["cost"] not in COSTS:
+        raise InputError(f"{s['cost']!r} is not one of {list(COSTS)}", setting=f"{prefix}.cost")
+    return s
 
 
 @dataclass

@@ -14,35 +14,17 @@ below ``min_gain``, or when nothing is left to ask (:class:`llmrubric.config.Ada
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from llmrubric.config import AdaptiveConfig
+from llmrubric.config.extract import adaptive_settings
 from llmrubric.io.errors import InputError
-from llmrubric.io.guards import check_range
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.absent import MAX_ROWS, CompletionBatch, answer_model, batch_of
 from llmrubric.model.core.columns import block_columns
-
-COSTS = ("calls", "tokens")
-
-
-def adaptive_settings(settings: dict | AdaptiveConfig | None = None, prefix: str = "adaptive") -> dict:
-    """:class:`AdaptiveConfig`'s defaults under ``settings``, checked; a bad value names ``<prefix>.<key>``."""
-    given = asdict(settings) if isinstance(settings, AdaptiveConfig) else dict(settings or {})
-    unknown = sorted(set(given) - set(asdict(AdaptiveConfig())))
-    if unknown:
-        raise InputError(f"unknown adaptive setting(s) {unknown}", setting=f"{prefix}.{unknown[0]}")
-    s = {**asdict(AdaptiveConfig()), **given}
-    if s["budget"] is not None:
-        s["budget"] = check_range(f"{prefix}.budget", s["budget"], 1, integer=True)
-    s["min_gain"] = check_range(f"{prefix}.min_gain", s["min_gain"], 0)
-    s["draws"] = check_range(f"{prefix}.draws", s["draws"], 4, integer=True)
-    if s["cost"] not in COSTS:
-        raise InputError(f"{s['cost']!r} is not one of {list(COSTS)}", setting=f"{prefix}.cost")
-    return s
 
 
 class Selector:

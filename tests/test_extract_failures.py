@@ -7,6 +7,7 @@ seeds. The same against llama.cpp's real server: tests/test_llama_failures.py.""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -14,18 +15,20 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 from support.counting_proxy import CountingProxy, stored_answers
 from support.judge_server import judge
 from support.llama_server import free_port
 from support.paths import ROOT
+from threadpoolctl import threadpool_limits
 
 from llmrubric.cli import main
-from llmrubric.extract.backends.openai_backend import OpenAIBackend
+from llmrubric.extract.backends.openai_backend import EndpointPool, OpenAIBackend
 from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.prompts import text_hash
-from llmrubric.extract.runner import extract
+from llmrubric.extract.runner import extract, stop_on_interrupt
 from llmrubric.extract.tasks import Task
 
 LABELS = ("1", "2", "3", "4")
@@ -168,6 +171,41 @@ def test_ctrl_c_sends_nothing_more_and_keeps_the_answers_in_flight(tmp_path):
         assert not (tmp_path / "f.csv").exists() and not out.strip()
         assert main(argv) == 0  # the rerun pays for the rest only
     assert len(proxy.arrived()) == BLOCKS * 5
+
+
+class PoolBackend:
+    """The part of the OpenAI backend that Ctrl-C reaches: its endpoint pool."""
+
+    def __init__(self):
+        self.pool = EndpointPool(["http://127.0.0.1:1/v1"], limit=4)
+
+    def stop(self):
+        self.pool.stop()
+
+    def watch(self, interrupted):
+        self.pool.interrupted = interrupted
+
+
+def test_a_request_thread_sends_nothing_after_ctrl_c_while_the_main_thread_has_not_yet_run_its_handler():
+    """The main thread is inside one NumPy product (at least 16 GFLOP: Python runs a signal's handler only after it)
+    when SIGINT comes; a request thread asking for an endpoint just after the signal gets none."""
+    backend, asked = PoolBackend(), {}
+    big = np.random.default_rng(0).random((2000, 2000))
+
+    def request_thread():
+        time.sleep(0.05)  # the main thread is in the product by now
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        asked["at"], asked["endpoint"] = time.monotonic(), backend.pool.acquire()
+
+    with stop_on_interrupt(backend) as got:
+        thread = threading.Thread(target=request_thread)
+        thread.start()
+        with threadpool_limits(1):  # one core's product lasts past the request (0.2-0.4 s here)
+            big @ big  # noqa: B018  (the busy main thread)
+        thread.join()
+    assert got.at is not None and asked["at"] < got.at  # the handler ran after the request thread asked
+    assert asked["endpoint"] is None and backend.pool.halted().startswith("interrupted")
 
 
 @pytest.mark.parametrize(

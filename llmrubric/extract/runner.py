@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from collections import Counter, defaultdict
@@ -51,11 +52,21 @@ class Signal:
 def stop_on_interrupt(backend: Backend):
     """Ctrl-C (SIGINT) during the block: the ``backend`` sends no new request (:meth:`Backend.stop`; a local
     backend stops at once) and the results of those in flight still arrive; a second Ctrl-C stops at once.
-    Yields the :class:`Signal`. Outside the main thread (no signal handler there) it changes nothing."""
+    Yields the :class:`Signal`. Outside the main thread (no signal handler there) it changes nothing.
+
+    Python runs a signal's handler in the main thread, when that thread next gets the interpreter: on a busy
+    machine that can be after a request thread has sent one more request. So the signal is also written to a
+    wakeup socket at delivery (:func:`signal.set_wakeup_fd`), which the backend's request threads read before each
+    request (:meth:`Backend.watch`)."""
     got = Signal()
     if threading.current_thread() is not threading.main_thread():
         yield got
         return
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    backend.watch(lambda: _delivered(reader, signal.SIGINT))
 
     def handler(signum, frame):
         if got.at is not None:
@@ -71,6 +82,18 @@ def stop_on_interrupt(backend: Backend):
         yield got
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.set_wakeup_fd(previous_fd)
+        backend.watch(lambda: False)
+        reader.close()
+        writer.close()
+
+
+def _delivered(reader: socket.socket, signum: int) -> bool:
+    """Whether signal ``signum`` was written to the wakeup socket ``reader`` (peeked at: it stays there)."""
+    try:
+        return int(signum) in reader.recv(256, socket.MSG_PEEK)
+    except OSError:  # nothing written yet (BlockingIOError), or the run is over
+        return False
 
 
 @dataclass

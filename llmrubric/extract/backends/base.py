@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from llmrubric.extract.tasks import Result, Task
 from llmrubric.io.errors import InputError
@@ -27,6 +27,11 @@ class Backend(ABC):
     def stop(self) -> None:
         """Ctrl-C: send nothing more (a server backend); the results of requests in flight still come."""
         raise KeyboardInterrupt
+
+    def watch(self, interrupted: Callable[[], bool]) -> None:
+        """During a run, ``interrupted()`` is true from the moment Ctrl-C reaches the process, in any thread
+        (:func:`llmrubric.extract.runner.stop_on_interrupt`): a server backend sends nothing once it is, before the
+        main thread gets to run its handler. A local backend stops in that handler."""
 
     def close(self) -> None:
         """Release resources."""

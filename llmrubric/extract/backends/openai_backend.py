@@ -38,7 +38,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
@@ -172,6 +172,7 @@ class EndpointPool:
         self.last_answer = time.monotonic()  # of any endpoint (a Retry-After is an answer)
         self.failing = False  # a request failed since the last answer
         self.stopped = False
+        self.interrupted: Callable[[], bool] = lambda: False  # Ctrl-C reached the process (Backend.watch)
 
     def start(self) -> None:
         """A run begins: its wait for a first answer starts now."""
@@ -188,10 +189,15 @@ class EndpointPool:
         """Seconds until the server counts as down (0: it is; infinite while nothing failed since an answer)."""
         return max(0.0, self.last_answer + self.down_after - now) if self.failing else math.inf
 
+    def _stopped(self) -> bool:
+        """Stopped, or Ctrl-C has reached the process (then stopped from now on); under :attr:`cond`."""
+        self.stopped = self.stopped or self.interrupted()
+        return self.stopped
+
     def halted(self) -> str:
         """'' while requests may be sent; else why not, starting ``interrupted:`` or ``server down:``."""
         with self.cond:
-            if self.stopped:
+            if self._stopped():
                 return "interrupted: stopped before this request was sent (Ctrl-C)"
             if self._down_in(time.monotonic()) == 0:
                 return (
@@ -217,7 +223,7 @@ class EndpointPool:
         with self.cond:
             while True:
                 now = time.monotonic()
-                if self.stopped or self._down_in(now) == 0:
+                if self._stopped() or self._down_in(now) == 0:
                     return None
                 live = [e for e in self.endpoints if e.paused_until <= now]
                 if not live and not any(e.throttled for e in self.endpoints):
@@ -591,6 +597,9 @@ class OpenAIBackend(Backend):
     def stop(self) -> None:
         """Send no new request (Ctrl-C): the requests in flight are answered, every other task ends ``interrupted``."""
         self.pool.stop()
+
+    def watch(self, interrupted: Callable[[], bool]) -> None:
+        self.pool.interrupted = interrupted
 
     def generate(self, prompt: str, max_tokens: int = 512) -> str:
         """Greedy text completion (test-bank generation) on the least busy endpoint; raises InputError on failure."""

@@ -16,6 +16,7 @@ from support.paths import ROOT
 from llmrubric.cli import main
 from llmrubric.extract.answers import choose, final_answer, refused, verbalized
 from llmrubric.extract.backends import make_backend_from
+from llmrubric.extract.backends.base import Backend
 from llmrubric.extract.backends.generation import ModeSettings, mode_prompt
 from llmrubric.extract.backends.openai_backend import OpenAIBackend
 from llmrubric.extract.cache import ResultCache
@@ -143,7 +144,7 @@ def test_a_sampled_block_keeps_its_record_in_the_cache_and_writes_samples(tmp_pa
     assert ex.failures.reason[0] == "1 of 4 answers were not read ({'unparseable': 1})"
 
 
-class _Cached:
+class _Cached(Backend):
     """A backend that answers nothing: extract reads the cache only."""
 
     model_id = "m"

@@ -185,6 +185,19 @@ class EndpointPool:
             self.stopped = True
             self.cond.notify_all()
 
+    def check_reachable(self, timeout: float) -> None:
+        """An InputError if no endpoint accepts a connection within ``timeout`` seconds; unreachable ones are paused."""
+        down = {e.url: why for e in self.endpoints if (why := reachable(e.url, timeout))}
+        if len(down) == len(self.endpoints):
+            raise InputError(
+                "extract setting base_url: no endpoint is reachable: "
+                + "; ".join(f"{u} ({why})" for u, why in down.items())
+            )
+        for e in self.endpoints:
+            if e.url in down:
+                e.failures, e.paused_until = self.pause_after, time.monotonic() + self.pause
+                log.warning("endpoint %s is unreachable (%s): paused for %.1f s", e.url, down[e.url], self.pause)
+
     def _down_in(self, now: float) -> float:
         """Seconds until the server counts as down (0: it is; infinite while nothing failed since an answer)."""
         return max(0.0, self.last_answer + self.down_after - now) if self.failing else math.inf
@@ -556,18 +569,9 @@ class OpenAIBackend(Backend):
             tokens,
         )
 
-    def check_endpoints(self) -> None:
-        """Before any request: an InputError if no endpoint accepts a connection; unreachable ones are paused."""
-        down = {u: why for u in self.urls if (why := reachable(u, min(self.timeout, 5.0)))}
-        if len(down) == len(self.urls):
-            raise InputError(
-                "extract setting base_url: no endpoint is reachable: "
-                + "; ".join(f"{u} ({why})" for u, why in down.items())
-            )
-        for e in self.pool.endpoints:
-            if e.url in down:
-                e.failures, e.paused_until = self.pool.pause_after, time.monotonic() + self.pool.pause
-                log.warning("endpoint %s is unreachable (%s): paused for %.1f s", e.url, down[e.url], self.pool.pause)
+    def check(self) -> None:
+        """Before any request (and a run's cache): :meth:`EndpointPool.check_reachable`."""
+        self.pool.check_reachable(min(self.timeout, 5.0))
 
     def score(self, tasks: Sequence[Task]) -> Iterator[Result]:
         if not tasks:
@@ -579,7 +583,7 @@ class OpenAIBackend(Backend):
                 f"question {widest.question_id!r}: the mass of the others would be unknown; ask for at least "
                 f"{len(widest.labels)} (OpenAI and vLLM's default allow 20)"
             )
-        self.check_endpoints()
+        self.check()
         self.pool.start()
         with ThreadPoolExecutor(self.concurrency * len(self.urls)) as pool:
             futures = [pool.submit(self.request, t) for t in tasks]
@@ -591,8 +595,6 @@ class OpenAIBackend(Backend):
             finally:  # a consumer that stops early (an error, a second Ctrl-C): nothing more is sent
                 if not finished:
                     self.stop()
-
-    check = check_endpoints  # the backend's check before a run: an endpoint is reachable
 
     def stop(self) -> None:
         """Send no new request (Ctrl-C): the requests in flight are answered, every other task ends ``interrupted``."""

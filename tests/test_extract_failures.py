@@ -25,7 +25,7 @@ from support.paths import ROOT
 from threadpoolctl import threadpool_limits
 
 from llmrubric.cli import main
-from llmrubric.extract.backends.openai_backend import EndpointPool, OpenAIBackend
+from llmrubric.extract.backends.openai_backend import OpenAIBackend
 from llmrubric.extract.cache import ResultCache
 from llmrubric.extract.prompts import text_hash
 from llmrubric.extract.runner import extract, stop_on_interrupt
@@ -173,23 +173,10 @@ def test_ctrl_c_sends_nothing_more_and_keeps_the_answers_in_flight(tmp_path):
     assert len(proxy.arrived()) == BLOCKS * 5
 
 
-class PoolBackend:
-    """The part of the OpenAI backend that Ctrl-C reaches: its endpoint pool."""
-
-    def __init__(self):
-        self.pool = EndpointPool(["http://127.0.0.1:1/v1"], limit=4)
-
-    def stop(self):
-        self.pool.stop()
-
-    def watch(self, interrupted):
-        self.pool.interrupted = interrupted
-
-
 def test_a_request_thread_sends_nothing_after_ctrl_c_while_the_main_thread_has_not_yet_run_its_handler():
     """The main thread is inside one NumPy product (at least 16 GFLOP: Python runs a signal's handler only after it)
     when SIGINT comes; a request thread asking for an endpoint just after the signal gets none."""
-    backend, asked = PoolBackend(), {}
+    backend, asked = OpenAIBackend(model="m", base_url="http://127.0.0.1:1/v1", api_key_env=None), {}
     big = np.random.default_rng(0).random((2000, 2000))
 
     def request_thread():

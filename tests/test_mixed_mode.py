@@ -21,11 +21,8 @@ def problem_and_model(options: int, scale: float, seed: int) -> tuple[ModeProble
     x = np.concatenate(
         [rng.normal(0, scale, dim), rng.normal(0, 1, options - 1), rng.normal(0, scale / 3, judges * options)]
     )
-    beta, cuts, effects = problem.split(x)
+    model.assign(*problem.split(x))
     with torch.no_grad():
-        model.beta.copy_(torch.from_numpy(beta))
-        model.cuts.copy_(torch.from_numpy(cuts))
-        model.effects.copy_(torch.from_numpy(effects))
         model.variances.copy_(torch.from_numpy(rng.uniform(0.1, 1.0, options)))
         model.tau2.fill_(0.7)
     return problem, model, x
@@ -52,11 +49,7 @@ def test_the_numpy_loss_and_gradient_are_the_torch_models(options, scale):
 def test_the_posterior_mode_zeroes_the_torch_models_gradient():
     problem, model, x = problem_and_model(4, 1.0, seed=7)
     mode = posterior_mode(problem, np.zeros_like(x), model.variances.numpy(), float(model.tau2))
-    beta, cuts, effects = problem.split(mode)
-    with torch.no_grad():
-        model.beta.copy_(torch.from_numpy(beta))
-        model.cuts.copy_(torch.from_numpy(cuts))
-        model.effects.copy_(torch.from_numpy(effects))
+    model.assign(*problem.split(mode))
     torch_loss(problem, model).backward()
     grad = torch.cat([model.beta.grad, model.cuts.grad, model.effects.grad.ravel()])
     assert float(grad.abs().max()) < 1e-4

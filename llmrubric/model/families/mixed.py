@@ -102,6 +102,18 @@ class _QuestionFit(nn.Module):
         score = torch.exp(effects[:, -1]) * (f @ self.beta)
         return interval_log_probs(nn.functional.logsigmoid(cuts - score[:, None]))
 
+    def packed(self) -> np.ndarray:
+        """(beta, cuts, effects) as one vector, in :meth:`~llmrubric.model.families.mixed_mode.ModeProblem.split`'s
+        order."""
+        return torch.cat([self.beta, self.cuts, self.effects.ravel()]).detach().numpy()
+
+    @torch.no_grad()
+    def assign(self, beta: np.ndarray, cuts: np.ndarray, effects: np.ndarray) -> None:
+        """Set the parameters (a :meth:`~llmrubric.model.families.mixed_mode.ModeProblem.split` vector's parts)."""
+        self.beta.copy_(torch.from_numpy(beta))
+        self.cuts.copy_(torch.from_numpy(cuts))
+        self.effects.copy_(torch.from_numpy(effects))
+
     def penalty(self) -> torch.Tensor:
         """The negative log prior of the effects and weights (up to constants)."""
         return 0.5 * ((self.effects**2 / self.variances).sum() + (self.beta**2).sum() / self.tau2)
@@ -319,7 +331,7 @@ def _fit_question(f: np.ndarray, judge: np.ndarray, y: np.ndarray, options: int,
     if not len(y):
         return fit
     problem = ModeProblem(f, judge, y, options, len(owner.judges_.judges))
-    mode = torch.cat([fit.beta, fit.cuts, fit.effects.ravel()]).detach().numpy()
+    mode = fit.packed()
     f, judge, y = torch.from_numpy(f), torch.from_numpy(judge), torch.from_numpy(y)
 
     def loss() -> torch.Tensor:
@@ -328,11 +340,7 @@ def _fit_question(f: np.ndarray, judge: np.ndarray, y: np.ndarray, options: int,
 
     for _ in range(max(1, owner.rounds)):
         mode = posterior_mode(problem, mode, fit.variances.numpy(), float(fit.tau2))
-        beta, cuts, effects = problem.split(mode)
-        with torch.no_grad():
-            fit.beta.copy_(torch.from_numpy(beta))
-            fit.cuts.copy_(torch.from_numpy(cuts))
-            fit.effects.copy_(torch.from_numpy(effects))
+        fit.assign(*problem.split(mode))
         _update_variances(fit, loss)
     return fit
 

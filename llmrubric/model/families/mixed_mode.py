@@ -2,9 +2,9 @@
 
 The negative log posterior and its gradient are written out in NumPy and minimised by SciPy's
 L-BFGS-B: the model is a few small arrays, so an autograd graph costs more in overhead than the
-arithmetic (one evaluation of loss and gradient 5-8× faster than the same through torch autograd, 600-3,900 pairs). The loss is the one
-:meth:`llmrubric.model.families.mixed._QuestionFit.log_probs` gives, term for term, with the same
-floors (:data:`llmrubric.model.families.network.cumulative.LOG_FLOOR`).
+arithmetic (one evaluation of loss and gradient 5-8× faster than the same through torch autograd, on
+600-3,900 pairs). The loss is the one :meth:`llmrubric.model.families.mixed._QuestionFit.log_probs`
+gives, term for term, with the same floors (:data:`llmrubric.model.families.network.cumulative.LOG_FLOOR`).
 """
 
 from __future__ import annotations
@@ -58,11 +58,12 @@ class ModeProblem:
         eta_up = padded.ravel()[self.cut_above] - score
         eta_lo = padded.ravel()[self.cut_below] - score
         cdf_up, cdf_lo = log_expit(eta_up), log_expit(eta_lo)
-        gap = -np.expm1(cdf_lo - cdf_up)
+        below = cdf_lo - cdf_up  # log P(y <= answer - 1) / P(y <= answer)
+        gap = -np.expm1(below)
         open_gap = gap >= 1e-30
         logp = cdf_up + np.log(np.maximum(gap, 1e-30))
         above_floor = logp >= LOG_FLOOR
-        share = np.where(open_gap, np.exp(cdf_lo - cdf_up) / np.where(open_gap, gap, 1.0), 0.0)
+        share = np.where(open_gap, np.exp(below) / np.where(open_gap, gap, 1.0), 0.0)
         d_up = np.where(self.upper & above_floor, -expit(-eta_up) * (1.0 + share), 0.0)
         d_lo = np.where(self.lower & above_floor, expit(-eta_lo) * share, 0.0)
         d_padded = np.bincount(self.cut_above, d_up, judges * (k + 1)) + np.bincount(

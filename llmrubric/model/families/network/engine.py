@@ -230,6 +230,7 @@ class StackedNets(nn.Module):
         super().__init__()
         self.template, self.layout = template, layout
         self.rows = nn.ParameterList([nn.Parameter(row.clone()) for row in flat])
+        self.members = tuple(self.rows)  # the same parameters, read without the ParameterList's per-item lookup
         for name, value in {"real": real, "decay": decay, "mean": mean, "scale": scale, "dropout": dropout}.items():
             self.register_buffer(name, value)
         self.lr = lr
@@ -247,34 +248,40 @@ class StackedNets(nn.Module):
         """(len(ids), P) the rows of models ``ids`` (padding is zero and stays so: its gradient is
         dropped before each step, see :meth:`finish_gradients`), in the layout of ``index``
         (positions of a narrower layout, see :meth:`ParameterPacking.index_in`) if given."""
-        flat = torch.stack([self.rows[i] for i in ids.tolist()])
+        flat = torch.stack([self.members[i] for i in ids.tolist()])
         return flat if index is None else flat[:, index]
 
-    def raw_features(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
-        """Unstandardised features (M, B, F) of raw inputs x (M, B, raw), judge (M, B): computed once
-        per phase for every row, since they do not change while training."""
+    def standardized_features(self, x: torch.Tensor, judge: torch.Tensor) -> torch.Tensor:
+        """Each model's standardised features (M, B, F) of raw inputs x (M, B, raw), judge (M, B): computed
+        once per phase for every row, since they do not change while training."""
         n_models, batch = judge.shape
-        return self.template.features(x.reshape(n_models * batch, -1), judge.reshape(-1)).view(n_models, batch, -1)
+        f = self.template.features(x.reshape(n_models * batch, -1), judge.reshape(-1)).view(n_models, batch, -1)
+        return (f - self.mean[:, None]) / self.scale[:, None]
 
     def forward(self, ids, layout: ParameterPacking, flat, features, judge, keep=None) -> torch.Tensor:
-        """Logits (M, B, Q, O) of models ``ids`` with parameters ``flat`` (in ``layout``) on
-        unstandardised ``features`` (M, B, F) (:meth:`raw_features`), judge (M, B); ``keep``
-        (M, B, F) bool: the input dropout masks (training)."""
-        f = (features - self.mean[ids][:, None]) / self.scale[ids][:, None]
+        """Logits (M, B, Q, O) of models ``ids`` with parameters ``flat`` (in ``layout``) on standardised
+        ``features`` (M, B, F) (:meth:`standardized_features`), judge (M, B); ``keep`` (M, B, F) bool: the input
+        dropout masks (training)."""
         if keep is not None:
-            f = f * keep / (1 - self.dropout[ids])[:, None, None]
-        return self.template.stacked_logits(layout.views(flat), f, judge)
+            features = features * keep / (1 - self.dropout[ids])[:, None, None]
+        return self.template.stacked_logits(layout.views(flat), features, judge)
 
     @torch.no_grad()
     def finish_gradients(self, models: list[int]) -> None:
         """Before the step of ``models``: drop their padding's gradient and add the L2 term
         ``decay * row``, the gradient of half the decay-weighted squared parameters
         (``weight_decay`` on shared weights, ``2 delta_l2`` on judge deltas, zero on padding).
-        Both stay out of the autograd graph, which then only holds the loss."""
-        for j in models:
-            row = self.rows[j]
-            term = self.decay[j] * row
-            row.grad = term if row.grad is None else row.grad.mul_(self.real[j]).add_(term)
+        Both stay out of the autograd graph, which then only holds the loss. One foreach call per operation
+        over the models, not three per model."""
+        rows = [self.members[j] for j in models]
+        terms = torch._foreach_mul([self.decay[j] for j in models], rows)
+        with_grad = [k for k, row in enumerate(rows) if row.grad is not None]
+        grads = [rows[k].grad for k in with_grad]
+        torch._foreach_mul_(grads, [self.real[models[k]] for k in with_grad])
+        torch._foreach_add_(grads, [terms[k] for k in with_grad])
+        for k, row in enumerate(rows):
+            if row.grad is None:
+                row.grad = terms[k]
 
 
 def _stack_rows(datas: list[Encoded], rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -289,10 +296,10 @@ def _stack_rows(datas: list[Encoded], rows: list[torch.Tensor]) -> tuple[torch.T
 
 
 def _with_features(module: StackedNets, stacked: list[torch.Tensor]) -> list[torch.Tensor]:
-    """(x, judge, y) of :func:`_stack_rows` → (unstandardised features, judge, y)."""
+    """(x, judge, y) of :func:`_stack_rows` → (standardised features, judge, y)."""
     x, judge, y = stacked
     with torch.no_grad():
-        return [module.raw_features(x, judge), judge, y]
+        return [module.standardized_features(x, judge), judge, y]
 
 
 def _phase_rows(data: Encoded, mask: torch.Tensor) -> torch.Tensor:
@@ -574,7 +581,7 @@ class _Phase(PhaseRun):
 
     def final_flat(self) -> torch.Tensor:
         with torch.no_grad():
-            return torch.stack(list(self.module.rows)) * self.module.real
+            return torch.stack(self.module.members) * self.module.real
 
     def keep_best(self, improved: torch.Tensor) -> None:
         self.best_flat[improved.to(self.device)] = self.final_flat()[improved.to(self.device)]
@@ -633,7 +640,7 @@ class _Phase(PhaseRun):
         Models with larger batches accumulate the gradients of several chunks before their
         Adam step, so every step computes the same number of rows for every model."""
         stack = self.stack
-        features, judge, y = (t[stack] for t in self.train)
+        features, judge, y = self.train if len(stack) == self.n else (t[stack] for t in self.train)
         n_models, width = judge.shape
         pad = width - 1
         order = torch.full((n_models, width), pad, dtype=torch.long)
@@ -652,20 +659,27 @@ class _Phase(PhaseRun):
         drops = bool((dropout > 0).any())
         idx, denom = idx.to(self.device), denom.to(self.device)
         running = self.running[stack]
-        sdev = stack.to(self.device)
+        sdev, models = stack.to(self.device), stack.tolist()
+        starts = take * width  # each model's first row in the tensors flattened over (model, row)
+
+        def rows_of(t: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+            """(M, C, ·): each model's rows ``at`` (M, C) of ``t`` (M, width, ·), one index_select."""
+            flat_rows = (at + starts).view(-1)
+            return t.reshape(n_models * width, *t.shape[2:]).index_select(0, flat_rows).view(*at.shape, *t.shape[2:])
+
         for step in range(idx.shape[1]):
             active = running & has_rows[:, step] & finite
             rows = torch.where(active.to(self.device)[:, None], idx[:, step], pad)
             update = active & last[:, step]
             flat = self.module.flat(sdev, self.narrow)
-            keep = noise[take, rows] >= dropout[:, None, None] if drops else None
-            logits = self.wrapped(sdev, self.narrow_layout, flat, features[take, rows], judge[take, rows], keep)
-            loss = masked_nll(torch.log_softmax(logits, dim=-1), y[take, rows], self.mask, denom[:, step])
+            keep = rows_of(noise, rows) >= dropout[:, None, None] if drops else None
+            logits = self.wrapped(sdev, self.narrow_layout, flat, rows_of(features, rows), rows_of(judge, rows), keep)
+            loss = masked_nll(torch.log_softmax(logits, dim=-1), rows_of(y, rows), self.mask, denom[:, step])
             self.fabric.backward(loss.sum())
             loss = loss.detach().cpu()
             ok = torch.isfinite(loss)
             finite &= ok | ~active
-            self._step([int(stack[j]) for j in (update & ok).nonzero().squeeze(1).tolist()])
+            self._step([models[j] for j in (update & ok).nonzero().squeeze(1).tolist()])
             losses += torch.where(active & ok, loss, 0.0)
         out_finite = torch.ones(self.n, dtype=torch.bool)
         out_finite[stack] = finite
@@ -675,7 +689,7 @@ class _Phase(PhaseRun):
 
     def _step(self, models: list[int]) -> None:
         """One Adam step of ``models`` (their accumulated gradients); the others keep theirs for later."""
-        rows = list(self.module.rows)
+        rows = self.module.members
         held = {}
         chosen = set(models)
         for j, row in enumerate(rows):

@@ -8,8 +8,9 @@ Each model is one ``train.py`` run in a subprocess (``logger=none``, a temporary
 seconds; ``process_seconds``: the CPU seconds of ``train.py`` and the children it waited for, plus the CPU seconds
 of ``model=auto``'s worker fits (``decision.worker_cpu_seconds`` of its checkpoint: the workers are forked by a
 forkserver, which ``train.py`` does not wait for); ``workers``: those that ran; ``phases``: ``model=auto``'s wall
-seconds by phase of its fit (``decision.seconds``). ``model=network`` runs ``--network-runs`` times (default 3: one
-run's wall seconds moved by 20 % between runs), the run of median wall seconds kept (``seconds_runs``: each).
+seconds by phase of its fit (``decision.seconds``). Each model runs ``--runs`` times (default 3: one run's wall
+seconds moved by 20 % between runs, the default's on 2 workers by 28 %), the run of median wall seconds kept
+(``seconds_runs``: each).
 ``--workers 1 2`` also runs ``model=auto`` with ``model.auto.workers`` 1 and 2 (``auto_workers<N>``). Ratios are
 against ``network``. Without ``--out`` the figures are printed only.
 """
@@ -55,28 +56,29 @@ def train_py(data: Path, overrides: list[str]) -> dict:
     }
 
 
+def median_run(data: Path, overrides: list[str], runs: int) -> dict:
+    """The record of the run of median wall seconds of ``runs`` ``train.py`` runs, with ``seconds_runs`` (each)."""
+    records = sorted((train_py(data, overrides) for _ in range(runs)), key=lambda r: r["seconds"])
+    return {**records[len(records) // 2], "seconds_runs": [r["seconds"] for r in records]}
+
+
 def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "dialsumm"))
     parser.add_argument("--models", nargs="+", default=["auto", "network"], choices=["auto", "network"])
     parser.add_argument("--workers", nargs="*", type=int, default=[], help="model.auto.workers values to run too")
-    parser.add_argument("--network-runs", type=int, default=3, help="runs of model=network, the median taken")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each model, the median taken")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    if args.network_runs < 1:
-        raise InputError(f"{args.network_runs} runs: at least 1", setting="--network-runs")
+    if args.runs < 1:
+        raise InputError(f"{args.runs} runs: at least 1", setting="--runs")
     version, data = code_version(), Path(args.data).resolve()
     for name in (*(f"{t}.csv" for t in TABLES), "rubric.yaml"):
         if not (data / name).is_file():
             raise InputError(f"{name} not found", file=str(data / name), setting="--data")
     runs = {name: [f"model={name}"] for name in args.models}
     runs.update({f"auto_workers{n}": ["model=auto", f"model.auto.workers={n}"] for n in args.workers})
-    report = {name: train_py(data, overrides) for name, overrides in runs.items() if name != "network"}
-    if "network" in runs:
-        network = sorted(
-            (train_py(data, runs["network"]) for _ in range(args.network_runs)), key=lambda r: r["seconds"]
-        )
-        report["network"] = {**network[len(network) // 2], "seconds_runs": [r["seconds"] for r in network]}
+    report = {name: median_run(data, overrides, args.runs) for name, overrides in runs.items()}
     if "network" in report:
         for record in report.values():
             record["ratio"] = record["seconds"] / report["network"]["seconds"]

@@ -85,6 +85,7 @@ def test_import_mlflow_writes_the_tables_and_an_off_scale_value_is_one_error(rub
     assert read_table(out / "annotations.parquet", "annotations").answer.tolist() == ["3"]
     assert read_table(out / "texts.parquet", "texts").system_id.tolist() == ["v1"]
     feedback(a, "Q1", 7, "HUMAN", "bob@x")
+    capsys.readouterr()  # what the set-up logged (MLflow's first use of the session's store creates its tables)
     bad = tmp_path / "bad"
     assert run_cli([*imported, "--out-dir", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
@@ -99,6 +100,7 @@ def test_an_import_that_answers_no_question_of_the_rubric_is_an_error_naming_the
     a = trace(eid, "q", "r", "v1")
     feedback(a, "coherence", 3, "HUMAN", "ann@x")
     feedback(a, "coherence", 2, "LLM_JUDGE", "gpt")
+    capsys.readouterr()
     out = tmp_path / "tables"
     assert run_cli(["import", "mlflow", "--experiment", name, "--rubric", str(RUBRIC), "--out-dir", str(out)]) == 2
     err = capsys.readouterr().err.strip()

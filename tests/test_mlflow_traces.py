@@ -153,6 +153,18 @@ def test_a_tracking_server_that_hangs_is_one_line_after_mlflows_request_timeout(
     assert len(err.splitlines()) == 1 and "is not answering (timed out; waited at most 1 s" in err, err
 
 
+def test_a_local_store_that_does_not_exist_is_one_line_and_is_not_created(tmp_path, capsys, kept_tracking_uri):
+    """A command that reads a store refuses a missing one instead of letting MLflow create an empty one."""
+    out = tmp_path / "tables"
+    argv = ["import", "mlflow", "--experiment", "x", "--rubric", str(RUBRIC), "--out-dir", str(out)]
+    for uri, path in ((f"sqlite:///{tmp_path / 'nope.db'}", tmp_path / "nope.db"), (str(tmp_path / "mlruns"),) * 2):
+        assert run_cli([*argv, "--tracking-uri", uri]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: setting --tracking-uri: MLflow store {uri} does not exist ({path}): point " \
+            "--tracking-uri or MLFLOW_TRACKING_URI at the store that holds the experiment\n"
+        assert not os.path.exists(path) and not out.exists()
+
+
 def test_mlflows_http_pool_holds_the_threads_mlflow_runs_against_the_server(monkeypatch):
     """Trace search downloads with MLFLOW_SEARCH_TRACES_MAX_THREADS threads: a smaller pool discards connections."""
     monkeypatch.delenv("MLFLOW_HTTP_POOL_MAXSIZE", raising=False)

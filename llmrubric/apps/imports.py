@@ -203,7 +203,7 @@ def run_export(args) -> int:
         extra = sorted(set(tables.features.text_id.astype(str)) - set(tables.texts.text_id.astype(str)))
         if extra:
             raise InputError(f"text {extra[0]!r} of the features is not in the texts table", file=str(args.texts))
-    client = tracking_client(args.tracking_uri)
+    client = tracking_client(args.tracking_uri, create=True)
     with store_errors():
         found = client.get_experiment_by_name(args.experiment)
         eid = found.experiment_id if found else client.create_experiment(args.experiment)

@@ -3,7 +3,9 @@
 :func:`tracking_client` points MLflow at ``--tracking-uri`` (else ``MLFLOW_TRACKING_URI``) and, for a
 tracking server (``http(s)://``), asks its ``/health`` once, with MLflow's own request timeout
 (``MLFLOW_HTTP_REQUEST_TIMEOUT``): a server that is down or does not answer is one error before
-anything is read or written. :func:`store_errors` turns what MLflow raises later (a server that dies
+anything is read or written; a local store (``sqlite:`` file, ``file:`` or plain folder) that does not exist is one
+error too where the command only reads or adds to one (MLflow would create an empty store and then find nothing),
+and is created only by a command that writes a new experiment (``create``). :func:`store_errors` turns what MLflow raises later (a server that dies
 mid-run, after MLflow's retries: ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, default 7, about 4 minutes) into
 one error line. :func:`size_http_pool` gives MLflow's HTTP connection pool as many connections as
 MLflow's own thread pools use at once (trace search downloads with up to
@@ -16,11 +18,14 @@ from __future__ import annotations
 import contextlib
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
+from pathlib import Path
 
 from llmrubric.io.errors import InputError
 
 HEALTH = "/health"
+SPECIAL_URIS = ("databricks", "databricks-uc", "uc")  # MLflow's hosted stores, named without a scheme
 
 
 def size_http_pool() -> None:
@@ -37,14 +42,43 @@ def size_http_pool() -> None:
     os.environ[env.MLFLOW_HTTP_POOL_MAXSIZE.name] = str(max(threads, env.MLFLOW_HTTP_POOL_MAXSIZE.get()))
 
 
-def tracking_client(uri: str | None = None, setting: str = "--tracking-uri"):
-    """An ``MlflowClient`` of ``uri`` (default: the current tracking URI), its server checked (module doc)."""
+def tracking_client(uri: str | None = None, setting: str = "--tracking-uri", create: bool = False):
+    """An ``MlflowClient`` of ``uri`` (default: the current tracking URI), its server checked and, unless
+    ``create``, its local store required to exist (module doc)."""
     import mlflow
 
     if uri:
         mlflow.set_tracking_uri(uri)
-    check_server(mlflow.get_tracking_uri(), setting)
+    current = mlflow.get_tracking_uri()
+    check_server(current, setting)
+    if not create:
+        check_local_store(current, setting)
     return mlflow.MlflowClient()
+
+
+def local_store(uri: str) -> Path | None:
+    """The file or folder of a local tracking store (``sqlite:///FILE``, ``file:FOLDER``, a plain path); None for a
+    server, an in-memory database or another database."""
+    parsed = urllib.parse.urlparse(uri)
+    if uri in SPECIAL_URIS:
+        return None
+    if parsed.scheme == "sqlite":
+        path = uri.split("?", 1)[0].removeprefix("sqlite:///")
+        return None if path in ("", ":memory:") or path.startswith("sqlite:") else Path(path)
+    if parsed.scheme == "file":
+        return Path(urllib.request.url2pathname(parsed.path))
+    return Path(uri) if not parsed.scheme or len(parsed.scheme) == 1 else None  # a Windows drive letter is a path
+
+
+def check_local_store(uri: str, setting: str = "--tracking-uri") -> None:
+    """An error naming ``uri`` where it is a local store that does not exist (nothing is created)."""
+    path = local_store(uri)
+    if path is not None and not path.exists():
+        raise InputError(
+            f"MLflow store {uri} does not exist ({path}): point --tracking-uri or MLFLOW_TRACKING_URI at the store "
+            "that holds the experiment",
+            setting=setting,
+        )
 
 
 def check_server(uri: str, setting: str = "--tracking-uri") -> None:

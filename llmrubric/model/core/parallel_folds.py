@@ -55,8 +55,30 @@ def pool_workers(setting: int, annotations: int, candidates: int) -> int:
     worker of another process pool or where ``annotations`` rows × ``candidates`` < :data:`MIN_WORK` (module doc)."""
     if setting <= 1 or multiprocessing.parent_process() is not None or annotations * candidates < MIN_WORK:
         return 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(setting, cpus))
+    return max(1, min(setting, _cpus()))
+
+
+def start_early(setting: int) -> bool:
+    """Start now the forkserver a pool of ``setting`` workers would start (importing the package: seconds), so that
+    it imports while this process reads the data; False (nothing started) where no pool can run whatever the data.
+    A fit that then runs in one process leaves it idle; it ends with this process."""
+    if setting <= 1 or multiprocessing.parent_process() is not None or _cpus() < 2 or _start_method() != "forkserver":
+        return False
+    _preload(multiprocessing.get_context("forkserver"))
+    from multiprocessing import forkserver
+
+    with _without_main():  # the forkserver would run the caller's script
+        forkserver.ensure_running()
+    return True
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _preload(context) -> None:
+    """The modules the forkserver imports once (the package, and Lightning Fabric where training needs it)."""
+    context.set_forkserver_preload(PRELOAD + (["lightning_fabric"] if needs_fabric("auto") else []))
 
 
 @dataclass
@@ -162,7 +184,7 @@ class FoldFits:
             return
         context = multiprocessing.get_context(_start_method())
         if context.get_start_method() == "forkserver":
-            context.set_forkserver_preload(PRELOAD + (["lightning_fabric"] if needs_fabric("auto") else []))
+            _preload(context)
         bundles = [
             sorted((j for j in jobs if j.tables[0] in share), key=lambda j: j.judges is None) for share in self.shares
         ]

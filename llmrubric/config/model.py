@@ -67,6 +67,10 @@ class AutoConfig:
             groups of its fold models and refit); capped by the CPUs, and 1 (this process alone, no pool) in a
             worker of another process pool or where the data are too small for a pool to pay. 1: always this
             process. The figures do not depend on it.
+        fold_ensemble: at most this many networks in each inner-fold model of a candidate that averages an
+            ensemble (the network; its first members, seeded as the refit's), the refit on all the training data
+            keeping ``model.ensemble``; null: ``model.ensemble`` in the folds too. The inner CV only weighs and
+            calibrates; 3 cuts the network's inner CV by a third (``benchmarks/README.md#training-and-scoring-cost``).
     """
 
     candidates: list[str] | None = None
@@ -84,6 +88,7 @@ class AutoConfig:
     cover: str = "ridge_judge"
     intervals: str = "all"
     workers: int = 2
+    fold_ensemble: int | None = 3
 
 
 @dataclass

@@ -280,7 +280,7 @@ class AutoCalibrator(WeightedMixture):
         judges = JudgeMap.from_annotations(tables.annotations)
         for name in usable:
             joint = capabilities(name).joint_fit  # the refit on all of ``tables`` joins the folds' one program
-            models = [self._candidate(name) for _ in range(len(folds.splits) + joint)]
+            models = [self._fold_candidate(name) for _ in folds.splits] + ([self._candidate(name)] if joint else [])
             twin = self._twin(name, models[0], folds.trains[0])
             if twin:
                 self._twins[name] = twin
@@ -310,12 +310,19 @@ class AutoCalibrator(WeightedMixture):
         one identical to another candidate is left out)."""
         usable = [n for n in self.settings.candidates if n not in self.unusable_]
         twin = lambda name, model: bool(self._twin(name, model, folds.trains[0]))  # noqa: E731
-        return tune(usable, self._candidate, twin, folds, self.rubric, self.settings.tune_trials, self.seed)
+        return tune(usable, self._fold_candidate, twin, folds, self.rubric, self.settings.tune_trials, self.seed)
 
     def _candidate(self, name: str, params: dict | None = None):
         """Unfitted candidate ``name`` with ``params`` (by default its tuned ones, if any)."""
         params = self.tuned_.get(name, {}).get("params") if params is None else params
         return candidate(name, self.rubric, self.model, self.trainer, self.seed, self.group, params)
+
+    def _fold_candidate(self, name: str, params: dict | None = None):
+        """Unfitted candidate ``name`` for an inner fold: :meth:`_candidate` with at most
+        ``model.auto.fold_ensemble`` networks where it averages an ensemble."""
+        model, cap = self._candidate(name, params), self.settings.fold_ensemble
+        ensemble = model.get_params().get("model.ensemble") if cap is not None else None
+        return model.set_params(**{"model.ensemble": cap}) if ensemble is not None and ensemble > cap else model
 
     def _twin(self, name: str, model, train: Tables) -> str | None:
         """Why candidate ``name`` (``model``) does not apply: it is identical to another candidate on ``train``."""

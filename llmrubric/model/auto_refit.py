@@ -89,7 +89,7 @@ def question_conformals(model, tables: Tables, splits: list[tuple]) -> dict:
         if name in reused:
             return reused[name][k]
         missing = [q for q in questions if q not in made]
-        return fit_questions(model._candidate(name), splits[k][0], missing) if missing else None
+        return fit_questions(model._fold_candidate(name), splits[k][0], missing) if missing else None
 
     def mixture(base: dict) -> np.ndarray:
         return model._mixture({n: base[model.parts_[n].member] for n in model.weights_})

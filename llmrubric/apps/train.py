@@ -56,11 +56,7 @@ def train_app(cfg: DictConfig) -> float:
 def train(cfg: DictConfig, run_dir: Path, staging: Path) -> float:
     # imported here, not at the top: Lightning costs seconds that --help need not pay
     from llmrubric.model.core.label_rule import in_sample_rule
-    from llmrubric.model.core.parallel_folds import start_early
 
-    workers = cfg.model.get("auto", {}).get("workers")
-    if cfg.model.get("family") == "auto" and isinstance(workers, int):  # the pool imports while the data are read
-        start_early(workers)
     rubric, splits = prepare(cfg, create_folds=True, folds_dir=staging)
     with Tracker.from_config(cfg).run("train", nested=True, tags={"job": "train"}) as run:
         run.log_config(cfg)

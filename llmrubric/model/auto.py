@@ -40,7 +40,7 @@ from llmrubric.model.core.encoding import FeatureLayout, JudgeMap
 from llmrubric.model.core.inner_cv import InnerFolds, decision, held_out, point_figures, reason, tune
 from llmrubric.model.core.label_rule import main_rule
 from llmrubric.model.core.memo import one_encoding
-from llmrubric.model.core.parallel_folds import FoldFits, pool_workers
+from llmrubric.model.core.parallel_folds import FoldFits, pool_workers, start_early
 from llmrubric.model.core.params import (
     check_params,
     param_names,
@@ -135,6 +135,9 @@ class AutoCalibrator(WeightedMixture):
         their encoding."""
         with one_encoding():
             self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
+            usable = [n for n in self.settings.candidates if n not in self.unusable_]
+            if pool_workers(self.settings.workers, len(tables.annotations), len(usable)) > 1:
+                start_early(self.settings.workers)  # the pool's forkserver imports while the phases before it run
             tables = self._read_counted(tables)
             self.level_record_ = level_plan(
                 self.rubric, tables, self.settings.system_level, self.level_prior, self.settings.level_min_systems

@@ -58,17 +58,22 @@ def pool_workers(setting: int, annotations: int, candidates: int) -> int:
     return max(1, min(setting, _cpus()))
 
 
-def start_early(setting: int) -> bool:
+def start_early(setting: int, wait: bool = False) -> bool:
     """Start now the forkserver a pool of ``setting`` workers would start (importing the package: seconds), so that
-    it imports while this process reads the data; False (nothing started) where no pool can run whatever the data.
-    A fit that then runs in one process leaves it idle; it ends with this process."""
+    it imports while this process reads the data (``wait``: return once a worker has started from it); False
+    (nothing started) where no pool can run whatever the data. A fit that then runs in one process leaves it idle; it
+    ends with this process."""
     if setting <= 1 or multiprocessing.parent_process() is not None or _cpus() < 2 or _start_method() != "forkserver":
         return False
-    _preload(multiprocessing.get_context("forkserver"))
+    context = multiprocessing.get_context("forkserver")
+    _preload(context)
     from multiprocessing import forkserver
 
-    with _without_main():  # the forkserver would run the caller's script
+    with _without_main():  # the forkserver, and workers forked from it, would run the caller's script
         forkserver.ensure_running()
+        if wait:
+            with ProcessPoolExecutor(1, mp_context=context) as pool:
+                pool.submit(os.getpid).result()
     return True
 
 

@@ -197,12 +197,24 @@ def test_a_candidate_that_does_not_apply_is_recorded_and_a_bug_stops_the_run(sou
         ({"folds": 1}, "model.auto.folds"),
         ({"tune_trials": -1}, "model.auto.tune_trials"),
         ({"bb_draws": 0}, "model.auto.bb_draws"),
+        ({"fold_ensemble": 0}, "model.auto.fold_ensemble"),
+        ({"fold_ensemble": 2.5}, "model.auto.fold_ensemble"),
     ],
 )
 def test_bad_auto_settings_name_the_setting(rubric, auto, setting):
     with pytest.raises(InputError) as error:
         AutoCalibrator(rubric, {**FAST_AUTO, "auto": {**FAST_AUTO["auto"], **auto}})
     assert error.value.setting == setting
+
+
+@pytest.mark.parametrize(("fold_ensemble", "in_folds"), [(3, 3), (None, 5), (8, 5)])
+def test_inner_fold_models_keep_at_most_fold_ensemble_networks_and_the_refit_all(rubric, fold_ensemble, in_folds):
+    settings = {**model_file("auto"), "ensemble": 5}
+    model = AutoCalibrator(rubric, {**settings, "auto": {**settings["auto"], "fold_ensemble": fold_ensemble}})
+    assert model._fold_candidate("network").get_params()["model.ensemble"] == in_folds
+    assert model._candidate("network").get_params()["model.ensemble"] == 5
+    assert model._fold_candidate("network").seeds == model._candidate("network").seeds[:in_folds]  # its first ones
+    assert "model.ensemble" not in model._fold_candidate("ridge_judge").get_params()  # no ensemble: as it is
 
 
 @pytest.mark.slow

@@ -160,8 +160,10 @@ def test_a_local_store_that_does_not_exist_is_one_line_and_is_not_created(tmp_pa
     for uri, path in ((f"sqlite:///{tmp_path / 'nope.db'}", tmp_path / "nope.db"), (str(tmp_path / "mlruns"),) * 2):
         assert run_cli([*argv, "--tracking-uri", uri]) == 2
         err = capsys.readouterr().err
-        assert err == f"error: setting --tracking-uri: MLflow store {uri} does not exist ({path}): point " \
+        assert (
+            err == f"error: setting --tracking-uri: MLflow store {uri} does not exist ({path}): point "
             "--tracking-uri or MLFLOW_TRACKING_URI at the store that holds the experiment\n"
+        )
         assert not os.path.exists(path) and not out.exists()
 
 

@@ -36,12 +36,9 @@ def check_auto(settings: AutoConfig) -> None:
         value = getattr(settings, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise InputError(f"{value!r} is not a whole number >= {least}", setting=f"model.auto.{key}")
-    if settings.fold_ensemble is not None and (
-        not isinstance(settings.fold_ensemble, int) or isinstance(settings.fold_ensemble, bool) or settings.fold_ensemble < 1
-    ):
-        raise InputError(
-            f"{settings.fold_ensemble!r} is not a whole number >= 1 or null", setting="model.auto.fold_ensemble"
-        )
+    fold = settings.fold_ensemble
+    if fold is not None and (not isinstance(fold, int) or isinstance(fold, bool) or fold < 1):
+        raise InputError(f"{fold!r} is not a whole number >= 1 or null", setting="model.auto.fold_ensemble")
     if settings.cover not in names(candidate=True):
         raise InputError(f"{settings.cover!r} is not a candidate: {names(candidate=True)}", setting="model.auto.cover")
     chosen, known = list(settings.candidates), names(candidate=True)

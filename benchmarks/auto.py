@@ -98,7 +98,7 @@ from llmrubric.model.auto_settings import (  # noqa: E402
     default_candidates,  # noqa: E402
 )
 from llmrubric.model.core.encoding import PAIR, with_round  # noqa: E402
-from llmrubric.model.core.parallel_folds import start_early  # noqa: E402
+from llmrubric.model.core.parallel_folds import MIN_WORK, start_early  # noqa: E402
 from llmrubric.model.core.registry import fit_questions, names  # noqa: E402
 from llmrubric.model.core.system_level import t_interval  # noqa: E402
 from llmrubric.model.core.threads import single_threaded  # noqa: E402
@@ -559,7 +559,7 @@ def cost(args) -> dict:
     import lightning_fabric  # noqa: F401  imported by the first network fit: not charged to either model
 
     start = time.perf_counter()
-    started = start_early(2, wait=True)  # as train.py does before it reads the data: every fit finds it running
+    started = start_early(2, MIN_WORK, 1, wait=True)  # as the first pooled fit does: every fit finds it running
     out = {"pool_start_seconds": time.perf_counter() - start if started else None}
     for set_name in ("llm_rubric_synthetic", "simulated_shift"):
         rubric, tables, _ = load_set(set_name, *_args_tuple(args)[:4])

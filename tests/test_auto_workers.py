@@ -33,8 +33,8 @@ def test_workers_are_one_on_small_data_in_another_pool_or_when_set_and_at_most_t
     assert parallel_folds.pool_workers(10_000, big, 1) == len(os.sched_getaffinity(0))
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:  # a pool's worker
         assert pool.submit(parallel_folds.pool_workers, 2, big, 1).result() == 1
-        assert pool.submit(parallel_folds.start_early, 2).result() is False  # no forkserver started there either
-    assert parallel_folds.start_early(1) is False
+        assert pool.submit(parallel_folds.start_early, 2, big, 1).result() is False  # nor a forkserver there
+    assert parallel_folds.start_early(1, big, 1) is False and parallel_folds.start_early(2, big - 1, 1) is False
 
 
 @pytest.mark.slow
@@ -49,7 +49,7 @@ def test_two_workers_fit_the_weights_and_predictions_of_one_process(rubric, monk
     ).fit(train)
     one = fit(1)
     monkeypatch.setattr(parallel_folds, "MIN_WORK", 0)  # these data are below the size from which a pool pays
-    assert parallel_folds.start_early(2) is (len(os.sched_getaffinity(0)) > 1)  # as train.py starts the pool's server
+    assert parallel_folds.start_early(2, len(train.annotations), 2) is (len(os.sched_getaffinity(0)) > 1)
     two = fit(2)
     assert (one.decision_["workers"], one.decision_["worker_cpu_seconds"]) == (1, 0.0)
     assert two.decision_["workers"] == 2 and two.decision_["worker_cpu_seconds"] > 0

@@ -148,6 +148,9 @@ class Memoriser:
     def __init__(self, rubric):
         self.rubric = rubric
 
+    def get_params(self) -> dict:
+        return {}
+
     def fit(self, tables, questions=None):
         pairs, answers = question_targets(tables, self.rubric.main)
         self.seen_ = dict(zip(zip(pairs.text_id, pairs.judge_id), answers))

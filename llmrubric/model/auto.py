@@ -32,7 +32,7 @@ from llmrubric.io.rubric_arg import as_rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.auto_checkpoint import FORMAT, auto_state, check_format, restored
 from llmrubric.model.auto_refit import cover, fit_levels, fit_members, question_conformals
-from llmrubric.model.auto_settings import candidate, check_auto, resolved_candidates
+from llmrubric.model.auto_settings import candidate, check_auto, fold_model, resolved_candidates
 from llmrubric.model.core.checkpoints import load_model, write_checkpoint
 from llmrubric.model.core.combine import combine, rule_scores
 from llmrubric.model.core.conformal import Conformal
@@ -135,9 +135,8 @@ class AutoCalibrator(WeightedMixture):
         their encoding."""
         with one_encoding():
             self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
-            usable = [n for n in self.settings.candidates if n not in self.unusable_]
-            if pool_workers(self.settings.workers, len(tables.annotations), len(usable)) > 1:
-                start_early(self.settings.workers)  # the pool's forkserver imports while the phases before it run
+            usable = len(self.settings.candidates) - len(self.unusable_)
+            start_early(self.settings.workers, len(tables.annotations), usable)  # imports while the phases before run
             tables = self._read_counted(tables)
             self.level_record_ = level_plan(
                 self.rubric, tables, self.settings.system_level, self.level_prior, self.settings.level_min_systems
@@ -232,10 +231,7 @@ class AutoCalibrator(WeightedMixture):
 
     @staticmethod
     def _phase_seconds(clock: list[float]) -> dict[str, float]:
-        """Wall seconds of each phase of :meth:`fit` from its ``clock`` readings: the tuning (0 without
-        ``model.auto.tune_trials``), the candidates' inner CV and the weights (the network's refit on all the
-        data included: it trains with its folds), the refit of the other weighted members with their levels,
-        and the other questions' interval calibration (``model.auto.intervals=all``)."""
+        """Wall seconds of each phase of :meth:`fit` from its ``clock`` readings (docs/models.md: ``decision.seconds``)."""
         phases = ("tuning", "inner_cv", "refit", "other_questions_intervals")
         return {name: end - start for name, start, end in zip(phases, clock, clock[1:])}
 
@@ -321,11 +317,8 @@ class AutoCalibrator(WeightedMixture):
         return candidate(name, self.rubric, self.model, self.trainer, self.seed, self.group, params)
 
     def _fold_candidate(self, name: str, params: dict | None = None):
-        """Unfitted candidate ``name`` for an inner fold: :meth:`_candidate` with at most
-        ``model.auto.fold_ensemble`` networks where it averages an ensemble."""
-        model, cap = self._candidate(name, params), self.settings.fold_ensemble
-        ensemble = model.get_params().get("model.ensemble") if cap is not None else None
-        return model.set_params(**{"model.ensemble": cap}) if ensemble is not None and ensemble > cap else model
+        """Unfitted candidate ``name`` for an inner fold (:func:`~llmrubric.model.auto_settings.fold_model`)."""
+        return fold_model(self._candidate(name, params), self.settings.fold_ensemble)
 
     def _twin(self, name: str, model, train: Tables) -> str | None:
         """Why candidate ``name`` (``model``) does not apply: it is identical to another candidate on ``train``."""

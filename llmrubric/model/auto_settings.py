@@ -71,3 +71,10 @@ def candidate(
     if name not in names(candidate=True):
         raise InputError(f"unknown candidate {name!r}; known: {names(candidate=True)}", setting="model.auto.candidates")
     return make(name, rubric, model, trainer, seed, group, params=params)
+
+
+def fold_model(model, fold_ensemble: int | None):
+    """``model`` as an inner fold fits it: at most ``fold_ensemble`` (``model.auto.fold_ensemble``; None: no limit)
+    networks where it averages an ensemble (``model.ensemble``: its first ones, seeded as in the refit)."""
+    ensemble = model.get_params().get("model.ensemble") if fold_ensemble is not None else None
+    return model.set_params(**{"model.ensemble": fold_ensemble}) if ensemble and ensemble > fold_ensemble else model

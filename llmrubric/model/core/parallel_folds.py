@@ -58,12 +58,11 @@ def pool_workers(setting: int, annotations: int, candidates: int) -> int:
     return max(1, min(setting, _cpus()))
 
 
-def start_early(setting: int, wait: bool = False) -> bool:
-    """Start now the forkserver a pool of ``setting`` workers would start (importing the package: seconds), so that
-    it imports while this process reads the data (``wait``: return once a worker has started from it); False
-    (nothing started) where no pool can run whatever the data. A fit that then runs in one process leaves it idle; it
-    ends with this process."""
-    if setting <= 1 or multiprocessing.parent_process() is not None or _cpus() < 2 or _start_method() != "forkserver":
+def start_early(setting: int, annotations: int, candidates: int, wait: bool = False) -> bool:
+    """Start now the forkserver of the pool :func:`pool_workers` would run on these data (it imports the package:
+    seconds, once per process), so that it imports while this process does other work (``wait``: return once a
+    worker has started from it); False (nothing started) where no pool would run."""
+    if pool_workers(setting, annotations, candidates) < 2 or _start_method() != "forkserver":
         return False
     context = multiprocessing.get_context("forkserver")
     _preload(context)

@@ -552,9 +552,9 @@ def cost(args) -> dict:
     network's; ``<variant>_workers``: the workers that ran (``decision.workers``); ``<variant>_phases``: the wall
     seconds of each phase of the fit and of each candidate's inner CV (its decision record),
     ``<variant>_network_inner_ratio``: the network candidate's inner folds and refit (summed over its groups)
-    against model=default alone. The pool's forkserver is started first, as ``train.py`` starts it before reading
-    the data, so every fit finds it running (before, the first fit of the process paid its start and the later ones
-    did not); ``pool_start_seconds``: that start, until a worker ran."""
+    against model=default alone. The pool's forkserver is started first (a process's first pooled fit starts it at its
+    top), so every fit finds it running and no variant pays its start alone; ``pool_start_seconds``: that start,
+    until a worker ran."""
     single_threaded()
     import lightning_fabric  # noqa: F401  imported by the first network fit: not charged to either model
 

@@ -5,10 +5,10 @@ tracking server (``http(s)://``), asks its ``/health`` once, with MLflow's own r
 (``MLFLOW_HTTP_REQUEST_TIMEOUT``): a server that is down or does not answer is one error before
 anything is read or written; a local store (``sqlite:`` file, ``file:`` or plain folder) that does not exist is one
 error too where the command only reads or adds to one (MLflow would create an empty store and then find nothing),
-and is created only by a command that writes a new experiment (``create``). :func:`store_errors` turns what MLflow raises later (a server that dies
-mid-run, after MLflow's retries: ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, default 7, about 4 minutes) into
-one error line. :func:`size_http_pool` gives MLflow's HTTP connection pool as many connections as
-MLflow's own thread pools use at once (trace search downloads with up to
+and is created only by a command that writes a new experiment (``create``). :func:`store_errors` turns what MLflow
+raises later (a server that dies mid-run, after MLflow's retries: ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, default 7,
+about 4 minutes) into one error line. :func:`size_http_pool` gives MLflow's HTTP connection pool as many connections
+as MLflow's own thread pools use at once (trace search downloads with up to
 ``MLFLOW_SEARCH_TRACES_MAX_THREADS`` threads, 32 or more, against a pool of 10: urllib3 then discards a
 connection per request and warns "Connection pool is full" for each).
 """
@@ -59,9 +59,9 @@ def tracking_client(uri: str | None = None, setting: str = "--tracking-uri", cre
 def local_store(uri: str) -> Path | None:
     """The file or folder of a local tracking store (``sqlite:///FILE``, ``file:FOLDER``, a plain path); None for a
     server, an in-memory database or another database."""
-    parsed = urllib.parse.urlparse(uri)
     if uri in SPECIAL_URIS:
         return None
+    parsed = urllib.parse.urlparse(uri)
     if parsed.scheme == "sqlite":
         path = uri.split("?", 1)[0].removeprefix("sqlite:///")
         return None if path in ("", ":memory:") or path.startswith("sqlite:") else Path(path)

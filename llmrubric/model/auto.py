@@ -115,7 +115,8 @@ class AutoCalibrator(WeightedMixture):
                 if e.setting:  # a setting of the user's is wrong: say so, whatever the candidate
                     raise
                 self.unusable_[name] = str(e)
-        if len(self.unusable_) == len(self.settings.candidates):
+        self._usable = [n for n in self.settings.candidates if n not in self.unusable_]  # in their order
+        if not self._usable:
             raise InputError(f"no candidate applies: {self.unusable_}", setting="model.auto.candidates")
 
     def get_params(self) -> dict:
@@ -135,8 +136,7 @@ class AutoCalibrator(WeightedMixture):
         their encoding."""
         with one_encoding():
             self.fallback_, self._refitted, self.tuned_, self._folds = None, {}, {}, {}
-            usable = len(self.settings.candidates) - len(self.unusable_)
-            start_early(self.settings.workers, len(tables.annotations), usable)  # imports while the phases before run
+            start_early(self.settings.workers, len(tables.annotations), len(self._usable))  # imports meanwhile
             tables = self._read_counted(tables)
             self.level_record_ = level_plan(
                 self.rubric, tables, self.settings.system_level, self.level_prior, self.settings.level_min_systems
@@ -273,11 +273,10 @@ class AutoCalibrator(WeightedMixture):
         """The fold models of every usable candidate that is not identical to another (:attr:`_twins`: why), to
         fit on the inner folds' training tables (and on all of ``tables`` where the family fits jointly), over
         :func:`~llmrubric.model.core.parallel_folds.pool_workers` processes."""
-        usable = [n for n in self.settings.candidates if n not in self.unusable_]
-        workers = pool_workers(self.settings.workers, len(tables.annotations), len(usable))
+        workers = pool_workers(self.settings.workers, len(tables.annotations), len(self._usable))
         fits, self._twins = FoldFits(folds.trains + [tables], self.rubric.main.id, workers), {}
         judges = JudgeMap.from_annotations(tables.annotations)
-        for name in usable:
+        for name in self._usable:
             joint = capabilities(name).joint_fit  # the refit on all of ``tables`` joins the folds' one program
             models = [self._fold_candidate(name) for _ in folds.splits] + ([self._candidate(name)] if joint else [])
             twin = self._twin(name, models[0], folds.trains[0])
@@ -307,9 +306,8 @@ class AutoCalibrator(WeightedMixture):
     def _tuned(self, folds: InnerFolds) -> dict:
         """Each usable candidate with a search space tuned on ``folds`` (:func:`~llmrubric.model.core.inner_cv.tune`;
         one identical to another candidate is left out)."""
-        usable = [n for n in self.settings.candidates if n not in self.unusable_]
         twin = lambda name, model: bool(self._twin(name, model, folds.trains[0]))  # noqa: E731
-        return tune(usable, self._fold_candidate, twin, folds, self.rubric, self.settings.tune_trials, self.seed)
+        return tune(self._usable, self._fold_candidate, twin, folds, self.rubric, self.settings.tune_trials, self.seed)
 
     def _candidate(self, name: str, params: dict | None = None):
         """Unfitted candidate ``name`` with ``params`` (by default its tuned ones, if any)."""

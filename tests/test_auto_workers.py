@@ -37,6 +37,27 @@ def test_workers_are_one_on_small_data_in_another_pool_or_when_set_and_at_most_t
     assert parallel_folds.start_early(1, big, 1) is False and parallel_folds.start_early(2, big - 1, 1) is False
 
 
+def _modules_an_optimizer_imports() -> list[str]:
+    import sys
+
+    import torch
+
+    before = set(sys.modules)
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)], fused=True)
+    return sorted(set(sys.modules) - before)
+
+
+def test_a_worker_started_from_the_forkserver_imports_nothing_when_its_first_optimizer_is_built():
+    """The forkserver preloads what each new worker's first fit would import (torch._dynamo, by the first optimizer:
+    0.7 s a worker, every fit), so that no worker pays it; where the platform has no forkserver, nothing to check."""
+    if parallel_folds._start_method() != "forkserver":
+        pytest.skip("no forkserver on this platform")
+    context = multiprocessing.get_context("forkserver")
+    parallel_folds._preload(context)
+    with parallel_folds._without_main(), ProcessPoolExecutor(1, mp_context=context) as pool:
+        assert pool.submit(_modules_an_optimizer_imports).result() == []
+
+
 @pytest.mark.slow
 def test_two_workers_fit_the_weights_and_predictions_of_one_process(rubric, monkeypatch):
     """The network's program split over two processes and the other candidates' fold models fitted beside it: the

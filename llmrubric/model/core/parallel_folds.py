@@ -46,7 +46,9 @@ from llmrubric.model.core.registry import fit_questions
 from llmrubric.model.core.threads import one_thread, single_threaded
 
 MIN_WORK = 20_000  # annotation rows × candidates from which a pool of workers pays (module doc: measured)
-PRELOAD = ["llmrubric.model"]  # imported once by the forkserver, not by each worker's first fit
+# imported once by the forkserver, not by each worker's first fit; torch's optimizers import torch._dynamo when the
+# first one is built (0.7 s), which every fit's new worker would pay again
+PRELOAD = ["llmrubric.model", "torch._dynamo"]
 _WORKER: dict = {}  # a worker process's tables and main question id (set by :func:`_start`)
 
 

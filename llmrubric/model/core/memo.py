@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import wraps
 
+import numpy as np
+
 _MEMO: ContextVar[dict | None] = ContextVar("llmrubric_encodings", default=None)
 
 
@@ -41,10 +43,20 @@ def memoised(function: Callable) -> Callable:
         kept = [*args, *kwargs.values()]
         key = (function.__qualname__, tuple(_key(a) for a in args), tuple((k, _key(v)) for k, v in kwargs.items()))
         if key not in memo:
-            memo[key] = (kept, function(*args, **kwargs))
+            memo[key] = (kept, _read_only(function(*args, **kwargs)))
         return memo[key][1]
 
     return wrapper
+
+
+def _read_only(value):
+    """``value`` with its arrays (itself, or the items of a tuple) made read-only."""
+    if isinstance(value, np.ndarray):
+        value.flags.writeable = False
+    elif isinstance(value, tuple):
+        for item in value:
+            _read_only(item)
+    return value
 
 
 def _key(value):

@@ -37,6 +37,7 @@ from llmrubric.io.rubric import Question, Rubric
 from llmrubric.io.tables import Tables
 from llmrubric.model.core.columns import text_columns
 from llmrubric.model.core.encoding import FeatureLayout, question_targets
+from llmrubric.model.core.memo import memoised
 
 MIN_SYSTEMS = 3  # labelled training systems for model.auto to compare a level, at the least
 MIN_FIT_SYSTEMS = 2  # systems a level is fitted on (an inner fold of 3 training systems has 2)
@@ -46,6 +47,7 @@ END_MARGIN = 0.05  # a level's mean stays this share of the range inside the sca
 SUMMARIES = ("auto", "llm", "model")
 
 
+@memoised
 def text_system_ids(tables: Tables, pairs: pd.DataFrame | None = None) -> pd.Series:
     """text id → system id from ``pairs`` (a ``system_id`` column), the texts table or the annotations;
     empty when none has one."""
@@ -56,6 +58,7 @@ def text_system_ids(tables: Tables, pairs: pd.DataFrame | None = None) -> pd.Ser
     return pd.Series(dtype=object)
 
 
+@memoised
 def source_means(tables: Tables, rubric: Rubric, texts: list[str]) -> np.ndarray:
     """(texts,) mean over the LLM sources that answered of the main question's expected answer (NaN: none)."""
     features = tables.features[tables.features.question_id.astype(str) == rubric.main.id]

@@ -121,6 +121,8 @@ def test_one_encoding_encodes_each_tables_once_and_changes_no_prediction(sources
         first = question_targets(train, rubric.main)
         assert question_targets(train, rubric.main) is first  # read, not computed again
         assert question_targets(train.subset(train.text_ids), rubric.main) is not first  # other tables
+        with pytest.raises(ValueError, match="read-only"):  # a reader that would change what others read fails
+            first[1][0] = -1
         shared = {name: fitted(name) for name in ("clmm_all", "ridge_judge")}
     assert question_targets(train, rubric.main) is not first  # outside a fit: computed as always
     for name, model in shared.items():

@@ -262,11 +262,12 @@ class AutoCalibrator(WeightedMixture):
                 yield Part(name), probs, seconds + time.perf_counter() - start, None
                 if self.level_record_["compared"]:
                     yield from self._levelled_predictions(name, models, folds, held, probs)
-        self._refitted.update(fits.refitted)
+        early = fits.collect_refits()
+        self._refitted.update(early)
         self.workers_ = {
             "workers": fits.workers,
             "worker_cpu_seconds": fits.worker_cpu_seconds,
-            "refitted_early": list(fits.refitted),
+            "refitted_early": list(early),
         }
 
     def _fold_fits(self, folds: InnerFolds, tables: Tables) -> FoldFits:

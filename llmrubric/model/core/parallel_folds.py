@@ -8,10 +8,11 @@ same members: its members train independently, so a share's results equal the wh
 ``tests/test_stacked.py``), then the other candidates' fold models, reading each table's encoding once, as one
 process does. This process is the last share's worker: it fits that share (the heaviest: the refit on all the data)
 while the pool's workers start (a forkserver imports the package first, seconds in which one core would idle). The
-other candidates' refits on all the data, which would follow the weights (:meth:`FoldFits.add_refit`), are each
-fitted once by the first process free to take it (a shared claim per refit): a worker done with its share takes them
-from the front, this process done with its own from the back (one that ends with no weight is fitted for nothing, in
-time that would be idle). The fitted models come back to this process, which does everything after.
+other candidates' refits on all the data, which would follow the weights (:meth:`FoldFits.add_refit`), are taken one
+by one by the workers done with their shares (a shared claim per refit; one that ends with no weight is fitted in
+time the worker would idle). The fitted models come back to this process, which does everything after: a worker's
+share as soon as it is fitted, its refits apart, so that this process reads the fold models (their held-out
+predictions and levels) while the workers fit refits; the refits no worker has taken by then follow the weights.
 
 :func:`pool_workers` decides how many workers run: one (this process, no pool) when ``model.auto.workers`` is 1,
 when this process is itself a worker of a process pool (``benchmarks/robustness.py --workers 2``,
@@ -142,10 +143,11 @@ class FoldFits:
         self.shares = [list(map(int, s)) for s in np.array_split(np.arange(len(tables)), min(workers, len(tables)))]
         self.jobs: dict[str, list[Job]] = {}  # each candidate's: one per share it has tables in, in their order
         self.futures: list[Future] = []  # each share's outcomes but the last's, candidate name → Outcome
+        self.refit_futures: list[Future] = []  # each worker's refits (name → Outcome), done after its share
         self.own: dict[str, Outcome] = {}  # the last share's, fitted in this process
         self.refits: dict[str, object] = {}  # unfitted models to fit on all the data (the last table) early
-        self.claims = None  # a shared flag per refit: taken by a worker done with its share or by this process
-        self.refitted: dict[str, object] = {}  # those fitted so (:meth:`_take_refits`)
+        self.claims = None  # a shared flag per refit: taken by a worker done with its share, or withdrawn
+        self.refitted: dict[str, object] = {}  # those fitted so (:meth:`collect_refits`)
         self.pool: ProcessPoolExecutor | None = None
         self.worker_cpu_seconds = 0.0  # the CPU seconds of the jobs the pool's workers ran (their start not included)
 
@@ -158,9 +160,8 @@ class FoldFits:
         self.jobs[name] = [Job(name, [models[i] for i in m], [tables[i] for i in m], judges) for m in mine if m]
 
     def add_refit(self, name: str, model) -> None:
-        """Candidate ``name``'s ``model`` to fit on all the data (every question) before the weights are known, in
-        time a process would otherwise wait (:meth:`_take_refits`); the caller fits what is not in
-        :attr:`refitted`."""
+        """Candidate ``name``'s ``model`` to fit on all the data (every question) before the weights are known, by a
+        worker that would otherwise wait; the caller fits what :meth:`collect_refits` does not return."""
         self.refits[name] = model
 
     def result(self, name: str) -> Outcome:
@@ -171,7 +172,7 @@ class FoldFits:
         if self.pool is None:
             outcomes = [job.run(self.tables, self.main_id) for job in self.jobs[name]]
         else:
-            outcomes = [future.result()[0][name] for future in self.futures if name in future.result()[0]]
+            outcomes = [future.result()[name] for future in self.futures if name in future.result()]
             self.worker_cpu_seconds += sum(o.cpu_seconds for o in outcomes)
             outcomes += [self.own[name]] if name in self.own else []  # the last share: its tables come last
         error = next((o.error for o in outcomes if o.error is not None), None)
@@ -203,33 +204,33 @@ class FoldFits:
                     self.own = {job.name: job.run(self.tables, self.main_id) for job in bundles[-1]}
             finally:
                 started.result()
-        self._take_refits()
 
-    def _take_refits(self) -> None:
-        """The refits of :meth:`add_refit`, each fitted once by the first process free to take it: a worker done
-        with its share takes them from the front, this process done with its own from the back; then the workers'
-        (a model that ends with no weight is fitted for nothing, in time that would be idle)."""
-        for i, (name, model) in reversed(list(enumerate(self.refits.items()))):
-            if _claim(self.claims, i):
-                with one_thread(blas=True):
-                    outcome = _refit(model, self.tables[-1])
-                if outcome.models is not None:
-                    self.refitted[name] = outcome.models[0]
-        for future in self.futures:
-            for name, outcome in future.result()[1].items():
+    def collect_refits(self) -> dict[str, object]:
+        """The refits of :meth:`add_refit` the workers fitted, in the order added: what the caller need not fit
+        again. Those no worker has taken yet are withdrawn (the caller fits them after the weights, only those that
+        have weight), and the ones a worker is fitting are waited for."""
+        if self.claims is None:
+            return {}
+        for i in range(len(self.refits)):
+            _claim(self.claims, i)
+        for future in self.refit_futures:
+            for name, outcome in future.result().items():
                 self.worker_cpu_seconds += outcome.cpu_seconds
                 if outcome.models is not None:
                     self.refitted[name] = outcome.models[0]
+        self.refit_futures = []
         self.refitted = {name: self.refitted[name] for name in self.refits if name in self.refitted}
+        return self.refitted
 
     def _start_pool(self, context, bundles: list[tuple]) -> None:
         """A pool of one worker for each of ``bundles`` (its share's jobs, the refits it may take), each given its
-        bundle."""
+        share, then the refits (a worker takes the next task once done with its share)."""
         self.pool = ProcessPoolExecutor(
             len(bundles), mp_context=context, initializer=_start, initargs=(self.tables, self.main_id, self.claims)
         )
         with _without_main():  # the workers start at the first submission
-            self.futures = [self.pool.submit(_run_bundle, *bundle) for bundle in bundles]
+            self.futures = [self.pool.submit(_run_share, jobs) for jobs, _ in bundles]
+            self.refit_futures = [self.pool.submit(_run_refits, refits) for _, refits in bundles]
 
     def __enter__(self) -> FoldFits:
         return self
@@ -269,15 +270,14 @@ def _start(tables: list[Tables], main_id: str, claims) -> None:
     _WORKER.update(tables=tables, main_id=main_id, scope=scope, claims=claims)
 
 
-def _run_bundle(jobs: list[Job], refits: list[tuple[int, tuple[str, object]]]) -> tuple[dict, dict]:
-    """A worker's share: each candidate's outcome on it; then each refit no other process has taken, fitted on all
-    the data (its last table)."""
-    outcomes = {job.name: job.run(_WORKER["tables"], _WORKER["main_id"]) for job in jobs}
-    refitted = {}
-    for i, (name, model) in refits:
-        if _claim(_WORKER["claims"], i):
-            refitted[name] = _refit(model, _WORKER["tables"][-1])
-    return outcomes, refitted
+def _run_share(jobs: list[Job]) -> dict[str, Outcome]:
+    """A worker's share: each candidate's outcome on it."""
+    return {job.name: job.run(_WORKER["tables"], _WORKER["main_id"]) for job in jobs}
+
+
+def _run_refits(refits: list[tuple[int, tuple[str, object]]]) -> dict[str, Outcome]:
+    """Each refit no other process has taken, fitted on all the data (the last table)."""
+    return {name: _refit(model, _WORKER["tables"][-1]) for i, (name, model) in refits if _claim(_WORKER["claims"], i)}
 
 
 def _claim(claims, i: int) -> bool:

@@ -262,7 +262,7 @@ class AutoCalibrator(WeightedMixture):
                 yield Part(name), probs, seconds + time.perf_counter() - start, None
                 if self.level_record_["compared"]:
                     yield from self._levelled_predictions(name, models, folds, held, probs)
-        early = fits.collect_refits()
+            early = fits.collect_refits()  # before the pool shuts down, which would cancel refits not yet started
         self._refitted.update(early)
         self.workers_ = {
             "workers": fits.workers,

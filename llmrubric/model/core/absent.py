@@ -19,7 +19,8 @@ import pandas as pd
 from llmrubric.io.errors import InputError
 from llmrubric.io.tables import Tables, source_of
 from llmrubric.model.core.answers import AnswerModel
-from llmrubric.model.core.encoding import pairs_of
+from llmrubric.model.core.encoding import FeatureLayout, pairs_of
+from llmrubric.model.core.memo import memoised
 from llmrubric.model.core.registry import capabilities
 
 DRAWS = 64  # completions averaged per text with absent blocks
@@ -140,11 +141,17 @@ def answer_model(model) -> AnswerModel:
 
 def partial_texts(answers: AnswerModel, features: pd.DataFrame, texts: list[str]) -> list[str]:
     """The ``texts`` that lack a row of some block of ``answers.layout``."""
+    return list(_partial_texts(answers.layout, features, texts))
+
+
+@memoised
+def _partial_texts(layout: FeatureLayout, features: pd.DataFrame, texts: list[str]) -> tuple[str, ...]:
+    """:func:`partial_texts` of a layout (within a fit, every model of one layout asks it of the same tables)."""
     rows = features[features.text_id.isin(texts)][["text_id", "source", "question_id"]].drop_duplicates()
-    names = pd.MultiIndex.from_tuples([(b.source, b.question_id) for b in answers.layout.blocks])
+    names = pd.MultiIndex.from_tuples([(b.source, b.question_id) for b in layout.blocks])
     rows = rows[names.get_indexer(pd.MultiIndex.from_frame(rows[["source", "question_id"]])) >= 0]
     counts = rows.groupby("text_id").size()
-    return [t for t in texts if counts.get(t, 0) < answers.n_blocks]
+    return tuple(t for t in texts if counts.get(t, 0) < len(layout.blocks))
 
 
 def marginal_proba(

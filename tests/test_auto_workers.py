@@ -2,10 +2,12 @@
 
 import multiprocessing
 import os
+import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
 import pytest
+import torch
 from support.settings import FAST, MAIN_INTERVALS
 
 from llmrubric.config import model_file
@@ -38,10 +40,6 @@ def test_workers_are_one_on_small_data_in_another_pool_or_when_set_and_at_most_t
 
 
 def _modules_an_optimizer_imports() -> list[str]:
-    import sys
-
-    import torch
-
     before = set(sys.modules)
     torch.optim.Adam([torch.zeros(1, requires_grad=True)], fused=True)
     return sorted(set(sys.modules) - before)
@@ -99,7 +97,8 @@ def test_the_refits_a_worker_took_come_back_and_those_none_took_are_withdrawn(ru
     worker = Future()
     worker.set_result({"ridge_judge": parallel_folds.Outcome([alone], None, 1.0, 2.5)})
     fits.refit_futures = [worker]
-    assert list(fits.collect_refits()) == ["ridge_judge"] and list(fits.claims) == [1, 1]
-    assert fits.refitted["ridge_judge"] is alone and fits.worker_cpu_seconds == 2.5
+    refitted = fits.collect_refits()
+    assert list(refitted) == ["ridge_judge"] and list(fits.claims) == [1, 1]
+    assert refitted["ridge_judge"] is alone and fits.worker_cpu_seconds == 2.5
     monkeypatch.setitem(parallel_folds._WORKER, "claims", fits.claims)  # a worker asked now takes none
     assert parallel_folds._run_refits(list(enumerate(fits.refits.items()))) == {}

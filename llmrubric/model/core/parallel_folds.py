@@ -147,7 +147,6 @@ class FoldFits:
         self.own: dict[str, Outcome] = {}  # the last share's, fitted in this process
         self.refits: dict[str, object] = {}  # unfitted models to fit on all the data (the last table) early
         self.claims = None  # a shared flag per refit: taken by a worker done with its share, or withdrawn
-        self.refitted: dict[str, object] = {}  # those fitted so (:meth:`collect_refits`)
         self.pool: ProcessPoolExecutor | None = None
         self.worker_cpu_seconds = 0.0  # the CPU seconds of the jobs the pool's workers ran (their start not included)
 
@@ -213,14 +212,14 @@ class FoldFits:
             return {}
         for i in range(len(self.refits)):
             _claim(self.claims, i)
+        fitted = {}
         for future in self.refit_futures:
             for name, outcome in future.result().items():
                 self.worker_cpu_seconds += outcome.cpu_seconds
                 if outcome.models is not None:
-                    self.refitted[name] = outcome.models[0]
+                    fitted[name] = outcome.models[0]
         self.refit_futures = []
-        self.refitted = {name: self.refitted[name] for name in self.refits if name in self.refitted}
-        return self.refitted
+        return {name: fitted[name] for name in self.refits if name in fitted}
 
     def _start_pool(self, context, bundles: list[tuple]) -> None:
         """A pool of one worker for each of ``bundles`` (its share's jobs, the refits it may take), each given its
